@@ -1,0 +1,176 @@
+"""Engine and speculation settings: dataclasses that check themselves.
+
+``SpeculativeConfig`` takes vLLM's names (``method``, ``num_speculative_tokens``,
+``prompt_lookup_min`` / ``prompt_lookup_max``, ``acceptance_method``, ``posterior_threshold``,
+``posterior_alpha``, ``draft_sample_method``) plus the adaptive-k knobs described in
+:mod:`engine.adaptive_k`. Every bad value raises ``ValueError`` naming the field, the value and the
+allowed range; ``from_dict`` rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram", "draft_model", "early_exit")
+ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance_sampler", "greedy")
+DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Verification of more than this many drafts per step is refused (the samplers' limit too).
+MAX_SPEC_TOKENS = 32
+
+
+def _fail(cls: str, name: str, value: object, allowed: str) -> None:
+    raise ValueError(f"{cls}.{name}={value!r} is invalid: allowed {allowed}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _check_keys(cls: type, data: dict[str, Any]) -> None:
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ValueError(f"unknown key {key!r} for {cls.__name__}; allowed: {', '.join(names)}")
+
+
+@dataclass
+class SpeculativeConfig:
+    """How drafts are proposed and verified.
+
+    ``method``: ``ngram`` (prompt lookup), ``draft_model`` (a small HF model given by ``model``)
+    or ``early_exit`` (the target's first ``num_early_exit_layers`` layers).
+    ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
+    lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
+    ``adaptive_k``: shrink k (down to 0) for requests whose measured acceptance makes drafting
+    a loss, and grow it back when it pays (rule in :mod:`engine.adaptive_k`).
+    ``verify_cost_per_token``: the cost of scoring one more token in the target's forward,
+    as a fraction of a one-token decode step (adaptive-k cost model).
+    ``draft_cost_ratio``: cost of one draft step / one target step; None = measured online.
+    ``adaptive_probe_interval``: a request whose k dropped to 0 drafts again (k = 1) every this
+    many steps, to re-measure its acceptance.
+    """
+
+    method: str = "ngram"
+    model: Any = None
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    num_early_exit_layers: int | None = None
+    acceptance_method: str = "rejection_sampler"
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    draft_sample_method: str = "probabilistic"
+    adaptive_k: bool = True
+    verify_cost_per_token: float = 0.1
+    draft_cost_ratio: float | None = None
+    adaptive_probe_interval: int = 8
+
+    def __post_init__(self) -> None:
+        name = "SpeculativeConfig"
+        if self.method not in METHODS:
+            _fail(name, "method", self.method, " | ".join(METHODS))
+        if self.method == "draft_model" and self.model is None:
+            _fail(name, "model", None, "a draft model (hub id, path or loaded model) when "
+                  "method='draft_model'")
+        k = self.num_speculative_tokens
+        if not _is_int(k) or not 0 <= k <= MAX_SPEC_TOKENS:
+            _fail(name, "num_speculative_tokens", k, f"an integer in [0, {MAX_SPEC_TOKENS}]")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not _is_int(lo) or lo < 1:
+            _fail(name, "prompt_lookup_min", lo, "an integer >= 1")
+        if not _is_int(hi) or hi < lo:
+            _fail(name, "prompt_lookup_max", hi, f"an integer >= prompt_lookup_min={lo}")
+        n = self.num_early_exit_layers
+        if n is not None and (not _is_int(n) or n < 1):
+            _fail(name, "num_early_exit_layers", n, "None or an integer >= 1")
+        if self.acceptance_method not in ACCEPTANCE_METHODS:
+            _fail(name, "acceptance_method", self.acceptance_method, " | ".join(ACCEPTANCE_METHODS))
+        if not _is_number(self.posterior_threshold) or not 0 < self.posterior_threshold <= 1:
+            _fail(name, "posterior_threshold", self.posterior_threshold, "(0, 1]")
+        if not _is_number(self.posterior_alpha) or not 0 < self.posterior_alpha <= 1:
+            _fail(name, "posterior_alpha", self.posterior_alpha, "(0, 1]")
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            _fail(name, "draft_sample_method", self.draft_sample_method,
+                  " | ".join(DRAFT_SAMPLE_METHODS))
+        if not isinstance(self.adaptive_k, bool):
+            _fail(name, "adaptive_k", self.adaptive_k, "True or False")
+        v = self.verify_cost_per_token
+        if not _is_number(v) or not 0 <= v <= 1:
+            _fail(name, "verify_cost_per_token", v, "[0, 1]")
+        c = self.draft_cost_ratio
+        if c is not None and (not _is_number(c) or not 0 <= c <= 10):
+            _fail(name, "draft_cost_ratio", c, "None (measured) or a number in [0, 10]")
+        p = self.adaptive_probe_interval
+        if not _is_int(p) or p < 1:
+            _fail(name, "adaptive_probe_interval", p, "an integer >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:
+        """Build from a mapping (a YAML section, or the ``speculative_config=`` dict)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"speculative_config must be a mapping, got {type(data).__name__}")
+        _check_keys(cls, data)
+        return cls(**data)
+
+    @property
+    def sampler_name(self) -> str:
+        """The ``samplers`` registry name of the acceptance method."""
+        return {"rejection_sampler": "rejection", "typical_acceptance_sampler": "typical",
+                "greedy": "greedy"}[self.acceptance_method]
+
+
+@dataclass
+class EngineConfig:
+    """Which model runs where, and the batch and memory limits.
+
+    ``model``: hub id, local directory, ``.gguf`` file, the alias ``smollm2-135m``, or an already
+    loaded HF causal LM (then ``tokenizer`` must be given too).
+    ``max_num_seqs``: sequences decoded together (each of ``n`` samples counts).
+    ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode).
+    ``max_model_len``: prompt + output limit; None = the model's own.
+    ``kv_cache_tokens``: tokens the KV cache holds over all sequences; None = enough for
+    ``max_num_seqs`` full-length sequences, capped at 65536 (preemption starts when it is full).
+    ``seed``: seeds the global RNG used by requests without a seed of their own.
+    """
+
+    model: Any = "smollm2-135m"
+    tokenizer: Any = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    kv_cache_tokens: int | None = None
+    seed: int | None = 0
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        name = "EngineConfig"
+        if self.model is None or (isinstance(self.model, str) and not self.model):
+            _fail(name, "model", self.model, "a hub id, a path, 'smollm2-135m' or a loaded model")
+        if self.dtype not in DTYPES:
+            _fail(name, "dtype", self.dtype, " | ".join(DTYPES))
+        if not isinstance(self.device, str) or not self.device:
+            _fail(name, "device", self.device, "'auto', 'cpu', 'cuda', 'cuda:N'")
+        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
+            _fail(name, "max_num_seqs", self.max_num_seqs, "an integer >= 1")
+        if not _is_int(self.max_num_batched_tokens) or self.max_num_batched_tokens < 1:
+            _fail(name, "max_num_batched_tokens", self.max_num_batched_tokens, "an integer >= 1")
+        for field in ("max_model_len", "kv_cache_tokens"):
+            value = getattr(self, field)
+            if value is not None and (not _is_int(value) or value < 2):
+                _fail(name, field, value, "None or an integer >= 2")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+            _fail(name, "seed", self.seed, "None or an integer >= 0")
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
+            _fail(name, "speculative_config", self.speculative_config,
+                  "None, a dict or a SpeculativeConfig")
