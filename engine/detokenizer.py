@@ -1,0 +1,47 @@
+"""Incremental detokenization: text grows token by token without decoding the whole output.
+
+A token's text can depend on its neighbours (SentencePiece spaces, byte-level pieces that only form
+a character together), so each new token is decoded together with a few tokens before it:
+``decode(ids[prefix:])`` minus ``decode(ids[prefix:read])`` is the new text. While the result ends
+in U+FFFD (an incomplete UTF-8 sequence) nothing is emitted and the offsets stay, so the
+character appears whole once its last byte arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Tokens decoded before the new ones, for context (enough for every tokenizer we met).
+_CONTEXT_TOKENS = 5
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """The text of one sample's output tokens, extended one token at a time."""
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int],
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        # The prompt's tail gives the first output tokens their left context.
+        self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def add_token(self, token_id: int) -> str:
+        """Append one token; return the text it completes (may be empty)."""
+        self.ids.append(int(token_id))
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full_text = self._decode(self.ids[self.prefix_offset:])
+        if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
+            return ""
+        delta = full_text[len(prefix_text):]
+        self.text += delta
+        self.read_offset = len(self.ids)
+        self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
+        return delta

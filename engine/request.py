@@ -1,0 +1,118 @@
+"""Per-sample state: one ``Request`` per sequence the engine decodes (a prompt with ``n`` samples
+becomes ``n`` of them, sharing ``request_id`` and told apart by ``index``)."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from typing import Any
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import CompletionOutput, RequestMetrics
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed derived deterministically from ``parts`` (stable across runs and machines)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+class Request:
+    """One sequence: prompt, output so far, its cache slot, stop state and metrics.
+
+    ``num_computed_tokens`` counts the tokens whose keys and values sit in the target's KV cache
+    (``slot``). The newest output token is never cached yet: it is fed at the next step.
+    ``seed``: the sample's own seed (``SamplingParams.seed`` for sample 0, a seed derived from it
+    for the others), None to draw from the global RNG.
+    """
+
+    def __init__(self, request_id: str, index: int, prompt: str | None,
+                 prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any,
+                 arrival_time: float) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.seq_id = f"{request_id}#{index}"
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.seed = None if params.seed is None else (
+            params.seed if index == 0 else derive_seed(params.seed, index))
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.slot: int | None = None
+        self.generator: torch.Generator | None = None
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_token_ids,
+                                                  params.skip_special_tokens)
+        self.text = ""
+        self.num_streamed_chars = 0
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0 if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncached_tokens(self) -> int:
+        """Context tokens not in the KV cache yet (all before prefill, 1 when decoding)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def step_seed(self) -> int | None:
+        """The seed of this step's random stream: a function of the sample's seed and its output
+        length only, so batch composition, k and preemption cannot change what it draws."""
+        if self.seed is None:
+            return None
+        return derive_seed(self.seed, self.num_output_tokens)
+
+    # ------------------------------------------------------------------ transitions
+    def reset_for_recompute(self) -> None:
+        """Preempted: the cache is gone; prompt + output are prefilled again later."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.slot = None
+        self.metrics.num_preemptions += 1
+
+    def finish(self, reason: str, stop_reason: str | int | None = None,
+               error: str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+        self.error = error
+
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index, text=self.text, token_ids=list(self.output_token_ids),
+            finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            cumulative_logprob=self.cumulative_logprob)

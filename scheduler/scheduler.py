@@ -1,0 +1,138 @@
+"""Continuous batching: which sequences run this step and how many tokens each brings.
+
+Every step the scheduler fills one token budget (``max_num_batched_tokens``):
+
+1. **Running sequences first, in admission order.** A decoding sequence brings its one uncached
+   token plus up to k drafts (k from the engine's ``spec_tokens(request)``, cut to the budget
+   left). A sequence still prefilling brings the next chunk of its prompt that fits.
+2. **Then newcomers**, oldest first, while fewer than ``max_num_seqs`` run, budget is left and
+   (when the caller says how many KV tokens are free) the KV cache can hold their first chunk.
+   A long prompt is prefilled in chunks over several steps while the others keep decoding.
+3. A sequence is sampled (and may carry drafts) only on the step whose chunk reaches the end of its
+   context; earlier chunks only fill the cache.
+
+**Preemption.** When the KV cache cannot hold a step, the engine asks :meth:`preempt` for the most
+recently admitted running sequence: it leaves the running queue, loses its cache and goes back to
+the *front* of the waiting queue; when readmitted, its prompt + output so far are prefilled again
+(recompute) and decoding resumes where it stopped, with the same tokens (seeded streams depend only
+on the output length, see ``Request.step_seed``).
+
+Finished sequences leave the running queue at once (:meth:`finish`), freeing their place for the
+next step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One sequence's share of a step: ``num_context_tokens`` uncached context tokens (a prefill
+    chunk, or the one newest token when decoding) and up to ``num_spec_tokens`` drafts."""
+
+    request: Request
+    num_context_tokens: int
+    num_spec_tokens: int = 0
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the end of the context, so the step samples new tokens."""
+        return self.num_context_tokens == self.request.num_uncached_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_context_tokens + self.num_spec_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The sequences of one step, in running-queue order; ``admitted`` were waiting before."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Waiting and running queues with admission, a token budget and preemption."""
+
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs} is invalid: allowed an integer >= 1")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is invalid: "
+                             "allowed an integer >= 1")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, spec_tokens: Callable[[Request], int],
+                 free_kv_tokens: int | None = None) -> SchedulerOutput:
+        """Plan one step. ``spec_tokens(request)`` is the number of drafts the engine wants for a
+        request that samples this step; ``free_kv_tokens`` (None = unknown) gates admission."""
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        for request in self.running:
+            if budget == 0:
+                break
+            item = self._plan(request, budget, spec_tokens)
+            budget -= item.num_tokens
+            out.scheduled.append(item)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            first_chunk = min(request.num_uncached_tokens, budget)
+            if free_kv_tokens is not None:
+                if first_chunk > free_kv_tokens:
+                    break
+                free_kv_tokens -= first_chunk
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            item = self._plan(request, budget, spec_tokens)
+            budget -= item.num_tokens
+            out.scheduled.append(item)
+            out.admitted.append(request)
+        return out
+
+    @staticmethod
+    def _plan(request: Request, budget: int,
+              spec_tokens: Callable[[Request], int]) -> ScheduledRequest:
+        num_context = min(request.num_uncached_tokens, budget)
+        item = ScheduledRequest(request, num_context)
+        if item.samples:
+            item.num_spec_tokens = max(0, min(spec_tokens(request), budget - num_context))
+        return item
+
+    def preempt(self) -> Request | None:
+        """Take the most recently admitted running sequence back to the front of the waiting
+        queue (its cache is dropped: the caller frees its slot first). None if nothing runs."""
+        if not self.running:
+            return None
+        request = self.running.pop()
+        request.reset_for_recompute()
+        self.waiting.appendleft(request)
+        return request
+
+    def finish(self, request: Request) -> None:
+        """Remove a finished (or aborted) sequence from whichever queue holds it."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
