@@ -27,7 +27,6 @@ class IncrementalDetokenizer:
         self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
-        self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
@@ -41,7 +40,6 @@ class IncrementalDetokenizer:
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""
         delta = full_text[len(prefix_text):]
-        self.text += delta
         self.read_offset = len(self.ids)
         self.prefix_offset = max(self.read_offset - _CONTEXT_TOKENS, 0)
         return delta

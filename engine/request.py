@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 
+from engine.adaptive_k import AcceptanceTracker
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logits_adjust import LogitsAdjuster
 from engine.outputs import CompletionOutput, RequestMetrics
 from engine.sampling_params import SamplingParams
 
@@ -37,7 +39,7 @@ class Request:
 
     def __init__(self, request_id: str, index: int, prompt: str | None,
                  prompt_token_ids: list[int], params: SamplingParams, tokenizer: Any,
-                 arrival_time: float) -> None:
+                 eos_token_ids: frozenset[int], arrival_time: float) -> None:
         self.request_id = request_id
         self.index = index
         self.seq_id = f"{request_id}#{index}"
@@ -55,12 +57,15 @@ class Request:
                                                   params.skip_special_tokens)
         self.text = ""
         self.num_streamed_chars = 0
+        self.num_streamed_tokens = 0
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.adjuster = LogitsAdjuster(params, self.prompt_token_ids, eos_token_ids, tokenizer)
+        self.acceptance = AcceptanceTracker()
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 
@@ -78,3 +79,22 @@ def check_stop(params: SamplingParams, token_id: int, token_text: str, text: str
     if num_total_tokens >= max_model_len:
         return StopResult("length", None, text)
     return None
+
+
+def append_until_stop(request: Request, token_ids: list[int], eos_token_ids: frozenset[int],
+                      max_model_len: int) -> int:
+    """Append ``token_ids`` to a running sample one by one, checking stops after each; return how
+    many were kept. The token that stops the sample is kept; the ones after it are dropped."""
+    params = request.params
+    for count, token_id in enumerate(token_ids, start=1):
+        request.output_token_ids.append(token_id)
+        token_text = request.detokenizer.add_token(token_id)
+        request.text += token_text
+        result = check_stop(params, token_id, token_text, request.text,
+                            request.num_output_tokens, request.num_tokens, eos_token_ids,
+                            max_model_len)
+        if result is not None:
+            request.text = result.text
+            request.finish(result.finish_reason, result.stop_reason)
+            return count
+    return len(token_ids)

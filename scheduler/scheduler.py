@@ -37,12 +37,9 @@ class ScheduledRequest:
 
     request: Request
     num_context_tokens: int
+    # True when the chunk reaches the end of the context, so the step samples new tokens.
+    samples: bool
     num_spec_tokens: int = 0
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the end of the context, so the step samples new tokens."""
-        return self.num_context_tokens == self.request.num_uncached_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -115,7 +112,7 @@ class Scheduler:
     def _plan(request: Request, budget: int,
               spec_tokens: Callable[[Request], int]) -> ScheduledRequest:
         num_context = min(request.num_uncached_tokens, budget)
-        item = ScheduledRequest(request, num_context)
+        item = ScheduledRequest(request, num_context, num_context == request.num_uncached_tokens)
         if item.samples:
             item.num_spec_tokens = max(0, min(spec_tokens(request), budget - num_context))
         return item

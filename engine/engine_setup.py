@@ -1,0 +1,115 @@
+"""Builds what an engine runs on: target model + tokenizer, model runner, proposer, sampler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.model_runner import ModelRunner
+
+# Default KV budget when kv_cache_tokens is not given: enough for max_num_seqs full sequences,
+# capped here (tokens over all sequences).
+DEFAULT_KV_CAP = 65536
+
+
+@dataclass
+class EngineComponents:
+    model: Any
+    tokenizer: Any
+    runner: ModelRunner
+    proposer: Any
+    sampler: Any
+    device: torch.device
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_target(config: EngineConfig) -> tuple[Any, Any]:
+    """The target model and tokenizer: loaded by name, or the objects given."""
+    if isinstance(config.model, str):
+        from engine.model_loader import load_model
+
+        return load_model(config.model, dtype=config.dtype, device=resolve_device(config.device))
+    if config.tokenizer is None:
+        raise ValueError("EngineConfig.tokenizer=None is invalid: a tokenizer is required when "
+                         "model is an already-loaded model")
+    return config.model.eval(), config.tokenizer
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """EOS ids of the tokenizer and of the model's generation config (HF ``generate`` stops at
+    the latter)."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value is not None:
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+def model_max_len(model: Any) -> int:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(f"cannot tell the context length of {type(model).__name__}: "
+                     "pass max_model_len")
+
+
+def build_proposer(spec: SpeculativeConfig, model: Any, tokenizer: Any, config: EngineConfig,
+                   device: torch.device, max_model_len: int) -> Any:
+    """The configured proposer (``proposers.get_proposer``)."""
+    from proposers import get_proposer
+
+    greedy = spec.draft_sample_method == "greedy"
+    if spec.method == "ngram":
+        return get_proposer("ngram", prompt_lookup_min=spec.prompt_lookup_min,
+                            prompt_lookup_max=spec.prompt_lookup_max)
+    if spec.method == "early_exit":
+        kwargs = {} if spec.num_early_exit_layers is None else {
+            "num_layers": spec.num_early_exit_layers}
+        return get_proposer("early_exit", target_model=model, greedy=greedy,
+                            max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
+                            **kwargs)
+    return get_proposer("draft_model", model=spec.model, target_tokenizer=tokenizer,
+                        greedy=greedy, device=str(device), dtype=config.dtype,
+                        max_num_seqs=config.max_num_seqs, max_model_len=max_model_len)
+
+
+def build_components(config: EngineConfig) -> EngineComponents:
+    model, tokenizer = load_target(config)
+    device = model.get_input_embeddings().weight.device
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    own_len = model_max_len(model)
+    max_model_len = min(config.max_model_len or own_len, own_len)
+    kv_tokens = config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, DEFAULT_KV_CAP)
+    max_model_len = min(max_model_len, kv_tokens)
+    runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len)
+    spec = config.speculative_config
+    proposer = None
+    if spec is not None and spec.num_speculative_tokens > 0:
+        proposer = build_proposer(spec, model, tokenizer, config, device, max_model_len)
+    from samplers import get_sampler
+
+    if spec is None:
+        sampler = get_sampler("rejection")
+    elif spec.sampler_name == "typical":
+        sampler = get_sampler("typical", posterior_threshold=spec.posterior_threshold,
+                              posterior_alpha=spec.posterior_alpha)
+    else:
+        sampler = get_sampler(spec.sampler_name)
+    return EngineComponents(model, tokenizer, runner, proposer, sampler, device, vocab_size,
+                            max_model_len, eos_token_ids(model, tokenizer))
