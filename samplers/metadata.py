@@ -1,0 +1,80 @@
+"""Per-step metadata for ragged speculative drafts (vLLM V1's ``SpecDecodeMetadata``).
+
+Request ``i`` proposes ``num_draft_tokens[i]`` drafts (0 allowed). The drafts of the whole batch
+are flattened in request order; ``cu_num_draft_tokens`` is their inclusive cumulative sum. The
+target logits for a step hold ``num_draft_tokens[i] + 1`` rows per request (one per draft position,
+then the bonus row), so request ``i`` starts at row ``cu_num_draft_tokens[i - 1] + i``.
+
+Example: drafts ``[[5, 7], [], [9]]`` give ``draft_token_ids = [5, 7, 9]``,
+``num_draft_tokens = [2, 0, 1]``, ``cu_num_draft_tokens = [2, 2, 3]``, ``max_spec_len = 2`` and
+target rows ``0..2`` (request 0), ``3`` (request 1), ``4..5`` (request 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def host_to_device(values: list[int] | list[float], dtype: torch.dtype,
+                   device: torch.device | str) -> torch.Tensor:
+    """Copy a host list to ``device`` without blocking the host on the GPU stream."""
+    tensor = torch.tensor(values, dtype=dtype)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@dataclass
+class SpecDecodeMetadata:
+    """Ragged drafts of one verification step."""
+
+    # [num_tokens] int64: every request's drafts, flattened in request order.
+    draft_token_ids: torch.Tensor
+    # [batch_size] host copy, each in 0..max_spec_len.
+    num_draft_tokens: list[int]
+    # [batch_size] int32: inclusive cumulative sum of num_draft_tokens.
+    cu_num_draft_tokens: torch.Tensor
+    max_spec_len: int
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.num_draft_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.draft_token_ids.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of target logits this step: ``num_tokens + batch_size``."""
+        return self.num_tokens + self.batch_size
+
+    @classmethod
+    def from_lists(cls, drafts: list[list[int]],
+                   device: torch.device | str = "cpu") -> SpecDecodeMetadata:
+        """Build the metadata from one list of draft token ids per request."""
+        num_draft_tokens = [len(d) for d in drafts]
+        flat = [int(t) for d in drafts for t in d]
+        cumulative, total = [], 0
+        for n in num_draft_tokens:
+            total += n
+            cumulative.append(total)
+        return cls(
+            draft_token_ids=host_to_device(flat, torch.int64, device),
+            num_draft_tokens=num_draft_tokens,
+            cu_num_draft_tokens=host_to_device(cumulative, torch.int32, device),
+            max_spec_len=max(num_draft_tokens, default=0),
+        )
+
+    @classmethod
+    def no_drafts(cls, batch_size: int, device: torch.device | str = "cpu") -> SpecDecodeMetadata:
+        """Metadata of a step where no request has drafts (plain sampling)."""
+        return cls(
+            draft_token_ids=torch.empty(0, dtype=torch.int64, device=device),
+            num_draft_tokens=[0] * batch_size,
+            cu_num_draft_tokens=torch.zeros(batch_size, dtype=torch.int32, device=device),
+            max_spec_len=0,
+        )

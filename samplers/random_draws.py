@@ -1,0 +1,45 @@
+"""The random numbers of one step, drawn by torch outside the kernels.
+
+Per sampled (non-greedy) request, in this order from its own generator:
+
+1. ``q ~ Exp(1)`` over the vocabulary, for the exponential race ``argmax(w / q)``, which picks
+   index ``i`` with probability ``w_i / sum(w)`` (Gumbel-max in another guise). One race is run per
+   request per step, on the distribution where it stops: the recovered distribution of its first
+   rejected draft, or the bonus distribution when every draft is accepted. Only one of them is
+   ever emitted, and which one depends only on the acceptance uniforms, so one ``q`` serves both.
+2. ``u ~ U[0, 1)`` for each of its drafts (only for samplers that accept at random).
+
+A request without drafts draws exactly what plain sampling draws (``q`` only), and greedy
+requests draw nothing: a seeded request's stream never depends on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from samplers.sampling_tensors import SamplingTensors
+
+
+def draw_randoms(sampling: SamplingTensors, num_draft_tokens: list[int], vocab_size: int,
+                 device: torch.device, need_uniform: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``q [batch_size, vocab_size]`` and ``u [batch_size, max(max_spec_len, 1)]``.
+
+    Rows of greedy requests are left unset (never read).
+    """
+    batch_size = len(num_draft_tokens)
+    max_spec_len = max(num_draft_tokens, default=0)
+    q = torch.empty(batch_size, vocab_size, dtype=torch.float32, device=device)
+    u = torch.empty(batch_size, max(max_spec_len, 1), dtype=torch.float32, device=device)
+    need_uniform = need_uniform and max_spec_len > 0
+    sampled = [not g for g in sampling.greedy]
+    if any(s and g is None for s, g in zip(sampled, sampling.generators, strict=True)):
+        q.exponential_()  # one launch for every request on the global RNG
+        if need_uniform:
+            u.uniform_()
+    for i, generator in enumerate(sampling.generators):
+        if generator is None or not sampled[i]:
+            continue
+        q[i].exponential_(generator=generator)
+        if need_uniform and num_draft_tokens[i] > 0:
+            u[i, : num_draft_tokens[i]].uniform_(generator=generator)
+    return q, u

@@ -1,0 +1,78 @@
+"""Per-request sampling parameters as tensors, for one batch of requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+from samplers.metadata import host_to_device
+
+
+@dataclass
+class SamplingTensors:
+    """Sampling parameters of a batch, one entry per request.
+
+    Greedy requests (temperature 0) have ``inv_temperature`` 1 and their filters switched off, so
+    that kernels can scale every row by ``inv_temperature`` and still see the raw argmax.
+    """
+
+    temperature: torch.Tensor  # [batch_size] float32, 0 = greedy
+    inv_temperature: torch.Tensor  # [batch_size] float32, 1 / temperature (1 for greedy)
+    top_k: torch.Tensor  # [batch_size] int64, 0 = off
+    top_p: torch.Tensor  # [batch_size] float32, 1 = off
+    min_p: torch.Tensor  # [batch_size] float32, 0 = off
+    is_greedy: torch.Tensor  # [batch_size] int32, 1 where temperature is 0
+    # One generator per request; None draws from torch's global RNG.
+    generators: list[torch.Generator | None]
+    # Host copies (no device reads during a step).
+    greedy: list[bool]  # [batch_size]
+    max_top_k: int  # largest top-k in the batch, 0 when none
+    any_top_p: bool
+    any_min_p: bool
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.greedy)
+
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy)
+
+    @property
+    def needs_filters(self) -> bool:
+        return self.max_top_k > 0 or self.any_top_p or self.any_min_p
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams],
+                    generators: list[torch.Generator | None] | None = None,
+                    device: torch.device | str = "cpu") -> SamplingTensors:
+        """Gather ``params`` (one per request) into tensors on ``device``.
+
+        ``generators[i]`` is request ``i``'s own ``torch.Generator`` (on ``device``) or None.
+        """
+        if generators is None:
+            generators = [None] * len(params)
+        if len(generators) != len(params):
+            raise ValueError(f"generators has {len(generators)} entries, expected one per "
+                             f"request ({len(params)})")
+        greedy = [p.temperature == 0.0 for p in params]
+        temperature = [p.temperature for p in params]
+        inv_temperature = [1.0 if g else 1.0 / t for g, t in zip(greedy, temperature, strict=True)]
+        top_k = [0 if g or p.top_k < 0 else p.top_k for g, p in zip(greedy, params, strict=True)]
+        top_p = [1.0 if g else p.top_p for g, p in zip(greedy, params, strict=True)]
+        min_p = [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)]
+        return cls(
+            temperature=host_to_device(temperature, torch.float32, device),
+            inv_temperature=host_to_device(inv_temperature, torch.float32, device),
+            top_k=host_to_device(top_k, torch.int64, device),
+            top_p=host_to_device(top_p, torch.float32, device),
+            min_p=host_to_device(min_p, torch.float32, device),
+            is_greedy=host_to_device([int(g) for g in greedy], torch.int32, device),
+            generators=list(generators),
+            greedy=greedy,
+            max_top_k=max(top_k, default=0),
+            any_top_p=any(p < 1.0 for p in top_p),
+            any_min_p=any(p > 0.0 for p in min_p),
+        )

@@ -1,0 +1,42 @@
+"""Medusa typical acceptance: fast, lossy verification."""
+
+from __future__ import annotations
+
+from samplers.base import VerificationSampler
+from samplers.registry import register_sampler
+
+
+@register_sampler("typical", "typical_acceptance_sampler")
+class TypicalAcceptanceSampler(VerificationSampler):
+    """Typical acceptance (Cai et al., Medusa, arXiv 2401.10774, section 3.3.1).
+
+    **Lossy by design**: the output does not follow the target distribution; it trades exactness
+    for longer accepted prefixes. Draft ``x_j`` is accepted when
+
+        p_j(x_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j)))
+
+    with ``H`` the entropy of the processed target distribution ``p_j``: in flat (uncertain)
+    distributions the bar is lower. The first rejected slot gets ``argmax(p_j)``; when all ``k``
+    drafts are accepted a bonus token is sampled from ``p_k`` as plain sampling would. Draft
+    probabilities are not used. Greedy requests are verified by argmax match.
+
+    Example (defaults 0.09 / 0.3): a uniform ``p`` over 4 tokens has ``H = ln 4`` and bar
+    ``min(0.09, 0.3 / 4) = 0.075``, so any draft (``p = 0.25``) is accepted.
+    """
+
+    typical = True
+    uses_draft_probs = False
+
+    def __init__(self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        if not 0.0 < posterior_threshold <= 1.0:
+            raise ValueError(f"posterior_threshold={posterior_threshold!r} is invalid: "
+                             "allowed (0, 1]")
+        if not 0.0 < posterior_alpha <= 1.0:
+            raise ValueError(f"posterior_alpha={posterior_alpha!r} is invalid: allowed (0, 1]")
+        self.posterior_threshold = float(posterior_threshold)
+        self.posterior_alpha = float(posterior_alpha)
+
+    def _thresholds(self) -> tuple[float, float]:
+        return self.posterior_threshold, self.posterior_alpha
