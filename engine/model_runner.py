@@ -1,0 +1,241 @@
+"""Batched forward of a Hugging Face causal LM over a per-sequence KV cache with rollback.
+
+Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) on a padded batch
+``[batch_size, num_new]`` where ``num_new`` is the largest number of new tokens in the step, with
+
+- ``position_ids [batch_size, num_new]``: each token's own position ``seq_len(slot) + t``
+  (padding repeats the sequence's last position, so absolute position tables stay in range);
+- ``past_key_values``: a :class:`~engine.kv_cache.PagedKVCache`, whose ``update`` writes the new
+  keys and values into preallocated token pools and returns each sequence's cached tokens gathered
+  ``[batch_size, heads, kv_len, head_dim]`` in position order;
+- ``attention_mask [batch_size, 1, num_new, kv_len]``: key column ``j`` is visible to a token at
+  position ``p`` iff ``j <= p``. transformers passes a prepared 4-D mask through as is, so the
+  mask covers causality, the columns past each sequence's length, and rows of other lengths.
+
+Logits come from ``lm_head`` applied only to the rows asked for, never to padding.
+
+Costs: a host-side step builds its index tensors from Python lists (O(batch_size * num_new)) and
+ships them in one host-to-device copy; there is no device-to-host sync. Per layer the gather
+copies the batch's cached keys/values (as ``DynamicCache``'s ``torch.cat`` does). Shapes are static
+per (batch_size, num_new, kv_len); ``kv_len`` still grows with the sequences, so a CUDA graph would
+have to bucket it. Rollback (:meth:`ModelRunner.truncate`) only moves pool rows back to the free
+list: no recomputation, no device work, and the memory in use tracks the tokens kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from engine.attention_support import check_model_supported
+from engine.kv_cache import KVCacheFull, PagedKVCache
+
+__all__ = ["KVCacheFull", "ModelRunner"]
+
+
+def _positive(name: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = model.base_model
+    for name in ("layers", "h"):
+        layers = getattr(base, name, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__} has no decoder layer list (layers or h)")
+
+
+def _attention_layers(model: nn.Module) -> dict[int, torch.device]:
+    """layer_idx of every decoder layer's attention -> the device its weights live on."""
+    layers = _decoder_layers(model)
+    num_layers = model.config.num_hidden_layers
+    if len(layers) != num_layers:
+        raise ValueError(f"config.num_hidden_layers={num_layers} but the model has {len(layers)} "
+                         "decoder layers; a truncated model must set both")
+    found: dict[int, torch.device] = {}
+    for layer in layers:
+        idx = next((m.layer_idx for m in layer.modules() if hasattr(m, "layer_idx")), None)
+        if idx is None or idx in found:
+            raise ValueError(f"decoder layer {type(layer).__name__} has a missing or repeated "
+                             f"attention layer_idx ({idx})")
+        found[idx] = next(layer.parameters()).device
+    return found
+
+
+class ModelRunner:
+    """One forward pass for a batch of sequences, each bringing its own number of new tokens.
+
+    ``max_num_seqs`` slots, at most ``max_num_tokens`` cached tokens over all slots (the KV pool is
+    allocated once for that budget), at most ``max_model_len`` tokens per sequence. The model is
+    put in eval mode. See the module docstring for the route and its costs.
+    """
+
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
+                 max_model_len: int):
+        self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
+        self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
+        self.max_model_len = _positive("max_model_len", max_model_len)
+        config = model.config
+        check_model_supported(config, max_model_len)
+        max_positions = getattr(config, "n_positions", None)  # absolute position tables (GPT-2)
+        if config.model_type == "gpt2" and max_model_len > max_positions:
+            raise ValueError(f"max_model_len must be <= n_positions={max_positions} for "
+                             f"{config.model_type}, got {max_model_len}")
+        self.model = model.eval()
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = next(model.parameters()).dtype
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        self.cache = PagedKVCache(
+            _attention_layers(model), getattr(config, "num_key_value_heads", None) or num_heads,
+            head_dim, max_num_tokens, max_num_seqs, max_model_len, self.dtype, self.device)
+        self._positions = torch.arange(max_model_len, device=self.device)  # [max_model_len]
+        self._free_rows: list[int] = list(range(max_num_tokens - 1, -1, -1))
+        self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
+        self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
+
+    # ---- slots and budget -------------------------------------------------------------------
+
+    @property
+    def num_free_tokens(self) -> int:
+        return len(self._free_rows)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.max_num_tokens - len(self._free_rows)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.cache.bytes_per_token
+
+    def allocate_slot(self) -> int:
+        """A fresh, empty slot; RuntimeError when all max_num_seqs slots are in use."""
+        if not self._free_slots:
+            raise RuntimeError(f"all max_num_seqs={self.max_num_seqs} slots are in use")
+        slot = self._free_slots.pop()
+        self._rows[slot] = []
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        """Release the slot and all its cached tokens."""
+        self._free_rows.extend(self._slot_rows(slot))
+        del self._rows[slot]
+        self._free_slots.append(slot)
+
+    def seq_len(self, slot: int) -> int:
+        return len(self._slot_rows(slot))
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the first ``length`` cached tokens of the slot; the rest is forgotten."""
+        rows = self._slot_rows(slot)
+        if not isinstance(length, int) or not 0 <= length <= len(rows):
+            raise ValueError(f"length must be an int in [0, {len(rows)}] for slot {slot}, "
+                             f"got {length!r}")
+        self._free_rows.extend(rows[length:])
+        del rows[length:]
+
+    def _slot_rows(self, slot: int) -> list[int]:
+        rows = self._rows.get(slot)
+        if rows is None:
+            raise ValueError(f"slot {slot!r} is not allocated (allocated: {sorted(self._rows)})")
+        return rows
+
+    # ---- forward ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
+                logits_indices: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+        """Append each slot's new tokens at positions ``seq_len(slot) ...`` and score them.
+
+        Returns float32 logits ``[total_new_tokens, vocab_size]``, rows in slot order then token
+        order (or only the rows ``logits_indices`` of that layout). Raises :class:`KVCacheFull`
+        before changing anything when the budget cannot hold the new tokens.
+        """
+        starts = self._check_step(slots, token_ids)
+        num_rows = sum(len(t) for t in token_ids)
+        if num_rows > len(self._free_rows):
+            raise KVCacheFull(num_rows, len(self._free_rows))
+        keep = self._logit_rows(logits_indices, num_rows)
+        batch_size, num_new = len(slots), max(len(t) for t in token_ids)
+        width = self.max_model_len + 1
+        padded = batch_size * num_new
+        # Host layout: input ids, positions, pool rows, table cells (each [padded]), slots,
+        # then the padded index of every new token.
+        host = [0] * (4 * padded) + list(slots) + [0] * num_rows
+        kv_len, row = 0, 4 * padded + batch_size
+        for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
+            start, n, base = starts[b], len(ids), b * num_new
+            rows = self._free_rows[-n:]
+            del self._free_rows[-n:]
+            self._rows[slot].extend(rows)
+            kv_len = max(kv_len, start + n)
+            host[base:base + n] = ids
+            host[padded + base:padded + base + num_new] = (
+                list(range(start, start + n)) + [start + n - 1] * (num_new - n))
+            host[2 * padded + base:2 * padded + base + num_new] = (
+                rows + [self.cache.scratch_row] * (num_new - n))
+            host[3 * padded + base:3 * padded + base + num_new] = (
+                [slot * width + start + t for t in range(n)]
+                + [slot * width + self.cache.scratch_column] * (num_new - n))
+            host[row:row + n] = range(base, base + n)
+            row += n
+        meta = torch.tensor(host, dtype=torch.long)
+        if self.device.type == "cuda":
+            meta = meta.pin_memory()
+        meta = meta.to(self.device, non_blocking=True)
+        input_ids, positions, write_rows, cells = meta[:4 * padded].view(4, batch_size, num_new)
+        slots_t = meta[4 * padded:4 * padded + batch_size]  # [batch_size]
+        new_rows = meta[4 * padded + batch_size:]  # [num_rows] padded index of each new token
+        self.cache.prepare_step(slots_t, write_rows.reshape(-1), cells.reshape(-1), kv_len)
+        # [batch_size, 1, num_new, kv_len]: column j visible to a token at position p iff j <= p
+        mask = self._positions[:kv_len].view(1, 1, 1, kv_len) <= positions[:, None, :, None]
+        if self.model.config._attn_implementation == "eager":
+            mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
+                ~mask, torch.finfo(self.dtype).min)
+        hidden = self.model.base_model(
+            input_ids=input_ids, position_ids=positions, attention_mask=mask,
+            past_key_values=self.cache, use_cache=True).last_hidden_state
+        hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
+        if keep is not None:
+            new_rows = new_rows[keep.to(self.device)]
+        return self.model.get_output_embeddings()(hidden.index_select(0, new_rows)).float()
+
+    def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
+        """Validate a step without changing anything; return each slot's seq_len."""
+        if len(slots) != len(token_ids) or not slots:
+            raise ValueError(f"slots and token_ids must be non-empty and of one length, got "
+                             f"{len(slots)} and {len(token_ids)}")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"slots must be distinct, got {list(slots)}")
+        starts = []
+        for slot, ids in zip(slots, token_ids, strict=True):
+            start = len(self._slot_rows(slot))
+            if not ids or start + len(ids) > self.max_model_len:
+                raise ValueError(f"slot {slot}: seq_len {start} + new tokens {len(ids)} must be in "
+                                 f"[{start + 1}, max_model_len={self.max_model_len}]")
+            if min(ids) < 0 or max(ids) >= self.vocab_size:
+                raise ValueError(f"slot {slot}: token ids must be in [0, {self.vocab_size})")
+            starts.append(start)
+        return starts
+
+    @staticmethod
+    def _logit_rows(logits_indices: Sequence[int] | torch.Tensor | None,
+                    num_rows: int) -> torch.Tensor | None:
+        if logits_indices is None:
+            return None
+        if isinstance(logits_indices, torch.Tensor):
+            return logits_indices.long()
+        if any(not 0 <= i < num_rows for i in logits_indices):
+            raise ValueError(f"logits_indices must be in [0, {num_rows}), "
+                             f"got {list(logits_indices)}")
+        return torch.tensor(list(logits_indices), dtype=torch.long)

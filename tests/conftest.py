@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random Hugging Face causal LMs built from configs (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+
+
+def tiny_config(family: str, vocab_size: int = 128, num_layers: int = 2, **overrides):
+    """A small config of ``family`` (grouped-query attention where the family has it)."""
+    rope = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                vocab_size=vocab_size, tie_word_embeddings=False)
+    if family == "llama":
+        config = LlamaConfig(**rope)
+    elif family == "qwen2":
+        config = Qwen2Config(**rope)
+    elif family == "qwen3":
+        config = Qwen3Config(head_dim=16, **rope)
+    elif family == "mistral":
+        config = MistralConfig(sliding_window=None, **rope)
+    elif family == "gpt2":
+        config = GPT2Config(n_embd=64, n_layer=num_layers, n_head=4, n_positions=256,
+                            vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
+    else:
+        raise ValueError(f"family must be one of {TINY_FAMILIES}, got {family!r}")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def tiny_model(family: str, vocab_size: int = 128, seed: int = 0, num_layers: int = 2,
+               dtype: torch.dtype = torch.float32, attn_implementation: str = "sdpa",
+               **config_overrides) -> PreTrainedModel:
+    """A tiny random causal LM of ``family`` in eval mode, reproducible from ``seed``."""
+    config = tiny_config(family, vocab_size=vocab_size, num_layers=num_layers, **config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def specdec_cache_dir(tmp_path_factory) -> Path:
+    """A model cache directory shared by the whole test session, empty at its start."""
+    return tmp_path_factory.mktemp("specdec_cache")
+
+
+@pytest.fixture(scope="session")
+def default_model(specdec_cache_dir):
+    """The embedded default model (SmolLM2-135M-Instruct, float32 on CPU) and its tokenizer.
+
+    Its first load in a session dequantizes the GGUF file (~25-40 s) and writes the safetensors
+    copy into ``specdec_cache_dir``; later loads with that cache_dir take about a second.
+    """
+    from engine.model_loader import load_model
+
+    return load_model("smollm2-135m", dtype="float32", device="cpu", cache_dir=specdec_cache_dir)

@@ -1,0 +1,213 @@
+"""The runner's logits equal one plain full-sequence forward of each sequence, over random
+interleavings of prefills, multi-token appends, rollbacks, joins and leaves."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from engine.model_runner import KVCacheFull, ModelRunner
+from tests.conftest import TINY_FAMILIES, tiny_model
+
+ATOL = 1e-5
+
+
+def full_logits(model, token_ids: list[int]) -> torch.Tensor:
+    """Oracle: one plain Hugging Face forward of the whole sequence, no cache."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([token_ids])).logits[0].float()  # [seq_len, vocab]
+
+
+def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[int]]) -> None:
+    """Run one step of ``new`` tokens per slot and compare with the oracle, row by row."""
+    slots = list(new)
+    starts = [len(seqs[s]) for s in slots]
+    out = runner.forward(slots, [new[s] for s in slots])
+    assert out.shape == (sum(len(new[s]) for s in slots), runner.vocab_size)
+    assert out.dtype == torch.float32
+    row = 0
+    for slot, start in zip(slots, starts, strict=True):
+        seqs[slot] += new[slot]
+        n = len(new[slot])
+        expected = full_logits(model, seqs[slot])[start:start + n]
+        torch.testing.assert_close(out[row:row + n], expected, atol=ATOL, rtol=ATOL)
+        assert runner.seq_len(slot) == len(seqs[slot])
+        row += n
+
+
+def random_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> None:
+    """Random joins, leaves, rollbacks, prefills and (k+1)-token appends, checked every step."""
+    rng = random.Random(seed)
+    seqs: dict[int, list[int]] = {}
+    tokens = lambda n: [rng.randrange(vocab_size) for _ in range(n)]
+    for _ in range(num_steps):
+        if len(seqs) < runner.max_num_seqs and (not seqs or rng.random() < 0.3):
+            seqs[runner.allocate_slot()] = []
+        if len(seqs) > 1 and rng.random() < 0.15:
+            leaving = rng.choice(list(seqs))
+            runner.free_slot(leaving)
+            del seqs[leaving]
+        for slot in seqs:  # rollback after a verification: keep a random accepted prefix
+            if seqs[slot] and rng.random() < 0.4:
+                keep = rng.randint(max(0, len(seqs[slot]) - 5), len(seqs[slot]))
+                runner.truncate(slot, keep)
+                del seqs[slot][keep:]
+        batch = rng.sample(list(seqs), rng.randint(1, len(seqs)))
+        new = {}
+        for slot in batch:
+            room = runner.max_model_len - len(seqs[slot])
+            n = rng.randint(6, 12) if not seqs[slot] else rng.choice([1, 1, 2, 5])
+            if room >= 1:
+                new[slot] = tokens(min(n, room))
+        if not new:
+            continue
+        needed = sum(len(t) for t in new.values())
+        if needed > runner.num_free_tokens:
+            with pytest.raises(KVCacheFull):
+                runner.forward(list(new), list(new.values()))
+            victim = max(seqs, key=lambda s: len(seqs[s]))
+            runner.free_slot(victim)
+            del seqs[victim]
+            continue
+        check_step(runner, model, seqs, new)
+        assert runner.num_cached_tokens == sum(len(s) for s in seqs.values())
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_random_interleavings_match_full_forward(family):
+    model = tiny_model(family, vocab_size=96, seed=1)
+    runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=96, max_model_len=40)
+    random_schedule(runner, model, seed=11, num_steps=30, vocab_size=96)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_eager_attention_matches_full_forward(family):
+    model = tiny_model(family, seed=2, attn_implementation="eager")
+    runner = ModelRunner(model, max_num_seqs=3, max_num_tokens=80, max_model_len=32)
+    random_schedule(runner, model, seed=12, num_steps=12, vocab_size=128)
+
+
+def test_kv_cache_full_changes_nothing():
+    model = tiny_model("llama", seed=3)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=10, max_model_len=16)
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    seqs = {a: [], b: []}
+    check_step(runner, model, seqs, {a: [5, 6, 7, 8, 9, 10], b: [1, 2]})
+    with pytest.raises(KVCacheFull) as info:
+        runner.forward([a, b], [[11, 12], [3, 4, 5]])
+    assert (info.value.tokens_needed, info.value.tokens_free) == (5, 2)
+    assert (runner.seq_len(a), runner.seq_len(b), runner.num_free_tokens) == (6, 2, 2)
+    runner.truncate(a, 3)  # rollback frees three tokens: the same step now fits
+    del seqs[a][3:]
+    check_step(runner, model, seqs, {a: [11, 12], b: [3, 4, 5]})
+    assert runner.num_free_tokens == 0
+
+
+def test_freed_slots_are_reused_without_stale_state():
+    model = tiny_model("qwen2", seed=4)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20)
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    seqs = {a: [], b: []}
+    check_step(runner, model, seqs, {a: list(range(3, 15)), b: list(range(40, 50))})
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        runner.allocate_slot()
+    runner.free_slot(a)
+    assert runner.num_cached_tokens == 10
+    c = runner.allocate_slot()
+    assert c == a and runner.seq_len(c) == 0
+    seqs[c] = []
+    check_step(runner, model, seqs, {c: [7, 8, 9], b: [1]})
+
+
+def test_logits_indices_select_rows():
+    model = tiny_model("gpt2", seed=5)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20)
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    runner.forward([a, b], [[1, 2, 3, 4], [5, 6]])
+    seq_a, seq_b = [1, 2, 3, 4, 9, 8], [5, 6, 7]
+    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=[1, 2])
+    expected = torch.stack([full_logits(model, seq_a)[-1], full_logits(model, seq_b)[-1]])
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=ATOL)
+    runner.truncate(a, 4)
+    runner.truncate(b, 2)
+    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=torch.tensor([2]))
+    torch.testing.assert_close(out, expected[1:], atol=ATOL, rtol=ATOL)
+
+
+def truncated_copy(model: nn.Module, num_layers: int) -> nn.Module:
+    """The early-exit self-draft: a shallow copy whose decoder runs the first num_layers layers,
+    sharing the target's weights. (copy.copy of an nn.Module shares its _modules dict, so each
+    copy gets its own before a submodule is replaced; otherwise the target would change too.)"""
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    inner = copy.copy(model.model)
+    inner._modules = dict(model.model._modules)
+    inner.layers = nn.ModuleList(list(model.model.layers)[:num_layers])
+    inner.config = config
+    draft = copy.copy(model)
+    draft._modules = dict(model._modules)
+    draft.model = inner
+    draft.config = config
+    return draft
+
+
+def test_truncated_model_shares_weights_and_stays_exact():
+    model = tiny_model("llama", seed=6, num_layers=3)
+    draft = truncated_copy(model, 1)
+    shared = draft.model.layers[0].self_attn.q_proj.weight
+    assert shared is model.model.layers[0].self_attn.q_proj.weight
+    assert len(model.model.layers) == model.config.num_hidden_layers == 3
+    target_runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=24)
+    draft_runner = ModelRunner(draft, max_num_seqs=2, max_num_tokens=64, max_model_len=24)
+    assert len(draft_runner.cache.keys) == 1 and len(target_runner.cache.keys) == 3
+    assert draft_runner.kv_bytes_per_token * 3 == target_runner.kv_bytes_per_token
+    for runner, m in ((draft_runner, draft), (target_runner, model)):
+        random_schedule(runner, m, seed=13, num_steps=8, vocab_size=128)
+    # the draft really is shallower: its logits differ from the target's
+    assert not torch.allclose(full_logits(draft, [1, 2, 3]), full_logits(model, [1, 2, 3]))
+
+
+def test_memory_tracks_tokens_kept():
+    model = tiny_model("llama", seed=7)
+    runner = ModelRunner(model, max_num_seqs=1, max_num_tokens=50, max_model_len=50)
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    # keys + values, every layer, float32
+    assert runner.kv_bytes_per_token == 2 * 2 * config.num_key_value_heads * head_dim * 4
+    slot = runner.allocate_slot()
+    runner.forward([slot], [list(range(10))])
+    for _ in range(8):  # verify 4 drafts + bonus, accept 1 each time
+        kept = runner.seq_len(slot) + 1
+        runner.forward([slot], [[1, 2, 3, 4, 5]])
+        runner.truncate(slot, kept)
+    assert runner.num_cached_tokens == runner.seq_len(slot) == 18
+
+
+def test_bad_calls_raise_value_error_before_any_change():
+    model = tiny_model("llama", seed=8)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=8)
+    a = runner.allocate_slot()
+    bad_calls = [
+        ([a, a], [[1], [2]], "distinct"),
+        ([a], [[1] * 9], "max_model_len"),
+        ([a], [[]], "max_model_len"),
+        ([a], [[128]], "token ids"),
+        ([5], [[1]], "not allocated"),
+        ([a], [[1], [2]], "one length"),
+    ]
+    for slots, ids, message in bad_calls:
+        with pytest.raises(ValueError, match=message):
+            runner.forward(slots, ids)
+    with pytest.raises(ValueError, match="logits_indices"):
+        runner.forward([a], [[1, 2]], logits_indices=[2])
+    with pytest.raises(ValueError, match="length"):
+        runner.truncate(a, 1)
+    assert runner.seq_len(a) == 0 and runner.num_free_tokens == 40
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        ModelRunner(model, max_num_seqs=1, max_num_tokens=0, max_model_len=8)
