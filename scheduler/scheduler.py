@@ -2,9 +2,9 @@
 
 Every step the scheduler fills one token budget (``max_num_batched_tokens``):
 
-1. **Running sequences first, in admission order.** A decoding sequence brings its one uncached
-   token plus up to k drafts (k from the engine's ``spec_tokens(request)``, cut to the budget
-   left). A sequence still prefilling brings the next chunk of its prompt that fits.
+1. **Running sequences first, in admission order.** Every decoding sequence brings its one
+   uncached token; then each gets up to k drafts (k from the engine's ``spec_tokens(request)``,
+   cut to the budget left); then a sequence still prefilling brings the next chunk that fits.
 2. **Then newcomers**, oldest first, while fewer than ``max_num_seqs`` run, budget is left and
    (when the caller says how many KV tokens are free) the KV cache can hold their first chunk.
    A long prompt is prefilled in chunks over several steps while the others keep decoding.
@@ -83,15 +83,27 @@ class Scheduler:
     def schedule(self, spec_tokens: Callable[[Request], int],
                  free_kv_tokens: int | None = None) -> SchedulerOutput:
         """Plan one step. ``spec_tokens(request)`` is the number of drafts the engine wants for a
-        request that samples this step; ``free_kv_tokens`` (None = unknown) gates admission."""
+        request that samples this step; ``free_kv_tokens`` (None = unknown) gates admission.
+
+        The budget goes, in this order, to the newest token of every decoding sequence, to their
+        drafts, to the prefill chunks of running sequences, then to newcomers (with drafts when
+        their whole prompt fits).
+        """
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        items: dict[int, ScheduledRequest] = {}
+        decoding = [r for r in self.running if r.num_uncached_tokens == 1]
+        for request in decoding[:budget]:
+            items[id(request)] = ScheduledRequest(request, 1, True)
+        budget -= len(items)
+        for item in items.values():
+            item.num_spec_tokens = max(0, min(spec_tokens(item.request), budget))
+            budget -= item.num_spec_tokens
         for request in self.running:
-            if budget == 0:
-                break
-            item = self._plan(request, budget, spec_tokens)
-            budget -= item.num_tokens
-            out.scheduled.append(item)
+            if budget > 0 and id(request) not in items and request.num_uncached_tokens > 1:
+                items[id(request)] = self._plan(request, budget, spec_tokens)
+                budget -= items[id(request)].num_tokens
+        out.scheduled = [items[id(r)] for r in self.running if id(r) in items]
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             first_chunk = min(request.num_uncached_tokens, budget)

@@ -1,0 +1,52 @@
+"""Helpers for the engine tests: an offline word-level tokenizer, HF greedy references and a
+chi-square p-value. Tiny random models come from ``tests/conftest.py``."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+EOS_ID = 1
+
+
+def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """Token ``i`` is the word ``w<i>``; text is words joined by spaces. ``w1`` is EOS."""
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w1",
+                                   bos_token="w2")
+
+
+def words(ids: list[int]) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Hugging Face ``generate(do_sample=False)`` of the target alone, EOS ignored."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         min_new_tokens=max_new_tokens, attention_mask=torch.ones(1, len(prompt),
+                                                                                  dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor,
+                      min_expected: float = 5.0) -> float:
+    """Pearson's test of ``counts`` against ``probs`` (cells with fewer than ``min_expected``
+    expected draws are pooled into one)."""
+    counts = counts.double().flatten()
+    probs = probs.double().flatten()
+    if (counts[probs == 0] > 0).any():
+        return 0.0  # draws where the target has no mass
+    expected = probs * counts.sum()
+    big = expected >= min_expected
+    obs, exp = counts[big], expected[big]
+    if (~big).any() and expected[~big].sum() > 0:
+        obs = torch.cat([obs, counts[~big].sum().reshape(1)])
+        exp = torch.cat([exp, expected[~big].sum().reshape(1)])
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2.0))
