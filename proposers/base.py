@@ -1,0 +1,87 @@
+"""The proposer interface: what the engine hands a proposer each step and what it gets back.
+
+The engine calls :meth:`Proposer.propose` once per step for the whole batch. Each request brings
+its full context (prompt + output so far) and how many tokens to guess (``num_spec_tokens``, 0
+turns speculation off for it). The proposer answers with 0..k draft tokens per request and, when
+the drafts were *sampled*, the processed probabilities they were drawn from (one row per draft
+token, flattened in request order), which lossless rejection sampling needs. One-hot proposers
+(n-gram lookup, greedy drafting) return ``draft_probs=None``.
+
+After verification the engine calls :meth:`Proposer.on_accepted` with the length of the context
+that stays, and :meth:`Proposer.remove` when a request finishes or is preempted.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+# adjust_logits(prefix_token_ids, logits [vocab_size]) -> logits [vocab_size]
+AdjustLogits = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ProposeRequest:
+    """One request's input to :meth:`Proposer.propose`.
+
+    ``token_ids`` is the full context (prompt + output so far). ``adjust_logits`` is the engine's
+    per-position hook (penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``): called
+    with the prefix a position would have and its raw logits, before ``process_logits``.
+    ``generator`` is the request's own random stream (None = the global one).
+    """
+
+    req_id: str | int
+    token_ids: Sequence[int]
+    num_spec_tokens: int
+    sampling_params: SamplingParams
+    generator: torch.Generator | None = None
+    adjust_logits: AdjustLogits | None = None
+
+    def __post_init__(self) -> None:
+        k = self.num_spec_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"ProposeRequest.num_spec_tokens={k!r} is invalid: "
+                             "allowed an integer >= 0 (0 = no speculation)")
+        if len(self.token_ids) == 0:
+            raise ValueError(f"ProposeRequest.token_ids of request {self.req_id!r} is empty: "
+                             "allowed a context of at least one token")
+
+
+@dataclass
+class Proposal:
+    """Drafts for every request of the batch, in request order.
+
+    ``draft_token_ids[i]`` holds 0..``num_spec_tokens`` tokens for request ``i``.
+    ``draft_probs`` is None for one-hot drafts, else one float32 row per draft token in the order
+    of the flattened drafts: the processed distribution each token was drawn from.
+    """
+
+    draft_token_ids: list[list[int]]
+    # [num_tokens, vocab_size] float32, or None for one-hot drafts
+    draft_probs: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(d) for d in self.draft_token_ids)
+
+
+class Proposer(ABC):
+    """Guesses the next tokens of many requests at once; never decides acceptance."""
+
+    @abstractmethod
+    def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
+        """Draft up to ``num_spec_tokens`` tokens for each request."""
+
+    def on_accepted(self, req_id: str | int, num_tokens: int) -> None:  # noqa: B027
+        """Verification kept the first ``num_tokens`` tokens of the request's context + drafts.
+
+        Stateless proposers ignore it; stateful ones drop whatever they hold past that point.
+        """
+
+    def remove(self, req_id: str | int) -> None:  # noqa: B027
+        """The request finished or was preempted: forget its state."""

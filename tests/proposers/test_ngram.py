@@ -1,0 +1,139 @@
+"""N-gram prompt lookup: the rule on hand-built contexts, then against a brute-force reference."""
+
+import random
+
+import numpy as np
+import pytest
+
+from engine.sampling_params import SamplingParams
+from proposers import get_proposer
+from proposers.base import ProposeRequest
+from proposers.ngram import NgramProposer
+from proposers.ngram_table import NgramTable
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def propose_one(proposer, tokens, k, req_id=0):
+    proposal = proposer.propose([ProposeRequest(req_id, list(tokens), k, GREEDY)])
+    assert proposal.draft_probs is None
+    return proposal.draft_token_ids[0]
+
+
+def brute_force(tokens, k, lo, hi):
+    """The documented rule, written the slow obvious way."""
+    length = len(tokens)
+    for n in range(hi, lo - 1, -1):
+        if n >= length:
+            continue
+        suffix = tokens[length - n:]
+        for end in range(length - 2, n - 2, -1):  # most recent occurrence with a follower
+            if tokens[end - n + 1:end + 1] == suffix:
+                return tokens[end + 1:end + 1 + k]
+    return []
+
+
+def test_docstring_example():
+    tokens = [5, 7, 9, 2, 7, 9, 4, 7, 9]
+    assert propose_one(NgramProposer(1, 3), tokens, 2) == [4, 7]
+    assert propose_one(NgramProposer(1, 3), tokens, 5) == [4, 7, 9]  # k larger than what follows
+
+
+def test_no_match():
+    assert propose_one(NgramProposer(1, 4), [1, 2, 3, 4, 5], 3) == []
+    assert propose_one(NgramProposer(1, 4), [7], 3) == []
+
+
+def test_several_matches_most_recent_wins():
+    # [8, 1] occurs at 0-1 (then 2) and at 3-4 (then 6); suffix is [8, 1].
+    assert propose_one(NgramProposer(2, 2), [8, 1, 2, 8, 1, 6, 0, 8, 1], 1) == [6]
+
+
+def test_longer_match_beats_more_recent_shorter_one():
+    # suffix [4, 5]: the 2-gram occurs at 0-1 (then 9); 1-gram [5] occurs more recently at 3.
+    tokens = [4, 5, 9, 5, 3, 4, 5]
+    assert propose_one(NgramProposer(1, 2), tokens, 1) == [9]
+    assert propose_one(NgramProposer(1, 1), tokens, 1) == [3]
+
+
+def test_match_right_before_the_suffix():
+    # [3, 3] at 0-1 is followed by the last 3: one token follows, whatever k is.
+    assert propose_one(NgramProposer(1, 2), [3, 3, 3], 4) == [3]
+    assert propose_one(NgramProposer(2, 3), [1, 2, 1, 2, 1, 2], 4) == [1, 2]
+
+
+def test_prompt_lookup_min_is_respected():
+    assert propose_one(NgramProposer(2, 3), [6, 1, 2, 6], 2) == []
+    assert propose_one(NgramProposer(1, 3), [6, 1, 2, 6], 2) == [1, 2]
+
+
+def test_k_zero_drafts_nothing_but_indexes():
+    proposer = NgramProposer(1, 2)
+    assert propose_one(proposer, [1, 2, 3, 1], 0) == []
+    assert propose_one(proposer, [1, 2, 3, 1, 2], 2) == [3, 1]
+
+
+def test_batch_of_different_k_and_requests():
+    proposer = get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    requests = [ProposeRequest("a", [1, 2, 3, 1, 2], 3, GREEDY),
+                ProposeRequest("b", [4, 4], 0, GREEDY),
+                ProposeRequest("c", [9, 8, 7, 9], 1, GREEDY)]
+    assert proposer.propose(requests).draft_token_ids == [[3, 1, 2], [], [8]]
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 4), (2, 3), (3, 3)])
+def test_incremental_growth_matches_brute_force(lo, hi):
+    rng = random.Random(lo * 10 + hi)
+    proposer = NgramProposer(lo, hi)
+    contexts = {i: [rng.randrange(4) for _ in range(rng.randrange(1, 6))] for i in range(6)}
+    for step in range(60):
+        ids = rng.sample(sorted(contexts), rng.randrange(1, len(contexts) + 1))
+        requests = [ProposeRequest(i, list(contexts[i]), rng.randrange(0, 6), GREEDY)
+                    for i in ids]
+        got = proposer.propose(requests).draft_token_ids
+        want = [brute_force(r.token_ids, r.num_spec_tokens, lo, hi) for r in requests]
+        assert got == want, step
+        for i in ids:  # grow by 0..5 tokens, sometimes finish and restart a request
+            if rng.random() < 0.05:
+                proposer.remove(i)
+                contexts[i] = [rng.randrange(4)]
+            else:
+                contexts[i].extend(rng.randrange(4) for _ in range(rng.randrange(6)))
+
+
+def test_changed_context_is_reindexed():
+    proposer = NgramProposer(1, 2)
+    assert propose_one(proposer, [1, 2, 3, 1], 1) == [2]
+    assert propose_one(proposer, [5, 6, 5], 1) == [6]  # same id, shorter and different context
+    assert propose_one(proposer, [5, 6, 7, 6, 5, 6], 1) == [7]  # last indexed token changed
+
+
+@pytest.mark.parametrize("kwargs", [{"prompt_lookup_min": 0}, {"prompt_lookup_max": 0},
+                                    {"prompt_lookup_min": 3, "prompt_lookup_max": 2},
+                                    {"prompt_lookup_min": 1.5}])
+def test_bad_sizes(kwargs):
+    with pytest.raises(ValueError, match="prompt_lookup_m"):
+        NgramProposer(**kwargs)
+
+
+def test_table_matches_dict_through_rebuilds_and_crowded_windows():
+    rng = np.random.default_rng(0)
+    table = NgramTable(capacity=16, window=4)
+    reference, ever = {}, set()
+    for owner in range(40):
+        keys = rng.integers(1, 500, size=rng.integers(1, 30))
+        if owner % 5 == 0:  # same home slot for many keys: a crowded window
+            keys = 1 + 16 * rng.integers(0, 30, size=8)
+        values = rng.integers(0, 1000, size=len(keys))
+        table.put(keys, values, np.full(len(keys), owner))
+        for key, value in zip(keys.tolist(), values.tolist(), strict=True):  # later wins
+            reference[key] = (value, owner)
+        ever |= set(keys.tolist())
+        if owner % 7 == 6:  # drop an owner: its keys are never looked up again
+            dropped = int(rng.integers(0, owner + 1))
+            table.drop_owner(dropped)
+            reference = {k: v for k, v in reference.items() if v[1] != dropped}
+        probe = sorted(set(reference) | (set(range(1, 600)) - ever))
+        want = [reference[k][0] if k in reference else -1 for k in probe]
+        assert table.get(np.array(probe)).tolist() == want
+    assert table.capacity > 16
