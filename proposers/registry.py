@@ -1,4 +1,12 @@
-"""Proposers by name: ``get_proposer("ngram" | "draft_model" | "early_exit", **kwargs)``."""
+"""Proposers by name: ``get_proposer("ngram" | "draft_model" | "early_exit", **kwargs)``.
+
+- ``ngram``: ``prompt_lookup_min``, ``prompt_lookup_max`` (:class:`proposers.ngram.NgramProposer`).
+- ``draft_model``: ``model`` (alias, hub id, path or a loaded model), ``tokenizer`` (needed with a
+  loaded model when ``target_tokenizer`` is given), ``target_tokenizer``, ``target_vocab_size``,
+  ``greedy``, ``device``, ``dtype``, ``max_num_seqs``, ``max_model_len``, ``max_num_tokens``.
+- ``early_exit``: ``target_model``, ``num_layers``, ``greedy``, ``max_num_seqs``,
+  ``max_model_len``, ``max_num_tokens``.
+"""
 
 from __future__ import annotations
 
@@ -22,16 +30,45 @@ def register_proposer(name: str) -> Callable[[Callable[..., Proposer]], Callable
 
 def get_proposer(method: str, **kwargs: Any) -> Proposer:
     """Build the proposer ``method`` with its own keyword arguments."""
-    _register_builtins()
     if method not in _FACTORIES:
         raise ValueError(f"method={method!r} is invalid: allowed {' | '.join(sorted(_FACTORIES))}")
     return _FACTORIES[method](**kwargs)
 
 
-def _register_builtins() -> None:
-    """Import the built-in proposers lazily (the model-based ones pull in torch models)."""
-    if "ngram" in _FACTORIES:
-        return
+@register_proposer("ngram")
+def _ngram(prompt_lookup_min: int = 1, prompt_lookup_max: int = 4) -> Proposer:
     from proposers.ngram import NgramProposer
 
-    register_proposer("ngram")(NgramProposer)
+    return NgramProposer(prompt_lookup_min, prompt_lookup_max)
+
+
+@register_proposer("draft_model")
+def _draft_model(model: Any, max_num_seqs: int, max_model_len: int, tokenizer: Any = None,
+                 target_tokenizer: Any = None, target_vocab_size: int | None = None,
+                 greedy: bool = False, device: str = "cpu", dtype: str = "auto",
+                 max_num_tokens: int | None = None) -> Proposer:
+    from proposers.draft_model import DraftModelProposer
+    from proposers.vocab import check_shared_vocab
+
+    if isinstance(model, str):
+        from engine.model_loader import load_model
+
+        model, tokenizer = load_model(model, dtype=dtype, device=device)
+    if target_tokenizer is not None:
+        if tokenizer is None:
+            raise ValueError("tokenizer=None: the draft model's tokenizer is needed to check that "
+                             "it shares the target's vocabulary")
+        width = model.get_output_embeddings().weight.shape[0]
+        check_shared_vocab(tokenizer, target_tokenizer, width)
+    return DraftModelProposer(model, max_num_seqs, max_model_len, max_num_tokens, greedy,
+                              target_vocab_size)
+
+
+@register_proposer("early_exit")
+def _early_exit(target_model: Any, max_num_seqs: int, max_model_len: int,
+                num_layers: int | None = None, greedy: bool = False,
+                max_num_tokens: int | None = None) -> Proposer:
+    from proposers.early_exit import make_early_exit_proposer
+
+    return make_early_exit_proposer(target_model, max_num_seqs, max_model_len, num_layers, greedy,
+                                    max_num_tokens)

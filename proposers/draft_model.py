@@ -1,0 +1,171 @@
+"""Multi-step draft model: a small causal LM guesses k tokens, one batched forward per token.
+
+Each step, for every request that wants drafts (Leviathan et al., arXiv 2211.17192, §2.3):
+
+1. *Catch up.* The draft keeps its own KV cache per request (a slot of its own
+   :class:`~engine.model_runner.ModelRunner`) and remembers which token ids it holds. The cache is
+   cut back to the longest prefix it shares with the request's context (verification rejected
+   the drafts after it; no recomputation), and the context tokens it lacks, usually the
+   recovered or bonus token plus the last accepted draft, are fed in one ragged forward over the
+   whole batch, whose last row gives the first draft's logits.
+2. *Draft.* Draft ``j`` is drawn from those logits; every request still short of its own k feeds
+   its draft ``j`` in the next one-token batched forward. Draft k is never fed (it is fed on the
+   next step if accepted), so a step costs k forwards and leaves ``context + k - 1`` tokens cached.
+
+Drawing a draft (``greedy=False``, vLLM's ``draft_sample_method="probabilistic"``): the logits are
+brought to the target's width (zero probability past the draft's own vocabulary), passed through
+the request's ``adjust_logits`` with the prefix that position has (context + drafts so far), then
+through ``samplers.logits_processing.logits_to_probs`` with the request's own parameters; the
+token is the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from the request's generator, so it
+is drawn from exactly the returned row ``p`` (one-hot at the argmax for a temperature-0 request).
+With ``greedy=True`` the draft is the argmax of the adjusted logits and no probabilities are
+returned (one-hot drafts).
+
+A step whose draft forward does not fit the draft's KV budget (:class:`KVCacheFull`) stops
+drafting there: the requests keep the drafts made so far, which is always safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.model_runner import KVCacheFull, ModelRunner
+from proposers.base import Proposal, Proposer, ProposeRequest
+from samplers.logits_processing import logits_to_probs
+from samplers.sampling_tensors import SamplingTensors
+
+# Speculation needs at most this many draft tokens per request beyond the target's cache.
+_MAX_DRAFT_SLACK = 33
+# Default KV budget (tokens over all slots) when the caller gives none, as the engine's.
+_DEFAULT_KV_TOKENS = 65536
+
+
+@dataclass
+class _DraftSeq:
+    slot: int
+    cached: list[int] = field(default_factory=list)  # token ids held in the slot, in order
+
+
+class DraftModelProposer(Proposer):
+    """Drafts with ``model`` (already loaded and vocabulary-checked); see the module docstring.
+
+    ``target_vocab_size``: the width of the target's logits, that of the returned probabilities
+    (default: the draft's own). ``max_num_tokens``: the draft's KV budget over all requests.
+    """
+
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
+                 max_num_tokens: int | None = None, greedy: bool = False,
+                 target_vocab_size: int | None = None) -> None:
+        if max_num_tokens is None:
+            max_num_tokens = (min(max_num_seqs * max_model_len, _DEFAULT_KV_TOKENS)
+                              + max_num_seqs * _MAX_DRAFT_SLACK)
+        self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len)
+        self.greedy = greedy
+        self.vocab_size = target_vocab_size or self.runner.vocab_size
+        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
+            raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
+                             "or an integer >= 1")
+        self._seqs: dict[str | int, _DraftSeq] = {}
+
+    def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
+        drafts: list[list[int]] = [[] for _ in requests]
+        step_probs: list[tuple[dict[int, int], torch.Tensor]] = []  # per draft index j
+        active = [i for i, r in enumerate(requests) if r.num_spec_tokens > 0]
+        feeds = [self._catch_up(requests[i]) for i in active]
+        while active:
+            slots = [self._seqs[requests[i].req_id].slot for i in active]
+            last_rows = np.cumsum([len(f) for f in feeds]) - 1
+            try:
+                logits = self.runner.forward(slots, feeds, last_rows.tolist())  # [n, draft_vocab]
+            except KVCacheFull:
+                break
+            for i, feed in zip(active, feeds, strict=True):
+                self._seqs[requests[i].req_id].cached.extend(feed)
+            tokens, probs = self._draw([requests[i] for i in active],
+                                       [drafts[i] for i in active], logits)
+            if probs is not None:
+                step_probs.append(({i: row for row, i in enumerate(active)}, probs))
+            for i, token in zip(active, tokens, strict=True):
+                drafts[i].append(token)
+            active = [i for i in active if len(drafts[i]) < requests[i].num_spec_tokens]
+            feeds = [[drafts[i][-1]] for i in active]
+        return Proposal(drafts, None if self.greedy else self._flatten(drafts, step_probs))
+
+    def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
+        seq = self._seqs.get(req_id)
+        if seq is not None and num_tokens < len(seq.cached):
+            self.runner.truncate(seq.slot, num_tokens)
+            del seq.cached[num_tokens:]
+
+    def remove(self, req_id: str | int) -> None:
+        seq = self._seqs.pop(req_id, None)
+        if seq is not None:
+            self.runner.free_slot(seq.slot)
+
+    def _catch_up(self, request: ProposeRequest) -> list[int]:
+        """Cut the request's cache back to what its context confirms; return the tokens to feed.
+
+        At least the last context token is fed: its logits give the first draft.
+        """
+        seq = self._seqs.get(request.req_id)
+        if seq is None:
+            seq = self._seqs[request.req_id] = _DraftSeq(self.runner.allocate_slot())
+        context = request.token_ids
+        keep = _common_prefix(seq.cached, context, len(context) - 1)
+        if keep < len(seq.cached):
+            self.runner.truncate(seq.slot, keep)
+            del seq.cached[keep:]
+        return list(context[keep:])
+
+    def _draw(self, requests: list[ProposeRequest], drafts: list[list[int]],
+              logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
+        """One draft per request from ``logits [n, draft_vocab]``; and its probabilities."""
+        logits = self._to_target_width(logits)  # [n, vocab_size]
+        for b, request in enumerate(requests):
+            if request.adjust_logits is not None:
+                prefix = list(request.token_ids) + drafts[b]
+                logits[b] = request.adjust_logits(prefix, logits[b])
+        if self.greedy:
+            return logits.argmax(dim=-1).tolist(), None
+        sampling = SamplingTensors.from_params([r.sampling_params for r in requests],
+                                               [r.generator for r in requests], logits.device)
+        probs = logits_to_probs(logits, sampling, [1] * len(requests))  # [n, vocab_size]
+        q = torch.ones_like(probs)  # [n, vocab_size]; greedy rows: argmax of their one-hot
+        for b, request in enumerate(requests):
+            if not sampling.greedy[b]:
+                q[b].exponential_(generator=request.generator)
+        tokens = (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(dim=-1)
+        return tokens.tolist(), probs
+
+    def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
+        width = logits.shape[1]
+        if width >= self.vocab_size:
+            return logits[:, :self.vocab_size].clone()
+        return nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
+
+    def _flatten(self, drafts: list[list[int]],
+                 step_probs: list[tuple[dict[int, int], torch.Tensor]]) -> torch.Tensor:
+        """``[num_tokens, vocab_size]``: each request's draft rows in order, requests in order."""
+        if not step_probs:
+            return torch.empty(0, self.vocab_size, device=self.runner.device)
+        bases = np.cumsum([0] + [p.shape[0] for _, p in step_probs[:-1]])
+        order = [int(bases[j]) + step_probs[j][0][i]
+                 for i, d in enumerate(drafts) for j in range(len(d))]
+        stacked = torch.cat([p for _, p in step_probs])  # [sum of step sizes, vocab_size]
+        return stacked.index_select(0, torch.tensor(order, device=stacked.device))
+
+
+def _common_prefix(cached: list[int], context: Sequence[int], limit: int) -> int:
+    """Length of the longest common prefix of ``cached`` and ``context``, at most ``limit``."""
+    n = min(len(cached), limit)
+    if n <= 0:
+        return 0
+    if cached[:n] == list(context[:n]):
+        return n
+    differ = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(context[:n]))
+    return int(differ[0])

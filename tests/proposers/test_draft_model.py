@@ -1,0 +1,172 @@
+"""Draft-model proposer on tiny random models: greedy drafts, cache kept in step, probabilities."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.sampling_params import SamplingParams
+from proposers import get_proposer
+from proposers.base import ProposeRequest
+from proposers.draft_model import DraftModelProposer
+from tests.conftest import tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+VOCAB = 96
+
+
+@torch.inference_mode()
+def last_logits(model, tokens: list[int]) -> torch.Tensor:
+    """Oracle: one plain forward over the whole context, no cache; logits of the last position."""
+    return model(input_ids=torch.tensor([tokens])).logits[0, -1].float()  # [vocab_size]
+
+
+@torch.inference_mode()
+def hf_greedy(model, tokens: list[int], k: int) -> list[int]:
+    out = model.generate(torch.tensor([tokens]), max_new_tokens=k, min_new_tokens=k,
+                         do_sample=False, pad_token_id=0)
+    return out[0, len(tokens):].tolist()
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_drafts_equal_the_draft_models_greedy_generate(family, greedy):
+    model = tiny_model(family, vocab_size=VOCAB, seed=1)
+    proposer = DraftModelProposer(model, max_num_seqs=4, max_model_len=64, greedy=greedy)
+    rng = random.Random(0)
+    contexts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 7, 12)]
+    ks = [1, 3, 5]
+    proposal = proposer.propose([ProposeRequest(i, c, k, GREEDY)
+                                 for i, (c, k) in enumerate(zip(contexts, ks, strict=True))])
+    assert proposal.draft_token_ids == [hf_greedy(model, c, k)
+                                        for c, k in zip(contexts, ks, strict=True)]
+    if greedy:
+        assert proposal.draft_probs is None
+    else:  # temperature 0: one-hot rows at the drafts
+        assert proposal.draft_probs.shape == (sum(ks), VOCAB)
+        flat = [t for d in proposal.draft_token_ids for t in d]
+        assert torch.equal(proposal.draft_probs.argmax(dim=-1), torch.tensor(flat))
+        assert torch.equal(proposal.draft_probs.sum(dim=-1), torch.ones(sum(ks)))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_cache_follows_any_accept_reject_pattern(family):
+    """After each verification, the next draft distribution is that of a fresh forward."""
+    model = tiny_model(family, vocab_size=VOCAB, seed=2)
+    proposer = DraftModelProposer(model, max_num_seqs=3, max_model_len=128)
+    params = SamplingParams(temperature=1.0)
+    rng = random.Random(1)
+    contexts = {i: [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))] for i in range(3)}
+    for step in range(12):
+        ks = {i: rng.randrange(0, 5) for i in contexts}
+        requests = [ProposeRequest(i, list(c), ks[i], params, seeded(step * 10 + i))
+                    for i, c in contexts.items()]
+        proposal = proposer.propose(requests)
+        row = 0
+        for request, drafts in zip(requests, proposal.draft_token_ids, strict=True):
+            assert len(drafts) == request.num_spec_tokens
+            if drafts:  # the first draft's row comes from the logits after the whole context
+                want = torch.softmax(last_logits(model, request.token_ids), dim=-1)
+                torch.testing.assert_close(proposal.draft_probs[row], want, atol=1e-5, rtol=0)
+                slot = proposer._seqs[request.req_id].slot
+                assert proposer.runner.seq_len(slot) == len(request.token_ids) + len(drafts) - 1
+            row += len(drafts)
+            # verification: keep a random number of drafts, then a recovered or bonus token
+            accepted = rng.randrange(len(drafts) + 1)
+            old = len(contexts[request.req_id])
+            contexts[request.req_id] += drafts[:accepted] + [rng.randrange(VOCAB)]
+            if drafts and rng.random() < 0.8:  # the engine tells; without it the prefix check does
+                proposer.on_accepted(request.req_id, old + accepted)
+        if step == 6:  # a request finishes, another one joins
+            proposer.remove(0)
+            contexts[0] = [rng.randrange(VOCAB) for _ in range(5)]
+
+
+def test_probs_are_the_processed_distribution_the_drafts_were_drawn_from():
+    model = tiny_model("llama", vocab_size=16, seed=3)
+    context = [3, 1, 4, 1, 5]
+    bias = torch.zeros(16)
+    bias[7] = 3.0
+
+    def adjust(prefix, logits):  # position-dependent, like a penalty: sees context + drafts
+        return logits + bias * (len(prefix) - len(context) + 1)
+
+    params = SamplingParams(temperature=0.7, top_k=4)
+    num = 600
+    proposer = DraftModelProposer(model, max_num_seqs=num, max_model_len=32)
+    requests = [ProposeRequest(i, context, 2, params, seeded(i), adjust) for i in range(num)]
+    proposal = proposer.propose(requests)
+    # Oracle for draft j (prefix = context + drafts before it): adjust, temperature, top 4.
+    def oracle(prefix: list[int]) -> torch.Tensor:
+        z = adjust(prefix, last_logits(model, prefix)) / 0.7
+        kept = z >= torch.topk(z, 4).values[-1]
+        return torch.where(kept, torch.softmax(z.masked_fill(~kept, float("-inf")), dim=-1), 0.0)
+
+    want = oracle(context)
+    torch.testing.assert_close(proposal.draft_probs[0::2], want.expand(num, 16), atol=1e-6,
+                               rtol=0)
+    for first in {d[0] for d in proposal.draft_token_ids}:
+        rows = [2 * i + 1 for i, d in enumerate(proposal.draft_token_ids) if d[0] == first]
+        torch.testing.assert_close(proposal.draft_probs[rows],
+                                   oracle(context + [first]).expand(len(rows), 16),
+                                   atol=1e-6, rtol=0)
+    # Tokens follow their rows: every draft inside its row's support, frequencies match.
+    flat = torch.tensor([t for d in proposal.draft_token_ids for t in d])
+    assert bool((proposal.draft_probs[torch.arange(2 * num), flat] > 0).all())
+    counts = torch.bincount(flat[0::2], minlength=16).float()
+    sigma = (num * want * (1 - want)).sqrt()
+    assert bool(((counts - num * want).abs() <= 4 * sigma + 1).all()), (counts, num * want)
+
+
+def test_seeded_drafts_are_reproducible_and_batch_independent():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=4)
+    params = SamplingParams(temperature=1.2, top_p=0.9)
+    context = [5, 9, 2, 7]
+
+    def run(others: int) -> tuple[list[int], torch.Tensor]:
+        proposer = DraftModelProposer(model, max_num_seqs=8, max_model_len=32)
+        requests = [ProposeRequest("me", context, 4, params, seeded(42))]
+        requests += [ProposeRequest(i, [i + 1] * (i + 2), 3, params, None) for i in range(others)]
+        proposal = proposer.propose(requests[::-1])
+        return proposal.draft_token_ids[-1], proposal.draft_probs[-4:]
+
+    alone, alone_probs = run(0)
+    crowded, crowded_probs = run(3)
+    assert alone == crowded == run(0)[0]
+    torch.testing.assert_close(alone_probs, crowded_probs, atol=1e-5, rtol=0)
+
+
+def test_no_drafts_consume_no_random_numbers():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=5)
+    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=32)
+    generator = seeded(7)
+    before = generator.get_state()
+    proposal = proposer.propose([ProposeRequest(0, [1, 2, 3], 0, SamplingParams(), generator)])
+    assert proposal.draft_token_ids == [[]]
+    assert proposal.draft_probs.shape == (0, VOCAB)
+    assert torch.equal(generator.get_state(), before)
+
+
+def test_narrower_draft_is_zero_padded_to_the_target_width():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=6)
+    proposer = get_proposer("draft_model", model=model, max_num_seqs=1, max_model_len=32,
+                            target_vocab_size=VOCAB + 32)
+    proposal = proposer.propose([ProposeRequest(0, [4, 5, 6], 3, SamplingParams(), seeded(0))])
+    assert proposal.draft_probs.shape == (3, VOCAB + 32)
+    assert bool((proposal.draft_probs[:, VOCAB:] == 0).all())
+    torch.testing.assert_close(proposal.draft_probs.sum(dim=-1), torch.ones(3))
+
+
+def test_full_draft_cache_stops_drafting_safely():
+    model = tiny_model("llama", vocab_size=VOCAB, seed=7)
+    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=32, max_num_tokens=10,
+                                  greedy=True)
+    context = [1, 2, 3, 4, 5, 6, 7, 8]
+    proposal = proposer.propose([ProposeRequest(0, context, 5, GREEDY)])
+    assert proposal.draft_token_ids == [hf_greedy(model, context, 3)]  # 8 + 2 cached tokens fit
