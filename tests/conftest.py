@@ -20,26 +20,24 @@ TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 
 
 def tiny_config(family: str, vocab_size: int = 128, num_layers: int = 2, **overrides):
-    """A small config of ``family`` (grouped-query attention where the family has it)."""
+    """A small config of ``family`` (grouped-query attention where the family has it);
+    ``overrides`` go to the config's constructor."""
     rope = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 vocab_size=vocab_size, tie_word_embeddings=False)
     if family == "llama":
-        config = LlamaConfig(**rope)
-    elif family == "qwen2":
-        config = Qwen2Config(**rope)
-    elif family == "qwen3":
-        config = Qwen3Config(head_dim=16, **rope)
-    elif family == "mistral":
-        config = MistralConfig(sliding_window=None, **rope)
-    elif family == "gpt2":
-        config = GPT2Config(n_embd=64, n_layer=num_layers, n_head=4, n_positions=256,
-                            vocab_size=vocab_size, bos_token_id=0, eos_token_id=0)
-    else:
-        raise ValueError(f"family must be one of {TINY_FAMILIES}, got {family!r}")
-    for key, value in overrides.items():
-        setattr(config, key, value)
-    return config
+        return LlamaConfig(**{**rope, **overrides})
+    if family == "qwen2":
+        return Qwen2Config(**{**rope, **overrides})
+    if family == "qwen3":
+        return Qwen3Config(**{**rope, "head_dim": 16, **overrides})
+    if family == "mistral":
+        return MistralConfig(**{**rope, "sliding_window": None, **overrides})
+    if family == "gpt2":
+        return GPT2Config(**{**dict(n_embd=64, n_layer=num_layers, n_head=4, n_positions=256,
+                                    vocab_size=vocab_size, bos_token_id=0, eos_token_id=0),
+                             **overrides})
+    raise ValueError(f"family must be one of {TINY_FAMILIES}, got {family!r}")
 
 
 def tiny_model(family: str, vocab_size: int = 128, seed: int = 0, num_layers: int = 2,
