@@ -1,0 +1,233 @@
+"""Command-line flags for ``python -m engine.generate``, generated from the config dataclasses.
+
+Every field of ``EngineConfig``, ``SpeculativeConfig`` and ``SamplingParams`` gets a flag named
+after it (``max_tokens`` -> ``--max-tokens``), so a new field cannot be forgotten. Flags default to
+"not given": only the flags on the command line override the preset (``--config``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import types
+import typing
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, NoReturn
+
+from engine.config import (
+    ACCEPTANCE_METHODS,
+    DRAFT_SAMPLE_METHODS,
+    DTYPES,
+    METHODS,
+    EngineConfig,
+    SpeculativeConfig,
+)
+from engine.config_file import SPECULATIVE_KEY, Preset
+from engine.sampling_params import SamplingParams
+
+# Fields whose flag is not simply ``--field-name``.
+SPEC_RENAMES = {"model": "draft-model", "tokenizer": "draft-tokenizer"}
+SAMPLING_RENAMES = {"seed": "request-seed"}  # ``--seed`` is the engine seed
+ENGINE_SKIP = {"speculative_config"}
+NO_SPECULATION = "none"
+SHORT_FLAGS = {"num_speculative_tokens": "-k"}
+CHOICES = {"method": (*METHODS, NO_SPECULATION), "acceptance_method": ACCEPTANCE_METHODS,
+           "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": DTYPES}
+
+
+class CliError(Exception):
+    """A bad command line: printed as one ``error: ...`` line, exit code 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors raise ``CliError`` instead of printing the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(message)
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One generated flag: which dataclass field it sets (``section`` = engine/spec/sampling)."""
+
+    section: str
+    field: str
+    dest: str
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """``int | None`` -> (int, True); ``str | list[str] | None`` -> (itself, True)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else tp), True
+    return tp, False
+
+
+def _is_list(tp: Any) -> Any | None:
+    """The item type when ``tp`` is ``list[X]`` or ``str | list[str]``, else None."""
+    if typing.get_origin(tp) is list:
+        return typing.get_args(tp)[0]
+    for arg in typing.get_args(tp) if typing.get_origin(tp) in (typing.Union,
+                                                                 types.UnionType) else ():
+        if typing.get_origin(arg) is list:
+            return typing.get_args(arg)[0]
+    return None
+
+
+def _scalar(kind: type, optional: bool, flag: str):
+    """An argparse ``type=`` that parses one value; ``none`` gives None for optional fields."""
+
+    def parse(text: str) -> Any:
+        if optional and text.lower() in ("none", "null"):
+            return None
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} expects {kind.__name__}{' or none' if optional else ''}, "
+                f"got {text!r}") from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _int_list(flag: str):
+    def parse(text: str) -> list[int]:
+        try:
+            return [int(t) for t in text.split(",") if t.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} expects integers (repeat the flag or use a comma list), got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _json_dict(flag: str):
+    def parse(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"{flag} expects JSON, got {text!r}: {exc}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} expects a JSON object, got {text!r}")
+        return value
+
+    return parse
+
+
+def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, name: str,
+                    tp: Any, default: Any, flag_name: str) -> FlagSpec:
+    flag = f"--{flag_name}"
+    dest = f"{section}__{name}"
+    names = [flag] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
+    base, optional = _unwrap_optional(tp)
+    shown = "" if default is MISSING else f", else {default!r}"
+    kwargs: dict[str, Any] = {"dest": dest,
+                              "help": f"{cls.__name__}.{name} (default: the preset's{shown})"}
+    item = _is_list(base)
+    if base is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif name in CHOICES:
+        kwargs["choices"] = CHOICES[name]
+    elif item is int:
+        kwargs.update(action="extend", type=_int_list(flag), metavar="ID[,ID...]")
+    elif item is str:
+        kwargs.update(action="append", metavar="TEXT")
+        kwargs["help"] += " (repeat the flag for several)"
+    elif typing.get_origin(base) is dict:
+        kwargs.update(type=_json_dict(flag), metavar="JSON")
+    elif base is Any:
+        kwargs.update(metavar="NAME")
+    elif base in (int, float, str):
+        kwargs.update(type=_scalar(base, optional, flag), metavar=base.__name__.upper())
+    else:
+        raise TypeError(f"no command-line flag rule for {section}.{name}: {tp!r}")
+    group.add_argument(*names, **kwargs)
+    return FlagSpec(section, name, dest)
+
+
+def _add_dataclass_flags(group: argparse._ArgumentGroup, section: str, cls: type,
+                         renames: dict[str, str], skip: set[str]) -> list[FlagSpec]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        if not f.init or f.name in skip:
+            continue
+        flag_name = renames.get(f.name, f.name.replace("_", "-"))
+        specs.append(_add_field_flag(group, section, cls, f.name, hints[f.name], f.default,
+                                     flag_name))
+    return specs
+
+
+def build_parser() -> tuple[OneLineParser, list[FlagSpec]]:
+    """The parser and the list of generated dataclass flags."""
+    parser = OneLineParser(
+        prog="python -m engine.generate",
+        description="Generate text with speculative decoding. With no arguments: the embedded "
+                    "default model (smollm2-135m), n-gram speculation, on a built-in demo prompt.",
+        argument_default=argparse.SUPPRESS)
+    io = parser.add_argument_group("input and output")
+    io.add_argument("--config", help="a YAML preset: a path or a name from configs/ "
+                    "(default: configs/default.yaml); flags override it")
+    io.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    io.add_argument("--prompts-file", help="one prompt per line, or .jsonl with "
+                    '{"prompt": ...} or {"messages": [...]} per line; run as one batch')
+    io.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    io.add_argument("--stream", action="store_true", help="print text as tokens are accepted")
+    io.add_argument("--json", metavar="PATH", help="write outputs and metrics as JSON ('-': "
+                    "stdout, the text and summary then go to stderr)")
+    io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",
+                                 EngineConfig, {}, ENGINE_SKIP)
+    spec_group = parser.add_argument_group(
+        "speculation (SpeculativeConfig); --method none turns it off")
+    specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set())
+    specs += _add_dataclass_flags(parser.add_argument_group("sampling (SamplingParams)"),
+                                  "sampling", SamplingParams, SAMPLING_RENAMES, set())
+    return parser, specs
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[str, dict]]:
+    """Parse ``argv``; returns the namespace and the given dataclass overrides per section."""
+    parser, specs = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    overrides: dict[str, dict[str, Any]] = {"engine": {}, "spec": {}, "sampling": {}}
+    for spec in specs:
+        if hasattr(args, spec.dest):
+            overrides[spec.section][spec.field] = getattr(args, spec.dest)
+            delattr(args, spec.dest)
+    return args, overrides
+
+
+# Speculation keys that only make sense for one method: dropped when ``--method`` changes it.
+METHOD_ONLY_KEYS = {
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "draft_model": ("model", "tokenizer"),
+    "early_exit": ("num_early_exit_layers",),
+}
+
+
+def merge_overrides(preset: Preset, overrides: dict[str, dict[str, Any]]) -> Preset:
+    """The preset with the command-line values on top (a new ``Preset``; inputs untouched)."""
+    engine = {**preset.engine, **overrides["engine"]}
+    sampling = {**preset.sampling, **overrides["sampling"]}
+    spec_flags = dict(overrides["spec"])
+    method = spec_flags.get("method")
+    if method == NO_SPECULATION:
+        spec_flags.pop("method")
+        if spec_flags:
+            flags = ", ".join(f"--{SPEC_RENAMES.get(k, k.replace('_', '-'))}" for k in spec_flags)
+            raise CliError(f"--method none turns speculation off; drop {flags}")
+        engine[SPECULATIVE_KEY] = None
+    elif spec_flags:
+        spec = dict(preset.engine.get(SPECULATIVE_KEY) or {})
+        if method is not None and method != spec.get("method"):
+            for other, keys in METHOD_ONLY_KEYS.items():
+                if other != method:
+                    for key in keys:
+                        spec.pop(key, None)
+        engine[SPECULATIVE_KEY] = {**spec, **spec_flags}
+    return Preset(engine=engine, sampling=sampling, path=preset.path)

@@ -1,0 +1,116 @@
+"""CLI prompts: ``--prompt``, ``--prompts-file`` (text or JSONL), the demo, chat templates."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The demo copies most of its answer from the prompt, so n-gram speculation visibly pays.
+DEMO_TEXT = (
+    "Copy the following paragraph, correcting the spelling mistakes. Keep everything else the "
+    "same.\n\n"
+    "Speculative decoding lets a small draft propose several tokens at once. The large model "
+    "checks all of them in a singel forward pass and keeps the longest prefix it agrees with, so "
+    "the output is unchanged while fewer expensive steps are neded. When the answer copies text "
+    "from the prompt, as in editing or quoting, a simple n-gram lookup in the prompt is an "
+    "excelent draft: it costs nothing and is often right."
+)
+
+
+@dataclass
+class PromptItem:
+    """One prompt: plain text, or chat ``messages`` (``[{"role": ..., "content": ...}]``)."""
+
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+    @property
+    def source(self) -> str | list[dict[str, str]]:
+        """What the user gave, for the JSON output."""
+        return self.text if self.messages is None else self.messages
+
+    def preview(self, width: int = 60) -> str:
+        text = self.text if self.messages is None else self.messages[-1]["content"]
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 3] + "..."
+
+
+DEMO_PROMPT = PromptItem(messages=[{"role": "user", "content": DEMO_TEXT}])
+
+
+def _check_messages(where: str, messages: Any) -> list[dict[str, str]]:
+    ok = isinstance(messages, list) and messages and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str) for m in messages)
+    if not ok:
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                         '{"role": str, "content": str} objects')
+    return messages
+
+
+def _parse_jsonl_line(where: str, line: str) -> PromptItem:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or len(record.keys() & {"prompt", "messages"}) != 1:
+        raise ValueError(f'{where}: expected an object with "prompt" or "messages", got {line!r}')
+    unknown = sorted(record.keys() - {"prompt", "messages"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; allowed: prompt, messages")
+    if "prompt" in record:
+        if not isinstance(record["prompt"], str) or not record["prompt"]:
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        return PromptItem(text=record["prompt"])
+    return PromptItem(messages=_check_messages(where, record["messages"]))
+
+
+def read_prompts_file(path: str | Path) -> list[PromptItem]:
+    """One prompt per non-empty line, or, for ``.jsonl``, one JSON object per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--prompts-file {str(path)!r} not found")
+    lines = path.read_text().splitlines()
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            items.append(_parse_jsonl_line(f"{path}:{number}", line))
+        else:
+            items.append(PromptItem(text=line))
+    if not items:
+        raise ValueError(f"--prompts-file {str(path)!r} holds no prompt")
+    return items
+
+
+def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[PromptItem]:
+    """``--prompt`` values, then the file's prompts; empty when neither is given."""
+    items = [PromptItem(text=p) for p in prompts or []]
+    if any(not item.text for item in items):
+        raise ValueError("--prompt must not be empty")
+    if prompts_file is not None:
+        items += read_prompts_file(prompts_file)
+    return items
+
+
+def render_prompts(items: list[PromptItem], llm: Any, chat: bool) -> list[str] | list[list[int]]:
+    """What ``LLM.generate`` takes: strings, or token ids when a chat template is applied.
+
+    ``chat`` applies the template to plain prompts too (as one user message); ``messages``
+    prompts always get it. When any prompt is templated, all are passed as token ids so that the
+    batch stays one ``generate`` call.
+    """
+    if not chat and all(item.messages is None for item in items):
+        return [item.text for item in items]
+    tokenizer = llm.get_tokenizer()
+    token_ids = []
+    for item in items:
+        if item.messages is None and not chat:
+            token_ids.append(list(tokenizer(item.text)["input_ids"]))
+        else:
+            messages = item.messages or [{"role": "user", "content": item.text}]
+            token_ids += llm.chat_prompts([messages])
+    return token_ids

@@ -1,0 +1,235 @@
+"""``python -m engine.generate``: flags, merging with presets, prompt files, the error path."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli_args import CliError, build_parser, merge_overrides, parse_args
+from engine.cli_prompts import read_prompts, read_prompts_file
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.config_file import build_configs, load_config_file
+from engine.generate import main
+from engine.sampling_params import SamplingParams
+
+
+def _merged(argv, config="default"):
+    args, overrides = parse_args(argv)
+    return build_configs(merge_overrides(load_config_file(config), overrides))
+
+
+@pytest.mark.parametrize("cls, section", [
+    (SamplingParams, "sampling"), (SpeculativeConfig, "spec"), (EngineConfig, "engine")])
+def test_every_dataclass_field_has_a_flag(cls, section):
+    _, specs = build_parser()
+    flagged = {s.field for s in specs if s.section == section}
+    expected = {f.name for f in dataclasses.fields(cls)} - {"speculative_config"}
+    assert flagged == expected
+
+
+def test_flags_override_the_preset_and_the_rest_is_kept():
+    engine, sampling = _merged(["--top-p", "0.5", "--temperature", "0.7", "-k", "2",
+                                "--max-num-seqs", "3", "--seed", "7", "--request-seed", "11"])
+    assert (sampling.temperature, sampling.top_p, sampling.seed) == (0.7, 0.5, 11)
+    assert sampling.max_tokens == 128  # from configs/default.yaml
+    assert engine.speculative_config.num_speculative_tokens == 2
+    assert engine.speculative_config.method == "ngram"  # from the preset
+    assert (engine.max_num_seqs, engine.seed) == (3, 7)
+
+
+def test_list_bool_json_and_none_values():
+    _, sampling = _merged(["--stop", "a,b", "--stop", "END", "--stop-token-ids", "1,2",
+                           "--stop-token-ids", "3", "--allowed-token-ids", "4,5,6",
+                           "--bad-words", "foo", "--logit-bias", '{"5": 1.5, "7": -100}',
+                           "--ignore-eos", "--no-skip-special-tokens", "--max-tokens", "none"])
+    assert sampling.stop == ["a,b", "END"]
+    assert sampling.stop_token_ids == [1, 2, 3]
+    assert sampling.allowed_token_ids == [4, 5, 6]
+    assert sampling.bad_words == ["foo"]
+    assert sampling.logit_bias == {5: 1.5, 7: -100.0}
+    assert sampling.ignore_eos is True and sampling.skip_special_tokens is False
+    assert sampling.max_tokens is None
+
+
+def test_method_none_turns_speculation_off():
+    engine, _ = _merged(["--method", "none"])
+    assert engine.speculative_config is None
+    with pytest.raises(CliError, match="drop --num-speculative-tokens"):
+        _merged(["--method", "none", "-k", "3"])
+
+
+def test_changing_method_drops_the_other_methods_keys():
+    engine, _ = _merged(["--method", "early_exit", "--num-early-exit-layers", "6"])
+    spec = engine.speculative_config
+    assert (spec.method, spec.num_early_exit_layers) == ("early_exit", 6)
+    assert spec.num_speculative_tokens == 4  # kept from the preset
+    engine, _ = _merged(["--draft-model", "some/draft"], config="draft_model")
+    assert engine.speculative_config.model == "some/draft"
+
+
+def test_speculation_flags_on_a_preset_without_speculation(tmp_path):
+    path = tmp_path / "plain.yaml"
+    path.write_text("speculative_config: null\n")
+    engine, _ = _merged(["-k", "3"], config=path)
+    assert engine.speculative_config.method == "ngram"
+    assert engine.speculative_config.num_speculative_tokens == 3
+
+
+def test_prompts_from_flags_and_files(tmp_path):
+    text = tmp_path / "prompts.txt"
+    text.write_text("first prompt\n\nsecond prompt\n")
+    jsonl = tmp_path / "prompts.jsonl"
+    jsonl.write_text('{"prompt": "plain"}\n'
+                     '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    items = read_prompts(["from flag"], str(text))
+    assert [i.text for i in items] == ["from flag", "first prompt", "second prompt"]
+    items = read_prompts_file(jsonl)
+    assert items[0].text == "plain" and items[0].messages is None
+    assert items[1].messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"promt": "x"}', 'expected an object with "prompt" or "messages"'),
+    ('{"prompt": "x", "n": 2}', "unknown key 'n'"),
+    ('{"messages": [{"role": "user"}]}', "'messages' must be a non-empty list"),
+    ("not json", "not valid JSON"),
+])
+def test_bad_jsonl_lines_name_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "ok"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message) as info:
+        read_prompts_file(path)
+    assert f"{path}:2" in str(info.value)
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--top-p", "2.0"], "error: SamplingParams.top_p=2.0 is invalid: allowed (0.0, 1.0]"),
+    (["--max-tokens", "lots"], "error: argument --max-tokens: --max-tokens expects int or "
+                               "none, got 'lots'"),
+    (["--method", "medusa"], "error: argument --method: invalid choice: 'medusa'"),
+    (["-k", "99"], "error: SpeculativeConfig.num_speculative_tokens=99 is invalid"),
+    (["--config", "nope"], "error: config file 'nope' not found"),
+    (["--logit-bias", "[1]"], "error: argument --logit-bias: --logit-bias expects a JSON object"),
+    (["--frobnicate"], "error: unrecognized arguments: --frobnicate"),
+])
+def test_bad_input_is_one_error_line_and_a_nonzero_exit(capsys, argv, expected):
+    assert main(argv) != 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(expected)
+    assert captured.err.count("\n") == 1
+
+
+def test_bad_config_key_from_the_command_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("sampling:\n  temprature: 0.5\n")
+    assert main(["--config", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert "unknown key 'temprature'" in err and "allowed:" in err and err.count("\n") == 1
+
+
+def test_error_path_as_a_real_process():
+    """The console behaviour itself: exit code, one stderr line, no traceback."""
+    proc = subprocess.run([sys.executable, "-m", "engine.generate", "--top-p", "2.0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: SamplingParams.top_p=2.0 is invalid: allowed (0.0, 1.0]\n"
+    assert proc.stdout == ""
+
+
+def test_json_output_is_valid_for_bad_runs_too(tmp_path):
+    # A failed run writes no JSON at all rather than a partial document.
+    out = tmp_path / "out.json"
+    assert main(["--top-p", "2.0", "--json", str(out)]) != 0
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- end to end on a tiny model
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}"
+                 "{% if add_generation_prompt %}<bot> {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A random tiny LLaMA and a word-level tokenizer (``w4`` .. ``w127``), saved to disk."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.conftest import tiny_model
+
+    vocab = {"<unk>": 0, "<eos>": 1, "<user>": 2, "<bot>": 3}
+    vocab.update({f"w{i}": i for i in range(4, 128)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                        eos_token="<eos>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    path = tmp_path_factory.mktemp("tiny_llama")
+    tiny_model("llama", vocab_size=128, eos_token_id=1, bos_token_id=None,
+               pad_token_id=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _hf_greedy(path, prompt_ids, max_new_tokens):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids])  # [1, prompt_len]
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def test_cli_end_to_end_matches_hf_greedy(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "w5 w6 w7 w8 w5 w6 w7 w8 w5 w6"}\n'
+                       '{"messages": [{"role": "user", "content": "w9 w10 w9 w10"}]}\n')
+    out = tmp_path / "out.json"
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
+            "--prompts-file", str(prompts), "--prompt", "w40 w41 w42",
+            "--max-tokens", "12", "--ignore-eos", "-k", "3", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    results = doc["outputs"]
+    assert len(results) == 3
+    # ``--prompt`` comes first, then the file; the chat prompt went through the template.
+    assert results[0]["prompt_token_ids"] == [40, 41, 42]
+    assert results[1]["prompt_token_ids"] == [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    assert results[2]["prompt_token_ids"] == [2, 9, 10, 9, 10, 3]  # <user> ... <bot>
+    for result in results:
+        sample = result["outputs"][0]
+        assert sample["token_ids"] == _hf_greedy(tiny_model_dir, result["prompt_token_ids"], 12)
+        assert sample["finish_reason"] == "length"
+        assert sample["text"] in printed
+    assert doc["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3
+    metrics = doc["metrics"]
+    assert metrics["num_generated"] == 36 and metrics["num_drafted"] > 0
+    assert "acceptance rate" in printed and "tokens/s" in printed
+
+
+def test_cli_stream_and_no_speculation(tiny_model_dir, capsys):
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w5 w6 w7 w5 w6 w7",
+            "--max-tokens", "8", "--ignore-eos"]
+    assert main(argv + ["--method", "none", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout holds only the JSON document
+    expected = doc["outputs"][0]["outputs"][0]["text"]
+    assert "(no speculation)" in captured.err and doc["metrics"]["num_drafted"] == 0
+    assert main(argv + ["--stream"]) == 0
+    streamed = capsys.readouterr().out
+    assert streamed.startswith(expected + "\n[finish_reason=length]")
+
+
+@pytest.mark.slow
+def test_default_command_runs_the_embedded_model(capsys):
+    """The main job as shipped: default model, n-gram speculation, built-in demo prompt."""
+    assert main(["--max-tokens", "24"]) == 0
+    printed = capsys.readouterr().out
+    assert "finish_reason=" in printed
+    assert "acceptance rate" in printed and "mean accepted length" in printed
