@@ -186,7 +186,8 @@ def _combine_row(max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, row, num_chunks,
     if NEED_ENTROPY:
         t_c = tl.load(ent_ptr + base, mask=cmask, other=0.0)
         # sum_i exp(z_i - M) (z_i - M) = sum_c scale_c (t_c + s_c (m_c - M))
-        w = tl.where(scale > 0, scale * (t_c + s_c * (m_c - m_safe)), 0.0)
+        shift = tl.where(scale > 0, m_c - m_safe, 0.0)
+        w = scale * (t_c + s_c * shift)
         entropy = tl.log(s) - tl.sum(w, axis=0) / s
     return m_safe, s, argmax, bad, entropy
 

@@ -1,0 +1,109 @@
+"""The Triton kernels give the references' tokens from the same random numbers.
+
+Run under ``TRITON_INTERPRET=1`` (the Makefile sets it), on CPU tensors, with small sizes and a
+small vocabulary chunk so that every kernel sees several chunks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from engine.sampling_params import SamplingParams
+from samplers import (
+    GreedySampler,
+    RejectionSampler,
+    SamplingTensors,
+    SpecDecodeMetadata,
+    TypicalAcceptanceSampler,
+    parse_output,
+)
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton kernels need a GPU or TRITON_INTERPRET=1 (set by `make test`)")
+
+V = 300  # not a power of two: masked tails
+CHUNK = 128  # 3 chunks, the last one partly masked
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+DRAFTS = [[5, 17, 250], [], [42], [7, 7], [299, 0, 3]]
+PARAMS = [SamplingParams(temperature=0.7, seed=1), SamplingParams(seed=2),
+          SamplingParams(temperature=0.0), SamplingParams(temperature=1.5, seed=4),
+          SamplingParams(seed=5)]
+
+
+def _inputs(seed: int, dtype: torch.dtype = torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    metadata = SpecDecodeMetadata.from_lists(DRAFTS, DEVICE)
+    logits = (torch.randn(metadata.num_rows, V, generator=gen) * 2).to(dtype)
+    # Make some drafts likely so that acceptance, rejection and bonus paths all occur.
+    first = 0
+    for drafts in DRAFTS:
+        for j, x in enumerate(drafts):
+            logits[first + j, x] += 6.0 if (seed + j) % 3 else 0.0
+        first += len(drafts) + 1
+    draft_probs = torch.softmax(torch.randn(metadata.num_tokens, V, generator=gen), dim=1)
+    return metadata, logits.to(DEVICE), draft_probs.to(DEVICE)
+
+
+def _both(sampler_cls, seed: int, params: list[SamplingParams], use_probs: bool,
+          dtype: torch.dtype = torch.float32, **kwargs):
+    metadata, logits, draft_probs = _inputs(seed, dtype)
+    outs = []
+    for use_triton in (False, True):
+        generators = [None if p.seed is None else
+                      torch.Generator(DEVICE).manual_seed(p.seed + 1000 * seed) for p in params]
+        tensors = SamplingTensors.from_params(params, generators, DEVICE)
+        sampler = sampler_cls(use_triton=use_triton, chunk_size=CHUNK, **kwargs)
+        outs.append(sampler.verify(logits, metadata, tensors,
+                                   draft_probs if use_probs else None))
+    return outs
+
+
+@pytest.mark.parametrize("use_probs", [False, True])
+def test_rejection_kernels_match_reference(use_probs: bool) -> None:
+    for seed in range(2):
+        ref, tri = _both(RejectionSampler, seed, PARAMS, use_probs)
+        assert tri.tolist() == ref.tolist(), seed
+
+
+def test_typical_kernels_match_reference() -> None:
+    ref, tri = _both(TypicalAcceptanceSampler, 2, PARAMS, False,
+                     posterior_threshold=0.2, posterior_alpha=0.5)
+    assert tri.tolist() == ref.tolist()
+
+
+def test_greedy_kernels_match_reference_and_argmax() -> None:
+    ref, tri = _both(GreedySampler, 0, PARAMS, False)
+    assert tri.tolist() == ref.tolist()
+    metadata, logits, _ = _inputs(0)
+    assert tri[1, 0] == logits[4].argmax()  # request 1 has no drafts: its row is row 4
+
+
+def test_filters_and_bfloat16_logits_match_reference() -> None:
+    params = [SamplingParams(top_k=10, seed=1), SamplingParams(top_p=0.6, seed=2),
+              SamplingParams(min_p=0.05, seed=3), SamplingParams(temperature=0.0),
+              SamplingParams(top_k=3, top_p=0.9, temperature=0.5, seed=5)]
+    ref, tri = _both(RejectionSampler, 1, params, True, dtype=torch.bfloat16)
+    assert tri.tolist() == ref.tolist()
+
+
+def test_kernels_mark_invalid_requests() -> None:
+    metadata, logits, _ = _inputs(0)
+    logits[4, 11] = float("nan")  # request 1's only row
+    logits[5] = float("-inf")  # request 2's draft row: no finite logit
+    tensors = SamplingTensors.from_params(PARAMS, None, DEVICE)
+    out = RejectionSampler(use_triton=True, validate=False, chunk_size=CHUNK).verify(
+        logits, metadata, tensors)
+    assert out[1].tolist() == [-2] * 4 and out[2].tolist() == [-2] * 4
+    assert bool((out[[0, 3, 4], 0] >= 0).all())
+    with pytest.raises(ValueError, match="request 1: invalid verification input"):
+        parse_output(out)
+    bad_ids = SpecDecodeMetadata.from_lists([[5, 17, 250], [], [42], [7, 7], [299, 0, V]],
+                                            DEVICE)
+    out = RejectionSampler(use_triton=True, validate=False, chunk_size=CHUNK).verify(
+        _inputs(0)[1], bad_ids, tensors)
+    assert out[4].tolist() == [-2] * 4 and bool((out[:4, 0] >= 0).all())
