@@ -66,14 +66,13 @@ def check_values(logits: torch.Tensor, metadata: SpecDecodeMetadata,
                  draft_probs: torch.Tensor | None) -> None:
     """Contents of the tensors (synchronises); raises ``ValueError``."""
     vocab_size = logits.shape[1]
-    bad = torch.isnan(logits) | torch.isposinf(logits)  # [num_rows, vocab_size]
-    if bool(bad.any()):
-        row = int(bad.any(dim=1).nonzero()[0, 0])
+    row_max = logits.amax(dim=1)  # [num_rows]: NaN propagates, +inf and all -inf show
+    if not bool(torch.isfinite(row_max).all()):
+        row = int((~torch.isfinite(row_max)).nonzero()[0, 0])
+        if bool(torch.isneginf(row_max[row])):
+            raise ValueError(f"target_logits row {row} is -inf everywhere: no token can be "
+                             "sampled")
         raise ValueError(f"target_logits row {row} contains NaN or +inf")
-    empty = torch.isneginf(logits).all(dim=1)  # [num_rows]
-    if bool(empty.any()):
-        raise ValueError(f"target_logits row {int(empty.nonzero()[0, 0])} is -inf everywhere: "
-                         "no token can be sampled")
     cumulative, total = [], 0
     for n in metadata.num_draft_tokens:
         total += n
@@ -85,9 +84,10 @@ def check_values(logits: torch.Tensor, metadata: SpecDecodeMetadata,
     if ids.numel() and bool(((ids < 0) | (ids >= vocab_size)).any()):
         raise ValueError(f"draft_token_ids {ids.tolist()} must be in [0, {vocab_size})")
     if draft_probs is not None and draft_probs.numel():
-        if not bool(torch.isfinite(draft_probs).all()) or bool((draft_probs < 0).any()):
+        mass = draft_probs.sum(dim=1)  # [num_tokens]: NaN and inf propagate
+        if not bool(torch.isfinite(mass).all()) or bool((draft_probs.amin(dim=1) < 0).any()):
             raise ValueError("draft_probs must be finite and >= 0")
-        if bool((draft_probs.sum(dim=1) <= 0).any()):
+        if bool((mass <= 0).any()):
             raise ValueError("every row of draft_probs must have positive mass")
 
 
