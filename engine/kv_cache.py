@@ -81,7 +81,8 @@ class PagedKVCache:
         ``kv_len``: the longest ``seq_len + num_new`` of the batch.
         """
         self.slot_table.view(-1).index_copy_(0, table_cells, write_rows)
-        read_rows = self.slot_table.index_select(0, slots)[:, :kv_len]  # [batch_size, kv_len]
+        # [batch_size, kv_len]
+        read_rows = self.slot_table.index_select(0, slots)[:, :kv_len].contiguous()
         devices = {k.device for k in self.keys.values()}
         self._write_rows = {dev: write_rows.to(dev) for dev in devices}
         self._read_rows = {dev: read_rows.to(dev) for dev in devices}
@@ -107,5 +108,8 @@ class PagedKVCache:
         new_v = value_states.transpose(1, 2).reshape(batch_size * num_new, num_heads, head_dim)
         k_pool.index_copy_(0, write, new_k.to(k_pool.dtype))
         v_pool.index_copy_(0, write, new_v.to(v_pool.dtype))
+        flat = read.view(-1)  # [batch_size * kv_len]
+        gathered = (batch_size, read.shape[1], num_heads, head_dim)
         # [batch_size, kv_len, heads, head_dim] -> [batch_size, heads, kv_len, head_dim]
-        return k_pool[read].transpose(1, 2), v_pool[read].transpose(1, 2)
+        return (k_pool.index_select(0, flat).view(gathered).transpose(1, 2),
+                v_pool.index_select(0, flat).view(gathered).transpose(1, 2))

@@ -1,0 +1,148 @@
+"""Step latency of the model runner against a plain Hugging Face forward over a DynamicCache.
+
+For every batch size, each sequence holds ``--context`` cached tokens; a *decode* step appends 1
+token per sequence, a *verify* step appends k+1 (last token + k drafts). After each timed step both
+caches are cut back to ``--context`` tokens (runner: ``truncate``; HF: slicing its layers), so
+every iteration measures the same step. Also prints the KV bytes per cached token.
+
+    python benchmarks/model_runner.py --device cpu --json runner_cpu.json
+    python benchmarks/model_runner.py --device cuda --model random-llama-1b --json runner_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.model_loader import load_model  # noqa: E402
+from engine.model_runner import ModelRunner  # noqa: E402
+
+# About Llama-3.2-1B's shapes: 1.24 B parameters.
+RANDOM_LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                       vocab_size=128256, tie_word_embeddings=True, max_position_embeddings=4096)
+
+
+def build_model(name: str, device: str, dtype: str):
+    if name == "random-llama-1b":
+        torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(LlamaConfig(**RANDOM_LLAMA_1B),
+                                                     dtype=torch_dtype, attn_implementation="sdpa")
+        return model.eval()
+    model, _ = load_model(name, dtype=dtype, device=device)
+    return model
+
+
+def timed(step, device: torch.device, warmup: int, iters: int) -> float:
+    """Median milliseconds of ``step()`` (synchronized on CUDA)."""
+    times = []
+    for i in range(warmup + iters):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def bench_runner(model, batch: int, context: int, num_new: int, args) -> float:
+    runner = ModelRunner(model, max_num_seqs=batch, max_num_tokens=batch * (context + num_new),
+                         max_model_len=context + num_new)
+    gen = torch.Generator().manual_seed(batch)
+    vocab = model.config.vocab_size
+    slots = [runner.allocate_slot() for _ in range(batch)]
+    runner.forward(slots, torch.randint(vocab, (batch, context), generator=gen).tolist())
+    new = torch.randint(vocab, (batch, num_new), generator=gen).tolist()
+
+    def step():
+        runner.forward(slots, new)
+        for slot in slots:
+            runner.truncate(slot, context)
+
+    ms = timed(step, runner.device, args.warmup, args.iters)
+    assert runner.num_cached_tokens == batch * context  # rollback returned every draft's row
+    return ms
+
+
+@torch.inference_mode()
+def bench_hf(model, batch: int, context: int, num_new: int, args) -> float:
+    device = model.get_input_embeddings().weight.device
+    gen = torch.Generator().manual_seed(batch)
+    vocab = model.config.vocab_size
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device),
+          past_key_values=cache, use_cache=True)
+    new = torch.randint(vocab, (batch, num_new), generator=gen).to(device)
+
+    def step():
+        model(input_ids=new, past_key_values=cache, use_cache=True)
+        for layer in cache.layers:  # roll back (DynamicCache.crop's sign convention changed)
+            layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
+
+    return timed(step, device, args.warmup, args.iters)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--model", default=None,
+                        help="smollm2-135m (CPU default), random-llama-1b (CUDA default), or any "
+                             "load_model source")
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=int, default=128, help="cached tokens per sequence")
+    parser.add_argument("--k", type=int, default=4, help="drafts per verify step (k+1 tokens)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (1 is steadier on a shared machine)")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    on_cuda = args.device.startswith("cuda")
+    name = args.model or ("random-llama-1b" if on_cuda else "smollm2-135m")
+    dtype = args.dtype or ("bfloat16" if on_cuda else "float32")
+    model = build_model(name, args.device, dtype)
+    probe = ModelRunner(model, max_num_seqs=1, max_num_tokens=1, max_model_len=1)
+    bytes_per_token = probe.kv_bytes_per_token
+    del probe
+    device_name = torch.cuda.get_device_name(args.device) if on_cuda else "cpu"
+    print(f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M params, {dtype}) "
+          f"on {device_name}, {torch.get_num_threads()} threads; context {args.context}; "
+          f"KV cache {bytes_per_token} bytes per cached token")
+    print(f"{'batch':>5} {'step':>8} {'runner ms':>10} {'HF ms':>8} {'runner/HF':>9}")
+    rows = []
+    for batch in args.batch_sizes:
+        for label, num_new in (("decode", 1), (f"verify{args.k + 1}", args.k + 1)):
+            runner_ms = bench_runner(model, batch, args.context, num_new, args)
+            hf_ms = bench_hf(model, batch, args.context, num_new, args)
+            rows.append(dict(batch=batch, step=label, num_new=num_new, runner_ms=runner_ms,
+                             hf_ms=hf_ms))
+            print(f"{batch:>5} {label:>8} {runner_ms:>10.2f} {hf_ms:>8.2f} "
+                  f"{runner_ms / hf_ms:>9.2f}")
+    for batch in args.batch_sizes:
+        decode, verify = (r["runner_ms"] for r in rows if r["batch"] == batch)
+        print(f"batch {batch}: verify{args.k + 1} / decode = {verify / decode:.2f} (runner)")
+    if args.json:
+        args.json.write_text(json.dumps(dict(
+            model=name, dtype=dtype, device=device_name, context=args.context, k=args.k,
+            threads=torch.get_num_threads(), kv_bytes_per_token=bytes_per_token, rows=rows),
+            indent=2))
+
+
+if __name__ == "__main__":
+    main()
