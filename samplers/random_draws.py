@@ -39,6 +39,9 @@ def draw_randoms(sampling: SamplingTensors, num_draft_tokens: list[int], vocab_s
     for i, generator in enumerate(sampling.generators):
         if generator is None or not sampled[i]:
             continue
+        if generator.device.type != device.type:
+            raise ValueError(f"request {i}: its generator is on {generator.device}, the logits "
+                             f"on {device}; allowed: a generator on the logits' device")
         q[i].exponential_(generator=generator)
         if need_uniform and num_draft_tokens[i] > 0:
             u[i, : num_draft_tokens[i]].uniform_(generator=generator)

@@ -70,11 +70,16 @@ def verify_triton(
     num_chunks = triton.cdiv(vocab_size, chunk)
     nc_pad = triton.next_power_of_2(num_chunks)
     device = logits.device
-    stats_f = torch.empty(3, num_rows, num_chunks, dtype=torch.float32, device=device)
-    stats_i = torch.empty(2, num_rows, num_chunks, dtype=torch.int32, device=device)
-    race_f = torch.empty(batch_size, 2, num_chunks, dtype=torch.float32, device=device)
-    race_i = torch.empty(batch_size, 2, num_chunks, dtype=torch.int32, device=device)
-    decided = torch.empty(2, batch_size, dtype=torch.int32, device=device)
+    # Two workspaces (fewer allocations on the host): float32 and int32 partials.
+    num_stats, num_race = num_rows * num_chunks, batch_size * 2 * num_chunks
+    work_f = torch.empty(3 * num_stats + num_race, dtype=torch.float32, device=device)
+    work_i = torch.empty(2 * num_stats + num_race + 2 * batch_size, dtype=torch.int32,
+                         device=device)
+    stats_f = work_f[:3 * num_stats].view(3, num_rows, num_chunks)
+    race_f = work_f[3 * num_stats:].view(batch_size, 2, num_chunks)
+    stats_i = work_i[:2 * num_stats].view(2, num_rows, num_chunks)
+    race_i = work_i[2 * num_stats:2 * num_stats + num_race].view(batch_size, 2, num_chunks)
+    decided = work_i[2 * num_stats + num_race:].view(2, batch_size)
     out = torch.empty(batch_size, max_len + 1, dtype=torch.int64, device=device)
     if batch_size == 0:
         return out
