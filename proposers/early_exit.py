@@ -58,8 +58,14 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
 
 
 def default_num_layers(num_target_layers: int) -> int:
-    """The default depth of the self-draft: a quarter of the target's layers (at least 1)."""
-    return max(1, num_target_layers // 4)
+    """The default depth of the self-draft: four fifths of the target's layers (at least 1).
+
+    Measured on the default model (30 layers, greedy, teacher-forced agreement with the target's
+    own tokens): N <= 16 agrees on at most 10% of tokens, N = 20 on 4-17%, N = 24 on 31-37%.
+    Deep is the only depth that drafts usefully there, although no depth pays for itself on a
+    model not trained for early exit (see docs/performance.md).
+    """
+    return max(1, round(num_target_layers * 0.8))
 
 
 def make_early_exit_proposer(target_model: nn.Module, max_num_seqs: int, max_model_len: int,

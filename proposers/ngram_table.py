@@ -53,7 +53,7 @@ def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
 
 
 class NgramTable:
-    """Hash table ``key (int64 >= 1) -> value (int64)`` with vectorised batch insert and lookup.
+    """Hash table ``key (int64 >= 1) -> value (int32)`` with vectorised batch insert and lookup.
 
     Each entry also records its owner (a request's life id): after :meth:`drop_owner` its entries
     are dead, and the next rebuild leaves them out.
@@ -73,8 +73,9 @@ class NgramTable:
         self.size = 0  # occupied slots, live or not
         # The window of the last home slot runs past `capacity`: pad instead of wrapping.
         self.keys = np.zeros(capacity + self.window, dtype=np.int64)  # [capacity + window]
-        self.values = np.zeros(capacity + self.window, dtype=np.int64)  # [capacity + window]
-        self.owners = np.zeros(capacity + self.window, dtype=np.int64)  # [capacity + window]
+        # Values (context positions) and owners (life ids) fit 31 bits: 16 bytes per slot.
+        self.values = np.zeros(capacity + self.window, dtype=np.int32)  # [capacity + window]
+        self.owners = np.zeros(capacity + self.window, dtype=np.int32)  # [capacity + window]
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         """Values of ``keys [num_keys]`` (-1 where absent)."""

@@ -1,0 +1,320 @@
+"""Proposer cost per step against the target's verification step, and acceptance on real prompts.
+
+Two tables:
+
+1. *Cost*: for batch 1 and 32, contexts of ``--context-len`` tokens, k drafts per request:
+   the time of ``proposer.propose`` per step (steady state: each step every draft is accepted
+   plus a bonus token, so contexts grow as in a good run) and the time of the target's
+   (k + 1)-token verification forward over the same batch, and their ratio.
+2. *Acceptance* (default model only): greedy speculative decoding of a few prompt kinds
+   (copy, edit, open-ended), batch 1: acceptance rate (accepted / drafted), mean tokens per
+   target step, and whether the output equals the target's plain greedy output.
+
+CPU, default model:  ``python benchmarks/proposers.py --json proposers_cpu.json``
+GPU, random weights: ``python benchmarks/proposers.py --device cuda --dtype bfloat16
+--random-weights --json proposers_gpu.json`` (a SmolLM2-135M-shaped and a 1B LLaMA-shaped target).
+Prints tables and writes JSON; never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.model_runner import ModelRunner  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from proposers import get_proposer  # noqa: E402
+from proposers.base import ProposeRequest  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0)
+PARAGRAPH = ("The old lighthouse stood on the northern cliff for more than two hundred years. "
+             "Every night its keeper climbed the spiral stairs, trimmed the wick and polished the "
+             "great lens, so that ships passing through the narrow strait could find their way "
+             "home. When the electric lamp arrived, the keeper stayed on, because the village "
+             "said the light looked warmer when he was there.")
+PROMPTS = {
+    "copy": f"Repeat the following text exactly, word for word:\n\n{PARAGRAPH}",
+    "edit": ("Rewrite the following text, replacing the word 'keeper' with 'guardian' and "
+             f"changing nothing else:\n\n{PARAGRAPH}"),
+    "code": ("Rename the variable `total` to `acc` in this Python function and print the whole "
+             "function:\n\ndef add_all(values):\n    total = 0\n    for v in values:\n"
+             "        total = total + v\n    return total\n"),
+    "open": "Write a short story about a cat who learns to play the piano.",
+}
+# Random-weight targets for the GPU run: (name, LlamaConfig kwargs).
+RANDOM_TARGETS = {
+    "smollm2-135m-shape": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                               num_attention_heads=9, num_key_value_heads=3, vocab_size=49152),
+    "llama-1b-shape": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                           num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def make_proposer(method: str, target, tokenizer, args, max_num_seqs: int, max_model_len: int):
+    common = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    if method == "ngram":
+        return get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=4)
+    if method.startswith("early_exit"):
+        return get_proposer("early_exit", target_model=target, greedy=args.greedy_drafts,
+                            num_layers=int(method.split(":")[1]), **common)
+    # draft_model: the target itself in bfloat16 (nothing else shares its vocabulary offline)
+    draft = type(target)(target.config).to(device=target.device, dtype=torch.bfloat16)
+    draft.load_state_dict(target.state_dict())
+    return get_proposer("draft_model", model=draft.eval(), tokenizer=tokenizer,
+                        target_tokenizer=tokenizer, greedy=args.greedy_drafts, **common)
+
+
+def time_costs(target, tokenizer, methods, args) -> list[dict]:
+    """Proposer time per step vs the target's (k + 1)-token verification forward."""
+    rows = []
+    k, context_len, vocab = args.k, args.context_len, target.config.vocab_size
+    max_len = context_len + (args.steps + 2) * (k + 1) + 8
+    for batch in args.batch_sizes:
+        rng = random.Random(batch)
+        # Repetitive contexts (a random 64-token phrase repeated) so that n-gram lookup matches.
+        contexts = [([rng.randrange(vocab) for _ in range(64)] * (context_len // 64 + 1))
+                    [:context_len] for _ in range(batch)]
+        runner = ModelRunner(target, batch, batch * max_len, max_len)
+        slots = [runner.allocate_slot() for _ in range(batch)]
+        for slot, ctx in zip(slots, contexts, strict=True):  # prefill one by one (memory)
+            runner.forward([slot], [ctx[:-1]], [len(ctx) - 2])
+        verify = [[ctx[-1]] + [rng.randrange(vocab) for _ in range(k)] for ctx in contexts]
+        times = []
+        for _ in range(args.steps + 1):
+            sync(args.device)
+            start = time.perf_counter()
+            runner.forward(slots, verify)
+            sync(args.device)
+            times.append(time.perf_counter() - start)
+            for slot, ctx in zip(slots, contexts, strict=True):
+                runner.truncate(slot, len(ctx) - 1)
+        target_s = sorted(times[1:])[len(times[1:]) // 2]
+        del runner
+        for method in methods:
+            proposer = make_proposer(method, target, tokenizer, args, batch, max_len)
+            ctxs = [list(c) for c in contexts]
+            times = []
+            for _ in range(args.steps + 1):  # the first call prefills the draft caches
+                requests = [ProposeRequest(i, c, k, GREEDY) for i, c in enumerate(ctxs)]
+                sync(args.device)
+                start = time.perf_counter()
+                proposal = proposer.propose(requests)
+                sync(args.device)
+                times.append(time.perf_counter() - start)
+                for c, d in zip(ctxs, proposal.draft_token_ids, strict=True):
+                    c.extend(d + [rng.randrange(vocab)])  # all accepted + a bonus token
+            propose_s = sorted(times[1:])[len(times[1:]) // 2]
+            rows.append(dict(batch=batch, method=method, k=k, context_len=context_len,
+                             propose_ms=propose_s * 1e3, verify_ms=target_s * 1e3,
+                             ratio=propose_s / target_s))
+            print(f"batch {batch:3d}  {method:14s} propose {propose_s * 1e3:9.3f} ms   "
+                  f"verify {target_s * 1e3:9.3f} ms   ratio {propose_s / target_s:6.3f}",
+                  flush=True)
+            del proposer
+    return rows
+
+
+def greedy_speculative(target, proposer, prompt: list[int], k: int, max_new: int):
+    """Greedy speculative decoding, batch 1: returns (new tokens, drafted, accepted, steps)."""
+    runner = ModelRunner(target, 1, len(prompt) + max_new + k + 2, len(prompt) + max_new + k + 2)
+    slot = runner.allocate_slot()
+    tokens = list(prompt)
+    tokens.append(int(runner.forward([slot], [prompt], [len(prompt) - 1])[0].argmax()))
+    drafted = accepted = steps = 0
+    while len(tokens) - len(prompt) < max_new:
+        want = min(k, max_new - (len(tokens) - len(prompt)) - 1)
+        drafts = proposer.propose([ProposeRequest(0, tokens, want, GREEDY)]).draft_token_ids[0]
+        best = runner.forward([slot], [[tokens[-1]] + drafts]).argmax(dim=-1).tolist()
+        n = 0
+        while n < len(drafts) and drafts[n] == best[n]:
+            n += 1
+        runner.truncate(slot, len(tokens) + n)
+        proposer.on_accepted(0, len(tokens) + n)
+        tokens += drafts[:n] + [best[n]]
+        drafted, accepted, steps = drafted + len(drafts), accepted + n, steps + 1
+    proposer.remove(0)
+    return tokens[len(prompt):], drafted, accepted, steps
+
+
+def plain_greedy(target, prompt: list[int], max_new: int) -> list[int]:
+    with torch.inference_mode():
+        out = target.generate(torch.tensor([prompt], device=target.device), do_sample=False,
+                              max_new_tokens=max_new, min_new_tokens=max_new)
+    return out[0, len(prompt):].tolist()
+
+
+def acceptance(target, tokenizer, methods, args) -> list[dict]:
+    rows = []
+    for kind in args.prompts:
+        prompt = prompt_ids(tokenizer, kind)
+        reference = plain_greedy(target, prompt, args.new_tokens)
+        for method in methods:
+            proposer = make_proposer(method, target, tokenizer, args, 1, 4096)
+            start = time.perf_counter()
+            out, drafted, accepted, steps = greedy_speculative(target, proposer, prompt, args.k,
+                                                               args.new_tokens)
+            elapsed = time.perf_counter() - start
+            rate = accepted / drafted if drafted else 0.0
+            rows.append(dict(prompt=kind, method=method, k=args.k, drafted=drafted,
+                             accepted=accepted, acceptance_rate=rate, steps=steps,
+                             tokens_per_step=len(out) / steps, seconds=elapsed,
+                             equals_greedy=out == reference))
+            print(f"{kind:5s} {method:14s} acceptance {rate:6.1%}  tokens/step "
+                  f"{len(out) / steps:5.2f}  {elapsed:6.1f} s  equals greedy {out == reference}",
+                  flush=True)
+    return rows
+
+
+def ngram_scale(args) -> dict:
+    """n-gram lookup alone: 256 requests with 4,000-token contexts, steady state.
+
+    Each step every request gains 1 to k + 1 tokens (a random accepted run plus its bonus), drawn
+    from a 64-token phrase bank so that matches occur. The median of ``--ngram-steps`` steps.
+    """
+    rng = random.Random(0)
+    bank = [[rng.randrange(49152) for _ in range(8)] for _ in range(64)]
+
+    def grow(context: list[int], n: int) -> None:
+        while n > 0:
+            piece = rng.choice(bank)[:n]
+            context.extend(piece)
+            n -= len(piece)
+
+    contexts = []
+    for _ in range(args.ngram_batch):
+        context: list[int] = []
+        grow(context, args.ngram_context)
+        contexts.append(context)
+    proposer = get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=4)
+    start = time.perf_counter()
+    proposer.propose([ProposeRequest(i, c, args.k, GREEDY) for i, c in enumerate(contexts)])
+    index_s = time.perf_counter() - start
+    times, drafted = [], 0
+    for _ in range(args.ngram_steps):
+        for context in contexts:
+            grow(context, rng.randrange(1, args.k + 2))
+        requests = [ProposeRequest(i, c, args.k, GREEDY) for i, c in enumerate(contexts)]
+        start = time.perf_counter()
+        proposal = proposer.propose(requests)
+        times.append(time.perf_counter() - start)
+        drafted += proposal.num_tokens
+    times.sort()
+    row = dict(batch=args.ngram_batch, context_len=args.ngram_context, k=args.k,
+               first_call_ms=index_s * 1e3, median_step_ms=times[len(times) // 2] * 1e3,
+               min_step_ms=times[0] * 1e3, drafts_per_request=drafted / args.ngram_steps /
+               args.ngram_batch)
+    print(f"ngram {args.ngram_batch} requests x {args.ngram_context} tokens: first call "
+          f"{index_s * 1e3:.0f} ms, step median {row['median_step_ms']:.3f} ms "
+          f"(min {row['min_step_ms']:.3f} ms), {row['drafts_per_request']:.2f} drafts/request",
+          flush=True)
+    return row
+
+
+def early_exit_agreement(target, tokenizer, args) -> list[dict]:
+    """Per N: how often the first N layers' argmax equals the target's greedy token.
+
+    Teacher-forced along the target's own greedy continuation of each prompt: this is the
+    per-token acceptance rate alpha of greedy early-exit drafting (k = 1), for every N at the
+    cost of one truncated forward each.
+    """
+    from proposers.early_exit import early_exit_model
+
+    rows = []
+    for kind in args.prompts:
+        prompt = prompt_ids(tokenizer, kind)
+        reference = plain_greedy(target, prompt, args.new_tokens)
+        ids = torch.tensor([prompt + reference[:-1]], device=target.device)
+        want = torch.tensor(reference, device=target.device)
+        for n in args.sweep_layers:
+            with torch.inference_mode():
+                logits = early_exit_model(target, n)(input_ids=ids).logits[0, len(prompt) - 1:]
+            alpha = (logits.argmax(dim=-1) == want).float().mean().item()
+            rows.append(dict(prompt=kind, num_layers=n, alpha=alpha, tokens=len(reference)))
+            print(f"{kind:5s} early exit N={n:2d}  alpha {alpha:6.1%}", flush=True)
+    return rows
+
+
+def prompt_ids(tokenizer, kind: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[kind]}],
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--random-weights", action="store_true",
+                        help="random-weight targets built from configs (cost table only)")
+    parser.add_argument("--methods", nargs="+",
+                        default=["ngram", "early_exit:24", "draft_model"])
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--context-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--greedy-drafts", action="store_true",
+                        help="draft models take the argmax (default: probabilistic)")
+    parser.add_argument("--sweep-layers", type=int, nargs="*", default=[],
+                        help="early-exit depths N for the teacher-forced agreement table")
+    parser.add_argument("--ngram-batch", type=int, default=256)
+    parser.add_argument("--ngram-context", type=int, default=4000)
+    parser.add_argument("--ngram-steps", type=int, default=50)
+    parser.add_argument("--skip-ngram-scale", action="store_true")
+    parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--skip-acceptance", action="store_true")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    result = {"args": {k: str(v) for k, v in vars(args).items()}, "cost": {}, "acceptance": []}
+    if not args.skip_ngram_scale:
+        print("== n-gram lookup at scale", flush=True)
+        result["ngram_scale"] = ngram_scale(args)
+    if args.random_weights:
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        for name, shape in RANDOM_TARGETS.items():
+            print(f"== cost, {name}, random weights, {args.device} {args.dtype}", flush=True)
+            config = LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=True, **shape)
+            target = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                      dtype=dtype).to(args.device).eval()
+            methods = [m for m in args.methods if m != "draft_model"]  # no tokenizer here
+            result["cost"][name] = time_costs(target, None, methods, args)
+            del target
+    else:
+        from engine.model_loader import load_model
+
+        target, tokenizer = load_model("smollm2-135m", dtype=args.dtype, device=args.device)
+        if not args.skip_cost:
+            print(f"== cost, smollm2-135m, {args.device} {args.dtype}", flush=True)
+            result["cost"]["smollm2-135m"] = time_costs(target, tokenizer, args.methods, args)
+        if args.sweep_layers:
+            print("== early-exit agreement with the target's greedy tokens", flush=True)
+            result["early_exit_alpha"] = early_exit_agreement(target, tokenizer, args)
+        if not args.skip_acceptance:
+            print(f"== acceptance, smollm2-135m, greedy, k={args.k}", flush=True)
+            result["acceptance"] = acceptance(target, tokenizer, args.methods, args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
