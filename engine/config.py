@@ -44,8 +44,9 @@ def _check_keys(cls: type, data: dict[str, Any]) -> None:
 class SpeculativeConfig:
     """How drafts are proposed and verified.
 
-    ``method``: ``ngram`` (prompt lookup), ``draft_model`` (a small HF model given by ``model``)
-    or ``early_exit`` (the target's first ``num_early_exit_layers`` layers).
+    ``method``: ``ngram`` (prompt lookup), ``draft_model`` (a small HF model given by ``model``:
+    a name or path, or a loaded model with its ``tokenizer``) or ``early_exit`` (the target's
+    first ``num_early_exit_layers`` layers).
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
     ``adaptive_k``: shrink k (down to 0) for requests whose measured acceptance makes drafting
@@ -59,6 +60,7 @@ class SpeculativeConfig:
 
     method: str = "ngram"
     model: Any = None
+    tokenizer: Any = None
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4

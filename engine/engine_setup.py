@@ -70,23 +70,24 @@ def model_max_len(model: Any) -> int:
 
 
 def build_proposer(spec: SpeculativeConfig, model: Any, tokenizer: Any, config: EngineConfig,
-                   device: torch.device, max_model_len: int) -> Any:
+                   device: torch.device, vocab_size: int, max_model_len: int) -> Any:
     """The configured proposer (``proposers.get_proposer``)."""
     from proposers import get_proposer
 
     greedy = spec.draft_sample_method == "greedy"
+    common = dict(max_num_seqs=config.max_num_seqs, max_model_len=max_model_len, greedy=greedy)
     if spec.method == "ngram":
         return get_proposer("ngram", prompt_lookup_min=spec.prompt_lookup_min,
                             prompt_lookup_max=spec.prompt_lookup_max)
     if spec.method == "early_exit":
-        kwargs = {} if spec.num_early_exit_layers is None else {
-            "num_layers": spec.num_early_exit_layers}
-        return get_proposer("early_exit", target_model=model, greedy=greedy,
-                            max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
-                            **kwargs)
-    return get_proposer("draft_model", model=spec.model, target_tokenizer=tokenizer,
-                        greedy=greedy, device=str(device), dtype=config.dtype,
-                        max_num_seqs=config.max_num_seqs, max_model_len=max_model_len)
+        return get_proposer("early_exit", target_model=model,
+                            num_layers=spec.num_early_exit_layers, **common)
+    if not isinstance(spec.model, str) and spec.tokenizer is None:
+        raise ValueError("SpeculativeConfig.tokenizer=None is invalid: the draft model's "
+                         "tokenizer is required with an already-loaded draft model")
+    return get_proposer("draft_model", model=spec.model, tokenizer=spec.tokenizer,
+                        target_tokenizer=tokenizer, target_vocab_size=vocab_size,
+                        device=str(device), dtype=config.dtype, **common)
 
 
 def build_components(config: EngineConfig) -> EngineComponents:
@@ -101,7 +102,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
     spec = config.speculative_config
     proposer = None
     if spec is not None and spec.num_speculative_tokens > 0:
-        proposer = build_proposer(spec, model, tokenizer, config, device, max_model_len)
+        proposer = build_proposer(spec, model, tokenizer, config, device, vocab_size,
+                                  max_model_len)
     from samplers import get_sampler
 
     if spec is None:

@@ -27,9 +27,9 @@ def words(ids: list[int]) -> str:
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Hugging Face ``generate(do_sample=False)`` of the target alone, EOS ignored."""
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                         min_new_tokens=max_new_tokens, attention_mask=torch.ones(1, len(prompt),
-                                                                                  dtype=torch.long))
+    mask = torch.ones(1, len(prompt), dtype=torch.long)
+    out = model.generate(torch.tensor([prompt]), attention_mask=mask, do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
