@@ -44,7 +44,7 @@ def apply_filters(logits: torch.Tensor, sampling: SamplingTensors,
     vocab_size = out.shape[-1]
     inv_t = sampling.inv_temperature[row_request].unsqueeze(1)  # [num_rows, 1]
     if 0 < sampling.max_top_k < vocab_size:
-        k = sampling.top_k[row_request].unsqueeze(1)  # [num_rows, 1]
+        k = sampling.top_k[row_request].long().unsqueeze(1)  # [num_rows, 1]
         top = torch.topk(out, sampling.max_top_k, dim=-1).values  # [num_rows, max_top_k]
         kth = top.gather(1, (k.clamp(1, sampling.max_top_k) - 1))  # [num_rows, 1]
         threshold = torch.where(k > 0, kth, torch.full_like(kth, float("-inf")))

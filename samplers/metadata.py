@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 
-def host_to_device(values: list[int] | list[float], dtype: torch.dtype,
+def host_to_device(values: list, dtype: torch.dtype,
                    device: torch.device | str) -> torch.Tensor:
-    """Copy a host list to ``device`` without blocking the host on the GPU stream."""
+    """Copy a (nested) host list to ``device`` without blocking the host on the GPU stream."""
     tensor = torch.tensor(values, dtype=dtype)
     device = torch.device(device)
     if device.type == "cuda":

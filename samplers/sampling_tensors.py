@@ -20,7 +20,7 @@ class SamplingTensors:
 
     temperature: torch.Tensor  # [batch_size] float32, 0 = greedy
     inv_temperature: torch.Tensor  # [batch_size] float32, 1 / temperature (1 for greedy)
-    top_k: torch.Tensor  # [batch_size] int64, 0 = off
+    top_k: torch.Tensor  # [batch_size] int32, 0 = off
     top_p: torch.Tensor  # [batch_size] float32, 1 = off
     min_p: torch.Tensor  # [batch_size] float32, 0 = off
     is_greedy: torch.Tensor  # [batch_size] int32, 1 where temperature is 0
@@ -63,13 +63,18 @@ class SamplingTensors:
         top_k = [0 if g or p.top_k < 0 else p.top_k for g, p in zip(greedy, params, strict=True)]
         top_p = [1.0 if g else p.top_p for g, p in zip(greedy, params, strict=True)]
         min_p = [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)]
+        # Two host-to-device copies per batch: one float32, one int32.
+        floats = host_to_device([temperature, inv_temperature, top_p, min_p], torch.float32,
+                                device)  # [4, batch_size]
+        ints = host_to_device([top_k, [int(g) for g in greedy]], torch.int32,
+                              device)  # [2, batch_size]
         return cls(
-            temperature=host_to_device(temperature, torch.float32, device),
-            inv_temperature=host_to_device(inv_temperature, torch.float32, device),
-            top_k=host_to_device(top_k, torch.int64, device),
-            top_p=host_to_device(top_p, torch.float32, device),
-            min_p=host_to_device(min_p, torch.float32, device),
-            is_greedy=host_to_device([int(g) for g in greedy], torch.int32, device),
+            temperature=floats[0],
+            inv_temperature=floats[1],
+            top_k=ints[0],
+            top_p=floats[2],
+            min_p=floats[3],
+            is_greedy=ints[1],
             generators=list(generators),
             greedy=greedy,
             max_top_k=max(top_k, default=0),
