@@ -43,10 +43,11 @@ def apply_filters(logits: torch.Tensor, sampling: SamplingTensors,
         out = out.clone()
     vocab_size = out.shape[-1]
     inv_t = sampling.inv_temperature[row_request].unsqueeze(1)  # [num_rows, 1]
-    if 0 < sampling.max_top_k < vocab_size:
+    if sampling.max_top_k > 0:
+        max_k = min(sampling.max_top_k, vocab_size)  # k >= vocab_size keeps everything
         k = sampling.top_k[row_request].long().unsqueeze(1)  # [num_rows, 1]
-        top = torch.topk(out, sampling.max_top_k, dim=-1).values  # [num_rows, max_top_k]
-        kth = top.gather(1, (k.clamp(1, sampling.max_top_k) - 1))  # [num_rows, 1]
+        top = torch.topk(out, max_k, dim=-1).values  # [num_rows, max_k]
+        kth = top.gather(1, (k.clamp(1, max_k) - 1))  # [num_rows, 1]
         threshold = torch.where(k > 0, kth, torch.full_like(kth, float("-inf")))
         out.masked_fill_(out < threshold, float("-inf"))
     if sampling.any_top_p:

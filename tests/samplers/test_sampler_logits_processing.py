@@ -31,6 +31,12 @@ def test_top_k_keeps_the_k_largest_per_request() -> None:
     assert out.tolist() == [[NEG, 3.0, 2.0, NEG], [NEG, NEG, 6.0, 7.0], rows[2]]
 
 
+def test_top_k_above_the_vocabulary_keeps_everything_and_others_still_filter() -> None:
+    rows = [[1.0, 3.0, 2.0, 0.0], [5.0, 4.0, 6.0, 7.0]]
+    out = _process(rows, [SamplingParams(top_k=1), SamplingParams(top_k=100)], [1, 1])
+    assert out.tolist() == [[NEG, 3.0, NEG, NEG], rows[1]]
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     logits = probs.log()
