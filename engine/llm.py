@@ -72,13 +72,11 @@ class LLM:
         ``finish_reason='error'`` and ``error`` set while the others complete.
         """
         ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        remaining = set(ids)
+        pending = _Pending(self.engine, ids)
         with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
-            while remaining:
+            while pending:
                 for seq in self.engine.step():
-                    rid = seq.request_id
-                    if rid in remaining and self.engine.finished_status(rid):
-                        remaining.discard(rid)
+                    if pending.finished(seq):
                         bar.update(1)
         return [self._output(rid) for rid in ids]
 
@@ -112,16 +110,15 @@ class LLM:
         delta of a sample has ``finish_reason`` set. Text that could still be the start of a stop
         string is held back until it is not (or the sample finishes)."""
         ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        remaining = set(ids)
-        while remaining:
+        pending = _Pending(self.engine, ids)
+        while pending:
             for seq in self.engine.step():
-                if seq.request_id not in remaining:
+                if seq.request_id not in pending.remaining:
                     continue
                 delta = self._delta(seq)
                 if delta is not None:
                     yield delta
-                if self.engine.finished_status(seq.request_id):
-                    remaining.discard(seq.request_id)
+                if pending.finished(seq):
                     self.engine.pop_request(seq.request_id)
 
     def abort(self, request_id: str) -> None:
@@ -199,6 +196,32 @@ class LLM:
         seq.num_streamed_tokens = seq.num_output_tokens
         return StreamDelta(seq.request_id, seq.index, new_text, new_tokens, seq.finish_reason,
                            seq.stop_reason)
+
+
+class _Pending:
+    """Requests not finished yet, counted by their unfinished samples."""
+
+    def __init__(self, engine: LLMEngine, request_ids: list[str]) -> None:
+        self.engine = engine
+        self.remaining = {rid: len(engine.requests[rid]) for rid in request_ids}
+        self._done: set[str] = set()
+
+    def __bool__(self) -> bool:
+        if self.remaining and not self.engine.has_work():
+            raise RuntimeError(f"requests {sorted(self.remaining)} cannot finish: the engine has "
+                               "nothing left to run")
+        return bool(self.remaining)
+
+    def finished(self, seq: Request) -> bool:
+        """Count a sample that finished; True when it was its request's last one."""
+        if not seq.is_finished or seq.seq_id in self._done or seq.request_id not in self.remaining:
+            return False
+        self._done.add(seq.seq_id)
+        self.remaining[seq.request_id] -= 1
+        if self.remaining[seq.request_id] == 0:
+            del self.remaining[seq.request_id]
+            return True
+        return False
 
 
 def build_output(seqs: list[Request]) -> RequestOutput:

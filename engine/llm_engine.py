@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.engine_setup import EngineComponents, build_components
 from engine.kv_cache import KVCacheFull
 from engine.metrics import MetricsCollector
-from engine.request import Request, RequestStatus
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import append_until_stop
 from proposers.base import ProposeRequest
@@ -131,6 +131,10 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    def has_work(self) -> bool:
+        """True while a step can still run something or report something."""
+        return self.scheduler.has_unfinished or bool(self._finished_outside_step)
+
     def _release(self, seq: Request) -> None:
         """Take a sequence out of the queues, the KV cache and the proposer."""
         self.scheduler.finish(seq)
@@ -141,6 +145,7 @@ class LLMEngine:
             self.proposer.remove(seq.seq_id)
 
     # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
     def step(self) -> list[Request]:
         """Run one engine step; return the sequences that got tokens or finished."""
         start = time.perf_counter()
@@ -327,6 +332,3 @@ class LLMEngine:
                 entry.update(zip(ids.tolist(), values.tolist(), strict=True))
             seq.logprobs.append(entry)
             seq.cumulative_logprob += entry[token]
-
-    def finished_status(self, request_id: str) -> bool:
-        return all(s.status == RequestStatus.FINISHED for s in self.requests[request_id])
