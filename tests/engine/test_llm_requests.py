@@ -1,0 +1,125 @@
+"""Seeds, n > 1, preemption, logprobs, streaming and chat through the ``LLM`` API."""
+
+import pytest
+import torch
+from conftest import tiny_model
+from llm_helpers import hf_greedy, tiny_tokenizer, words
+
+from engine import LLM, SamplingParams
+
+VOCAB = 32
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=0)
+
+
+def make_llm(target, spec=NGRAM, **kwargs) -> LLM:
+    return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec, **kwargs)
+
+
+PROMPTS = [[5, 6, 7, 5, 6], [9, 10, 11, 12], [20, 21, 20, 21, 22, 23], [3, 4], [30, 8, 30, 8]]
+
+
+def ids(outputs) -> list[list[list[int]]]:
+    return [[c.token_ids for c in o.outputs] for o in outputs]
+
+
+def test_same_seed_same_output_whatever_the_batch(target):
+    seeded = SamplingParams(seed=7, temperature=1.0, max_tokens=20, ignore_eos=True)
+    alone = make_llm(target).generate([PROMPTS[0]], seeded, use_tqdm=False)[0]
+    others = [SamplingParams(seed=s, temperature=0.9, top_k=10, max_tokens=12 + s,
+                             ignore_eos=True) for s in range(4)]
+    crowd = make_llm(target).generate(PROMPTS[1:3] + [PROMPTS[0]] + PROMPTS[3:],
+                                      others[:2] + [seeded] + others[2:], use_tqdm=False)
+    assert crowd[2].outputs[0].token_ids == alone.outputs[0].token_ids
+    unseeded = make_llm(target).generate(
+        [PROMPTS[0]] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True),
+        use_tqdm=False)
+    assert ids(unseeded) != [[alone.outputs[0].token_ids]] * 2  # not a constant
+
+
+def test_n_samples_are_independent_and_reproducible(target):
+    params = SamplingParams(n=4, seed=11, temperature=1.0, max_tokens=16, ignore_eos=True)
+    first = make_llm(target).generate([PROMPTS[1]], params, use_tqdm=False)[0]
+    again = make_llm(target).generate([PROMPTS[1]], params, use_tqdm=False)[0]
+    assert [c.index for c in first.outputs] == [0, 1, 2, 3]
+    assert ids([first]) == ids([again])
+    assert len({tuple(c.token_ids) for c in first.outputs}) == 4
+    single = make_llm(target).generate(
+        [PROMPTS[1]], SamplingParams(seed=11, temperature=1.0, max_tokens=16, ignore_eos=True),
+        use_tqdm=False)[0]
+    assert single.outputs[0].token_ids == first.outputs[0].token_ids
+    assert first.metrics.num_generated == 64
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_preemption_changes_no_output(target, temperature):
+    params = SamplingParams(seed=3, temperature=temperature, max_tokens=24, ignore_eos=True)
+    roomy = make_llm(target).generate(PROMPTS, params, use_tqdm=False)
+    tight = make_llm(target, kv_cache_tokens=64)  # 5 sequences of up to 30 tokens do not fit
+    squeezed = tight.generate(PROMPTS, params, use_tqdm=False)
+    assert tight.get_metrics().num_preemptions > 0
+    assert ids(squeezed) == ids(roomy)
+    assert sum(o.metrics.num_preemptions for o in squeezed) > 0
+    if temperature == 0.0:
+        assert ids(squeezed) == [[hf_greedy(target, p, 24)] for p in PROMPTS]
+
+
+def test_logprobs_are_the_targets(target):
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3, ignore_eos=True)
+    out = make_llm(target).generate([PROMPTS[2]], params, use_tqdm=False)[0].outputs[0]
+    context = PROMPTS[2] + out.token_ids
+    with torch.inference_mode():
+        full = torch.log_softmax(target(torch.tensor([context])).logits[0].double(), dim=-1)
+    assert len(out.logprobs) == 8
+    total = 0.0
+    for j, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+        row = full[len(PROMPTS[2]) - 1 + j]
+        assert entry[token] == pytest.approx(float(row[token]), abs=1e-4)
+        top = torch.topk(row, 3).indices.tolist()
+        assert set(entry) == set(top) | {token}
+        total += entry[token]
+    assert out.cumulative_logprob == pytest.approx(total, abs=1e-4)
+
+
+def test_stream_deltas_add_up_and_never_pass_a_stop(target):
+    reference = hf_greedy(target, PROMPTS[0], 20)
+    stop = words(reference[6:8])
+    llm = make_llm(target)
+    params = SamplingParams(temperature=0, max_tokens=20, stop=[stop], ignore_eos=True)
+    final = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].outputs[0]
+    deltas = list(llm.generate_stream([PROMPTS[0]], params))
+    assert "".join(d.text for d in deltas) == final.text
+    assert sum((d.token_ids for d in deltas), []) == final.token_ids
+    assert [d.finish_reason for d in deltas][-1] == "stop" and deltas[-1].stop_reason == stop
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    assert stop not in "".join(d.text for d in deltas)
+
+
+def test_chat_applies_the_template(target):
+    tok = tiny_tokenizer(VOCAB)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}w4"
+    llm = LLM(model=target, tokenizer=tok, speculative_config=NGRAM)
+    conversation = [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7"}]
+    out = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                   use_tqdm=False)
+    assert out[0].prompt_token_ids == [5, 6, 7, 4]
+    assert out[0].outputs[0].token_ids == hf_greedy(target, [5, 6, 7, 4], 6)
+    two = llm.chat([conversation, conversation[:1]], use_tqdm=False)
+    assert [o.prompt_token_ids for o in two] == [[5, 6, 7, 4], [5, 6, 4]]
+
+
+def test_string_prompts_and_metrics(target):
+    llm = make_llm(target)
+    out = llm.generate("w5 w6 w7 w5 w6", SamplingParams(temperature=0, max_tokens=10,
+                                                        ignore_eos=True), use_tqdm=False)
+    assert out[0].prompt == "w5 w6 w7 w5 w6" and out[0].prompt_token_ids == PROMPTS[0]
+    assert out[0].outputs[0].token_ids == hf_greedy(target, PROMPTS[0], 10)
+    m = llm.get_metrics(baseline_tokens_per_s=1.0)
+    assert m.num_generated == 10 and m.tokens_per_s > 0
+    assert m.measured_speedup == pytest.approx(m.tokens_per_s)
+    r = out[0].metrics
+    assert r.num_generated == 10 and r.num_steps <= 10 and r.num_accepted <= r.num_drafted
