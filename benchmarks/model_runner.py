@@ -3,7 +3,8 @@
 For every batch size, each sequence holds ``--context`` cached tokens; a *decode* step appends 1
 token per sequence, a *verify* step appends k+1 (last token + k drafts). After each timed step both
 caches are cut back to ``--context`` tokens (runner: ``truncate``; HF: slicing its layers), so
-every iteration measures the same step. Also prints the KV bytes per cached token.
+every iteration measures the same step; the two are timed alternately, so both see the same
+machine load. Also prints the KV bytes per cached token.
 
     python benchmarks/model_runner.py --device cpu --json runner_cpu.json
     python benchmarks/model_runner.py --device cuda --model random-llama-1b --json runner_gpu.json
@@ -43,22 +44,28 @@ def build_model(name: str, device: str, dtype: str):
     return model
 
 
-def timed(step, device: torch.device, warmup: int, iters: int) -> float:
-    """Median milliseconds of ``step()`` (synchronized on CUDA)."""
-    times = []
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_pair(steps, device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Median milliseconds of each step function, run alternately so that both see the same
+    machine load (synchronized on CUDA)."""
+    times: list[list[float]] = [[] for _ in steps]
     for i in range(warmup + iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        for step, record in zip(steps, times, strict=True):
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            if i >= warmup:
+                record.append((time.perf_counter() - start) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
-def bench_runner(model, batch: int, context: int, num_new: int, args) -> float:
+def runner_step(model, batch: int, context: int, num_new: int):
+    """A runner holding ``batch`` sequences of ``context`` tokens, and one timed step on it."""
     runner = ModelRunner(model, max_num_seqs=batch, max_num_tokens=batch * (context + num_new),
                          max_model_len=context + num_new)
     gen = torch.Generator().manual_seed(batch)
@@ -71,28 +78,29 @@ def bench_runner(model, batch: int, context: int, num_new: int, args) -> float:
         runner.forward(slots, new)
         for slot in slots:
             runner.truncate(slot, context)
+        assert runner.num_cached_tokens == batch * context  # rollback returned every draft row
 
-    ms = timed(step, runner.device, args.warmup, args.iters)
-    assert runner.num_cached_tokens == batch * context  # rollback returned every draft's row
-    return ms
+    return step
 
 
-@torch.inference_mode()
-def bench_hf(model, batch: int, context: int, num_new: int, args) -> float:
+def hf_step(model, batch: int, context: int, num_new: int):
+    """The same with a plain Hugging Face forward over a DynamicCache."""
     device = model.get_input_embeddings().weight.device
     gen = torch.Generator().manual_seed(batch)
     vocab = model.config.vocab_size
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device),
-          past_key_values=cache, use_cache=True)
+    with torch.inference_mode():
+        model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device),
+              past_key_values=cache, use_cache=True)
     new = torch.randint(vocab, (batch, num_new), generator=gen).to(device)
 
+    @torch.inference_mode()
     def step():
         model(input_ids=new, past_key_values=cache, use_cache=True)
         for layer in cache.layers:  # roll back (DynamicCache.crop's sign convention changed)
             layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
 
-    return timed(step, device, args.warmup, args.iters)
+    return step
 
 
 def main() -> None:
@@ -120,7 +128,8 @@ def main() -> None:
     probe = ModelRunner(model, max_num_seqs=1, max_num_tokens=1, max_model_len=1)
     bytes_per_token = probe.kv_bytes_per_token
     del probe
-    device_name = torch.cuda.get_device_name(args.device) if on_cuda else "cpu"
+    device = model.get_input_embeddings().weight.device
+    device_name = torch.cuda.get_device_name(device) if on_cuda else "cpu"
     print(f"{name} ({sum(p.numel() for p in model.parameters()) / 1e6:.0f} M params, {dtype}) "
           f"on {device_name}, {torch.get_num_threads()} threads; context {args.context}; "
           f"KV cache {bytes_per_token} bytes per cached token")
@@ -128,8 +137,9 @@ def main() -> None:
     rows = []
     for batch in args.batch_sizes:
         for label, num_new in (("decode", 1), (f"verify{args.k + 1}", args.k + 1)):
-            runner_ms = bench_runner(model, batch, args.context, num_new, args)
-            hf_ms = bench_hf(model, batch, args.context, num_new, args)
+            steps = (runner_step(model, batch, args.context, num_new),
+                     hf_step(model, batch, args.context, num_new))
+            runner_ms, hf_ms = timed_pair(steps, device, args.warmup, args.iters)
             rows.append(dict(batch=batch, step=label, num_new=num_new, runner_ms=runner_ms,
                              hf_ms=hf_ms))
             print(f"{batch:>5} {label:>8} {runner_ms:>10.2f} {hf_ms:>8.2f} "

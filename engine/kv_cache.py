@@ -102,12 +102,11 @@ class PagedKVCache:
         if (num_heads, head_dim) != k_pool.shape[1:]:
             raise ValueError(f"layer {layer_idx} produced keys with {num_heads} heads of dim "
                              f"{head_dim}; the pool holds {tuple(k_pool.shape[1:])}")
-        write = self._write_rows[k_pool.device]  # [batch_size * num_new]
+        write = self._write_rows[k_pool.device].view(batch_size, num_new)
         read = self._read_rows[k_pool.device]  # [batch_size, kv_len]
-        new_k = key_states.transpose(1, 2).reshape(batch_size * num_new, num_heads, head_dim)
-        new_v = value_states.transpose(1, 2).reshape(batch_size * num_new, num_heads, head_dim)
-        k_pool.index_copy_(0, write, new_k.to(k_pool.dtype))
-        v_pool.index_copy_(0, write, new_v.to(v_pool.dtype))
+        # one strided scatter each: [batch_size, num_new, heads, head_dim] into the pool rows
+        k_pool.index_put_((write,), key_states.transpose(1, 2).to(k_pool.dtype))
+        v_pool.index_put_((write,), value_states.transpose(1, 2).to(v_pool.dtype))
         flat = read.view(-1)  # [batch_size * kv_len]
         gathered = (batch_size, read.shape[1], num_heads, head_dim)
         # [batch_size, kv_len, heads, head_dim] -> [batch_size, heads, kv_len, head_dim]

@@ -208,7 +208,9 @@ class ModelRunner:
         hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
         if keep is not None:
             new_rows = new_rows[keep.to(self.device)]
-        return self.model.get_output_embeddings()(hidden.index_select(0, new_rows)).float()
+        # (device_map="auto" may leave the last layer on another device than the embeddings)
+        hidden = hidden.index_select(0, new_rows.to(hidden.device))  # [num_logits, hidden_size]
+        return self.model.get_output_embeddings()(hidden).float()
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""

@@ -211,3 +211,13 @@ def test_bad_calls_raise_value_error_before_any_change():
     assert runner.seq_len(a) == 0 and runner.num_free_tokens == 40
     with pytest.raises(ValueError, match="max_num_tokens"):
         ModelRunner(model, max_num_seqs=1, max_num_tokens=0, max_model_len=8)
+
+
+def test_windows_and_position_tables_bound_max_model_len():
+    windowed = tiny_model("mistral", seed=9, sliding_window=16)
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelRunner(windowed, max_num_seqs=1, max_num_tokens=40, max_model_len=17)
+    runner = ModelRunner(windowed, max_num_seqs=1, max_num_tokens=40, max_model_len=16)
+    random_schedule(runner, windowed, seed=14, num_steps=6, vocab_size=128)
+    with pytest.raises(ValueError, match="n_positions=256"):
+        ModelRunner(tiny_model("gpt2"), max_num_seqs=1, max_num_tokens=8, max_model_len=257)
