@@ -116,10 +116,10 @@ class LLM:
                 if seq.request_id not in pending.remaining:
                     continue
                 delta = self._delta(seq)
+                if pending.finished(seq):  # before yielding: the caller may abort meanwhile
+                    self.engine.pop_request(seq.request_id)
                 if delta is not None:
                     yield delta
-                if pending.finished(seq):
-                    self.engine.pop_request(seq.request_id)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; it finishes with ``finish_reason='abort'`` and its output so far."""
