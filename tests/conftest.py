@@ -51,17 +51,20 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0, num_layers: in
 
 
 @pytest.fixture(scope="session")
-def specdec_cache_dir(tmp_path_factory) -> Path:
-    """A model cache directory shared by the whole test session, empty at its start."""
-    return tmp_path_factory.mktemp("specdec_cache")
+def specdec_cache_dir() -> Path:
+    """The user's model cache ($SPECDEC_CACHE_DIR or ~/.cache/specdec), shared with every other
+    load of the default model, so that a test run dequantizes its GGUF file at most once."""
+    from engine.model_loader import default_cache_dir
+
+    return default_cache_dir()
 
 
 @pytest.fixture(scope="session")
 def default_model(specdec_cache_dir):
     """The embedded default model (SmolLM2-135M-Instruct, float32 on CPU) and its tokenizer.
 
-    Its first load in a session dequantizes the GGUF file (~25-40 s) and writes the safetensors
-    copy into ``specdec_cache_dir``; later loads with that cache_dir take about a second.
+    The first load on a machine dequantizes the GGUF file (~25-40 s) and writes the safetensors
+    copy into ``specdec_cache_dir``; later loads take a few seconds.
     """
     from engine.model_loader import load_model
 
