@@ -74,19 +74,25 @@ class NgramProposer(Proposer):
         max_n = self.prompt_lookup_max
         tokens: list[int] = []  # per request, the context slice that its new n-grams read
         old_lengths, lengths, offsets, lives = [], [], [], []
+        get_state = self._states.get
         for request in requests:
             context = request.token_ids
-            state = self._states.get(request.req_id)
-            if state is None or not _extends(context, state):
+            length = len(context)
+            state = get_state(request.req_id)
+            # A request's context only grows while it lives (remove() resets it on preemption);
+            # one that got shorter or changed its last indexed token is re-indexed from scratch.
+            if state is None or state.length > length or (
+                    state.length and context[state.length - 1] != state.last_token):
                 state = self._new_state(request.req_id)
-            start = state.length - max_n if state.length > max_n else 0
+            old = state.length
+            start = old - max_n if old > max_n else 0
             offsets.append(len(tokens) - start)  # flat index of context position 0
             tokens.extend(context[start:])
-            old_lengths.append(state.length)
-            lives.append(state.life)
-            state.length = length = len(context)
-            state.last_token = context[length - 1]
+            old_lengths.append(old)
             lengths.append(length)
+            lives.append(state.life)
+            state.length = length
+            state.last_token = context[length - 1]
         starts = self._lookup_and_index(np.asarray(tokens, dtype=np.int64), old_lengths, lengths,
                                         offsets, lives)
         drafts = [list(r.token_ids[s:s + r.num_spec_tokens]) if s >= 0 else []
@@ -138,13 +144,3 @@ class NgramProposer(Proposer):
         state = self._states.pop(req_id, None)
         if state is not None:
             self._table.drop_owner(state.life)
-
-
-def _extends(context: Sequence[int], state: _NgramState) -> bool:
-    """Whether ``context`` continues what the index holds (checked at the last indexed token).
-
-    A request's context only grows while it lives; ``remove`` resets it on preemption. A context
-    that got shorter or changed its last indexed token is re-indexed from scratch.
-    """
-    n = state.length
-    return n <= len(context) and (n == 0 or context[n - 1] == state.last_token)

@@ -4,8 +4,8 @@
 ``p - 1``. The key of an n-gram is a 63-bit hash of its tokens, of ``n`` and of the request's
 ``life`` id (a fresh number each time a request is indexed from scratch), so keys of different
 sizes or requests do not meet. All rows of a step are hashed at once: a polynomial hash
-``sum_i (t[p-1-i] + 1) * P**i mod 2**64`` for every ``n`` (one cumulative sum), then a
-splitmix64 finaliser.
+``sum_i (t[p-1-i] + 1) * P**i mod 2**64`` for every ``n`` (one cumulative sum), salted, then
+a multiply and xor-shift so that the low bits (the home slot) depend on all of them.
 
 *Table.* Open addressing with linear probing in two flat arrays, ``keys`` and ``values``. A key
 lives within ``window`` slots of its home slot ``key mod capacity``, so one gather of
@@ -24,8 +24,7 @@ EMPTY = 0  # an empty slot; hashed keys are >= 1
 _P = np.uint64(0x100000001B3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _SIZE_SALT = np.uint64(0xD6E8FEB86659FD93)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_MIX = np.uint64(0xBF58476D1CE4E5B9)
 
 
 def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
@@ -44,19 +43,17 @@ def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
     poly = np.cumsum(terms, axis=1, dtype=np.uint64)[:, [n - 1 for n in sizes]]
     salt = np.asarray(sizes, dtype=np.uint64) * _SIZE_SALT  # [num_sizes]
     x = poly + lives.astype(np.uint64)[:, None] * _GOLDEN + salt  # [num_rows, num_sizes]
-    x ^= x >> np.uint64(30)
-    x *= _MIX1
-    x ^= x >> np.uint64(27)
-    x *= _MIX2
-    x ^= x >> np.uint64(31)
+    x *= _MIX  # odd multiplier and xor-shift: a bijection that spreads every bit into the low ones
+    x ^= x >> np.uint64(29)
     return (x >> np.uint64(1)).astype(np.int64) | 1
 
 
 class NgramTable:
     """Hash table ``key (int64 >= 1) -> value (int32)`` with vectorised batch insert and lookup.
 
-    Each entry also records its owner (a request's life id): after :meth:`drop_owner` its entries
-    are dead, and the next rebuild leaves them out.
+    Each entry also records its owner (a request's life id; a key always belongs to the same
+    owner, the proposer salts keys with it): after :meth:`drop_owner` its entries are dead, and
+    the next rebuild leaves them out.
     """
 
     def __init__(self, capacity: int = 1 << 16, window: int = 16) -> None:
@@ -117,17 +114,23 @@ class NgramTable:
                owners: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Write each key whose ``slot`` holds ``seen`` = itself or EMPTY; return the others.
 
-        Different keys may race for one empty slot: one wins, the others try again. Equal keys
-        share their fate and a later one writes last.
+        A key already in its slot keeps its owner (keys are salted by owner) and gets the new
+        value. Different keys may race for one empty slot: one wins, the others try again. Equal
+        keys share their fate, and the later one writes last.
         """
-        ok = np.flatnonzero((seen == keys) | (seen == EMPTY))
-        self.keys[slot[ok]] = keys[ok]
-        won = ok[self.keys[slot[ok]] == keys[ok]]
-        self.values[slot[won]] = values[won]
-        self.owners[slot[won]] = owners[won]
-        self.size += int(np.count_nonzero(seen[won] == EMPTY))  # duplicates overcount: safe
-        rest = np.ones(len(keys), dtype=bool)
-        rest[won] = False
+        done = seen == keys  # [num_keys]
+        self.values[slot[done]] = values[done]
+        empty = np.flatnonzero(seen == EMPTY)
+        if len(empty):
+            self.keys[slot[empty]] = keys[empty]
+            won = empty[self.keys[slot[empty]] == keys[empty]]
+            self.values[slot[won]] = values[won]
+            self.owners[slot[won]] = owners[won]
+            self.size += len(won)  # duplicates overcount: safe
+            done[won] = True
+        if done.all():
+            return keys[:0], values[:0], owners[:0]
+        rest = ~done
         return keys[rest], values[rest], owners[rest]
 
     def _rebuild(self, incoming: int) -> None:

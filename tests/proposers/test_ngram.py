@@ -120,10 +120,10 @@ def test_table_matches_dict_through_rebuilds_and_crowded_windows():
     rng = np.random.default_rng(0)
     table = NgramTable(capacity=16, window=4)
     reference, ever = {}, set()
-    for owner in range(40):
-        keys = rng.integers(1, 500, size=rng.integers(1, 30))
+    for owner in range(40):  # a key belongs to one owner (the proposer salts keys by owner)
+        keys = owner * 4096 + rng.integers(1, 500, size=rng.integers(1, 30))
         if owner % 5 == 0:  # same home slot for many keys: a crowded window
-            keys = 1 + 16 * rng.integers(0, 30, size=8)
+            keys = owner * 4096 + 1 + 16 * rng.integers(0, 30, size=8)
         values = rng.integers(0, 1000, size=len(keys))
         table.put(keys, values, np.full(len(keys), owner))
         for key, value in zip(keys.tolist(), values.tolist(), strict=True):  # later wins
@@ -133,7 +133,16 @@ def test_table_matches_dict_through_rebuilds_and_crowded_windows():
             dropped = int(rng.integers(0, owner + 1))
             table.drop_owner(dropped)
             reference = {k: v for k, v in reference.items() if v[1] != dropped}
-        probe = sorted(set(reference) | (set(range(1, 600)) - ever))
+        probe = sorted(set(reference) | (set(range(1, 40 * 4096, 7)) - ever))
         want = [reference[k][0] if k in reference else -1 for k in probe]
         assert table.get(np.array(probe)).tolist() == want
     assert table.capacity > 16
+
+
+def test_registry_and_request_checks():
+    with pytest.raises(ValueError, match="method='medusa' is invalid: allowed draft_model"):
+        get_proposer("medusa")
+    with pytest.raises(ValueError, match="num_spec_tokens=-1"):
+        ProposeRequest(0, [1], -1, GREEDY)
+    with pytest.raises(ValueError, match="token_ids"):
+        ProposeRequest(0, [], 2, GREEDY)
