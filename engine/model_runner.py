@@ -175,7 +175,7 @@ class ModelRunner:
         kv_len, row = 0, 4 * padded + batch_size
         for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
             start, n, base = starts[b], len(ids), b * num_new
-            rows = self._free_rows[-n:]
+            rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
             del self._free_rows[-n:]
             self._rows[slot].extend(rows)
             kv_len = max(kv_len, start + n)
