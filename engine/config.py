@@ -138,7 +138,8 @@ class EngineConfig:
     ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode).
     ``max_model_len``: prompt + output limit; None = the model's own.
     ``kv_cache_tokens``: tokens the KV cache holds over all sequences; None = enough for
-    ``max_num_seqs`` full-length sequences, capped at 65536 (preemption starts when it is full).
+    ``max_num_seqs`` full-length sequences, capped at 65536 on CUDA and 16384 on CPU
+    (preemption starts when it is full).
     ``seed``: seeds the global RNG used by requests without a seed of their own.
     """
 

@@ -11,8 +11,9 @@ from engine.config import EngineConfig, SpeculativeConfig
 from engine.model_runner import ModelRunner
 
 # Default KV budget when kv_cache_tokens is not given: enough for max_num_seqs full sequences,
-# capped here (tokens over all sequences).
-DEFAULT_KV_CAP = 65536
+# capped at this many tokens over all sequences (on CPU the cache lives in host memory: SmolLM2
+# in float32 takes 46 KB per token, so 16384 tokens are 0.75 GB).
+DEFAULT_KV_CAP = {"cuda": 65536, "cpu": 16384}
 
 
 @dataclass
@@ -96,7 +97,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
     vocab_size = model.get_output_embeddings().weight.shape[0]
     own_len = model_max_len(model)
     max_model_len = min(config.max_model_len or own_len, own_len)
-    kv_tokens = config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, DEFAULT_KV_CAP)
+    cap = DEFAULT_KV_CAP["cuda" if device.type == "cuda" else "cpu"]
+    kv_tokens = config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, cap)
     max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len)
     spec = config.speculative_config
