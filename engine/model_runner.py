@@ -165,37 +165,23 @@ class ModelRunner:
         num_rows = sum(len(t) for t in token_ids)
         if num_rows > len(self._free_rows):
             raise KVCacheFull(num_rows, len(self._free_rows))
-        keep = self._logit_rows(logits_indices, num_rows)
+        on_device = isinstance(logits_indices, torch.Tensor)
+        if logits_indices is not None and not on_device:
+            logits_indices = self._check_logits_indices(logits_indices, num_rows)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
-        width = self.max_model_len + 1
         padded = batch_size * num_new
-        # Host layout: input ids, positions, pool rows, table cells (each [padded]), slots,
-        # then the padded index of every new token.
-        host = [0] * (4 * padded) + list(slots) + [0] * num_rows
-        kv_len, row = 0, 4 * padded + batch_size
-        for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
-            start, n, base = starts[b], len(ids), b * num_new
-            rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
-            del self._free_rows[-n:]
-            self._rows[slot].extend(rows)
-            kv_len = max(kv_len, start + n)
-            host[base:base + n] = ids
-            host[padded + base:padded + base + num_new] = (
-                list(range(start, start + n)) + [start + n - 1] * (num_new - n))
-            host[2 * padded + base:2 * padded + base + num_new] = (
-                rows + [self.cache.scratch_row] * (num_new - n))
-            host[3 * padded + base:3 * padded + base + num_new] = (
-                [slot * width + start + t for t in range(n)]
-                + [slot * width + self.cache.scratch_column] * (num_new - n))
-            host[row:row + n] = range(base, base + n)
-            row += n
-        meta = torch.tensor(host, dtype=torch.long)
+        host, token_rows, kv_len = self._plan_step(slots, token_ids, starts, num_new)
+        if logits_indices is not None and not on_device:
+            token_rows = [token_rows[i] for i in logits_indices]
+        meta = torch.tensor(host + token_rows, dtype=torch.long)  # one host-to-device copy
         if self.device.type == "cuda":
             meta = meta.pin_memory()
         meta = meta.to(self.device, non_blocking=True)
         input_ids, positions, write_rows, cells = meta[:4 * padded].view(4, batch_size, num_new)
         slots_t = meta[4 * padded:4 * padded + batch_size]  # [batch_size]
-        new_rows = meta[4 * padded + batch_size:]  # [num_rows] padded index of each new token
+        rows_t = meta[4 * padded + batch_size:]  # [num_logits] padded index of each kept row
+        if on_device:
+            rows_t = rows_t[logits_indices.to(self.device).long()]
         self.cache.prepare_step(slots_t, write_rows.reshape(-1), cells.reshape(-1), kv_len)
         # [batch_size, 1, num_new, kv_len]: column j visible to a token at position p iff j <= p
         mask = self._positions[:kv_len].view(1, 1, 1, kv_len) <= positions[:, None, :, None]
@@ -206,11 +192,39 @@ class ModelRunner:
             input_ids=input_ids, position_ids=positions, attention_mask=mask,
             past_key_values=self.cache, use_cache=True).last_hidden_state
         hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
-        if keep is not None:
-            new_rows = new_rows[keep.to(self.device)]
         # (device_map="auto" may leave the last layer on another device than the embeddings)
-        hidden = hidden.index_select(0, new_rows.to(hidden.device))  # [num_logits, hidden_size]
+        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
         return self.model.get_output_embeddings()(hidden).float()
+
+    def _plan_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
+                   starts: list[int], num_new: int) -> tuple[list[int], list[int], int]:
+        """Give every new token a pool row and lay out the step's index tensors on the host.
+
+        Returns ``host``: input ids, positions, pool rows, slot-table cells (each
+        ``[batch_size * num_new]``, padding: last position, scratch row, scratch column), then the
+        slots; ``token_rows``: the padded index of every new token; ``kv_len``.
+        """
+        batch_size, width = len(slots), self.max_model_len + 1
+        padded = batch_size * num_new
+        host = [0] * (4 * padded) + list(slots)
+        token_rows: list[int] = []
+        kv_len = 0
+        for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
+            start, n, base, pad = starts[b], len(ids), b * num_new, num_new - len(ids)
+            rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
+            del self._free_rows[-n:]
+            self._rows[slot].extend(rows)
+            kv_len = max(kv_len, start + n)
+            host[base:base + n] = ids
+            host[padded + base:padded + base + num_new] = [*range(start, start + n)] + [
+                start + n - 1] * pad
+            host[2 * padded + base:2 * padded + base + num_new] = rows + [
+                self.cache.scratch_row] * pad
+            host[3 * padded + base:3 * padded + base + num_new] = [
+                slot * width + p for p in range(start, start + n)] + [
+                slot * width + self.cache.scratch_column] * pad
+            token_rows.extend(range(base, base + n))
+        return host, token_rows, kv_len
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""
@@ -231,13 +245,8 @@ class ModelRunner:
         return starts
 
     @staticmethod
-    def _logit_rows(logits_indices: Sequence[int] | torch.Tensor | None,
-                    num_rows: int) -> torch.Tensor | None:
-        if logits_indices is None:
-            return None
-        if isinstance(logits_indices, torch.Tensor):
-            return logits_indices.long()
-        if any(not 0 <= i < num_rows for i in logits_indices):
-            raise ValueError(f"logits_indices must be in [0, {num_rows}), "
-                             f"got {list(logits_indices)}")
-        return torch.tensor(list(logits_indices), dtype=torch.long)
+    def _check_logits_indices(logits_indices: Sequence[int], num_rows: int) -> list[int]:
+        indices = list(logits_indices)
+        if any(not 0 <= i < num_rows for i in indices):
+            raise ValueError(f"logits_indices must be in [0, {num_rows}), got {indices}")
+        return indices
