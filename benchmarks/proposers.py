@@ -58,6 +58,11 @@ RANDOM_TARGETS = {
 }
 
 
+# The draft of the random-weight runs: 4 layers of width 512 (about 1/10 of a 1B step's work).
+SMALL_RANDOM_DRAFT = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                          num_attention_heads=8, num_key_value_heads=4)
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -70,6 +75,15 @@ def make_proposer(method: str, target, tokenizer, args, max_num_seqs: int, max_m
     if method.startswith("early_exit"):
         return get_proposer("early_exit", target_model=target, greedy=args.greedy_drafts,
                             num_layers=int(method.split(":")[1]), **common)
+    if tokenizer is None:  # random weights: a small random LLaMA with the target's vocabulary
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        config = LlamaConfig(vocab_size=target.config.vocab_size, max_position_embeddings=8192,
+                             **SMALL_RANDOM_DRAFT)
+        draft = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                 dtype=target.dtype).to(target.device)
+        return get_proposer("draft_model", model=draft.eval(), greedy=args.greedy_drafts,
+                            **common)
     # draft_model: the target itself in bfloat16 (nothing else shares its vocabulary offline)
     draft = type(target)(target.config).to(device=target.device, dtype=torch.bfloat16)
     draft.load_state_dict(target.state_dict())
@@ -263,7 +277,9 @@ def main() -> None:
     parser.add_argument("--random-weights", action="store_true",
                         help="random-weight targets built from configs (cost table only)")
     parser.add_argument("--methods", nargs="+",
-                        default=["ngram", "early_exit:24", "draft_model"])
+                        help="ngram, early_exit:N, draft_model (default: ngram early_exit:8 "
+                             "early_exit:24 draft_model; random weights: ngram early_exit:4 "
+                             "early_exit:8 draft_model)")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--context-len", type=int, default=256)
@@ -285,6 +301,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.methods is None:
+        args.methods = (["ngram", "early_exit:4", "early_exit:8", "draft_model"]
+                        if args.random_weights else
+                        ["ngram", "early_exit:8", "early_exit:24", "draft_model"])
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "cost": {}, "acceptance": []}
@@ -299,8 +319,7 @@ def main() -> None:
             config = LlamaConfig(max_position_embeddings=8192, tie_word_embeddings=True, **shape)
             target = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                       dtype=dtype).to(args.device).eval()
-            methods = [m for m in args.methods if m != "draft_model"]  # no tokenizer here
-            result["cost"][name] = time_costs(target, None, methods, args)
+            result["cost"][name] = time_costs(target, None, args.methods, args)
             del target
     else:
         from engine.model_loader import load_model
