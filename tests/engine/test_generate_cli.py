@@ -13,6 +13,7 @@ from engine.config import EngineConfig, SpeculativeConfig
 from engine.config_file import build_configs, load_config_file
 from engine.generate import main
 from engine.sampling_params import SamplingParams
+from tests.engine.cli_helpers import save_tiny_model
 
 
 def _merged(argv, config="default"):
@@ -147,31 +148,9 @@ def test_json_output_is_valid_for_bad_runs_too(tmp_path):
 
 
 # ---------------------------------------------------------------- end to end on a tiny model
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m.role }}> {{ m.content }} {% endfor %}"
-                 "{% if add_generation_prompt %}<bot> {% endif %}")
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    """A random tiny LLaMA and a word-level tokenizer (``w4`` .. ``w127``), saved to disk."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from tests.conftest import tiny_model
-
-    vocab = {"<unk>": 0, "<eos>": 1, "<user>": 2, "<bot>": 3}
-    vocab.update({f"w{i}": i for i in range(4, 128)})
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.WordPiece()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
-                                        eos_token="<eos>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    path = tmp_path_factory.mktemp("tiny_llama")
-    tiny_model("llama", vocab_size=128, eos_token_id=1, bos_token_id=None,
-               pad_token_id=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
 
 
 def _hf_greedy(path, prompt_ids, max_new_tokens):

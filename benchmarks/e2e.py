@@ -1,0 +1,139 @@
+"""End-to-end throughput: the engine with and without speculation, beside HF ``generate``.
+
+Greedy decoding, the same prompts and the same number of tokens for every system, all in one run
+so the ratios are fair; prints a table, checks the targets of issue 5 (printed, never asserted)
+and writes JSON. Copy-heavy prompts edit or quote text given in the prompt; open-ended ones do not.
+
+    python benchmarks/e2e.py --json e2e_cpu.json                   # CPU, default model (~10 min)
+    python benchmarks/e2e.py --quick                               # smoke test (~1 min)
+    python benchmarks/e2e.py --device cuda --dtype bfloat16 --model random-llama-1b \\
+        --batch-sizes 1,8,32 --json e2e_gpu_1b.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.e2e_runs import RunResult, run_engine, run_hf  # noqa: E402
+from benchmarks.e2e_targets import check_targets, print_table  # noqa: E402
+from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  # noqa: E402
+from engine import LLM  # noqa: E402
+
+METHODS = ("ngram", "early_exit", "draft_model")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m",
+                   help=f"smollm2-135m, a path or hub id, or one of {sorted(RANDOM_LLAMAS)}")
+    p.add_argument("--draft-model", help="draft for method draft_model (only run when given)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--methods", default="ngram,early_exit",
+                   help="comma list of " + ",".join(METHODS))
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, dest="k")
+    p.add_argument("--num-early-exit-layers", type=int, default=None)
+    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
+    p.add_argument("--kinds", default="copy,open")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 1 prompt per kind at batch 1, 16 tokens per prompt")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = p.parse_args(argv)
+    args.methods = [m for m in args.methods.split(",") if m]
+    for m in args.methods:
+        if m not in METHODS:
+            p.error(f"--methods: unknown method {m!r}; allowed: {', '.join(METHODS)}")
+    if "draft_model" in args.methods and not args.draft_model:
+        p.error("--methods draft_model needs --draft-model")
+    if args.draft_model and "draft_model" not in args.methods:
+        args.methods.append("draft_model")
+    batch_sizes = args.batch_sizes or ("1,4" if args.quick else "1,32")
+    args.batch_sizes = [int(b) for b in batch_sizes.split(",")]
+    args.kinds = args.kinds.split(",")
+    if args.quick:
+        args.num_prompts, args.max_tokens = 1, 16
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    return args
+
+
+def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
+    if method == "none":
+        return None
+    spec = {"method": method, "num_speculative_tokens": args.k}
+    if method == "early_exit" and args.num_early_exit_layers is not None:
+        spec["num_early_exit_layers"] = args.num_early_exit_layers
+    if method == "draft_model":
+        spec["model"] = args.draft_model
+    return spec
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    model, tokenizer = build_model(args.model, args.device, args.dtype)
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    max_batch = max(args.batch_sizes)
+    prompts = {(kind, b): build_prompts(kind, args.num_prompts if b == 1 else b, args.model,
+                                        tokenizer, vocab_size)
+               for kind in args.kinds for b in args.batch_sizes}
+    longest = max(len(p) for group in prompts.values() for p in group)
+    max_model_len = longest + args.max_tokens + args.k + 8
+    llms = {method: LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
+                        speculative_config=speculative_config(args, method),
+                        max_num_seqs=max_batch, max_model_len=max_model_len,
+                        kv_cache_tokens=max_batch * max_model_len)
+            for method in ["none", *args.methods]}
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    warm = prompts[(args.kinds[0], args.batch_sizes[0])][:1]
+    for method, llm in llms.items():  # warm-up: allocations, kernels, caches
+        run_engine(llm, method, args.k, "warmup", warm, 1, 8, device)
+    if not args.no_hf:
+        run_hf(model, pad_id, "warmup", warm, 1, 8, device)
+
+    results: list[RunResult] = []
+    for kind in args.kinds:
+        for b in args.batch_sizes:
+            group = prompts[(kind, b)]
+            for method, llm in llms.items():
+                results.append(run_engine(llm, method, args.k, kind, group, b, args.max_tokens,
+                                          device))
+                print(f"  {kind} b={b} engine:{method}: {results[-1].tokens_per_s:.1f} tok/s",
+                      file=sys.stderr)
+            if not args.no_hf:
+                results.append(run_hf(model, pad_id, kind, group, b, args.max_tokens, device))
+                if b == 1:
+                    results.append(run_hf(model, pad_id, kind, group, b, args.max_tokens, device,
+                                          prompt_lookup=args.k))
+
+    machine = {"device": args.device,
+               "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
+                               else platform.processor() or platform.machine()),
+               "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+               "python": platform.python_version()}
+    print(f"\nmodel {args.model} ({args.dtype}) on {machine['device_name']}, greedy, "
+          f"{args.max_tokens} tokens per prompt, k = {args.k}")
+    if args.model in RANDOM_LLAMAS:
+        print("note: random weights: the output ignores the prompt's meaning, so n-gram "
+              "acceptance depends on the prompts and on the model's own repetition loops.")
+    rows = print_table(results)
+    targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
+    if args.json:
+        doc = {"args": vars(args), "machine": machine, "results": rows, "targets": targets,
+               "runs": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in results]}
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Models and prompts for ``benchmarks/e2e.py``.
+
+Two prompt kinds: *copy-heavy* (the answer edits or quotes text given in the prompt, where n-gram
+lookup pays) and *open-ended* (nothing to copy). For the embedded instruct model the prompts are
+chat messages. Random-weight models (``random-llama-1b``, ``random-llama-8b``) get token-id
+prompts and a synthetic word-level tokenizer: their output does not depend on the prompt's
+meaning, so n-gram acceptance there comes only from the random model's own repetition loops.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+# Real shapes, random weights: Llama-3.2-1B (1.24 B parameters) and Llama-3.1-8B (8.0 B).
+RANDOM_LLAMAS = {
+    "random-llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                            vocab_size=128256, tie_word_embeddings=True),
+    "random-llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                            vocab_size=128256, tie_word_embeddings=False),
+}
+RANDOM_EOS_ID = 1
+
+COPY_HEAVY = [
+    "Copy the following paragraph, correcting the spelling mistakes. Keep everything else the "
+    "same.\n\nSpeculative decoding lets a small draft propose several tokens at once. The large "
+    "model checks all of them in a singel forward pass and keeps the longest prefix it agrees "
+    "with, so the output is unchanged while fewer expensive steps are neded.",
+    "Rename the variable `total` to `running_sum` in this Python function and return the whole "
+    "function:\n\ndef average(numbers):\n    total = 0\n    count = 0\n    for value in numbers:\n"
+    "        total = total + value\n        count = count + 1\n    if count == 0:\n"
+    "        return 0.0\n    return total / count\n",
+    "Repeat the following quote exactly, inside quotation marks:\n\nThe only way to make sense "
+    "out of change is to plunge into it, move with it, and join the dance. Change is the law of "
+    "life, and those who look only to the past or present are certain to miss the future.",
+    "Turn this comma-separated list into a numbered list, one item per line: apples, bananas, "
+    "cherries, dates, elderberries, figs, grapes, honeydew melons, kiwis, lemons, mangoes.",
+    "Here is a JSON object:\n{\"name\": \"Ada Lovelace\", \"born\": 1815, \"field\": "
+    "\"mathematics\", \"known_for\": \"the first published computer program\", \"country\": "
+    "\"England\"}\nReturn the same JSON object with the field \"born\" changed to 1816.",
+    "Fix the grammar in this email and return the corrected email:\n\nHello team, I wanted to "
+    "let you know that the meeting are moved to thursday. Please bring you notes from last week "
+    "and be ready to discuss the budget, which have changed a lot since we last talk.",
+    "Add a docstring to this function and return the complete function:\n\ndef clamp(value, "
+    "low, high):\n    if value < low:\n        return low\n    if value > high:\n"
+    "        return high\n    return value\n",
+    "Convert these lines to Markdown bullet points, keeping the text of each line:\nBuy milk and "
+    "eggs\nCall the plumber about the kitchen sink\nSend the quarterly report to Maria\nBook "
+    "train tickets to Lyon\nWater the plants on the balcony",
+]
+
+OPEN_ENDED = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how photosynthesis works to a ten-year-old.",
+    "Give me five tips for staying focused while working from home.",
+    "Write a poem about the first snow of winter.",
+    "What are the main causes of the French Revolution?",
+    "Describe a day in the life of a honeybee.",
+    "Why is the sky blue? Answer in a few paragraphs.",
+    "Invent a new board game and describe its rules.",
+]
+
+PROMPT_KINDS = ("copy", "open")
+
+
+def build_model(name: str, device: str, dtype: str) -> tuple[Any, Any]:
+    """(model, tokenizer): a random LLaMA of real shape, or whatever ``load_model`` loads."""
+    if name in RANDOM_LLAMAS:
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        config = LlamaConfig(**RANDOM_LLAMAS[name], max_position_embeddings=4096,
+                             bos_token_id=None, eos_token_id=RANDOM_EOS_ID, pad_token_id=0)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
+                                                     attn_implementation="sdpa")
+        return model.eval(), word_tokenizer(config.vocab_size)
+    from engine.model_loader import load_model
+
+    return load_model(name, dtype=dtype, device=device)
+
+
+def word_tokenizer(vocab_size: int) -> Any:
+    """A word-level tokenizer over ``w0 .. w{vocab_size-1}`` (built offline, no files)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": RANDOM_EOS_ID}
+    vocab.update({f"w{i}": i for i in range(2, vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>",
+                                   pad_token="<unk>")
+
+
+def _random_prompt(kind: str, index: int, vocab_size: int) -> list[int]:
+    """Copy-heavy: a 48-token passage twice, then its start (a prompt with something to copy);
+    open-ended: 104 unrelated tokens."""
+    rng = random.Random(f"{kind}-{index}")
+    if kind == "copy":
+        passage = [rng.randrange(2, vocab_size) for _ in range(48)]
+        return passage + passage + passage[:8]
+    return [rng.randrange(2, vocab_size) for _ in range(104)]
+
+
+def build_prompts(kind: str, count: int, model_name: str, tokenizer: Any,
+                  vocab_size: int) -> list[list[int]]:
+    """``count`` prompts of ``kind`` as token ids (the texts cycle when ``count`` is larger)."""
+    if kind not in PROMPT_KINDS:
+        raise ValueError(f"prompt kind must be one of {PROMPT_KINDS}, got {kind!r}")
+    if model_name in RANDOM_LLAMAS:
+        return [_random_prompt(kind, i, vocab_size) for i in range(count)]
+    texts = COPY_HEAVY if kind == "copy" else OPEN_ENDED
+    prompts = []
+    for i in range(count):
+        text = texts[i % len(texts)]
+        if getattr(tokenizer, "chat_template", None) is not None:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 tokenize=False, add_generation_prompt=True)
+            prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        else:
+            prompts.append(list(tokenizer(text)["input_ids"]))
+    return prompts

@@ -1,0 +1,25 @@
+"""Smoke test of ``benchmarks/e2e.py`` on a tiny model: it runs, and its greedy outputs agree."""
+
+import json
+
+from benchmarks.e2e import main
+from tests.engine.cli_helpers import save_tiny_model
+
+
+def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "e2e.json"
+    main(["--model", str(model_dir), "--device", "cpu", "--quick", "--kinds", "copy",
+          "--batch-sizes", "1,2", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    systems = {(r["system"], r["batch_size"]) for r in doc["results"]}
+    assert systems == {("engine:none", 1), ("engine:ngram", 1), ("engine:early_exit", 1),
+                       ("hf:none", 1), ("hf:prompt_lookup", 1), ("engine:none", 2),
+                       ("engine:ngram", 2), ("engine:early_exit", 2), ("hf:none", 2)}
+    for row in doc["results"]:
+        assert row["tokens"] == 16 * row["batch_size"]
+        if row["system"] != "hf:none":
+            # Greedy decoding with or without speculation is HF's own greedy output (float32).
+            assert row["same_as_hf"] == 1.0, row["system"]
+    assert any(t["target"].startswith("copy, batch 1, n-gram") for t in doc["targets"])
+    assert "tokens/s over the engine without speculation" in capsys.readouterr().out
