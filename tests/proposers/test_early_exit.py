@@ -63,3 +63,20 @@ def test_bad_depth(num_layers):
     target = tiny_model("llama", vocab_size=VOCAB, num_layers=4)
     with pytest.raises(ValueError, match="num_layers"):
         early_exit_model(target, num_layers)
+
+
+@pytest.mark.slow
+def test_early_exit_on_the_default_model(default_model):
+    """Full depth drafts exactly the target's greedy tokens; a shallow draft shares its weights."""
+    target, tokenizer = default_model
+    context = tokenizer("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    shallow = early_exit_model(target, 8)
+    target_ptrs = {p.data_ptr() for p in target.parameters()}
+    assert all(p.data_ptr() in target_ptrs for p in shallow.parameters())
+    proposer = get_proposer("early_exit", target_model=target, num_layers=30, greedy=True,
+                            max_num_seqs=1, max_model_len=64)
+    drafts = proposer.propose([ProposeRequest(0, context, 4, SamplingParams(temperature=0))])
+    with torch.inference_mode():
+        want = target.generate(torch.tensor([context]), max_new_tokens=4, min_new_tokens=4,
+                               do_sample=False)[0, len(context):].tolist()
+    assert drafts.draft_token_ids == [want]
