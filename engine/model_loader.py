@@ -37,7 +37,7 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
 
-def load_model(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
                device: str = "cpu", cache_dir: str | os.PathLike | None = None,
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``model`` (alias, hub id, local directory or ``.gguf`` file) in eval mode.
@@ -49,6 +49,7 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
     """
     kwargs = {"dtype": _torch_dtype(dtype), "device_map": _device_map(device),
               "attn_implementation": "sdpa"}
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be a non-empty string, got {model!r}")
     if model in EMBEDDED_MODELS:

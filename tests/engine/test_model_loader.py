@@ -39,7 +39,7 @@ def test_local_directory_with_dtypes(tmp_path):
     assert tokenizer("w3 w5")["input_ids"] == [3, 5]
     for name, param in original.state_dict().items():
         assert torch.equal(model.state_dict()[name], param), name
-    model, _ = load_model(str(tmp_path), dtype="float32")
+    model, _ = load_model(tmp_path, dtype="float32")  # a Path works too
     assert model.dtype == torch.float32
     model, _ = load_model(str(tmp_path), dtype=torch.bfloat16)
     assert model.dtype == torch.bfloat16
