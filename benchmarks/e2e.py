@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.e2e_runs import RunResult, run_engine, run_hf  # noqa: E402
+from benchmarks.e2e_runs import RunResult, engine_generate, hf_generate, timed  # noqa: E402
 from benchmarks.e2e_targets import check_targets, print_table  # noqa: E402
 from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  # noqa: E402
 from engine import LLM  # noqa: E402
@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kinds", default="copy,open")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--repeats", type=int, default=1, help="rounds over the prompts (summed)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 prompt per kind at batch 1, 16 tokens per prompt")
@@ -78,6 +79,37 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
     return spec
 
 
+def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str, b: int,
+            prompts: list[list[int]], device: torch.device) -> list[RunResult]:
+    """Every system on ``prompts`` in groups of ``b``, taking turns group by group."""
+    systems = {method: (RunResult("engine", method, kind, b, 0 if method == "none" else args.k),
+                        lambda g, llm=llm: engine_generate(llm, g, args.max_tokens))
+               for method, llm in llms.items()}
+    if not args.no_hf:
+        systems["hf"] = (RunResult("hf", "none", kind, b, 0),
+                         lambda g: hf_generate(model, g, pad_id, args.max_tokens, device))
+        if b == 1:
+            systems["hf_pl"] = (RunResult("hf", "prompt_lookup", kind, b, args.k),
+                                lambda g: hf_generate(model, g, pad_id, args.max_tokens, device,
+                                                      prompt_lookup=args.k))
+    for llm in llms.values():
+        llm.reset_metrics()
+    for _ in range(args.repeats):
+        for start in range(0, len(prompts), b):
+            group = prompts[start:start + b]
+            for run, generate in systems.values():
+                run.add(*timed(generate, group, device))
+    for method, llm in llms.items():
+        if method != "none":
+            metrics = llm.get_metrics()
+            run = systems[method][0]
+            run.acceptance_rate = metrics.acceptance_rate
+            run.mean_accepted_length = metrics.mean_accepted_length
+    for run, _ in systems.values():
+        print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s", file=sys.stderr)
+    return [run for run, _ in systems.values()]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -96,26 +128,15 @@ def main(argv: list[str] | None = None) -> None:
             for method in ["none", *args.methods]}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     warm = prompts[(args.kinds[0], args.batch_sizes[0])][:1]
-    for method, llm in llms.items():  # warm-up: allocations, kernels, caches
-        run_engine(llm, method, args.k, "warmup", warm, 1, 8, device)
+    for llm in llms.values():  # warm-up: allocations, kernels, caches
+        engine_generate(llm, warm, 8)
     if not args.no_hf:
-        run_hf(model, pad_id, "warmup", warm, 1, 8, device)
+        hf_generate(model, warm, pad_id, 8, device)
 
     results: list[RunResult] = []
     for kind in args.kinds:
         for b in args.batch_sizes:
-            group = prompts[(kind, b)]
-            for method, llm in llms.items():
-                results.append(run_engine(llm, method, args.k, kind, group, b, args.max_tokens,
-                                          device))
-                print(f"  {kind} b={b} engine:{method}: {results[-1].tokens_per_s:.1f} tok/s",
-                      file=sys.stderr)
-            if not args.no_hf:
-                results.append(run_hf(model, pad_id, kind, group, b, args.max_tokens, device))
-                if b == 1:
-                    results.append(run_hf(model, pad_id, kind, group, b, args.max_tokens, device,
-                                          prompt_lookup=args.k))
-
+            results += measure(args, llms, model, pad_id, kind, b, prompts[(kind, b)], device)
     machine = {"device": args.device,
                "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
                                else platform.processor() or platform.machine()),

@@ -3,13 +3,15 @@
 Every run decodes exactly ``max_tokens`` tokens per prompt, going on past EOS (engine
 ``ignore_eos``, HF with no EOS in its generation config), so all systems do the same work and
 their greedy outputs can be compared token for token. Batch size b: the prompts go in groups
-of b.
+of b, and the systems take turns group by group, so a change in the machine's load hits them
+alike.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +29,8 @@ class RunResult:
     kind: str              # "copy" or "open"
     batch_size: int
     k: int
-    num_tokens: int
-    seconds: float
+    num_tokens: int = 0
+    seconds: float = 0.0
     acceptance_rate: float | None = None
     mean_accepted_length: float | None = None
     outputs: list[list[int]] = field(default_factory=list, repr=False)
@@ -41,38 +43,39 @@ class RunResult:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def add(self, outputs: list[list[int]], seconds: float) -> None:
+        self.outputs += outputs
+        self.num_tokens += sum(len(o) for o in outputs)
+        self.seconds += seconds
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _groups(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
-    return [prompts[i:i + batch_size] for i in range(0, len(prompts), batch_size)]
-
-
-def run_engine(llm: Any, method: str, k: int, kind: str, prompts: list[list[int]],
-               batch_size: int, max_tokens: int, device: torch.device) -> RunResult:
-    """Greedy engine generation of ``max_tokens`` tokens per prompt, groups of ``batch_size``."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.reset_metrics()
-    outputs = []
+def timed(generate: Callable[[list[list[int]]], list[list[int]]], group: list[list[int]],
+          device: torch.device) -> tuple[list[list[int]], float]:
+    """(outputs, seconds) of ``generate(group)``, synchronized on CUDA."""
     _sync(device)
     start = time.perf_counter()
-    for group in _groups(prompts, batch_size):
-        outputs += [o.outputs[0].token_ids for o in llm.generate(group, params, use_tqdm=False)]
+    outputs = generate(group)
     _sync(device)
-    seconds = time.perf_counter() - start
-    metrics = llm.get_metrics()
-    speculating = method != "none"
-    return RunResult("engine", method, kind, batch_size, k if speculating else 0,
-                     sum(len(o) for o in outputs), seconds,
-                     metrics.acceptance_rate if speculating else None,
-                     metrics.mean_accepted_length if speculating else None, outputs)
+    return outputs, time.perf_counter() - start
 
 
-def _hf_group(model: Any, group: list[list[int]], pad_id: int, max_tokens: int,
-              prompt_lookup: int | None, device: torch.device) -> list[list[int]]:
+def engine_generate(llm: Any, group: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy engine generation of exactly ``max_tokens`` tokens per prompt, one batch."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(group, params, use_tqdm=False)]
+
+
+@torch.inference_mode()
+def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int,
+                device: torch.device, prompt_lookup: int | None = None) -> list[list[int]]:
+    """HF ``generate`` (greedy, no EOS), plain or with ``prompt_lookup_num_tokens`` (batch 1)."""
+    if prompt_lookup is not None and len(group) != 1:
+        raise ValueError("HF prompt lookup decoding only runs at batch size 1")
     width = max(len(p) for p in group)
     # Left padding: every row's last prompt token sits at the same column.
     input_ids = torch.full((len(group), width), pad_id, dtype=torch.long)  # [batch, width]
@@ -87,21 +90,3 @@ def _hf_group(model: Any, group: list[list[int]], pad_id: int, max_tokens: int,
     out = model.generate(input_ids.to(device), attention_mask=attention_mask.to(device),
                          generation_config=config)
     return [row[width:].tolist() for row in out]  # [batch, max_tokens] each
-
-
-@torch.inference_mode()
-def run_hf(model: Any, pad_id: int, kind: str, prompts: list[list[int]], batch_size: int,
-           max_tokens: int, device: torch.device, prompt_lookup: int | None = None) -> RunResult:
-    """HF ``generate`` (greedy), plain or with ``prompt_lookup_num_tokens`` (batch 1 only)."""
-    if prompt_lookup is not None and batch_size != 1:
-        raise ValueError("HF prompt lookup decoding only runs at batch size 1")
-    outputs = []
-    _sync(device)
-    start = time.perf_counter()
-    for group in _groups(prompts, batch_size):
-        outputs += _hf_group(model, group, pad_id, max_tokens, prompt_lookup, device)
-    _sync(device)
-    seconds = time.perf_counter() - start
-    method = "none" if prompt_lookup is None else "prompt_lookup"
-    return RunResult("hf", method, kind, batch_size, prompt_lookup or 0,
-                     sum(len(o) for o in outputs), seconds, outputs=outputs)
