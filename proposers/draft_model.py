@@ -135,14 +135,21 @@ class DraftModelProposer(Proposer):
         sampling = SamplingTensors.from_params([r.sampling_params for r in requests],
                                                [r.generator for r in requests], logits.device)
         probs = logits_to_probs(logits, sampling, [1] * len(requests))  # [n, vocab_size]
-        q = torch.ones_like(probs)  # [n, vocab_size]; greedy rows: argmax of their one-hot
+        # Exponential race argmax(p / q), q ~ Exp(1): one draw for the requests on the global
+        # RNG, then each seeded request's row from its own generator. Greedy rows are one-hot:
+        # whatever their q, the race returns their argmax.
+        q = torch.ones_like(probs)  # [n, vocab_size]
+        sampled = [not g for g in sampling.greedy]
+        if any(s and r.generator is None for s, r in zip(sampled, requests, strict=True)):
+            q.exponential_()
         for b, request in enumerate(requests):
-            if not sampling.greedy[b]:
+            if sampled[b] and request.generator is not None:
                 q[b].exponential_(generator=request.generator)
         tokens = (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(dim=-1)
         return tokens.tolist(), probs
 
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[n, vocab_size]``, a fresh tensor (the runner's output is an inference tensor)."""
         width = logits.shape[1]
         if width >= self.vocab_size:
             return logits[:, :self.vocab_size].clone()
