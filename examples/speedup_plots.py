@@ -1,0 +1,101 @@
+"""Plots of :func:`speedup_lib.run_sweep` results (matplotlib), for the notebook and the script."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from speedup_lib import LABELS, Measurement, find, measured_speedup
+
+COLORS = {"none": "black", "ngram": "tab:blue", "early_exit": "tab:orange", "hf": "grey",
+          "hf_prompt_lookup": "tab:green"}
+KIND_TITLES = {"copy": "prompts that copy (edit code, quote, reformat a list)",
+               "open": "open-ended prompts"}
+
+
+def _grid(results: list[Measurement]) -> tuple[list[int], list[str]]:
+    batch_sizes = sorted({m.batch_size for m in results})
+    kinds = [k for k in ("copy", "open") if any(m.kind == k for m in results)]
+    return batch_sizes, kinds
+
+
+def plot_tokens_per_s(results: list[Measurement]) -> Figure:
+    """tokens/s against k for each method; methods without k are horizontal lines. One panel per
+    (batch size, prompt kind)."""
+    batch_sizes, kinds = _grid(results)
+    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False,
+                             figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
+    for row, batch_size in enumerate(batch_sizes):
+        for col, kind in enumerate(kinds):
+            ax = axes[row][col]
+            for method in ("ngram", "early_exit", "hf_prompt_lookup"):
+                runs = find(results, method, kind, batch_size)
+                if runs:
+                    ax.plot([m.k for m in runs], [m.tokens_per_s for m in runs], "o-",
+                            color=COLORS[method], label=LABELS[method])
+            for method, style in (("none", "-"), ("hf", "--")):
+                runs = find(results, method, kind, batch_size)
+                if runs:
+                    ax.axhline(runs[0].tokens_per_s, color=COLORS[method], linestyle=style,
+                               label=LABELS[method])
+            ax.set_title(f"batch {batch_size}, {kind} prompts")
+            ax.set_xlabel("k (draft tokens per step)")
+            ax.set_ylabel("tokens/s")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance_per_position(results: list[Measurement], batch_size: int = 1) -> Figure:
+    """Acceptance rate at each draft position (drafts at position i accepted / drafted there),
+    for the largest k measured, per method and prompt kind."""
+    _, kinds = _grid(results)
+    fig, axes = plt.subplots(1, len(kinds), squeeze=False, figsize=(6 * len(kinds), 3.5))
+    for col, kind in enumerate(kinds):
+        ax = axes[0][col]
+        for method in ("ngram", "early_exit"):
+            runs = find(results, method, kind, batch_size)
+            if runs:
+                m = runs[-1]
+                positions = range(1, len(m.acceptance_per_position) + 1)
+                ax.plot(positions, m.acceptance_per_position, "o-", color=COLORS[method],
+                        label=f"{LABELS[method]}, k={m.k}")
+        ax.set_title(f"batch {batch_size}, {kind} prompts")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("accepted / drafted")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_speedup_vs_theory(results: list[Measurement]) -> Figure:
+    """Measured speedup over the engine without speculation (solid) against Leviathan's
+    prediction from the same run's alpha and c (dashed), per k. One panel per (batch size,
+    prompt kind)."""
+    batch_sizes, kinds = _grid(results)
+    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False,
+                             figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
+    for row, batch_size in enumerate(batch_sizes):
+        for col, kind in enumerate(kinds):
+            ax = axes[row][col]
+            for method in ("ngram", "early_exit"):
+                runs = find(results, method, kind, batch_size)
+                if not runs:
+                    continue
+                ks = [m.k for m in runs]
+                ax.plot(ks, [measured_speedup(m, results) for m in runs], "o-",
+                        color=COLORS[method], label=f"{LABELS[method]}: measured")
+                ax.plot(ks, [m.predicted_speedup for m in runs], "s--", color=COLORS[method],
+                        alpha=0.6, label=f"{LABELS[method]}: Leviathan")
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.set_title(f"batch {batch_size}, {kind} prompts")
+            ax.set_xlabel("k (draft tokens per step)")
+            ax.set_ylabel("speedup over no speculation")
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
