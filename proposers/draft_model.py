@@ -61,15 +61,16 @@ class DraftModelProposer(Proposer):
     def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
                  max_num_tokens: int | None = None, greedy: bool = False,
                  target_vocab_size: int | None = None) -> None:
+        if target_vocab_size is not None and (isinstance(target_vocab_size, bool) or not (
+                isinstance(target_vocab_size, int) and target_vocab_size >= 1)):
+            raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
+                             "or an integer >= 1")
         if max_num_tokens is None:
             max_num_tokens = (min(max_num_seqs * max_model_len, _DEFAULT_KV_TOKENS)
                               + max_num_seqs * _MAX_DRAFT_SLACK)
         self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len)
         self.greedy = greedy
         self.vocab_size = target_vocab_size or self.runner.vocab_size
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int):
-            raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
-                             "or an integer >= 1")
         self._seqs: dict[str | int, _DraftSeq] = {}
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:

@@ -184,3 +184,10 @@ def test_full_draft_cache_stops_drafting_safely():
     context = [1, 2, 3, 4, 5, 6, 7, 8]
     proposal = proposer.propose([ProposeRequest(0, context, 5, GREEDY)])
     assert proposal.draft_token_ids == [hf_greedy(model, context, 3)]  # 8 + 2 cached tokens fit
+
+
+@pytest.mark.parametrize("width", [0, -3, 2.5, True])
+def test_bad_target_vocab_size(width):
+    with pytest.raises(ValueError, match="target_vocab_size"):
+        DraftModelProposer(tiny_model("llama", vocab_size=VOCAB), max_num_seqs=1, max_model_len=8,
+                           target_vocab_size=width)
