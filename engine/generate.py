@@ -38,18 +38,28 @@ def _print_outputs(outputs: list[RequestOutput], items: list[PromptItem], out: T
                   file=out)
 
 
-def _stream(llm: Any, prompts: list[Any], params: Any, out: TextIO) -> None:
-    """Print each delta as it comes; a batch labels the text of each sample when it switches."""
+def _stream(llm: Any, prompts: list[Any], params: Any, out: TextIO) -> list[dict[str, Any]]:
+    """Print each delta as it comes (several samples: labelled at each switch); return every
+    sample's text, tokens and finish reason, assembled from the deltas."""
+    labelled = len(prompts) > 1 or params.n > 1
+    samples: dict[tuple[str, int], dict[str, Any]] = {}
     current = None
     for delta in llm.generate_stream(prompts, params):
         key = (delta.request_id, delta.index)
-        if len(prompts) > 1 and key != current:
+        if labelled and key != current:
             print(f"\n[{delta.request_id}.{delta.index}] ", end="", file=out)
         current = key
         print(delta.text, end="", file=out, flush=True)
-        if delta.finished and len(prompts) == 1:
-            print(f"\n[finish_reason={delta.finish_reason}]", file=out)
+        sample = samples.setdefault(key, {"request_id": delta.request_id, "index": delta.index,
+                                          "text": "", "token_ids": []})
+        sample["text"] += delta.text
+        sample["token_ids"] += delta.token_ids
+        if delta.finished:
+            sample.update(finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+            if not labelled:
+                print(f"\n[finish_reason={delta.finish_reason}]", end="", file=out)
     print(file=out)
+    return list(samples.values())
 
 
 def summary_line(metrics: EngineMetrics, speculating: bool) -> str:
@@ -74,10 +84,13 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json(path: str, preset_dict: dict, items: list[PromptItem],
-               outputs: list[RequestOutput] | None, metrics: EngineMetrics) -> None:
-    """Outputs, metrics and the effective configuration as one JSON document."""
+               outputs: list[RequestOutput] | None, streamed: list[dict[str, Any]] | None,
+               metrics: EngineMetrics) -> None:
+    """Outputs (or, after ``--stream``, the streamed samples), metrics and the effective
+    configuration as one JSON document."""
     doc = {
         "config": preset_dict,
+        "streamed": streamed,
         "outputs": None if outputs is None else [
             {**asdict(o), "input": item.source,
              "acceptance_rate": o.metrics.acceptance_rate,
@@ -109,9 +122,9 @@ def run(argv: list[str] | None = None) -> int:
     llm = LLM(**{f.name: getattr(engine_config, f.name) for f in fields(engine_config)})
     prompts = render_prompts(items, llm, chat=getattr(args, "chat", False))
     stream = getattr(args, "stream", False)
-    outputs = None
+    outputs = streamed = None
     if stream:
-        _stream(llm, prompts, sampling, out)
+        streamed = _stream(llm, prompts, sampling, out)
     else:
         use_tqdm = len(prompts) > 1 and not getattr(args, "no_progress", False)
         outputs = llm.generate(prompts, sampling, use_tqdm=use_tqdm)
@@ -120,7 +133,7 @@ def run(argv: list[str] | None = None) -> int:
     print(summary_line(metrics, engine_config.speculative_config is not None), file=out)
     if json_path is not None:
         write_json(json_path, {"engine": preset.engine, "sampling": asdict(sampling)}, items,
-                   outputs, metrics)
+                   outputs, streamed, metrics)
     failed = outputs is not None and any(o.error is not None for o in outputs)
     return EXIT_FAILED if failed else 0
 

@@ -192,17 +192,22 @@ def test_cli_end_to_end_matches_hf_greedy(tiny_model_dir, tmp_path, capsys):
     assert "acceptance rate" in printed and "tokens/s" in printed
 
 
-def test_cli_stream_and_no_speculation(tiny_model_dir, capsys):
+def test_cli_stream_and_no_speculation(tiny_model_dir, tmp_path, capsys):
     argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w5 w6 w7 w5 w6 w7",
             "--max-tokens", "8", "--ignore-eos"]
     assert main(argv + ["--method", "none", "--json", "-"]) == 0
     captured = capsys.readouterr()
     doc = json.loads(captured.out)  # stdout holds only the JSON document
-    expected = doc["outputs"][0]["outputs"][0]["text"]
+    expected = doc["outputs"][0]["outputs"][0]
     assert "(no speculation)" in captured.err and doc["metrics"]["num_drafted"] == 0
-    assert main(argv + ["--stream"]) == 0
+    out = tmp_path / "stream.json"
+    assert main(argv + ["--stream", "--json", str(out)]) == 0
     streamed = capsys.readouterr().out
-    assert streamed.startswith(expected + "\n[finish_reason=length]")
+    assert streamed.startswith(expected["text"] + "\n[finish_reason=length]\n")
+    (sample,) = json.loads(out.read_text())["streamed"]
+    assert sample["text"] == expected["text"]
+    assert sample["token_ids"] == expected["token_ids"]
+    assert sample["finish_reason"] == "length"
 
 
 @pytest.mark.slow
