@@ -9,6 +9,7 @@ import torch
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.model_runner import ModelRunner
+from samplers import get_sampler
 
 # Default KV budget when kv_cache_tokens is not given: enough for max_num_seqs full sequences,
 # capped at this many tokens over all sequences (on CPU the cache lives in host memory: SmolLM2
@@ -23,6 +24,9 @@ class EngineComponents:
     runner: ModelRunner
     proposer: Any
     sampler: Any
+    # Used instead of ``sampler`` for steps where every request is greedy, when that is the same
+    # rule (rejection sampling at temperature 0 is the argmax match); None otherwise.
+    greedy_sampler: Any
     device: torch.device
     vocab_size: int
     max_model_len: int
@@ -106,8 +110,6 @@ def build_components(config: EngineConfig) -> EngineComponents:
     if spec is not None and spec.num_speculative_tokens > 0:
         proposer = build_proposer(spec, model, tokenizer, config, device, vocab_size,
                                   max_model_len)
-    from samplers import get_sampler
-
     if spec is None:
         sampler = get_sampler("rejection")
     elif spec.sampler_name == "typical":
@@ -115,5 +117,7 @@ def build_components(config: EngineConfig) -> EngineComponents:
                               posterior_alpha=spec.posterior_alpha)
     else:
         sampler = get_sampler(spec.sampler_name)
-    return EngineComponents(model, tokenizer, runner, proposer, sampler, device, vocab_size,
-                            max_model_len, eos_token_ids(model, tokenizer))
+    lossless = spec is None or spec.sampler_name in ("rejection", "greedy")
+    greedy_sampler = get_sampler("greedy") if lossless else None
+    return EngineComponents(model, tokenizer, runner, proposer, sampler, greedy_sampler, device,
+                            vocab_size, max_model_len, eos_token_ids(model, tokenizer))

@@ -57,6 +57,7 @@ class LLMEngine:
         parts: EngineComponents = build_components(config)
         self.model, self.tokenizer = parts.model, parts.tokenizer
         self.runner, self.proposer, self.sampler = parts.runner, parts.proposer, parts.sampler
+        self.greedy_sampler = parts.greedy_sampler
         self.device = parts.device
         self.vocab_size = parts.vocab_size
         self.max_model_len = parts.max_model_len
@@ -283,7 +284,10 @@ class LLMEngine:
             draft_probs = torch.cat(probs)  # [num_tokens, vocab_size]
         need_logprobs = any(s.params.logprobs is not None for s in seqs)
         logprob_logits = logits.clone() if need_logprobs else None
-        tokens = self.sampler.verify(logits, metadata, sampling, draft_probs).tolist()
+        sampler = self.sampler
+        if self.greedy_sampler is not None and sampling.all_greedy:
+            sampler = self.greedy_sampler  # the argmax match, without the probability work
+        tokens = sampler.verify(logits, metadata, sampling, draft_probs).tolist()
         logprob_rows = (torch.log_softmax(process_logits(
             logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
             if need_logprobs else None)
