@@ -50,6 +50,8 @@ class Request:
             params.seed if index == 0 else derive_seed(params.seed, index))
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
+        # prompt + output, kept in step with output_token_ids by append_token (no copy per step)
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.slot: int | None = None
         self.generator: torch.Generator | None = None
@@ -81,10 +83,6 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
     def num_uncached_tokens(self) -> int:
         """Context tokens not in the KV cache yet (all before prefill, 1 when decoding)."""
         return self.num_tokens - self.num_computed_tokens
@@ -101,6 +99,10 @@ class Request:
         return derive_seed(self.seed, self.num_output_tokens)
 
     # ------------------------------------------------------------------ transitions
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
     def reset_for_recompute(self) -> None:
         """Preempted: the cache is gone; prompt + output are prefilled again later."""
         self.status = RequestStatus.WAITING

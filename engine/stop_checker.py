@@ -87,7 +87,7 @@ def append_until_stop(request: Request, token_ids: list[int], eos_token_ids: fro
     many were kept. The token that stops the sample is kept; the ones after it are dropped."""
     params = request.params
     for count, token_id in enumerate(token_ids, start=1):
-        request.output_token_ids.append(token_id)
+        request.append_token(token_id)
         token_text = request.detokenizer.add_token(token_id)
         request.text += token_text
         result = check_stop(params, token_id, token_text, request.text,

@@ -14,7 +14,8 @@ def make(rid: str, prompt_len: int) -> Request:
 
 def decode_ready(req: Request, num_output: int = 1) -> None:
     """Pretend the prompt was prefilled and ``num_output`` tokens sampled."""
-    req.output_token_ids = [5] * num_output
+    for _ in range(num_output):
+        req.append_token(5)
     req.num_computed_tokens = req.num_tokens - 1
 
 
