@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 EMPTY = 0  # an empty slot; hashed keys are >= 1
+_VALUE_MASK = (1 << 32) - 1  # the low half of a slot's second word
 
 _P = np.uint64(0x100000001B3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -49,11 +50,12 @@ def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
 
 
 class NgramTable:
-    """Hash table ``key (int64 >= 1) -> value (int32)`` with vectorised batch insert and lookup.
+    """Hash table ``key (int64 >= 1) -> value (31 bits)`` with vectorised batch insert and lookup.
 
-    Each entry also records its owner (a request's life id; a key always belongs to the same
-    owner, the proposer salts keys with it): after :meth:`drop_owner` its entries are dead, and
-    the next rebuild leaves them out.
+    Each entry also records its owner (a request's life id, 31 bits; a key always belongs to the
+    same owner, the proposer salts keys with it): after :meth:`drop_owner` its entries are dead,
+    and the next rebuild leaves them out. A slot is one row ``[key, owner << 32 | value]``, so a
+    lookup touches one cache line.
     """
 
     def __init__(self, capacity: int = 1 << 16, window: int = 16) -> None:
@@ -69,22 +71,19 @@ class NgramTable:
         self.capacity = capacity
         self.size = 0  # occupied slots, live or not
         # The window of the last home slot runs past `capacity`: pad instead of wrapping.
-        self.keys = np.zeros(capacity + self.window, dtype=np.int64)  # [capacity + window]
-        # Values (context positions) and owners (life ids) fit 31 bits: 16 bytes per slot.
-        self.values = np.zeros(capacity + self.window, dtype=np.int32)  # [capacity + window]
-        self.owners = np.zeros(capacity + self.window, dtype=np.int32)  # [capacity + window]
+        self.slots = np.zeros((capacity + self.window, 2), dtype=np.int64)  # [capacity + window, 2]
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         """Values of ``keys [num_keys]`` (-1 where absent)."""
         home = keys & (self.capacity - 1)  # [num_keys]
-        at_home = self.keys[home]  # [num_keys]
-        out = np.where(at_home == keys, self.values[home], -1)  # [num_keys]
+        entry = self.slots[home]  # [num_keys, 2]
+        out = np.where(entry[:, 0] == keys, entry[:, 1] & _VALUE_MASK, -1)  # [num_keys]
         # A key not at its home is further in its window, unless the home is empty.
-        rest = np.flatnonzero((at_home != keys) & (at_home != EMPTY))
+        rest = np.flatnonzero((entry[:, 0] != keys) & (entry[:, 0] != EMPTY))
         if len(rest):
-            slots = home[rest, None] + self._probe  # [num_rest, window]
-            hit = self.keys[slots] == keys[rest, None]  # [num_rest, window]
-            found = self.values[slots[np.arange(len(rest)), hit.argmax(axis=1)]]
+            window = self.slots[home[rest, None] + self._probe]  # [num_rest, window, 2]
+            hit = window[:, :, 0] == keys[rest, None]  # [num_rest, window]
+            found = window[np.arange(len(rest)), hit.argmax(axis=1), 1] & _VALUE_MASK
             out[rest] = np.where(hit.any(axis=1), found, -1)
         return out
 
@@ -94,54 +93,55 @@ class NgramTable:
 
     def put(self, keys: np.ndarray, values: np.ndarray, owners: np.ndarray) -> None:
         """Store ``keys -> values`` (all ``[num_keys]``, ``owners`` too); later duplicates win."""
+        self._put((owners.astype(np.int64) << 32) | values, keys)
+
+    def _put(self, packed: np.ndarray, keys: np.ndarray) -> None:
         if self.size + len(keys) > self.capacity // 2:
             self._rebuild(len(keys))
         home = keys & (self.capacity - 1)  # [num_keys]
-        seen = self.keys[home]  # [num_keys]
-        keys, values, owners = self._claim(home, seen, keys, values, owners)
+        keys, packed = self._claim(home, self.slots[home, 0], keys, packed)
         while len(keys):  # the rest: the first slot of the window holding the key or empty
             slots = (keys & (self.capacity - 1))[:, None] + self._probe  # [num_keys, window]
-            seen = self.keys[slots]  # [num_keys, window]
+            seen = self.slots[slots, 0]  # [num_keys, window]
             usable = (seen == keys[:, None]) | (seen == EMPTY)
             if not usable.any(axis=1).all():  # a crowded window: make room and start over
                 self._rebuild(len(keys))
                 continue
             rows, first = np.arange(len(keys)), usable.argmax(axis=1)
-            keys, values, owners = self._claim(slots[rows, first], seen[rows, first], keys,
-                                               values, owners)
+            keys, packed = self._claim(slots[rows, first], seen[rows, first], keys, packed)
 
-    def _claim(self, slot: np.ndarray, seen: np.ndarray, keys: np.ndarray, values: np.ndarray,
-               owners: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _claim(self, slot: np.ndarray, seen: np.ndarray, keys: np.ndarray,
+               packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Write each key whose ``slot`` holds ``seen`` = itself or EMPTY; return the others.
 
-        A key already in its slot keeps its owner (keys are salted by owner) and gets the new
-        value. Different keys may race for one empty slot: one wins, the others try again. Equal
-        keys share their fate, and the later one writes last.
+        A key already in its slot gets the new value (its owner is unchanged). Different keys
+        may race for one empty slot: one wins, the others try again. Equal keys share their
+        fate, and the later one writes last.
         """
         done = seen == keys  # [num_keys]
-        self.values[slot[done]] = values[done]
+        self.slots[slot[done], 1] = packed[done]
         empty = np.flatnonzero(seen == EMPTY)
         if len(empty):
-            self.keys[slot[empty]] = keys[empty]
-            won = empty[self.keys[slot[empty]] == keys[empty]]
-            self.values[slot[won]] = values[won]
-            self.owners[slot[won]] = owners[won]
+            self.slots[slot[empty], 0] = keys[empty]
+            won = empty[self.slots[slot[empty], 0] == keys[empty]]
+            self.slots[slot[won], 1] = packed[won]
             self.size += len(won)  # duplicates overcount: safe
             done[won] = True
         if done.all():
-            return keys[:0], values[:0], owners[:0]
+            return keys[:0], packed[:0]
         rest = ~done
-        return keys[rest], values[rest], owners[rest]
+        return keys[rest], packed[rest]
 
     def _rebuild(self, incoming: int) -> None:
         """Re-insert the live entries into a table with room for ``incoming`` more."""
-        occupied = (self.keys != EMPTY) & ~np.isin(self.owners, self._dead_owners)
+        keys, packed = self.slots[:, 0], self.slots[:, 1]
+        live = (keys != EMPTY) & ~np.isin(packed >> 32, self._dead_owners)
+        keys, packed = keys[live], packed[live]
         self._dead_owners = []
-        keys, values, owners = self.keys[occupied], self.values[occupied], self.owners[occupied]
         capacity = self.capacity
         while (len(keys) + incoming) * 4 > capacity:
             capacity *= 2
         if capacity == self.capacity and self.size - len(keys) < len(keys) // 2:
             capacity *= 2  # few dead entries to drop: a crowded window needs a larger table
         self._allocate(capacity)
-        self.put(keys, values, owners)
+        self._put(packed, keys)
