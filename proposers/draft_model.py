@@ -42,7 +42,7 @@ from samplers.sampling_tensors import SamplingTensors
 # Speculation needs at most this many draft tokens per request beyond the target's cache.
 _MAX_DRAFT_SLACK = 33
 # Default KV budget (tokens over all slots) when the caller gives none, as the engine's.
-_DEFAULT_KV_TOKENS = 65536
+_DEFAULT_KV_TOKENS = {"cuda": 65536, "cpu": 16384}
 
 
 @dataclass
@@ -66,7 +66,9 @@ class DraftModelProposer(Proposer):
             raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
                              "or an integer >= 1")
         if max_num_tokens is None:
-            max_num_tokens = (min(max_num_seqs * max_model_len, _DEFAULT_KV_TOKENS)
+            device = model.get_input_embeddings().weight.device.type
+            cap = _DEFAULT_KV_TOKENS["cuda" if device == "cuda" else "cpu"]
+            max_num_tokens = (min(max_num_seqs * max_model_len, cap)
                               + max_num_seqs * _MAX_DRAFT_SLACK)
         self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len)
         self.greedy = greedy
