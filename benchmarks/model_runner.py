@@ -103,6 +103,37 @@ def hf_step(model, batch: int, context: int, num_new: int):
     return step
 
 
+def profile_steps(model, context: int, k: int, path: Path | None) -> None:
+    """torch.profiler over one batch-1 decode and verify step of each system: device kernels
+    launched and host milliseconds (the top host ops go to ``path``)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    device = model.get_input_embeddings().weight.device
+    print(f"{'profile':>16} {'kernels':>8} {'host ms':>8}")
+    tables = []
+    for label, num_new in (("decode", 1), (f"verify{k + 1}", k + 1)):
+        for system, make in (("runner", runner_step), ("HF", hf_step)):
+            step = make(model, 1, context, num_new)
+            for _ in range(3):
+                step()
+            sync(device)
+            with profile(activities=activities) as prof:
+                with record_function("step"):
+                    step()
+                sync(device)
+            events = prof.key_averages()
+            kernels = sum(e.count for e in events if e.device_type.name == "CUDA")
+            host_ms = next(e.cpu_time_total for e in events if e.key == "step") / 1e3
+            print(f"{system + ' ' + label:>16} {kernels:>8} {host_ms:>8.2f}")
+            tables.append(f"== {system} {label}\n" + events.table(
+                sort_by="self_cpu_time_total", row_limit=25))
+    if path:
+        path.write_text("\n".join(tables))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -118,6 +149,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (1 is steadier on a shared machine)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="also profile batch-1 steps; write the host-op tables here")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,6 +180,8 @@ def main() -> None:
     for batch in args.batch_sizes:
         decode, verify = (r["runner_ms"] for r in rows if r["batch"] == batch)
         print(f"batch {batch}: verify{args.k + 1} / decode = {verify / decode:.2f} (runner)")
+    if args.profile:
+        profile_steps(model, args.context, args.k, args.profile)
     if args.json:
         args.json.write_text(json.dumps(dict(
             model=name, dtype=dtype, device=device_name, context=args.context, k=args.k,

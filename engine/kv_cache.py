@@ -1,23 +1,33 @@
 """A token-granular paged KV cache that Hugging Face attention layers write into and read from.
 
-Layout. Every attention layer owns two pools, keys and values, of ``max_num_tokens + 1`` rows
-``[num_rows, num_kv_heads, head_dim]``, allocated once: the token budget. A sequence (a *slot*)
-owns an ordered list of pool rows, one per cached token, kept on the host by the runner; the same
-list lives on the device as row ``slot`` of ``slot_table [max_num_seqs, max_model_len + 1]``
-(column ``p`` = the pool row of the token at position ``p``). The last pool row and the last table
-column are scratch: padding tokens of a step write there and nobody reads them.
+Layout. Every attention layer owns one pool of ``max_num_tokens + 1`` rows
+``[num_rows, 2, num_kv_heads, head_dim]`` (keys at ``[:, 0]``, values at ``[:, 1]``), allocated
+once: the token budget. A sequence (a *slot*) owns an ordered list of pool rows, one per cached
+token, kept on the host by the runner; the same list lives on the device as row ``slot`` of
+``slot_table [max_num_seqs, max_model_len + 1]`` (column ``p`` = the pool row of the token at
+position ``p``). The last pool row and the last table column are scratch: padding tokens of a step
+write there and nobody reads them.
 
 One step. The runner calls :meth:`PagedKVCache.prepare_step` with, for every padded input token,
 the pool row it writes and its table cell, then runs the model with this object as
 ``past_key_values``. In each layer, :meth:`update` scatters the step's new keys and values into the
-pool, then gathers ``[batch_size, kv_len]`` rows through the slot table, so attention sees each
-sequence's tokens at their own positions (the runner's 4-D mask hides the columns past each
-sequence's length and the stale rows there).
+pool, then gathers ``[batch_size, kv_len]`` rows through the slot table (one ``index_select`` for
+keys and values together), so attention sees each sequence's tokens at their own positions (the
+runner's 4-D mask hides the columns past each sequence's length and the stale rows there).
+
+Fast path. When the step has one sequence whose rows are one ascending run of the pool (the
+runner hands out and takes back rows in ascending order, so a lone sequence keeps this through
+appends and rollbacks), the write is a plain slice copy and the read is a view of the pool: no
+index kernels at all.
 
 Costs. The gather copies the batch's cached keys and values once per layer and step, as
 ``DynamicCache``'s ``torch.cat`` does; padding to the longest sequence of the batch costs
 attention work on masked columns. Rollback and freeing are host list operations (no device work):
 a rolled-back row is simply reused by the next token that needs one.
+
+Mask sizes. :meth:`get_query_offset` and :meth:`get_mask_sizes` answer ``transformers``'
+``create_causal_mask`` when the runner passes no mask (a step whose sequences all have one length
+and one number of new tokens): the queries start at ``query_offset`` and see ``kv_len`` keys.
 """
 
 from __future__ import annotations
@@ -45,25 +55,30 @@ class PagedKVCache:
     spread by ``device_map="auto"`` keeps each layer's pool next to its weights).
     """
 
+    is_compileable = False  # read by transformers' mask creation
+
     def __init__(self, layers: dict[int, torch.device], num_kv_heads: int, head_dim: int,
                  max_num_tokens: int, max_num_seqs: int, max_model_len: int, dtype: torch.dtype,
                  table_device: torch.device):
         self.scratch_row = max_num_tokens
         self.max_model_len = max_model_len
-        shape = (max_num_tokens + 1, num_kv_heads, head_dim)
-        # layer_idx -> [max_num_tokens + 1, num_kv_heads, head_dim]
-        self.keys = {i: torch.zeros(shape, dtype=dtype, device=dev) for i, dev in layers.items()}
-        self.values = {i: torch.zeros(shape, dtype=dtype, device=dev) for i, dev in layers.items()}
+        shape = (max_num_tokens + 1, 2, num_kv_heads, head_dim)
+        # layer_idx -> [max_num_tokens + 1, 2, num_kv_heads, head_dim]: keys [:, 0], values [:, 1]
+        self.pools = {i: torch.zeros(shape, dtype=dtype, device=dev) for i, dev in layers.items()}
         # [max_num_seqs, max_model_len + 1] pool row of each (slot, position); last column scratch
         self.slot_table = torch.full((max_num_seqs, max_model_len + 1), self.scratch_row,
                                      dtype=torch.long, device=table_device)
-        self._write_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size * num_new]
-        self._read_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size, kv_len]
+        self._devices = sorted({p.device for p in self.pools.values()}, key=str)
+        self._write_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size, num_new]
+        self._read_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size * kv_len]
+        self._run: tuple[int, int] | None = None  # fast path: (first pool row, seq_len before)
+        self._query_offset = 0
+        self._kv_len = 0
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes of keys and values one cached token takes over all layers."""
-        return sum(2 * k[0].numel() * k.element_size() for k in self.keys.values())
+        return sum(p[0].numel() * p.element_size() for p in self.pools.values())
 
     @property
     def scratch_column(self) -> int:
@@ -71,44 +86,66 @@ class PagedKVCache:
         return self.max_model_len
 
     def prepare_step(self, slots: torch.Tensor, write_rows: torch.Tensor,
-                     table_cells: torch.Tensor, kv_len: int) -> None:
+                     table_cells: torch.Tensor, kv_len: int, query_offset: int = 0,
+                     run_start: int | None = None) -> None:
         """Record this step's new tokens in the slot table and fix what each layer reads.
 
-        ``slots [batch_size]``: the step's slots. ``write_rows [batch_size * num_new]``: the pool
+        ``slots [batch_size]``: the step's slots. ``write_rows [batch_size, num_new]``: the pool
         row each padded input token writes (scratch for padding).
         ``table_cells [batch_size * num_new]``: its flat slot-table index
         ``slot * (max_model_len + 1) + position`` (scratch column for padding).
-        ``kv_len``: the longest ``seq_len + num_new`` of the batch.
+        ``kv_len``: the longest ``seq_len + num_new`` of the batch. ``query_offset``: the first
+        new position when every sequence has the same one (only read when the runner passes no
+        mask). ``run_start``: for a one-sequence step whose rows ``0 .. kv_len - 1`` are the pool
+        rows ``run_start ...`` in order, that first row (fast path); otherwise None.
         """
-        self.slot_table.view(-1).index_copy_(0, table_cells, write_rows)
-        # [batch_size, kv_len]
-        read_rows = self.slot_table.index_select(0, slots)[:, :kv_len].contiguous()
-        devices = {k.device for k in self.keys.values()}
-        self._write_rows = {dev: write_rows.to(dev) for dev in devices}
-        self._read_rows = {dev: read_rows.to(dev) for dev in devices}
+        self.slot_table.view(-1).index_copy_(0, table_cells, write_rows.view(-1))
+        self._kv_len, self._query_offset = kv_len, query_offset
+        if run_start is not None:
+            self._run = (run_start, kv_len - write_rows.shape[1])
+            return
+        self._run = None
+        # [batch_size * kv_len]
+        read_rows = self.slot_table.index_select(0, slots)[:, :kv_len].reshape(-1)
+        self._write_rows = {dev: write_rows.to(dev) for dev in self._devices}
+        self._read_rows = {dev: read_rows.to(dev) for dev in self._devices}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new ``[batch_size, heads, num_new, head_dim]`` states, return the cached ones.
 
         Returns keys and values ``[batch_size, num_kv_heads, kv_len, head_dim]`` of every
-        sequence of the step, gathered in position order (stale rows past a sequence's length are
-        hidden by the runner's mask).
+        sequence of the step in position order (strided views; stale rows past a sequence's
+        length are hidden by the runner's mask).
         """
-        if layer_idx not in self.keys:
-            raise ValueError(f"layer_idx {layer_idx} has no KV pool (pools: {sorted(self.keys)})")
-        k_pool, v_pool = self.keys[layer_idx], self.values[layer_idx]
+        pool = self.pools.get(layer_idx)
+        if pool is None:
+            raise ValueError(f"layer_idx {layer_idx} has no KV pool (pools: {sorted(self.pools)})")
         batch_size, num_heads, num_new, head_dim = key_states.shape
-        if (num_heads, head_dim) != k_pool.shape[1:]:
+        if (num_heads, head_dim) != pool.shape[2:]:
             raise ValueError(f"layer {layer_idx} produced keys with {num_heads} heads of dim "
-                             f"{head_dim}; the pool holds {tuple(k_pool.shape[1:])}")
-        write = self._write_rows[k_pool.device].view(batch_size, num_new)
-        read = self._read_rows[k_pool.device]  # [batch_size, kv_len]
-        # one strided scatter each: [batch_size, num_new, heads, head_dim] into the pool rows
-        k_pool.index_put_((write,), key_states.transpose(1, 2).to(k_pool.dtype))
-        v_pool.index_put_((write,), value_states.transpose(1, 2).to(v_pool.dtype))
-        flat = read.view(-1)  # [batch_size * kv_len]
-        gathered = (batch_size, read.shape[1], num_heads, head_dim)
+                             f"{head_dim}; the pool holds {tuple(pool.shape[2:])}")
+        kv_len = self._kv_len
+        if self._run is not None:  # one sequence on one ascending run of rows: slices, no index
+            first, start = self._run
+            pool[first + start:first + start + num_new, 0].copy_(key_states[0].transpose(0, 1))
+            pool[first + start:first + start + num_new, 1].copy_(value_states[0].transpose(0, 1))
+            cached = pool[first:first + kv_len].unsqueeze(0)  # [1, kv_len, 2, heads, head_dim]
+        else:
+            write = self._write_rows[pool.device]  # [batch_size, num_new]
+            # one strided scatter each: [batch_size, num_new, heads, head_dim] into the pool rows
+            pool[:, 0].index_put_((write,), key_states.transpose(1, 2).to(pool.dtype))
+            pool[:, 1].index_put_((write,), value_states.transpose(1, 2).to(pool.dtype))
+            # [batch_size, kv_len, 2, heads, head_dim]
+            cached = pool.index_select(0, self._read_rows[pool.device]).view(
+                batch_size, kv_len, 2, num_heads, head_dim)
         # [batch_size, kv_len, heads, head_dim] -> [batch_size, heads, kv_len, head_dim]
-        return (k_pool.index_select(0, flat).view(gathered).transpose(1, 2),
-                v_pool.index_select(0, flat).view(gathered).transpose(1, 2))
+        return cached[:, :, 0].transpose(1, 2), cached[:, :, 1].transpose(1, 2)
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        """Position of the step's first new token (steps without a runner mask only)."""
+        return self._query_offset
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        """(kv_length, kv_offset) of this step's attention (steps without a runner mask only)."""
+        return self._kv_len, 0

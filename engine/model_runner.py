@@ -11,12 +11,19 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
 - ``attention_mask [batch_size, 1, num_new, kv_len]``: key column ``j`` is visible to a token at
   position ``p`` iff ``j <= p``. transformers passes a prepared 4-D mask through as is, so the
   mask covers causality, the columns past each sequence's length, and rows of other lengths.
+  A *uniform* step (every sequence has the same length and brings the same number of tokens,
+  e.g. batch 1) passes no mask: transformers builds the causal mask itself from the cache's
+  ``get_query_offset`` / ``get_mask_sizes``, and ``sdpa`` skips it for a decode step or a prefill
+  from empty (then the fused GQA kernels run, with no ``repeat_kv`` copies).
 
 Logits come from ``lm_head`` applied only to the rows asked for, never to padding.
 
 Costs: a host-side step builds its index tensors from Python lists (O(batch_size * num_new)) and
-ships them in one host-to-device copy; there is no device-to-host sync. Per layer the gather
-copies the batch's cached keys/values (as ``DynamicCache``'s ``torch.cat`` does). Shapes are static
+ships them in one host-to-device copy (through a persistent pinned buffer on CUDA); there is no
+device-to-host sync. Per layer the gather copies the batch's cached keys/values (as
+``DynamicCache``'s ``torch.cat`` does), except for one sequence on an ascending run of pool rows,
+which is read as a view (see :mod:`engine.kv_cache`); a masked step on a GQA model also pays
+``repeat_kv`` in transformers' ``sdpa``. Shapes are static
 per (batch_size, num_new, kv_len); ``kv_len`` still grows with the sequences, so a CUDA graph would
 have to bucket it. Rollback (:meth:`ModelRunner.truncate`) only moves pool rows back to the free
 list: no recomputation, no device work, and the memory in use tracks the tokens kept.
@@ -95,10 +102,17 @@ class ModelRunner:
         self.cache = PagedKVCache(
             _attention_layers(model), getattr(config, "num_key_value_heads", None) or num_heads,
             head_dim, max_num_tokens, max_num_seqs, max_model_len, self.dtype, self.device)
-        self._positions = torch.arange(max_model_len, device=self.device)  # [max_model_len]
+        # [max_model_len + 16]: key columns of the mask, padded to a multiple of 16
+        self._positions = torch.arange(max_model_len + 16, device=self.device)
+        self._zero = torch.zeros((), dtype=self.dtype, device=self.device)  # []
+        self._min = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype,
+                                 device=self.device)  # []
+        self._staging = torch.empty(0, dtype=torch.long)  # [capacity] pinned, on CUDA only
+        self._staged = torch.cuda.Event() if self.device.type == "cuda" else None
         self._free_rows: list[int] = list(range(max_num_tokens - 1, -1, -1))
         self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
+        self._ascending: dict[int, bool] = {}  # slot -> its rows are one ascending run
 
     # ---- slots and budget -------------------------------------------------------------------
 
@@ -124,12 +138,13 @@ class ModelRunner:
             raise RuntimeError(f"all max_num_seqs={self.max_num_seqs} slots are in use")
         slot = self._free_slots.pop()
         self._rows[slot] = []
+        self._ascending[slot] = True
         return slot
 
     def free_slot(self, slot: int) -> None:
         """Release the slot and all its cached tokens."""
-        self._free_rows.extend(self._slot_rows(slot))
-        del self._rows[slot]
+        self._free_rows.extend(reversed(self._slot_rows(slot)))
+        del self._rows[slot], self._ascending[slot]
         self._free_slots.append(slot)
 
     def seq_len(self, slot: int) -> int:
@@ -141,8 +156,9 @@ class ModelRunner:
         if not isinstance(length, int) or not 0 <= length <= len(rows):
             raise ValueError(f"length must be an int in [0, {len(rows)}] for slot {slot}, "
                              f"got {length!r}")
-        self._free_rows.extend(rows[length:])
+        self._free_rows.extend(reversed(rows[length:]))  # the lowest row is handed out first
         del rows[length:]
+        self._ascending[slot] = self._ascending[slot] or not rows
 
     def _slot_rows(self, slot: int) -> list[int]:
         rows = self._rows.get(slot)
@@ -173,28 +189,47 @@ class ModelRunner:
         host, token_rows, kv_len = self._plan_step(slots, token_ids, starts, num_new)
         if logits_indices is not None and not on_device:
             token_rows = [token_rows[i] for i in logits_indices]
-        meta = torch.tensor(host + token_rows, dtype=torch.long)  # one host-to-device copy
-        if self.device.type == "cuda":
-            meta = meta.pin_memory()
-        meta = meta.to(self.device, non_blocking=True)
+        meta = self._to_device(host + token_rows)  # one host-to-device copy
         input_ids, positions, write_rows, cells = meta[:4 * padded].view(4, batch_size, num_new)
         slots_t = meta[4 * padded:4 * padded + batch_size]  # [batch_size]
         rows_t = meta[4 * padded + batch_size:]  # [num_logits] padded index of each kept row
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
-        self.cache.prepare_step(slots_t, write_rows.reshape(-1), cells.reshape(-1), kv_len)
-        # [batch_size, 1, num_new, kv_len]: column j visible to a token at position p iff j <= p
-        mask = self._positions[:kv_len].view(1, 1, 1, kv_len) <= positions[:, None, :, None]
-        if self.model.config._attn_implementation == "eager":
-            mask = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(
-                ~mask, torch.finfo(self.dtype).min)
+        # one length and one number of new tokens for all: transformers' causal mask is exact
+        uniform = len(set(starts)) == 1 and num_rows == padded
+        run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
+        self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, starts[0], run)
         hidden = self.model.base_model(
-            input_ids=input_ids, position_ids=positions, attention_mask=mask,
+            input_ids=input_ids, position_ids=positions,
+            attention_mask=None if uniform else self._mask(positions, kv_len),
             past_key_values=self.cache, use_cache=True).last_hidden_state
         hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
         # (device_map="auto" may leave the last layer on another device than the embeddings)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
         return self.model.get_output_embeddings()(hidden).float()
+
+    def _to_device(self, values: list[int]) -> torch.Tensor:
+        """``values`` as a long tensor on the model's device, through a persistent pinned buffer
+        on CUDA (page-locking a fresh tensor every step costs more than the copy)."""
+        host = torch.tensor(values, dtype=torch.long)  # [len(values)]
+        if self.device.type != "cuda":
+            return host.to(self.device)
+        if self._staging.numel() < host.numel():
+            self._staging = torch.empty(2 * host.numel(), dtype=torch.long).pin_memory()
+        self._staged.synchronize()  # the previous step's copy has left the buffer
+        staging = self._staging[:host.numel()].copy_(host)
+        out = staging.to(self.device, non_blocking=True)
+        self._staged.record()
+        return out
+
+    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a token at position
+        ``p`` iff ``j <= p``. Additive (0 / dtype min) in the model's dtype, so that ``sdpa``
+        converts nothing per layer, on rows padded to 16 columns (its memory-efficient kernel
+        copies a mask whose row stride is not a multiple of 16)."""
+        width = -(-kv_len // 16) * 16
+        visible = self._positions[:width].view(1, 1, 1, width) <= positions[:, None, :, None]
+        return torch.where(visible, self._zero, self._min)[..., :kv_len]
 
     def _plan_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                    starts: list[int], num_new: int) -> tuple[list[int], list[int], int]:
@@ -213,7 +248,10 @@ class ModelRunner:
             start, n, base, pad = starts[b], len(ids), b * num_new, num_new - len(ids)
             rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
             del self._free_rows[-n:]
-            self._rows[slot].extend(rows)
+            held = self._rows[slot]
+            self._ascending[slot] = self._ascending[slot] and rows == list(
+                range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
+            held.extend(rows)
             kv_len = max(kv_len, start + n)
             host[base:base + n] = ids
             host[padded + base:padded + base + num_new] = [*range(start, start + n)] + [

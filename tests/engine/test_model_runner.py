@@ -165,7 +165,7 @@ def test_truncated_model_shares_weights_and_stays_exact():
     assert len(model.model.layers) == model.config.num_hidden_layers == 3
     target_runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=24)
     draft_runner = ModelRunner(draft, max_num_seqs=2, max_num_tokens=64, max_model_len=24)
-    assert len(draft_runner.cache.keys) == 1 and len(target_runner.cache.keys) == 3
+    assert len(draft_runner.cache.pools) == 1 and len(target_runner.cache.pools) == 3
     assert draft_runner.kv_bytes_per_token * 3 == target_runner.kv_bytes_per_token
     for runner, m in ((draft_runner, draft), (target_runner, model)):
         random_schedule(runner, m, seed=13, num_steps=8, vocab_size=128)
@@ -221,3 +221,31 @@ def test_windows_and_position_tables_bound_max_model_len():
     random_schedule(runner, windowed, seed=14, num_steps=6, vocab_size=128)
     with pytest.raises(ValueError, match="n_positions=256"):
         ModelRunner(tiny_model("gpt2"), max_num_seqs=1, max_num_tokens=8, max_model_len=257)
+
+
+@pytest.mark.parametrize("family,attn", [("llama", "sdpa"), ("gpt2", "sdpa"), ("qwen2", "sdpa"),
+                                         ("llama", "eager")])
+def test_unmasked_and_view_paths_match_full_forward(family, attn):
+    """Uniform steps (no runner mask) and a lone sequence on an ascending run of pool rows (read
+    as a view), through rollbacks; then the same sequence once its rows interleave."""
+    model = tiny_model(family, seed=10, attn_implementation=attn)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=30)
+    rng = random.Random(15)
+    a = runner.allocate_slot()
+    seqs = {a: []}
+    check_step(runner, model, seqs, {a: [rng.randrange(128) for _ in range(7)]})
+    for _ in range(3):  # verify 5, keep a random prefix, decode 1: all on the view path
+        kept = runner.seq_len(a) + rng.randint(1, 5)
+        check_step(runner, model, seqs, {a: [rng.randrange(128) for _ in range(5)]})
+        assert runner.cache._run is not None
+        runner.truncate(a, kept)
+        del seqs[a][kept:]
+        check_step(runner, model, seqs, {a: [rng.randrange(128)]})
+        assert runner.cache._run is not None
+    b = runner.allocate_slot()
+    seqs[b] = []
+    check_step(runner, model, seqs, {b: [rng.randrange(128) for _ in range(len(seqs[a]))]})
+    for n in (5, 1):  # two sequences of one length: uniform steps through the gather
+        check_step(runner, model, seqs, {s: [rng.randrange(128) for _ in range(n)] for s in seqs})
+    check_step(runner, model, seqs, {a: [rng.randrange(128) for _ in range(3)]})
+    assert runner.cache._run is None  # a's rows now interleave with b's
