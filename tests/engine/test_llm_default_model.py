@@ -14,6 +14,7 @@ PROMPTS = [
     "The capital of France is",
 ]
 NUM_TOKENS = 12
+SMALL = dict(max_model_len=256, kv_cache_tokens=1024)  # a small KV pool: quick to allocate
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def hf_reference(default_model):
 ], ids=["ngram", "early_exit"])
 def test_greedy_speculation_is_hf_greedy(default_model, hf_reference, spec):
     model, tokenizer = default_model
-    llm = LLM(model=model, tokenizer=tokenizer, speculative_config=spec)
+    llm = LLM(model=model, tokenizer=tokenizer, speculative_config=spec, **SMALL)
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_reference
@@ -47,7 +48,7 @@ def test_greedy_speculation_is_hf_greedy(default_model, hf_reference, spec):
 
 def test_chat_uses_the_template(default_model):
     model, tokenizer = default_model
-    llm = LLM(model=model, tokenizer=tokenizer)
+    llm = LLM(model=model, tokenizer=tokenizer, **SMALL)
     messages = [{"role": "user", "content": "Say hi."}]
     out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
     expected = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

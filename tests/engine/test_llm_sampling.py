@@ -17,7 +17,7 @@ from engine import LLM, SamplingParams
 
 VOCAB = 8
 PROMPT = [3, 4, 5, 3, 4]  # n-gram lookup drafts [5, 3, 4] at the first step
-NUM_SAMPLES = 2000
+NUM_SAMPLES = 1500
 
 
 @pytest.fixture(scope="module")
