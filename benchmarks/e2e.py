@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from dataclasses import asdict
@@ -66,6 +67,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.num_prompts, args.max_tokens = 1, 16
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     return args
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
@@ -139,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             results += measure(args, llms, model, pad_id, kind, b, prompts[(kind, b)], device)
     machine = {"device": args.device,
                "device_name": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                               else platform.processor() or platform.machine()),
+                               else cpu_name()),
+               "cpu_count": os.cpu_count(),
                "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                "python": platform.python_version()}
     print(f"\nmodel {args.model} ({args.dtype}) on {machine['device_name']}, greedy, "
