@@ -92,6 +92,8 @@ class LLMEngine:
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
+        if error is None:
+            error = seqs[0].adjuster.check_sampleable(self.vocab_size)
         for seq in seqs:
             if error is not None:
                 seq.finish("error", error=error)

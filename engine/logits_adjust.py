@@ -55,6 +55,17 @@ class LogitsAdjuster:
                            or self.min_tokens_ids or params.logit_bias or params.needs_penalties)
         self._cache: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
 
+    def check_sampleable(self, vocab_size: int) -> str | None:
+        """Why no token could ever be sampled (every allowed id banned), or None."""
+        if self.params.allowed_token_ids is None:
+            return None  # bad words are finite sequences: they cannot ban a whole vocabulary
+        allowed = {t for t in self.params.allowed_token_ids if t < vocab_size}
+        allowed -= {seq[0] for seq in self.bad_word_seqs if len(seq) == 1}
+        if allowed and not allowed <= set(self.min_tokens_ids):
+            return None
+        return ("allowed_token_ids leaves no token that bad_words and min_tokens (which masks EOS "
+                "and stop_token_ids) do not ban")
+
     def _tensors(self, vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
         """Dense masks for one vocabulary size and device, built once."""
         key = (vocab_size, device)

@@ -50,6 +50,13 @@ def test_invalid_params_raise_before_any_work(llm, params, field):
     assert llm.engine.requests == {} and not llm.engine.has_unfinished()
 
 
+def test_params_that_ban_every_token_fail_alone(llm, target):
+    banned = SamplingParams(allowed_token_ids=[7], bad_words=["w7"], max_tokens=4)
+    outs = llm.generate([GOOD, GOOD], [banned, GREEDY], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "error" and "allowed_token_ids" in outs[0].error
+    assert outs[1].outputs[0].token_ids == hf_greedy(target, GOOD, 8)
+
+
 def test_sampling_params_count_must_match(llm):
     with pytest.raises(ValueError, match="2 entries for 3 prompts"):
         llm.generate([GOOD] * 3, [GREEDY, GREEDY], use_tqdm=False)

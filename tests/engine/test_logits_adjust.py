@@ -100,3 +100,10 @@ def test_smaller_draft_vocabulary_is_adjusted_on_its_own_ids():
 def test_wrong_row_count_raises():
     with pytest.raises(ValueError, match="rows"):
         adjuster(logit_bias={0: 1.0}).apply(rows(2), [], [])
+
+
+def test_check_sampleable():
+    assert adjuster(allowed_token_ids=[1, 4]).check_sampleable(8) is None
+    assert adjuster(allowed_token_ids=[1, 4], bad_words=["w4"], min_tokens=1).check_sampleable(8)
+    assert adjuster(allowed_token_ids=[4], bad_words=["w4"]).check_sampleable(8)
+    assert adjuster(allowed_token_ids=[1, 4], bad_words=["w4"]).check_sampleable(8) is None
