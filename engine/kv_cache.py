@@ -1,8 +1,9 @@
 """A token-granular paged KV cache that Hugging Face attention layers write into and read from.
 
-Layout. Every attention layer owns one pool of ``max_num_tokens + 1`` rows
-``[num_rows, 2, num_kv_heads, head_dim]`` (keys at ``[:, 0]``, values at ``[:, 1]``), allocated
-once: the token budget. A sequence (a *slot*) owns an ordered list of pool rows, one per cached
+Layout. Every attention layer owns one pool ``[2, 1, num_kv_heads, num_rows, head_dim]`` of
+``num_rows = max_num_tokens + 1`` token rows (keys at ``[0]``, values at ``[1]``; heads first, so
+that a run of rows is already attention's ``[1, heads, kv_len, head_dim]``), allocated once: the
+token budget. A sequence (a *slot*) owns an ordered list of pool rows, one per cached
 token, kept on the host by the runner; the same list lives on the device as row ``slot`` of
 ``slot_table [max_num_seqs, max_model_len + 1]`` (column ``p`` = the pool row of the token at
 position ``p``). The last pool row and the last table column are scratch: padding tokens of a step
@@ -62,9 +63,12 @@ class PagedKVCache:
                  table_device: torch.device):
         self.scratch_row = max_num_tokens
         self.max_model_len = max_model_len
-        shape = (max_num_tokens + 1, 2, num_kv_heads, head_dim)
-        # layer_idx -> [max_num_tokens + 1, 2, num_kv_heads, head_dim]: keys [:, 0], values [:, 1]
+        shape = (2, 1, num_kv_heads, max_num_tokens + 1, head_dim)
+        # layer_idx -> [2, 1, num_kv_heads, max_num_tokens + 1, head_dim]: keys [0], values [1]
         self.pools = {i: torch.zeros(shape, dtype=dtype, device=dev) for i, dev in layers.items()}
+        # layer_idx -> (keys, values), each [1, num_kv_heads, max_num_tokens + 1, head_dim]:
+        # views made once, so that a step's per-layer work is as few tensor ops as possible
+        self._kv = {i: (p[0], p[1]) for i, p in self.pools.items()}
         # [max_num_seqs, max_model_len + 1] pool row of each (slot, position); last column scratch
         self.slot_table = torch.full((max_num_seqs, max_model_len + 1), self.scratch_row,
                                      dtype=torch.long, device=table_device)
@@ -78,7 +82,7 @@ class PagedKVCache:
     @property
     def bytes_per_token(self) -> int:
         """Bytes of keys and values one cached token takes over all layers."""
-        return sum(p[0].numel() * p.element_size() for p in self.pools.values())
+        return sum(p.numel() // p.shape[3] * p.element_size() for p in self.pools.values())
 
     @property
     def scratch_column(self) -> int:
@@ -118,29 +122,29 @@ class PagedKVCache:
         sequence of the step in position order (strided views; stale rows past a sequence's
         length are hidden by the runner's mask).
         """
-        pool = self.pools.get(layer_idx)
-        if pool is None:
+        kv = self._kv.get(layer_idx)
+        if kv is None:
             raise ValueError(f"layer_idx {layer_idx} has no KV pool (pools: {sorted(self.pools)})")
+        keys, values = kv  # each [1, heads, num_rows, head_dim]
         batch_size, num_heads, num_new, head_dim = key_states.shape
-        if (num_heads, head_dim) != pool.shape[2:]:
+        if num_heads != keys.shape[1] or head_dim != keys.shape[3]:
             raise ValueError(f"layer {layer_idx} produced keys with {num_heads} heads of dim "
-                             f"{head_dim}; the pool holds {tuple(pool.shape[2:])}")
+                             f"{head_dim}; the pool holds {keys.shape[1]} of dim {keys.shape[3]}")
         kv_len = self._kv_len
         if self._run is not None:  # one sequence on one ascending run of rows: slices, no index
             first, start = self._run
-            pool[first + start:first + start + num_new, 0].copy_(key_states[0].transpose(0, 1))
-            pool[first + start:first + start + num_new, 1].copy_(value_states[0].transpose(0, 1))
-            cached = pool[first:first + kv_len].unsqueeze(0)  # [1, kv_len, 2, heads, head_dim]
-        else:
-            write = self._write_rows[pool.device]  # [batch_size, num_new]
-            # one strided scatter each: [batch_size, num_new, heads, head_dim] into the pool rows
-            pool[:, 0].index_put_((write,), key_states.transpose(1, 2).to(pool.dtype))
-            pool[:, 1].index_put_((write,), value_states.transpose(1, 2).to(pool.dtype))
-            # [batch_size, kv_len, 2, heads, head_dim]
-            cached = pool.index_select(0, self._read_rows[pool.device]).view(
-                batch_size, kv_len, 2, num_heads, head_dim)
-        # [batch_size, kv_len, heads, head_dim] -> [batch_size, heads, kv_len, head_dim]
-        return cached[:, :, 0].transpose(1, 2), cached[:, :, 1].transpose(1, 2)
+            keys.narrow(2, first + start, num_new).copy_(key_states)
+            values.narrow(2, first + start, num_new).copy_(value_states)
+            return keys.narrow(2, first, kv_len), values.narrow(2, first, kv_len)
+        write = self._write_rows[keys.device]  # [batch_size, num_new]
+        # one strided scatter each: [heads, batch_size, num_new, head_dim] into the pool rows
+        keys[0][:, write] = key_states.transpose(0, 1)
+        values[0][:, write] = value_states.transpose(0, 1)
+        # [2, heads, batch_size, kv_len, head_dim]
+        cached = self.pools[layer_idx].index_select(3, self._read_rows[keys.device]).view(
+            2, num_heads, batch_size, kv_len, head_dim)
+        # -> [batch_size, heads, kv_len, head_dim]
+        return cached[0].transpose(0, 1), cached[1].transpose(0, 1)
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         """Position of the step's first new token (steps without a runner mask only)."""
