@@ -22,32 +22,30 @@ Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
 
 Cost: one hash table for the whole batch (:mod:`proposers.ngram_table`) maps each n-gram of
 each request to the position after its most recent occurrence (one entry per position and ``n``).
-A step hashes and stores only the n-grams that the tokens arrived since the previous step
-complete, and looks up every request's suffixes, in a few numpy operations over the whole batch;
-no position of a context is looked at twice. Keys are 63-bit hashes: two different n-grams share
-a key with probability about ``2**-63`` per pair, which could only cost a wrong guess
-(verification rejects it), never a wrong output.
+A step reads only the tokens that arrived since the previous step (plus the ``prompt_lookup_max``
+before them), hashes the n-grams they complete and every request's suffixes, stores the former
+and looks up the latter: a fixed number of numpy operations for the whole batch, and no Python
+loop over requests (the per-request reads and slices run in C through ``map``). No position of a
+context is looked at twice. Keys are 63-bit hashes: two different n-grams share a key with
+probability about ``2**-63`` per pair, which could only cost a wrong guess (verification rejects
+it), never a wrong output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain, repeat
+from operator import attrgetter, getitem
 
 import numpy as np
 
 from proposers.base import Proposal, Proposer, ProposeRequest
 from proposers.ngram_table import NgramTable, ngram_keys
 
-
-class _NgramState:
-    """One request: its life id in the table, and how many of its tokens are indexed."""
-
-    __slots__ = ("life", "length", "last_token")
-
-    def __init__(self, life: int) -> None:
-        self.life = life
-        self.length = 0
-        self.last_token = -1
+PAD = -1  # stands before a context's first token: an n-gram holding it matches no real one
+_TOKEN_IDS = attrgetter("token_ids")
+_REQ_ID = attrgetter("req_id")
+_NUM_SPEC = attrgetter("num_spec_tokens")
 
 
 class NgramProposer(Proposer):
@@ -63,84 +61,108 @@ class NgramProposer(Proposer):
                              f"[prompt_lookup_min={prompt_lookup_min}, inf)")
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
-        self._sizes = np.arange(prompt_lookup_max, prompt_lookup_min - 1, -1)  # longest first
+        self._sizes = list(range(prompt_lookup_max, prompt_lookup_min - 1, -1))  # longest first
         self._table = NgramTable()
-        self._states: dict[str | int, _NgramState] = {}
+        # One row per request slot: tokens indexed, life id in the table, the last max_n indexed
+        # tokens (PAD before the first); a step reads from the context only the new tokens.
+        self._state = np.zeros((0, 2 + prompt_lookup_max), dtype=np.int64)  # [num_slots, 2+max_n]
+        self._slot_of: dict[str | int, int] = {}
+        self._free: list[int] = []
         self._next_life = 1
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         if not requests:
             return Proposal([], None)
-        max_n = self.prompt_lookup_max
-        tokens: list[int] = []  # per request, the context slice that its new n-grams read
-        old_lengths, lengths, offsets, lives = [], [], [], []
-        get_state = self._states.get
-        for request in requests:
-            context = request.token_ids
-            length = len(context)
-            state = get_state(request.req_id)
-            # A request's context only grows while it lives (remove() resets it on preemption);
-            # one that got shorter or changed its last indexed token is re-indexed from scratch.
-            if state is None or state.length > length or (
-                    state.length and context[state.length - 1] != state.last_token):
-                state = self._new_state(request.req_id)
-            old = state.length
-            start = old - max_n if old > max_n else 0
-            offsets.append(len(tokens) - start)  # flat index of context position 0
-            tokens.extend(context[start:])
-            old_lengths.append(old)
-            lengths.append(length)
-            lives.append(state.life)
-            state.length = length
-            state.last_token = context[length - 1]
-        starts = self._lookup_and_index(np.asarray(tokens, dtype=np.int64), old_lengths, lengths,
-                                        offsets, lives)
-        drafts = [list(r.token_ids[s:s + r.num_spec_tokens]) if s >= 0 else []
-                  for r, s in zip(requests, starts.tolist(), strict=True)]
+        batch, max_n = len(requests), self.prompt_lookup_max
+        contexts = list(map(_TOKEN_IDS, requests))
+        length = np.fromiter(map(len, contexts), np.int64, batch)  # [batch_size]
+        slots = np.fromiter(map(self._slot_of.get, map(_REQ_ID, requests), repeat(-1)),
+                            np.int64, batch)  # [batch_size]
+        if (slots < 0).any():
+            slots = self._add_slots(requests, slots)
+        state = self._state[slots]  # [batch_size, 2 + max_n]
+        old, lives, history = state[:, 0], state[:, 1], state[:, 2:]
+        if (old > length).any():  # shorter than what was indexed: not the same context
+            self._restart(np.flatnonzero(old > length), slots)
+            return self.propose(requests)
+
+        # Read each context from its last indexed token (a fresh one: PAD, then all of it),
+        # then prepend the max_n - 1 indexed tokens before it: each request's segment of `flat`
+        # is its max_n tokens before `old` (PAD where the context has fewer), then the new ones.
+        begin = np.maximum(old - 1, 0)  # [batch_size]
+        read = length - begin  # [batch_size]
+        flat = np.fromiter(chain.from_iterable(map(getitem, contexts, map(
+            slice, begin.tolist(), repeat(None)))), np.int64, int(read.sum()))  # [num_read]
+        read_start = np.cumsum(read) - read  # [batch_size]
+        if (old == 0).any():
+            fresh = np.flatnonzero(old == 0)
+            flat = np.insert(flat, read_start[fresh], PAD)
+            read_start += np.cumsum(old == 0) - (old == 0)
+            read[fresh] += 1
+        # A request's context only grows while it lives (remove() resets it on preemption);
+        # one whose last indexed token changed is re-indexed from scratch.
+        if (flat[read_start] != history[:, -1]).any():
+            self._restart(np.flatnonzero(flat[read_start] != history[:, -1]), slots)
+            return self.propose(requests)
+        flat = np.insert(flat, np.repeat(read_start, max_n - 1), history[:, :-1].ravel())
+        seg_end = np.cumsum(read + max_n - 1)  # [batch_size], flat index after each segment
+
+        # Store the n-grams ending at positions old - 1 .. length - 2, each followed by the next
+        # position; for a new request (old = 0) the first is all PAD and is never asked for.
+        count = length - old  # [batch_size]
+        ends = np.arange(count.sum()) + np.repeat(seg_end - 1 - np.cumsum(count), count)
+        store_lives = np.repeat(lives, count)  # [num_stored]
+        follower = ends + 1 - np.repeat(seg_end - length, count)  # [num_stored], position
+        keys = ngram_keys(flat, np.concatenate([ends, seg_end - 1]),
+                          np.concatenate([store_lives, lives]), self._sizes)
+        num_stored = len(ends)  # keys [num_sizes, num_stored + batch_size]
+        self._table.put(keys[:, :num_stored], follower, store_lives)
+        state[:, 0] = length
+        state[:, 2:] = flat[seg_end[:, None] - np.arange(max_n, 0, -1)]
+        self._state[slots] = state
+
+        # Look up every suffix (one ending at the last token per n; PAD ones find nothing).
+        found = self._table.get(keys[:, num_stored:].ravel()).reshape(len(self._sizes), batch)
+        has = found >= 0  # [num_sizes, batch_size]
+        first = found[has.argmax(axis=0), np.arange(batch)]  # longest n that matched
+        first = np.where(has.any(axis=0), first, length)  # [batch_size], length = no drafts
+        k = np.fromiter(map(_NUM_SPEC, requests), np.int64, batch)  # [batch_size]
+        stop = np.minimum(first + k, length)  # [batch_size]
+        drafts = list(map(getitem, contexts, map(slice, first.tolist(), stop.tolist())))
+        if set(map(type, drafts)) != {list}:  # slices of other sequences: copy into lists
+            drafts = list(map(list, drafts))
         return Proposal(drafts, None)
 
-    def _lookup_and_index(self, tokens: np.ndarray, old_lengths: list[int], lengths: list[int],
-                          offsets: list[int], lives: list[int]) -> np.ndarray:
-        """Store the n-grams completed by the new tokens; return each request's draft start.
+    def _add_slots(self, requests: Sequence[ProposeRequest], slots: np.ndarray) -> np.ndarray:
+        """Give each request without a slot a fresh one (nothing indexed, a new life id)."""
+        slots = slots.copy()
+        for i in np.flatnonzero(slots < 0).tolist():
+            req_id = requests[i].req_id
+            slot = self._slot_of.get(req_id)  # the same id twice in one batch: one slot
+            if slot is None:
+                if not self._free:
+                    grown = max(16, 2 * len(self._state))
+                    self._free = list(range(grown - 1, len(self._state) - 1, -1))
+                    self._state = np.resize(self._state, (grown, self._state.shape[1]))
+                slot = self._slot_of[req_id] = self._free.pop()
+                self._reset(slot)
+            slots[i] = slot
+        return slots
 
-        Request ``i`` gets one row per position ``p`` in ``[max(old, 1), L)`` (the n-grams
-        ending at ``p - 1``, followed by ``p``) to store, and a last row ``p = L`` (its suffixes)
-        to look up. Returns ``[batch_size]`` int64: the position after the chosen occurrence, or
-        -1 when no n matches.
-        """
-        length = np.asarray(lengths, dtype=np.int64)  # [batch_size]
-        first = np.maximum(np.asarray(old_lengths, dtype=np.int64), 1)  # [batch_size]
-        counts = length + 1 - first  # [batch_size], rows per request
-        row_request = np.repeat(np.arange(len(counts)), counts)  # [num_rows]
-        row_offset = np.cumsum(counts) - counts  # [batch_size]
-        positions = first[row_request] + np.arange(len(row_request)) - row_offset[row_request]
-        ends = np.asarray(offsets, dtype=np.int64)[row_request] + positions - 1  # [num_rows]
-        row_lives = np.asarray(lives, dtype=np.int64)[row_request]  # [num_rows]
-        keys = ngram_keys(tokens, ends, row_lives, self._sizes)  # [num_rows, num_sizes]
-        fits = self._sizes[None, :] <= positions[:, None]  # [num_rows, num_sizes]: n <= p
-
-        lookup_rows = row_offset + counts - 1  # [batch_size]
-        store = fits.copy()
-        store[lookup_rows] = False
-        num_sizes = len(self._sizes)
-        self._table.put(keys[store], np.repeat(positions, num_sizes)[store.ravel()],
-                        np.repeat(row_lives, num_sizes)[store.ravel()])
-
-        found = self._table.get(keys[lookup_rows].ravel()).reshape(-1, num_sizes)
-        found[~fits[lookup_rows]] = -1  # [batch_size, num_sizes]
-        has = found >= 0
-        best = found[np.arange(len(counts)), has.argmax(axis=1)]  # longest n that matched
-        return np.where(has.any(axis=1), best, -1)
-
-    def _new_state(self, req_id: str | int) -> _NgramState:
-        old = self._states.get(req_id)
-        if old is not None:
-            self._table.drop_owner(old.life)
-        state = self._states[req_id] = _NgramState(self._next_life)
+    def _reset(self, slot: int) -> None:
+        """Nothing indexed under a new life id."""
+        self._state[slot] = PAD
+        self._state[slot, :2] = (0, self._next_life)
         self._next_life += 1
-        return state
+
+    def _restart(self, rows: np.ndarray, slots: np.ndarray) -> None:
+        """Index the requests at ``rows`` of the batch from scratch."""
+        for slot in slots[rows].tolist():
+            self._table.drop_owner(int(self._state[slot, 1]))
+            self._reset(slot)
 
     def remove(self, req_id: str | int) -> None:
-        state = self._states.pop(req_id, None)
-        if state is not None:
-            self._table.drop_owner(state.life)
+        slot = self._slot_of.pop(req_id, None)
+        if slot is not None:
+            self._table.drop_owner(int(self._state[slot, 1]))
+            self._free.append(slot)

@@ -4,13 +4,16 @@
 ``p - 1``. The key of an n-gram is a 63-bit hash of its tokens, of ``n`` and of the request's
 ``life`` id (a fresh number each time a request is indexed from scratch), so keys of different
 sizes or requests do not meet. All rows of a step are hashed at once: a polynomial hash
-``sum_i (t[p-1-i] + 1) * P**i mod 2**64`` for every ``n`` (one cumulative sum), salted, then
+``sum_i (t[p-1-i] + 1) * P**i mod 2**64`` for every ``n`` (one running sum), salted, then
 a multiply and xor-shift so that the low bits (the home slot) depend on all of them.
 
-*Table.* Open addressing with linear probing in two flat arrays, ``keys`` and ``values``. A key
-lives within ``window`` slots of its home slot ``key mod capacity``, so one gather of
-``[num_keys, window]`` slots answers any batch of lookups or finds every insert's slot; the
-table doubles (and drops the keys of removed requests) when it is half full or a window fills.
+*Table.* Open addressing with linear probing in one array of ``(key, owner << 32 | value)`` slots
+(one 16-byte record: a lookup touches one cache line; the records are a structured dtype because
+numpy gathers those as whole elements, several times faster than rows of an ``[n, 2]`` array).
+A key lives within ``window`` slots of its home slot ``key mod capacity``; a batch of lookups or
+inserts probes in rounds, one gather of the next slot of every key not yet settled per round (at
+most a quarter to a half full, most keys settle in the first round); the table doubles (and
+drops the keys of removed requests) when it is half full or a window fills.
 Storing the same key again overwrites its value, and within one batch a later duplicate wins, so
 the value kept is the last position stored.
 """
@@ -19,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-EMPTY = 0  # an empty slot; hashed keys are >= 1
-_VALUE_MASK = (1 << 32) - 1  # the low half of a slot's second word
+EMPTY = 0  # an empty slot's key; hashed keys are >= 1
+_VALUE_MASK = (1 << 32) - 1  # the low half of a slot's packed word
+_SLOT = np.dtype([("key", np.int64), ("packed", np.int64)])  # packed: owner << 32 | value
 
 _P = np.uint64(0x100000001B3)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -32,21 +36,28 @@ def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
                sizes: list[int]) -> np.ndarray:
     """Hashed keys of the n-grams ending at flat index ``ends[r]`` of ``tokens``, for each n.
 
-    ``tokens [num_flat]`` int64; ``ends [num_rows]`` and ``lives [num_rows]`` int64. The caller
-    only uses the key of size ``n`` where ``n`` tokens exist before ``ends[r] + 1`` in the same
-    request (others read tokens of a neighbour and are meaningless). Returns
-    ``[num_rows, len(sizes)]`` int64 keys, each >= 1.
+    ``tokens [num_flat]`` int64 (>= -1: the hash term of a token ``t`` is ``(t + 1) * P**i``);
+    ``ends [num_rows]`` int64, each >= ``max(sizes) - 1``; ``lives [num_rows]`` int64; ``sizes``
+    consecutive, longest first. Returns ``[len(sizes), num_rows]`` int64 keys, each >= 1 (one
+    row per size: column-wise numpy work on a few long rows, not many rows of length n).
     """
-    max_n = max(sizes)
-    gather = np.maximum(ends[:, None] - np.arange(max_n), 0)  # [num_rows, max_n]
-    weights = _P ** np.arange(max_n, dtype=np.uint64)  # [max_n]
-    terms = (tokens[gather].astype(np.uint64) + np.uint64(1)) * weights  # [num_rows, max_n]
-    poly = np.cumsum(terms, axis=1, dtype=np.uint64)[:, [n - 1 for n in sizes]]
-    salt = np.asarray(sizes, dtype=np.uint64) * _SIZE_SALT  # [num_sizes]
-    x = poly + lives.astype(np.uint64)[:, None] * _GOLDEN + salt  # [num_rows, num_sizes]
+    max_n, num_sizes = sizes[0], len(sizes)
+    salted = lives.astype(np.uint64) * _GOLDEN  # [num_rows]
+    x = np.empty((num_sizes, len(ends)), dtype=np.uint64)  # [num_sizes, num_rows]
+    poly = np.zeros(len(ends), dtype=np.uint64)  # [num_rows]
+    for i in range(max_n):  # poly becomes the hash of the (i + 1)-gram ending at `ends`
+        term = (tokens[ends - i] + 1).astype(np.uint64)  # [num_rows]
+        term *= _P ** np.uint64(i)
+        poly += term
+        if i + 1 > max_n - num_sizes:  # a size asked for: its row (longest first)
+            np.add(poly, salted, out=x[max_n - 1 - i])
+    x += (np.asarray(sizes, dtype=np.uint64) * _SIZE_SALT)[:, None]
     x *= _MIX  # odd multiplier and xor-shift: a bijection that spreads every bit into the low ones
     x ^= x >> np.uint64(29)
-    return (x >> np.uint64(1)).astype(np.int64) | 1
+    x >>= np.uint64(1)
+    keys = x.view(np.int64)
+    keys |= 1
+    return keys
 
 
 class NgramTable:
@@ -54,8 +65,7 @@ class NgramTable:
 
     Each entry also records its owner (a request's life id, 31 bits; a key always belongs to the
     same owner, the proposer salts keys with it): after :meth:`drop_owner` its entries are dead,
-    and the next rebuild leaves them out. A slot is one row ``[key, owner << 32 | value]``, so a
-    lookup touches one cache line.
+    and the next rebuild leaves them out.
     """
 
     def __init__(self, capacity: int = 1 << 16, window: int = 16) -> None:
@@ -63,7 +73,6 @@ class NgramTable:
             raise ValueError(f"capacity={capacity} is invalid: allowed a power of two >= "
                              f"window={window}")
         self.window = window
-        self._probe = np.arange(window)  # [window]
         self._dead_owners: list[int] = []
         self._allocate(capacity)
 
@@ -71,20 +80,21 @@ class NgramTable:
         self.capacity = capacity
         self.size = 0  # occupied slots, live or not
         # The window of the last home slot runs past `capacity`: pad instead of wrapping.
-        self.slots = np.zeros((capacity + self.window, 2), dtype=np.int64)  # [capacity + window, 2]
+        self.slots = np.zeros(capacity + self.window, dtype=_SLOT)  # [capacity + window]
+        self._keys, self._packed = self.slots["key"], self.slots["packed"]  # views
 
     def get(self, keys: np.ndarray) -> np.ndarray:
         """Values of ``keys [num_keys]`` (-1 where absent)."""
-        home = keys & (self.capacity - 1)  # [num_keys]
-        entry = self.slots[home]  # [num_keys, 2]
-        out = np.where(entry[:, 0] == keys, entry[:, 1] & _VALUE_MASK, -1)  # [num_keys]
-        # A key not at its home is further in its window, unless the home is empty.
-        rest = np.flatnonzero((entry[:, 0] != keys) & (entry[:, 0] != EMPTY))
-        if len(rest):
-            window = self.slots[home[rest, None] + self._probe]  # [num_rest, window, 2]
-            hit = window[:, :, 0] == keys[rest, None]  # [num_rest, window]
-            found = window[np.arange(len(rest)), hit.argmax(axis=1), 1] & _VALUE_MASK
-            out[rest] = np.where(hit.any(axis=1), found, -1)
+        out = np.full(len(keys), -1, dtype=np.int64)  # [num_keys]
+        rows, slot = np.arange(len(keys)), keys & (self.capacity - 1)  # [num_keys] each
+        for _ in range(self.window):  # round j: the keys still unresolved look at home + j
+            entry = self.slots[slot]  # [num_left]
+            hit = entry["key"] == keys[rows]
+            out[rows[hit]] = entry["packed"][hit] & _VALUE_MASK
+            go_on = ~hit & (entry["key"] != EMPTY)  # an empty slot ends the search
+            if not go_on.any():
+                break
+            rows, slot = rows[go_on], slot[go_on] + 1
         return out
 
     def drop_owner(self, owner: int) -> None:
@@ -92,49 +102,44 @@ class NgramTable:
         self._dead_owners.append(owner)
 
     def put(self, keys: np.ndarray, values: np.ndarray, owners: np.ndarray) -> None:
-        """Store ``keys -> values`` (all ``[num_keys]``, ``owners`` too); later duplicates win."""
-        self._put((owners.astype(np.int64) << 32) | values, keys)
+        """Store ``keys -> values``; later duplicates (in row-major order) win.
+
+        ``keys [num_keys]`` or ``[num_rows, num_keys]`` (then ``values`` and ``owners``, both
+        ``[num_keys]``, apply to every row).
+        """
+        packed = (owners.astype(np.int64) << 32) | values  # [num_keys]
+        if keys.ndim == 2:
+            packed = np.tile(packed, len(keys))
+        self._put(packed, keys.ravel())
 
     def _put(self, packed: np.ndarray, keys: np.ndarray) -> None:
+        """Linear probing in rounds: round j settles every key whose slot ``home + j`` holds it
+        or is empty. Keys racing for one empty slot: one wins, the others go on to the next
+        slot (the winner is a different key, so theirs is not further on). Equal keys share
+        their fate, and the later one writes its value last.
+        """
         if self.size + len(keys) > self.capacity // 2:
             self._rebuild(len(keys))
-        home = keys & (self.capacity - 1)  # [num_keys]
-        keys, packed = self._claim(home, self.slots[home, 0], keys, packed)
-        while len(keys):  # the rest: the first slot of the window holding the key or empty
-            slots = (keys & (self.capacity - 1))[:, None] + self._probe  # [num_keys, window]
-            seen = self.slots[slots, 0]  # [num_keys, window]
-            usable = (seen == keys[:, None]) | (seen == EMPTY)
-            if not usable.any(axis=1).all():  # a crowded window: make room and start over
-                self._rebuild(len(keys))
-                continue
-            rows, first = np.arange(len(keys)), usable.argmax(axis=1)
-            keys, packed = self._claim(slots[rows, first], seen[rows, first], keys, packed)
-
-    def _claim(self, slot: np.ndarray, seen: np.ndarray, keys: np.ndarray,
-               packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Write each key whose ``slot`` holds ``seen`` = itself or EMPTY; return the others.
-
-        A key already in its slot gets the new value (its owner is unchanged). Different keys
-        may race for one empty slot: one wins, the others try again. Equal keys share their
-        fate, and the later one writes last.
-        """
-        done = seen == keys  # [num_keys]
-        self.slots[slot[done], 1] = packed[done]
-        empty = np.flatnonzero(seen == EMPTY)
-        if len(empty):
-            self.slots[slot[empty], 0] = keys[empty]
-            won = empty[self.slots[slot[empty], 0] == keys[empty]]
-            self.slots[slot[won], 1] = packed[won]
-            self.size += len(won)  # duplicates overcount: safe
-            done[won] = True
-        if done.all():
-            return keys[:0], packed[:0]
-        rest = ~done
-        return keys[rest], packed[rest]
+        slot = keys & (self.capacity - 1)  # [num_keys]
+        for _ in range(self.window):
+            seen = self._keys[slot]  # [num_left]
+            done = seen == keys
+            empty = np.flatnonzero(seen == EMPTY)
+            if len(empty):
+                self._keys[slot[empty]] = keys[empty]
+                done[empty] = self._keys[slot[empty]] == keys[empty]
+                self.size += len(empty)  # losers and duplicates overcount: safe
+            self._packed[slot[done]] = packed[done]
+            if done.all():
+                return
+            left = ~done
+            keys, packed, slot = keys[left], packed[left], slot[left] + 1
+        self._rebuild(len(keys))  # a full window: make room and start over with the rest
+        self._put(packed, keys)
 
     def _rebuild(self, incoming: int) -> None:
         """Re-insert the live entries into a table with room for ``incoming`` more."""
-        keys, packed = self.slots[:, 0], self.slots[:, 1]
+        keys, packed = self._keys, self._packed
         live = (keys != EMPTY) & ~np.isin(packed >> 32, self._dead_owners)
         keys, packed = keys[live], packed[live]
         self._dead_owners = []

@@ -101,6 +101,28 @@ def test_incremental_growth_matches_brute_force(lo, hi):
                 contexts[i].extend(rng.randrange(4) for _ in range(rng.randrange(6)))
 
 
+def test_long_random_contexts_match_brute_force():
+    """Bigger vocabulary and contexts, mixed id types and sequence types, k up to past the end."""
+    rng = random.Random(7)
+    proposer = NgramProposer(2, 5)
+    contexts = {f"r{i}" if i % 2 else i: [rng.randrange(12) for _ in range(rng.randrange(1, 200))]
+                for i in range(10)}
+    for step in range(25):
+        ids = rng.sample(sorted(contexts, key=str), rng.randrange(1, len(contexts) + 1))
+        requests = [ProposeRequest(i, tuple(contexts[i]) if step % 3 == 0 else contexts[i],
+                                   rng.randrange(0, 9), GREEDY) for i in ids]
+        got = proposer.propose(requests).draft_token_ids
+        want = [brute_force(list(r.token_ids), r.num_spec_tokens, 2, 5) for r in requests]
+        assert got == want, step
+        assert all(type(d) is list for d in got)
+        for i in ids:  # copy a random earlier stretch (so long matches occur), or edit the end
+            context = contexts[i]
+            start = rng.randrange(len(context))
+            context.extend(context[start:start + rng.randrange(1, 12)])
+            if rng.random() < 0.1:
+                context[-1] = (context[-1] + 1) % 12
+
+
 def test_changed_context_is_reindexed():
     proposer = NgramProposer(1, 2)
     assert propose_one(proposer, [1, 2, 3, 1], 1) == [2]
