@@ -15,9 +15,11 @@ The acceptance ``a`` of a request is estimated from its own history as accepted 
 (a draft is tested when no earlier draft of its step was rejected: the maximum-likelihood estimate
 of a geometric run), with counts decayed by ``DECAY`` per update so that it follows the text, and
 a prior worth ``PRIOR_TESTED`` drafts at ``PRIOR_ACCEPTANCE``, so a new request starts speculating.
-A request at ``k = 0`` drafts one token every ``adaptive_probe_interval`` steps to re-measure ``a``
-and grows ``k`` back when the text becomes predictable again. Steps in which the proposer found
-nothing to draft (no n-gram match) cost nothing and leave ``a`` unchanged.
+A request at ``k = 0`` drafts one token after ``adaptive_probe_interval`` steps to re-measure ``a``,
+then waits twice as long before each further probe (at most ``MAX_PROBE_BACKOFF`` times the
+interval) until a probe lifts ``a`` enough for ``k > 0``: ``k`` grows back when the text becomes
+predictable again. Steps in which the proposer found nothing to draft (no n-gram match) cost
+nothing and leave ``a`` unchanged.
 
 Example: ``c = 0`` (n-gram), ``v = 0.1``, at most 4 drafts. At ``a = 0.8`` the gains are 1.64
 (k=1), 2.03 (k=2), 2.27 (k=3), 2.40 (k=4): k = 4. At ``a = 0.5``: 1.36, 1.46, 1.44, 1.38: k = 2.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 DECAY = 0.8
 PRIOR_ACCEPTANCE = 0.8
 PRIOR_TESTED = 2.0
+MAX_PROBE_BACKOFF = 8
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -57,6 +60,7 @@ class AcceptanceTracker:
     accepted: float = PRIOR_ACCEPTANCE * PRIOR_TESTED
     tested: float = PRIOR_TESTED
     steps_at_zero: int = 0
+    backoff: int = 1  # current probe interval, in units of adaptive_probe_interval
 
     @property
     def acceptance(self) -> float:
@@ -86,10 +90,11 @@ class AdaptiveK:
             return self.max_k
         k = best_k(tracker.acceptance, self.max_k, draft_cost_ratio + self.verify_cost_per_token)
         if k > 0:
-            tracker.steps_at_zero = 0
+            tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
         tracker.steps_at_zero += 1
-        if tracker.steps_at_zero >= self.probe_interval:
+        if tracker.steps_at_zero >= self.probe_interval * tracker.backoff:
             tracker.steps_at_zero = 0
+            tracker.backoff = min(2 * tracker.backoff, MAX_PROBE_BACKOFF)
             return 1
         return 0

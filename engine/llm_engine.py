@@ -300,7 +300,7 @@ class LLMEngine:
             old_num_tokens = seq.num_tokens
             kept = append_until_stop(seq, new_tokens, self.eos_token_ids, self.max_model_len)
             if logprob_rows is not None and seq.logprobs is not None:
-                self._record_logprobs(seq, logprob_rows[row:row + kept], new_tokens[:kept])
+                seq.add_logprobs(logprob_rows[row:row + kept], new_tokens[:kept])
             row += len(d) + 1
             self._account(seq, len(d), num_accepted, kept)
             if seq.is_finished:
@@ -326,15 +326,3 @@ class LLMEngine:
             m.finished_time = now
         seq.acceptance.update(num_drafted, num_accepted)
         self.metrics.record_request_step(num_drafted, num_accepted, kept)
-
-    @staticmethod
-    def _record_logprobs(seq: Request, rows: torch.Tensor, token_ids: list[int]) -> None:
-        """``rows [len(token_ids), vocab_size]``: log-probabilities of the processed target."""
-        top_n = seq.params.logprobs
-        for row, token in zip(rows, token_ids, strict=True):
-            entry = {token: float(row[token])}
-            if top_n:
-                values, ids = torch.topk(row, top_n)
-                entry.update(zip(ids.tolist(), values.tolist(), strict=True))
-            seq.logprobs.append(entry)
-            seq.cumulative_logprob += entry[token]

@@ -103,6 +103,18 @@ class Request:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
 
+    def add_logprobs(self, rows: torch.Tensor, token_ids: list[int]) -> None:
+        """``rows [len(token_ids), vocab_size]``: log-probabilities of the processed target at the
+        positions of ``token_ids``; keeps the sampled token's and the top ``logprobs`` ones."""
+        top_n = self.params.logprobs
+        for row, token in zip(rows, token_ids, strict=True):
+            entry = {token: float(row[token])}
+            if top_n:
+                values, ids = torch.topk(row, top_n)
+                entry.update(zip(ids.tolist(), values.tolist(), strict=True))
+            self.logprobs.append(entry)
+            self.cumulative_logprob += entry[token]
+
     def reset_for_recompute(self) -> None:
         """Preempted: the cache is gone; prompt + output are prefilled again later."""
         self.status = RequestStatus.WAITING

@@ -38,8 +38,9 @@ def test_low_acceptance_switches_off_then_probes():
     assert adaptive.choose(t, 0.0) == 4  # the prior starts at full speed
     for _ in range(20):
         t.update(4, 0)
-    ks = [adaptive.choose(t, 0.0) for _ in range(6)]
-    assert ks == [0, 0, 1, 0, 0, 1]
+    ks = [adaptive.choose(t, 0.0) for _ in range(40)]
+    # probes after 3, then 6, 12 and at most 24 steps while they fail
+    assert [i + 1 for i, k in enumerate(ks) if k] == [3, 9, 21]
     for _ in range(10):
         t.update(1, 1)
     assert adaptive.choose(t, 0.0) == 4
