@@ -123,3 +123,19 @@ def test_string_prompts_and_metrics(target):
     assert m.measured_speedup == pytest.approx(m.tokens_per_s)
     r = out[0].metrics
     assert r.num_generated == 10 and r.num_steps <= 10 and r.num_accepted <= r.num_drafted
+
+
+def test_from_config_file_uses_the_presets_sampling(target, tmp_path):
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("max_num_seqs: 3\nspeculative_config:\n  method: ngram\n"
+                      "  num_speculative_tokens: 2\nsampling:\n  temperature: 0.0\n"
+                      "  max_tokens: 5\n  ignore_eos: true\n")
+    llm = LLM.from_config_file(preset, model=target, tokenizer=tiny_tokenizer(VOCAB))
+    assert llm.config.max_num_seqs == 3
+    assert llm.config.speculative_config.num_speculative_tokens == 2
+    out = llm.generate([PROMPTS[0]], use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == hf_greedy(target, PROMPTS[0], 5)
+    with pytest.raises(ValueError, match="unknown key 'max_num_seq'"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("max_num_seq: 3\n")
+        LLM.from_config_file(bad, model=target, tokenizer=tiny_tokenizer(VOCAB))
