@@ -3,6 +3,7 @@
     python examples/build_notebooks.py                 # write 01..03 without outputs
     python examples/build_notebooks.py --execute       # write, then run each top to bottom
     SPECDEC_QUICK=1 python examples/build_notebooks.py --execute 02_speedups
+    python examples/build_notebooks.py --refresh-text 02_speedups  # new prose, outputs kept
 
 The cell sources live in :mod:`notebook_sources`; edit them there, not in the ``.ipynb`` files.
 """
@@ -32,6 +33,20 @@ def build(name: str) -> nbformat.NotebookNode:
     return nb
 
 
+def refresh_text(name: str) -> nbformat.NotebookNode:
+    """The committed notebook ``name`` with its markdown cells taken from the sources: its code
+    cells, and so its outputs, are kept; refused when a code cell changed (re-execute then)."""
+    nb = nbformat.read(HERE / f"{name}.ipynb", as_version=4)
+    fresh = build(name)
+    if [(c.cell_type, c.source) for c in nb.cells if c.cell_type == "code"] != \
+            [(c.cell_type, c.source) for c in fresh.cells if c.cell_type == "code"] or \
+            [c.cell_type for c in nb.cells] != [c.cell_type for c in fresh.cells]:
+        raise ValueError(f"{name}: code cells changed since it was executed; use --execute")
+    for cell, new in zip(nb.cells, fresh.cells, strict=True):
+        cell.source = new.source
+    return nb
+
+
 def execute(nb: nbformat.NotebookNode, timeout: int = 3600) -> nbformat.NotebookNode:
     """Run every cell in order in a fresh kernel whose working directory is ``examples/``."""
     from nbclient import NotebookClient
@@ -46,11 +61,13 @@ def main() -> None:
     parser.add_argument("names", nargs="*", default=sorted(NOTEBOOKS),
                         help=f"notebooks to build (default: all of {sorted(NOTEBOOKS)})")
     parser.add_argument("--execute", action="store_true", help="run each one and keep outputs")
+    parser.add_argument("--refresh-text", action="store_true",
+                        help="only update the markdown cells of the committed notebooks")
     args = parser.parse_args()
     for name in args.names:
         if name not in NOTEBOOKS:
             parser.error(f"unknown notebook {name!r}: allowed {sorted(NOTEBOOKS)}")
-        nb = build(name)
+        nb = refresh_text(name) if args.refresh_text else build(name)
         if args.execute:
             start = time.perf_counter()
             execute(nb)

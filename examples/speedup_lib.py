@@ -184,11 +184,14 @@ def run_sweep(model: Any, tokenizer: Any, kinds: Iterable[str] = ("copy", "open"
               methods: Iterable[str] = METHODS, ks: Iterable[int] = range(1, 9),
               batch_sizes: Iterable[int] = (1, 16), max_tokens: int = 64,
               num_prompts: int | None = None,
-              log: Callable[[Measurement], None] | None = None) -> list[Measurement]:
+              log: Callable[[Measurement], None] | None = None,
+              batched_ks: Iterable[int] | None = None) -> list[Measurement]:
     """Every (kind, batch size, method, k) measurement. Batch 1 runs each prompt of a kind alone
     (``num_prompts`` of them, all by default); batch B runs B prompts of the kind at once.
-    ``none`` and ``hf`` run once (k = 0); ``hf_prompt_lookup`` only at batch 1."""
+    ``none`` and ``hf`` run once (k = 0); ``hf_prompt_lookup`` only at batch 1. ``batched_ks``:
+    the k values at batch sizes above 1 (default: ``ks``)."""
     methods, ks = list(methods), list(ks)
+    batched_ks = ks if batched_ks is None else list(batched_ks)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"methods {unknown} are invalid: allowed {' | '.join(METHODS)}")
@@ -199,7 +202,7 @@ def run_sweep(model: Any, tokenizer: Any, kinds: Iterable[str] = ("copy", "open"
         for method in methods:
             if method == "hf_prompt_lookup" and batch_size > 1:
                 continue
-            for k in ([0] if method in ("none", "hf") else ks):
+            for k in ([0] if method in ("none", "hf") else ks if batch_size == 1 else batched_ks):
                 llm = (make_llm(model, tokenizer, method, k, batch_size)
                        if method in ENGINE_METHODS else None)
                 for kind, kind_prompts in prompts.items():

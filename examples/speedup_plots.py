@@ -22,7 +22,7 @@ def plot_tokens_per_s(results: list[Measurement]) -> Figure:
     """tokens/s against k for each method; methods without k are horizontal lines. One panel per
     (batch size, prompt kind)."""
     batch_sizes, kinds = _grid(results)
-    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False,
+    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False, sharex=True,
                              figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
     for row, batch_size in enumerate(batch_sizes):
         for col, kind in enumerate(kinds):
@@ -76,7 +76,7 @@ def plot_speedup_vs_theory(results: list[Measurement]) -> Figure:
     prediction from the same run's alpha and c (dashed), per k. One panel per (batch size,
     prompt kind)."""
     batch_sizes, kinds = _grid(results)
-    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False,
+    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False, sharex=True,
                              figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
     for row, batch_size in enumerate(batch_sizes):
         for col, kind in enumerate(kinds):
