@@ -5,12 +5,16 @@ Two tables:
 1. *Cost*: for batch 1 and 32, contexts of ``--context-len`` tokens, k drafts per request:
    the time of ``proposer.propose`` per step (steady state: each step every draft is accepted
    plus a bonus token, so contexts grow as in a good run) and the time of the target's
-   (k + 1)-token verification forward over the same batch, and their ratio.
+   (k + 1)-token verification forward over the same batch, and their ratio. Medians of
+   ``--steps`` timed steps, after ``--warmup`` untimed ones for every method and batch size
+   (Triton compiles and CUDA allocates on first use); CUDA is synchronised around each step.
 2. *Acceptance* (default model only): greedy speculative decoding of a few prompt kinds
    (copy, edit, open-ended), batch 1: acceptance rate (accepted / drafted), mean tokens per
    target step, and whether the output equals the target's plain greedy output.
 
 CPU, default model:  ``python benchmarks/proposers.py --json proposers_cpu.json``
+CPU, small and fast: ``python benchmarks/proposers.py --quick``; n-gram lookup at scale alone:
+``python benchmarks/proposers.py --only ngram-scale --threads 1``
 GPU, random weights: ``python benchmarks/proposers.py --device cuda --dtype bfloat16
 --random-weights --json proposers_gpu.json`` (a SmolLM2-135M-shaped and a 1B LLaMA-shaped target).
 Prints tables and writes JSON; never asserts on time.
@@ -68,6 +72,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def make_proposer(method: str, target, tokenizer, args, max_num_seqs: int, max_model_len: int):
     common = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     if method == "ngram":
@@ -95,7 +103,7 @@ def time_costs(target, tokenizer, methods, args) -> list[dict]:
     """Proposer time per step vs the target's (k + 1)-token verification forward."""
     rows = []
     k, context_len, vocab = args.k, args.context_len, target.config.vocab_size
-    max_len = context_len + (args.steps + 2) * (k + 1) + 8
+    max_len = context_len + (args.warmup + args.steps + 2) * (k + 1) + 8
     for batch in args.batch_sizes:
         rng = random.Random(batch)
         # Repetitive contexts (a random 64-token phrase repeated) so that n-gram lookup matches.
@@ -107,7 +115,7 @@ def time_costs(target, tokenizer, methods, args) -> list[dict]:
             runner.forward([slot], [ctx[:-1]], [len(ctx) - 2])
         verify = [[ctx[-1]] + [rng.randrange(vocab) for _ in range(k)] for ctx in contexts]
         times = []
-        for _ in range(args.steps + 1):
+        for _ in range(args.warmup + args.steps):
             sync(args.device)
             start = time.perf_counter()
             runner.forward(slots, verify)
@@ -115,13 +123,14 @@ def time_costs(target, tokenizer, methods, args) -> list[dict]:
             times.append(time.perf_counter() - start)
             for slot, ctx in zip(slots, contexts, strict=True):
                 runner.truncate(slot, len(ctx) - 1)
-        target_s = sorted(times[1:])[len(times[1:]) // 2]
+        target_s = median(times[args.warmup:])
         del runner
         for method in methods:
             proposer = make_proposer(method, target, tokenizer, args, batch, max_len)
             ctxs = [list(c) for c in contexts]
             times = []
-            for _ in range(args.steps + 1):  # the first call prefills the draft caches
+            # Untimed: the first call (it prefills the draft caches) and --warmup steps.
+            for _ in range(1 + args.warmup + args.steps):
                 requests = [ProposeRequest(i, c, k, GREEDY) for i, c in enumerate(ctxs)]
                 sync(args.device)
                 start = time.perf_counter()
@@ -130,7 +139,7 @@ def time_costs(target, tokenizer, methods, args) -> list[dict]:
                 times.append(time.perf_counter() - start)
                 for c, d in zip(ctxs, proposal.draft_token_ids, strict=True):
                     c.extend(d + [rng.randrange(vocab)])  # all accepted + a bonus token
-            propose_s = sorted(times[1:])[len(times[1:]) // 2]
+            propose_s = median(times[1 + args.warmup:])
             rows.append(dict(batch=batch, method=method, k=k, context_len=context_len,
                              propose_ms=propose_s * 1e3, verify_ms=target_s * 1e3,
                              ratio=propose_s / target_s))
@@ -217,7 +226,7 @@ def ngram_scale(args) -> dict:
     proposer.propose([ProposeRequest(i, c, args.k, GREEDY) for i, c in enumerate(contexts)])
     index_s = time.perf_counter() - start
     times, cpu_times, drafted = [], [], 0
-    for _ in range(args.ngram_steps):
+    for step in range(args.warmup + args.ngram_steps):
         for context in contexts:
             grow(context, rng.randrange(1, args.k + 2))
         requests = [ProposeRequest(i, c, args.k, GREEDY) for i, c in enumerate(contexts)]
@@ -225,18 +234,20 @@ def ngram_scale(args) -> dict:
         proposal = proposer.propose(requests)
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
-        drafted += proposal.num_tokens
-    times.sort()
-    cpu_times.sort()
-    # CPU time of this process: what the step costs when it does not wait for a busy core.
+        drafted += proposal.num_tokens if step >= args.warmup else 0
+    times, cpu_times = sorted(times[args.warmup:]), sorted(cpu_times[args.warmup:])
+    # CPU time of this process: what the step costs when it does not wait for a busy core (the
+    # minimum: when other processes did not evict its caches either).
     row = dict(batch=args.ngram_batch, context_len=args.ngram_context, k=args.k,
-               first_call_ms=index_s * 1e3, median_step_ms=times[len(times) // 2] * 1e3,
-               min_step_ms=times[0] * 1e3, median_step_cpu_ms=cpu_times[len(times) // 2] * 1e3,
+               first_call_ms=index_s * 1e3, median_step_ms=median(times) * 1e3,
+               min_step_ms=times[0] * 1e3, median_step_cpu_ms=median(cpu_times) * 1e3,
+               min_step_cpu_ms=cpu_times[0] * 1e3,
                drafts_per_request=drafted / args.ngram_steps / args.ngram_batch)
     print(f"ngram {args.ngram_batch} requests x {args.ngram_context} tokens: first call "
           f"{index_s * 1e3:.0f} ms, step median {row['median_step_ms']:.3f} ms wall "
-          f"(min {row['min_step_ms']:.3f}), {row['median_step_cpu_ms']:.3f} ms CPU; "
-          f"{row['drafts_per_request']:.2f} drafts/request", flush=True)
+          f"(min {row['min_step_ms']:.3f}), {row['median_step_cpu_ms']:.3f} ms CPU "
+          f"(min {row['min_step_cpu_ms']:.3f}); {row['drafts_per_request']:.2f} drafts/request",
+          flush=True)
     return row
 
 
@@ -283,7 +294,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--context-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=7, help="timed steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps first, for every method and batch size (>= 0)")
     parser.add_argument("--prompts", nargs="+", default=list(PROMPTS), choices=list(PROMPTS))
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--greedy-drafts", action="store_true",
@@ -292,13 +305,29 @@ def main() -> None:
                         help="early-exit depths N for the teacher-forced agreement table")
     parser.add_argument("--ngram-batch", type=int, default=256)
     parser.add_argument("--ngram-context", type=int, default=4000)
-    parser.add_argument("--ngram-steps", type=int, default=50)
+    parser.add_argument("--ngram-steps", type=int, default=200)
     parser.add_argument("--skip-ngram-scale", action="store_true")
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--skip-acceptance", action="store_true")
+    parser.add_argument("--only", choices=["ngram-scale"],
+                        help="run only this section (no model is loaded)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small settings for a fast CPU check (batches 1 and 4, short "
+                             "contexts, one prompt, 64 n-gram requests x 1,000 tokens)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    for name in ("k", "steps", "ngram_batch", "ngram_context", "ngram_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: "
+                         "allowed >= 1")
+    if args.warmup < 0:
+        parser.error(f"--warmup={args.warmup} is invalid: allowed >= 0")
+    if args.quick:
+        args.batch_sizes, args.context_len, args.steps, args.new_tokens = [1, 4], 64, 3, 16
+        args.prompts, args.ngram_batch, args.ngram_context, args.ngram_steps = (
+            ["copy"], 64, 1000, 20)
+        args.methods = args.methods or ["ngram", "early_exit:8", "draft_model"]
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.methods is None:
@@ -311,7 +340,9 @@ def main() -> None:
     if not args.skip_ngram_scale:
         print("== n-gram lookup at scale", flush=True)
         result["ngram_scale"] = ngram_scale(args)
-    if args.random_weights:
+    if args.only == "ngram-scale":
+        print("(--only ngram-scale: no model sections)", flush=True)
+    elif args.random_weights:
         from transformers import AutoModelForCausalLM, LlamaConfig
 
         for name, shape in RANDOM_TARGETS.items():
