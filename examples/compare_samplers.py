@@ -24,15 +24,16 @@ from engine.model_loader import load_model
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda")
-    parser.add_argument("--draft-layers", type=int, default=8,
-                        help="layers of the early-exit draft (default 8 of 30)")
+    parser.add_argument("--draft-layers", type=int, default=24,
+                        help="layers of the early-exit draft (default 24 of 30)")
     parser.add_argument("--trials", type=int, default=20_000,
                         help="requests verified per histogram (default 20000)")
     parser.add_argument("--temperatures", nargs="+", type=float,
                         default=[0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5])
     parser.add_argument("--thresholds", nargs="+", type=float,
-                        default=[0.01, 0.03, 0.09, 0.2, 0.4])
-    parser.add_argument("--alphas", nargs="+", type=float, default=[0.1, 0.3, 0.6, 0.9])
+                        default=[0.001, 0.003, 0.01, 0.03, 0.09, 0.3])
+    parser.add_argument("--alphas", nargs="+", type=float,
+                        default=[0.01, 0.03, 0.1, 0.3, 1.0])
     parser.add_argument("--quick", action="store_true", help="fewer trials and settings")
     parser.add_argument("--json", metavar="PATH", help="write the numbers as JSON")
     args = parser.parse_args(argv)
@@ -69,8 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     for method, tv in report["total_variation_to_p"].items():
         print(f"  {method:>9}: {tv:.4f}")
 
-    positions = list(range(0, num_positions, 4))
-    bias = lib.typical_bias(contexts, args.thresholds, args.alphas, 1.0, args.trials // 4,
+    positions = list(range(0, num_positions, 8))
+    bias = lib.typical_bias(contexts, args.thresholds, args.alphas, 1.0, args.trials // 10,
                             positions)
     report["typical_bias"] = bias
     print(f"typical acceptance at temperature 1 (rejection sampling's noise floor "
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     print("  posterior_alpha  threshold  bias(exact)  bias(measured)  acceptance")
     for i, alpha in enumerate(args.alphas):
         for j, threshold in enumerate(args.thresholds):
-            print(f"  {alpha:15.2f} {threshold:10.2f} {bias['exact'][i][j]:12.4f} "
+            print(f"  {alpha:15g} {threshold:10g} {bias['exact'][i][j]:12.4f} "
                   f"{bias['empirical'][i][j]:15.4f} {bias['acceptance'][i][j]:11.3f}")
 
     trials = max(args.trials // 20, 100)

@@ -55,7 +55,7 @@ class Contexts:
 
 
 @torch.inference_mode()
-def answer_contexts(model: Any, tokenizer: Any, num_draft_layers: int = 8, top_k: int = 50,
+def answer_contexts(model: Any, tokenizer: Any, num_draft_layers: int = 24, top_k: int = 50,
                     prompt: str = PROMPT, answer: str = ANSWER) -> Contexts:
     """One forward of the target and of its first ``num_draft_layers`` layers over the chat
     prompt followed by ``answer``; logits at the positions that predict the answer's tokens."""

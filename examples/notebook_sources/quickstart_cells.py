@@ -54,9 +54,11 @@ print(f"loaded in {time.perf_counter() - start:.1f} s")
     ("md", """
 ## 3. `generate`, with and without speculation
 
-The prompt asks the model to rename a variable in a piece of code: most of the answer is copied
-from the prompt. The instruction-tuned model expects its chat template, so we apply it to get the
-prompt string (`llm.chat` in section 5 does this for you). Greedy decoding (`temperature=0`) with
+The prompt asks the model to rename a variable in a piece of code, so the answer should copy most
+of the prompt. (A 135M model does not always do what it is asked: in the committed run it
+rewrote the functions instead, but its answer still repeats spans of the prompt.) The
+instruction-tuned model expects its chat template, so we apply it to get the prompt string
+(`llm.chat` in section 5 does this for you). Greedy decoding (`temperature=0`) with
 speculation is guaranteed to produce exactly the text of greedy decoding without it. The engine
 without speculation reuses the same weights (`llm.engine.model`) instead of loading them again.
 """),
@@ -164,17 +166,18 @@ or `typical_acceptance_sampler` (Medusa's rule: accepts more, but changes the di
 from prompt_sets import OPEN_PROMPTS
 
 early = LLM(model=llm.engine.model, tokenizer=tokenizer, max_num_seqs=4, max_model_len=1024,
-            speculative_config={"method": "early_exit", "num_speculative_tokens": 3,
-                                "num_early_exit_layers": 8})
+            speculative_config={"method": "early_exit", "num_speculative_tokens": 3})
 out = early.chat([{"role": "user", "content": OPEN_PROMPTS["explain"]}], greedy,
                  use_tqdm=False)[0]
 print(out.outputs[0].text)
 m = out.metrics
-print(f"--- early exit (8 of 30 layers): {m.num_accepted} of {m.num_drafted} drafts accepted")
+print(f"--- early exit: {m.num_accepted} of {m.num_drafted} drafts accepted")
 """),
     ("md", """
-A self-draft this shallow agrees with the full 30-layer model only now and then on a 135M model,
-so it rarely pays here; n-gram lookup is the method that pays on this CPU, on text that copies.
+By default the self-draft runs the first four fifths of the layers (24 of 30): on a model not
+trained for early exit, shallower drafts almost never agree with the full model, and a draft step
+that costs most of a target step cannot pay for itself. n-gram lookup is the method that pays on
+this CPU, on text that copies.
 `02_speedups.ipynb` compares the methods for k = 1..8, against Hugging Face `generate`.
 """),
 ]
