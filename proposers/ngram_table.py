@@ -10,10 +10,11 @@ a multiply and xor-shift so that the low bits (the home slot) depend on all of t
 *Table.* Open addressing with linear probing in one array of ``(key, owner << 32 | value)`` slots
 (one 16-byte record: a lookup touches one cache line; the records are a structured dtype because
 numpy gathers those as whole elements, several times faster than rows of an ``[n, 2]`` array).
-A key lives within ``window`` slots of its home slot ``key mod capacity``; a batch of lookups or
-inserts probes in rounds, one gather of the next slot of every key not yet settled per round (at
-most a quarter to a half full, most keys settle in the first round); the table doubles (and
-drops the keys of removed requests) when it is half full or a window fills.
+A key lives within ``window`` slots of its home slot ``key mod capacity``. A batch of lookups
+or inserts probes one slot per key in a few rounds (a quarter to a half full, the table settles
+almost every key within three slots), then gathers whole windows for the few others: a fixed
+number of numpy calls. The table doubles (and drops the keys of removed requests) when it is
+half full or a window fills.
 Storing the same key again overwrites its value, and within one batch a later duplicate wins, so
 the value kept is the last position stored.
 """
@@ -24,6 +25,7 @@ import numpy as np
 
 EMPTY = 0  # an empty slot's key; hashed keys are >= 1
 _VALUE_MASK = (1 << 32) - 1  # the low half of a slot's packed word
+_ROUNDS = 3  # probes of one slot per key (most keys settle there) before whole windows
 _SLOT = np.dtype([("key", np.int64), ("packed", np.int64)])  # packed: owner << 32 | value
 
 _P = np.uint64(0x100000001B3)
@@ -69,10 +71,13 @@ class NgramTable:
     """
 
     def __init__(self, capacity: int = 1 << 16, window: int = 16) -> None:
+        if window < _ROUNDS:
+            raise ValueError(f"window={window} is invalid: allowed >= {_ROUNDS}")
         if capacity & (capacity - 1) or capacity < window:
             raise ValueError(f"capacity={capacity} is invalid: allowed a power of two >= "
                              f"window={window}")
         self.window = window
+        self._probe = np.arange(window)  # [window]
         self._dead_owners: list[int] = []
         self._allocate(capacity)
 
@@ -87,14 +92,18 @@ class NgramTable:
         """Values of ``keys [num_keys]`` (-1 where absent)."""
         out = np.full(len(keys), -1, dtype=np.int64)  # [num_keys]
         rows, slot = np.arange(len(keys)), keys & (self.capacity - 1)  # [num_keys] each
-        for _ in range(self.window):  # round j: the keys still unresolved look at home + j
+        for _ in range(_ROUNDS):
             entry = self.slots[slot]  # [num_left]
             hit = entry["key"] == keys[rows]
             out[rows[hit]] = entry["packed"][hit] & _VALUE_MASK
-            go_on = ~hit & (entry["key"] != EMPTY)  # an empty slot ends the search
-            if not go_on.any():
-                break
-            rows, slot = rows[go_on], slot[go_on] + 1
+            left = ~hit & (entry["key"] != EMPTY)  # an empty slot ends the search
+            if not left.any():
+                return out
+            rows, slot = rows[left], slot[left] + 1
+        home = keys[rows] & (self.capacity - 1)  # [num_left]: the rest, whole windows at once
+        hit = self._keys[home[:, None] + self._probe] == keys[rows, None]  # [num_left, window]
+        found = self._packed[home + hit.argmax(axis=1)] & _VALUE_MASK  # [num_left]
+        out[rows] = np.where(hit.any(axis=1), found, -1)
         return out
 
     def drop_owner(self, owner: int) -> None:
@@ -113,29 +122,46 @@ class NgramTable:
         self._put(packed, keys.ravel())
 
     def _put(self, packed: np.ndarray, keys: np.ndarray) -> None:
-        """Linear probing in rounds: round j settles every key whose slot ``home + j`` holds it
-        or is empty. Keys racing for one empty slot: one wins, the others go on to the next
-        slot (the winner is a different key, so theirs is not further on). Equal keys share
-        their fate, and the later one writes its value last.
-        """
         if self.size + len(keys) > self.capacity // 2:
             self._rebuild(len(keys))
         slot = keys & (self.capacity - 1)  # [num_keys]
-        for _ in range(self.window):
-            seen = self._keys[slot]  # [num_left]
-            done = seen == keys
-            empty = np.flatnonzero(seen == EMPTY)
-            if len(empty):
-                self._keys[slot[empty]] = keys[empty]
-                done[empty] = self._keys[slot[empty]] == keys[empty]
-                self.size += len(empty)  # losers and duplicates overcount: safe
-            self._packed[slot[done]] = packed[done]
-            if done.all():
+        for _ in range(_ROUNDS):
+            keys, packed, slot = self._claim(slot, self._keys[slot], keys, packed)
+            if not len(keys):
                 return
-            left = ~done
-            keys, packed, slot = keys[left], packed[left], slot[left] + 1
-        self._rebuild(len(keys))  # a full window: make room and start over with the rest
-        self._put(packed, keys)
+            slot = slot + 1
+        while len(keys):  # the rest: the first slot of the window holding the key or empty
+            slots = (keys & (self.capacity - 1))[:, None] + self._probe  # [num_keys, window]
+            seen = self._keys[slots]  # [num_keys, window]
+            usable = (seen == keys[:, None]) | (seen == EMPTY)
+            if not usable.any(axis=1).all():  # a crowded window: make room, start over
+                self._rebuild(len(keys))
+                self._put(packed, keys)
+                return
+            rows, first = np.arange(len(keys)), usable.argmax(axis=1)
+            keys, packed, _ = self._claim(slots[rows, first], seen[rows, first], keys, packed)
+
+    def _claim(self, slot: np.ndarray, seen: np.ndarray, keys: np.ndarray,
+               packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Write each key whose ``slot`` holds ``seen`` = itself or EMPTY; return the others
+        (keys, packed values, slots).
+
+        A key already in its slot gets the new value (its owner is unchanged). Different keys
+        may race for one empty slot: one wins, the others try again (further on: the winner is
+        a different key, so theirs is not behind it). Equal keys share their fate, and the
+        later one writes its value last.
+        """
+        done = seen == keys  # [num_keys]
+        empty = np.flatnonzero(seen == EMPTY)
+        if len(empty):
+            self._keys[slot[empty]] = keys[empty]
+            done[empty] = self._keys[slot[empty]] == keys[empty]
+            self.size += len(empty)  # losers and duplicates overcount: safe
+        self._packed[slot[done]] = packed[done]
+        if done.all():
+            return keys[:0], packed[:0], slot[:0]
+        left = ~done
+        return keys[left], packed[left], slot[left]
 
     def _rebuild(self, incoming: int) -> None:
         """Re-insert the live entries into a table with room for ``incoming`` more."""

@@ -168,3 +168,11 @@ def test_registry_and_request_checks():
         ProposeRequest(0, [1], -1, GREEDY)
     with pytest.raises(ValueError, match="token_ids"):
         ProposeRequest(0, [], 2, GREEDY)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"window": 2}, "window"),
+                                          ({"capacity": 24}, "capacity"),
+                                          ({"capacity": 4, "window": 8}, "capacity")])
+def test_bad_table_sizes(kwargs, field):
+    with pytest.raises(ValueError, match=f"{field}="):
+        NgramTable(**kwargs)
