@@ -33,6 +33,7 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import append_until_stop
 from proposers.base import ProposeRequest
+from samplers import INVALID_TOKEN_ID
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from samplers.sampling_tensors import SamplingTensors
@@ -295,13 +296,20 @@ class LLMEngine:
             if need_logprobs else None)
         row = 0
         for seq, d, out in zip(seqs, drafts, tokens, strict=True):
+            row += len(d) + 1
+            if out and out[0] == INVALID_TOKEN_ID:  # the CUDA kernels' mark for bad logits
+                seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
+                           "outside the vocabulary at verification")
+                self._release(seq)
+                updated.append(seq)
+                continue
             new_tokens = [t for t in out if t >= 0]
             num_accepted = len(new_tokens) - 1
             old_num_tokens = seq.num_tokens
             kept = append_until_stop(seq, new_tokens, self.eos_token_ids, self.max_model_len)
             if logprob_rows is not None and seq.logprobs is not None:
-                seq.add_logprobs(logprob_rows[row:row + kept], new_tokens[:kept])
-            row += len(d) + 1
+                first = row - len(d) - 1
+                seq.add_logprobs(logprob_rows[first:first + kept], new_tokens[:kept])
             self._account(seq, len(d), num_accepted, kept)
             if seq.is_finished:
                 self._release(seq)
