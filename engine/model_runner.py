@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from engine.attention_backend import without_cudnn_attention
 from engine.attention_support import check_model_supported
 from engine.kv_cache import KVCacheFull, PagedKVCache
 
@@ -199,10 +200,11 @@ class ModelRunner:
         uniform = len(set(starts)) == 1 and num_rows == padded
         run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, starts[0], run)
-        hidden = self.model.base_model(
-            input_ids=input_ids, position_ids=positions,
-            attention_mask=None if uniform else self._mask(positions, kv_len),
-            past_key_values=self.cache, use_cache=True).last_hidden_state
+        mask = None if uniform else self._mask(positions, kv_len)
+        with without_cudnn_attention():  # no per-shape plan builds (engine/attention_backend.py)
+            hidden = self.model.base_model(
+                input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                past_key_values=self.cache, use_cache=True).last_hidden_state
         hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
         # (device_map="auto" may leave the last layer on another device than the embeddings)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]

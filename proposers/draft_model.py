@@ -24,16 +24,13 @@ returned (one-hot drafts).
 A step whose draft forward does not fit the draft's KV budget (:class:`KVCacheFull`) stops
 drafting there: the requests keep the drafts made so far, which is always safe.
 
-Attention backend: the draft forwards run with PyTorch's cuDNN SDPA backend switched off (see
-:func:`_without_cudnn_attention`). Every draft forward has a key length no earlier forward had,
-and cuDNN builds a new execution plan for every new shape (tens of ms of host time each), while
-the flash and memory-efficient kernels need no per-shape build.
+Attention backend: the draft forwards go through :class:`~engine.model_runner.ModelRunner`,
+which runs them with cuDNN SDPA off (see ``engine/attention_backend.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,25 +83,24 @@ class DraftModelProposer(Proposer):
         step_probs: list[tuple[dict[int, int], torch.Tensor]] = []  # per draft index j
         active = [i for i, r in enumerate(requests) if r.num_spec_tokens > 0]
         feeds = [self._catch_up(requests[i]) for i in active]
-        with _without_cudnn_attention():  # see the module docstring
-            while active:
-                slots = [self._seqs[requests[i].req_id].slot for i in active]
-                last_rows = np.cumsum([len(f) for f in feeds]) - 1
-                try:
-                    # [n, draft_vocab]
-                    logits = self.runner.forward(slots, feeds, last_rows.tolist())
-                except KVCacheFull:
-                    break
-                for i, feed in zip(active, feeds, strict=True):
-                    self._seqs[requests[i].req_id].cached.extend(feed)
-                tokens, probs = self._draw([requests[i] for i in active],
-                                           [drafts[i] for i in active], logits)
-                if probs is not None:
-                    step_probs.append(({i: row for row, i in enumerate(active)}, probs))
-                for i, token in zip(active, tokens, strict=True):
-                    drafts[i].append(token)
-                active = [i for i in active if len(drafts[i]) < requests[i].num_spec_tokens]
-                feeds = [[drafts[i][-1]] for i in active]
+        while active:
+            slots = [self._seqs[requests[i].req_id].slot for i in active]
+            last_rows = np.cumsum([len(f) for f in feeds]) - 1
+            try:
+                # [n, draft_vocab]
+                logits = self.runner.forward(slots, feeds, last_rows.tolist())
+            except KVCacheFull:
+                break
+            for i, feed in zip(active, feeds, strict=True):
+                self._seqs[requests[i].req_id].cached.extend(feed)
+            tokens, probs = self._draw([requests[i] for i in active],
+                                       [drafts[i] for i in active], logits)
+            if probs is not None:
+                step_probs.append(({i: row for row, i in enumerate(active)}, probs))
+            for i, token in zip(active, tokens, strict=True):
+                drafts[i].append(token)
+            active = [i for i in active if len(drafts[i]) < requests[i].num_spec_tokens]
+            feeds = [[drafts[i][-1]] for i in active]
         return Proposal(drafts, None if self.greedy else self._flatten(drafts, step_probs))
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
@@ -176,27 +172,6 @@ class DraftModelProposer(Proposer):
                  for i, d in enumerate(drafts) for j in range(len(d))]
         stacked = torch.cat([p for _, p in step_probs])  # [sum of step sizes, vocab_size]
         return stacked.index_select(0, torch.tensor(order, device=stacked.device))
-
-
-@contextmanager
-def _without_cudnn_attention() -> Iterator[None]:
-    """PyTorch's cuDNN SDPA backend off for the block, then restored to its previous setting.
-
-    On Hopper (sm_90) and sm_100 with cuDNN > 9.15, recent PyTorch tries cuDNN attention first.
-    Its plan cache is keyed on the exact sizes and strides (batch, heads, query and key lengths),
-    and every miss builds a plan on the host. A draft step runs k forwards whose key lengths are
-    all new (the context grows every step), so each forward paid a plan build: on an H200 the
-    4-layer self-draft measured 170-280 ms per step, the 8-layer one 25-43 ms on the very same
-    shapes once the first had planned them. The flash and memory-efficient kernels (the other
-    backends stay as the user set them) need no per-shape build. The flag is process-wide while
-    the block runs, as ``torch.nn.attention.sdpa_kernel``'s.
-    """
-    enabled = torch.backends.cuda.cudnn_sdp_enabled()
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(enabled)
 
 
 def _common_prefix(cached: list[int], context: Sequence[int], limit: int) -> int:

@@ -249,3 +249,25 @@ def test_unmasked_and_view_paths_match_full_forward(family, attn):
         check_step(runner, model, seqs, {s: [rng.randrange(128) for _ in range(n)] for s in seqs})
     check_step(runner, model, seqs, {a: [rng.randrange(128) for _ in range(3)]})
     assert runner.cache._run is None  # a's rows now interleave with b's
+
+
+@pytest.mark.parametrize("cudnn_before", [True, False])
+def test_forwards_run_without_cudnn_attention(cudnn_before):
+    """cuDNN SDPA builds a plan per new key length (tens of ms each on Hopper): every forward
+    runs with it off, and the caller's setting is restored afterwards."""
+    model = tiny_model("llama", seed=3)
+    seen = []
+    hook = model.base_model.register_forward_pre_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=32, max_model_len=16)
+    slots = [runner.allocate_slot(), runner.allocate_slot()]
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_before)
+    try:
+        runner.forward(slots, [[1, 2, 3], [4, 5]])  # a masked (non-uniform) step
+        runner.forward(slots, [[6], [7]])
+        after = torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        hook.remove()
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    assert seen == [False, False]
+    assert after is cudnn_before

@@ -188,8 +188,9 @@ def test_full_draft_cache_stops_drafting_safely():
 
 @pytest.mark.parametrize("cudnn_before", [True, False])
 def test_draft_forwards_run_without_cudnn_attention(cudnn_before):
-    """cuDNN SDPA builds a plan per new key length: every draft forward sees it off, and the
-    caller's setting comes back afterwards (also when drafting stops on a full cache)."""
+    """cuDNN SDPA builds a plan per new key length: every draft forward (through the runner) sees
+    it off, and the caller's setting comes back afterwards (also when drafting stops on a full
+    cache)."""
     model = tiny_model("llama", vocab_size=VOCAB, seed=8)
     seen = []
     hook = model.base_model.register_forward_pre_hook(
