@@ -296,7 +296,7 @@ class LLMEngine:
             if need_logprobs else None)
         row = 0
         for seq, d, out in zip(seqs, drafts, tokens, strict=True):
-            row += len(d) + 1
+            first, row = row, row + len(d) + 1  # this request's logits rows
             if out and out[0] == INVALID_TOKEN_ID:  # the CUDA kernels' mark for bad logits
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
                            "outside the vocabulary at verification")
@@ -308,7 +308,6 @@ class LLMEngine:
             old_num_tokens = seq.num_tokens
             kept = append_until_stop(seq, new_tokens, self.eos_token_ids, self.max_model_len)
             if logprob_rows is not None and seq.logprobs is not None:
-                first = row - len(d) - 1
                 seq.add_logprobs(logprob_rows[first:first + kept], new_tokens[:kept])
             self._account(seq, len(d), num_accepted, kept)
             if seq.is_finished:

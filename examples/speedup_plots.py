@@ -37,11 +37,7 @@ def plot_tokens_per_s(results: list[Measurement]) -> Figure:
                 if runs:
                     ax.axhline(runs[0].tokens_per_s, color=COLORS[method], linestyle=style,
                                label=LABELS[method])
-            ax.set_title(f"batch {batch_size}, {kind} prompts")
-            ax.set_xlabel("k (draft tokens per step)")
-            ax.set_ylabel("tokens/s")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
+            _style(ax, batch_size, kind, "k (draft tokens per step)", "tokens/s")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -61,11 +57,7 @@ def plot_acceptance_per_position(results: list[Measurement], batch_size: int = 1
                 positions = range(1, len(m.acceptance_per_position) + 1)
                 ax.plot(positions, m.acceptance_per_position, "o-", color=COLORS[method],
                         label=f"{LABELS[method]}, k={m.k}")
-        ax.set_title(f"batch {batch_size}, {kind} prompts")
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("accepted / drafted")
-        ax.set_ylim(0, 1.05)
-        ax.grid(alpha=0.3)
+        _style(ax, batch_size, kind, "draft position", "accepted / drafted", top=1.05)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -91,11 +83,18 @@ def plot_speedup_vs_theory(results: list[Measurement]) -> Figure:
                 ax.plot(ks, [m.predicted_speedup for m in runs], "s--", color=COLORS[method],
                         alpha=0.6, label=f"{LABELS[method]}: Leviathan")
             ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.set_title(f"batch {batch_size}, {kind} prompts")
-            ax.set_xlabel("k (draft tokens per step)")
-            ax.set_ylabel("speedup over no speculation")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
+            _style(ax, batch_size, kind, "k (draft tokens per step)",
+                   "speedup over no speculation")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _style(ax, batch_size: int, kind: str, xlabel: str, ylabel: str,
+           top: float | None = None) -> None:
+    """The panel title, axis labels, a y axis from 0, and a light grid, as every plot here uses."""
+    ax.set_title(f"batch {batch_size}, {kind} prompts")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0, top=top)
+    ax.grid(alpha=0.3)
