@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from proposers.ngram_table import MAX_N
+
 METHODS = ("ngram", "draft_model", "early_exit")
 ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance_sampler", "greedy")
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
@@ -87,8 +89,9 @@ class SpeculativeConfig:
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not _is_int(lo) or lo < 1:
             _fail(name, "prompt_lookup_min", lo, "an integer >= 1")
-        if not _is_int(hi) or hi < lo:
-            _fail(name, "prompt_lookup_max", hi, f"an integer >= prompt_lookup_min={lo}")
+        if not _is_int(hi) or not lo <= hi <= MAX_N:
+            _fail(name, "prompt_lookup_max", hi,
+                  f"an integer in [prompt_lookup_min={lo}, {MAX_N}]")
         n = self.num_early_exit_layers
         if n is not None and (not _is_int(n) or n < 1):
             _fail(name, "num_early_exit_layers", n, "None or an integer >= 1")

@@ -21,14 +21,17 @@ Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
   only three tokens follow before the context ends, so the drafts are ``[4, 7, 9]``.
 
 Cost: one hash table for the whole batch (:mod:`proposers.ngram_table`) maps each n-gram of
-each request to the position after its most recent occurrence (one entry per position and ``n``).
-A step reads only the tokens that arrived since the previous step (plus the ``prompt_lookup_max``
-before them), hashes the n-grams they complete and every request's suffixes, stores the former
-and looks up the latter: a fixed number of numpy operations for the whole batch, and no Python
-loop over requests (the per-request reads and slices run in C through ``map``). No position of a
-context is looked at twice. Keys are 63-bit hashes: two different n-grams share a key with
-probability about ``2**-63`` per pair, which could only cost a wrong guess (verification rejects
-it), never a wrong output.
+each request to the position after its most recent occurrence (one entry per position and ``n``),
+and the proposer keeps its own copy of every context as a numpy array. A step reads only the
+tokens that arrived since the previous step (and the last one before them, to check that the
+context still starts the same), hashes the n-grams they complete and every request's suffixes,
+stores the former and looks up the latter, and gathers the drafts from its copy: a fixed number of
+numpy operations for the whole batch, and no Python loop over requests (the per-request reads run
+in C through ``map``). No position of a context is looked at twice, except when the table fills:
+then a table twice as large is built from the copies in one vectorised pass. Keys are 64-bit
+hashes and the table compares 31 bits of them; two different n-grams pass for one with
+probability about ``2**-31`` per slot probed, which could only cost a wrong guess (verification
+rejects it), never a wrong output.
 """
 
 from __future__ import annotations
@@ -40,9 +43,8 @@ from operator import attrgetter, getitem
 import numpy as np
 
 from proposers.base import Proposal, Proposer, ProposeRequest
-from proposers.ngram_table import NgramTable, ngram_keys
+from proposers.ngram_table import MAX_N, MAX_VALUE, NgramTable, ngram_keys
 
-PAD = -1  # stands before a context's first token: an n-gram holding it matches no real one
 _TOKEN_IDS = attrgetter("token_ids")
 _REQ_ID = attrgetter("req_id")
 _NUM_SPEC = attrgetter("num_spec_tokens")
@@ -51,21 +53,25 @@ _NUM_SPEC = attrgetter("num_spec_tokens")
 class NgramProposer(Proposer):
     """Prompt lookup decoding (one-hot drafts, no probabilities); see the module docstring."""
 
-    def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4) -> None:
+    def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
+                 table_capacity: int = 1 << 16) -> None:
         for name, value in (("prompt_lookup_min", prompt_lookup_min),
                             ("prompt_lookup_max", prompt_lookup_max)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r} is invalid: allowed an integer >= 1")
-        if prompt_lookup_max < prompt_lookup_min:
+        if not prompt_lookup_min <= prompt_lookup_max <= MAX_N:
             raise ValueError(f"prompt_lookup_max={prompt_lookup_max} is invalid: allowed "
-                             f"[prompt_lookup_min={prompt_lookup_min}, inf)")
+                             f"[prompt_lookup_min={prompt_lookup_min}, {MAX_N}]")
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
         self._sizes = list(range(prompt_lookup_max, prompt_lookup_min - 1, -1))  # longest first
-        self._table = NgramTable()
-        # One row per request slot: tokens indexed, life id in the table, the last max_n indexed
-        # tokens (PAD before the first); a step reads from the context only the new tokens.
-        self._state = np.zeros((0, 2 + prompt_lookup_max), dtype=np.int64)  # [num_slots, 2+max_n]
+        self._table = NgramTable(table_capacity)
+        # Per request slot: tokens indexed, life id in the table (0: slot free), and a copy of the
+        # context whose column c holds token + 1 at position c - max_n (0 = PAD before position 0;
+        # the hash takes token + 1).
+        self._length = np.zeros(0, dtype=np.int64)  # [num_slots]
+        self._life = np.zeros(0, dtype=np.int64)  # [num_slots]
+        self._tokens = np.zeros((0, 2 * prompt_lookup_max), dtype=np.int64)  # [slots, width]
         self._slot_of: dict[str | int, int] = {}
         self._free: list[int] = []
         self._next_life = 1
@@ -73,65 +79,101 @@ class NgramProposer(Proposer):
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         if not requests:
             return Proposal([], None)
-        batch, max_n = len(requests), self.prompt_lookup_max
+        batch = len(requests)
         contexts = list(map(_TOKEN_IDS, requests))
         length = np.fromiter(map(len, contexts), np.int64, batch)  # [batch_size]
         slots = np.fromiter(map(self._slot_of.get, map(_REQ_ID, requests), repeat(-1)),
                             np.int64, batch)  # [batch_size]
         if (slots < 0).any():
             slots = self._add_slots(requests, slots)
-        state = self._state[slots]  # [batch_size, 2 + max_n]
-        old, lives, history = state[:, 0], state[:, 1], state[:, 2:]
+        old = self._length[slots]  # [batch_size]
         if (old > length).any():  # shorter than what was indexed: not the same context
-            self._restart(np.flatnonzero(old > length), slots)
+            self._restart(slots[old > length])
             return self.propose(requests)
+        if length.max() + self.prompt_lookup_max > self._tokens.shape[1]:
+            self._widen(int(length.max()))
 
-        # Read each context from its last indexed token (a fresh one: PAD, then all of it),
-        # then prepend the max_n - 1 indexed tokens before it: each request's segment of `flat`
-        # is its max_n tokens before `old` (PAD where the context has fewer), then the new ones.
+        # Read each context from its last indexed token (all of a fresh one) into the copy.
         begin = np.maximum(old - 1, 0)  # [batch_size]
         read = length - begin  # [batch_size]
         flat = np.fromiter(chain.from_iterable(map(getitem, contexts, map(
             slice, begin.tolist(), repeat(None)))), np.int64, int(read.sum()))  # [num_read]
-        read_start = np.cumsum(read) - read  # [batch_size]
-        if (old == 0).any():
-            fresh = np.flatnonzero(old == 0)
-            flat = np.insert(flat, read_start[fresh], PAD)
-            read_start += np.cumsum(old == 0) - (old == 0)
-            read[fresh] += 1
-        # A request's context only grows while it lives (remove() resets it on preemption);
-        # one whose last indexed token changed is re-indexed from scratch.
-        if (flat[read_start] != history[:, -1]).any():
-            self._restart(np.flatnonzero(flat[read_start] != history[:, -1]), slots)
+        flat += 1  # stored as token + 1
+        last = np.cumsum(read) - 1  # [batch_size]: each request's last token in `flat`
+        copy = self._tokens.reshape(-1)  # [num_slots * width], a view
+        row_base = slots * self._tokens.shape[1] + self.prompt_lookup_max  # [batch_size]
+        at = np.repeat(row_base + begin - last - 1 + read, read) + np.arange(len(flat))
+        # A request's context only grows while it lives (remove() resets it on preemption); one
+        # whose last indexed token changed is indexed from scratch.
+        changed = (old > 0) & (flat[last + 1 - read] != copy[row_base + old - 1])
+        if changed.any():
+            self._restart(slots[changed])
             return self.propose(requests)
-        flat = np.insert(flat, np.repeat(read_start, max_n - 1), history[:, :-1].ravel())
-        seg_end = np.cumsum(read + max_n - 1)  # [batch_size], flat index after each segment
+        copy[at] = flat  # at [num_read]: where each token read goes in the copy
+        self._length[slots] = length
 
-        # Store the n-grams ending at positions old - 1 .. length - 2, each followed by the next
-        # position; for a new request (old = 0) the first is all PAD and is never asked for.
-        count = length - old  # [batch_size]
-        ends = np.arange(count.sum()) + np.repeat(seg_end - 1 - np.cumsum(count), count)
-        store_lives = np.repeat(lives, count)  # [num_stored]
-        follower = ends + 1 - np.repeat(seg_end - length, count)  # [num_stored], position
-        keys = ngram_keys(flat, np.concatenate([ends, seg_end - 1]),
-                          np.concatenate([store_lives, lives]), self._sizes)
-        num_stored = len(ends)  # keys [num_sizes, num_stored + batch_size]
-        self._table.put(keys[:, :num_stored], follower, store_lives)
-        state[:, 0] = length
-        state[:, 2:] = flat[seg_end[:, None] - np.arange(max_n, 0, -1)]
-        self._state[slots] = state
-
-        # Look up every suffix (one ending at the last token per n; PAD ones find nothing).
-        found = self._table.get(keys[:, num_stored:].ravel()).reshape(len(self._sizes), batch)
+        # Each token read ends n-grams (one key per n). A request's last token ends the n-grams
+        # to look up; each other one ends n-grams to store, followed by the next token (the
+        # value is the follower's index in the copy, so the drafts are read from there).
+        keys = ngram_keys(copy, at, np.repeat(self._life[slots], read), self._sizes)
+        stored = np.ones(len(flat), dtype=bool)  # [num_read]
+        stored[last] = False
+        stored = np.flatnonzero(stored)  # [num_stored]
+        self._store(keys.take(stored, axis=1), at.take(stored) + 1)  # keys [num_sizes, num_read]
+        found = self._table.get(keys.take(last, axis=1).ravel()).reshape(len(self._sizes), batch)
         has = found >= 0  # [num_sizes, batch_size]
         first = found[has.argmax(axis=0), np.arange(batch)]  # longest n that matched
-        first = np.where(has.any(axis=0), first, length)  # [batch_size], length = no drafts
+        end = row_base + length  # [batch_size]
+        first = np.where(has.any(axis=0), first, end)  # [batch_size], end = no drafts
         k = np.fromiter(map(_NUM_SPEC, requests), np.int64, batch)  # [batch_size]
-        stop = np.minimum(first + k, length)  # [batch_size]
-        drafts = list(map(getitem, contexts, map(slice, first.tolist(), stop.tolist())))
-        if set(map(type, drafts)) != {list}:  # slices of other sequences: copy into lists
-            drafts = list(map(list, drafts))
+        take = np.minimum(first + k, end) - first  # [batch_size], drafts per request
+        width_k = int(take.max())
+        if width_k == 0:
+            return Proposal([[] for _ in range(batch)], None)
+        drafts = (copy[first[:, None] + np.arange(width_k)] - 1).tolist()
+        for i in np.flatnonzero(take < width_k).tolist():
+            del drafts[i][take[i]:]
         return Proposal(drafts, None)
+
+    def _store(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Put ``keys [num_sizes, num_stored] -> values [num_stored]``; when the table is full,
+        index every live request again (from the copies, this step's tokens included) into a
+        new one. Life ids stay, so keys computed before a rebuild stay valid."""
+        if self._table.needs_room(keys.size):
+            self._rebuild(self._table.capacity)
+        elif not self._table.put(keys, values):  # a crowded window
+            self._rebuild(2 * self._table.capacity)
+
+    def _rebuild(self, capacity: int) -> None:
+        """A table of at least ``capacity`` slots, an eighth full or less, holding every live
+        request's n-grams that have a follower (they end at positions 0 .. length - 2)."""
+        live = np.flatnonzero(self._life > 0)  # [num_live]
+        count = np.maximum(self._length[live] - 1, 0)  # [num_live]
+        while capacity < 8 * len(self._sizes) * int(count.sum()):
+            capacity *= 2
+        at = np.arange(count.sum()) + np.repeat(  # [num_ends]: where each end is in the copy
+            live * self._tokens.shape[1] + self.prompt_lookup_max - (np.cumsum(count) - count),
+            count)
+        keys = ngram_keys(self._tokens.reshape(-1), at, np.repeat(self._life[live], count),
+                          self._sizes)  # [num_sizes, num_ends]
+        self._table = NgramTable(capacity, self._table.window)
+        while not self._table.put(keys, at + 1):
+            self._table = NgramTable(2 * self._table.capacity, self._table.window)
+
+    def _widen(self, length: int) -> None:
+        """Make the copies hold contexts of ``length`` tokens (doubling the width), and index
+        them again: the table's values are indices into the copies."""
+        width = self._tokens.shape[1]
+        while width < length + self.prompt_lookup_max:
+            width *= 2
+        if len(self._tokens) * width > MAX_VALUE:
+            raise ValueError(f"context length {length} is invalid for the n-gram proposer with "
+                             f"{len(self._tokens)} request slots: allowed at most "
+                             f"{MAX_VALUE // len(self._tokens) - self.prompt_lookup_max}")
+        wider = np.zeros((len(self._tokens), width), dtype=np.int64)
+        wider[:, :self._tokens.shape[1]] = self._tokens
+        self._tokens = wider
+        self._rebuild(self._table.capacity)
 
     def _add_slots(self, requests: Sequence[ProposeRequest], slots: np.ndarray) -> np.ndarray:
         """Give each request without a slot a fresh one (nothing indexed, a new life id)."""
@@ -141,28 +183,32 @@ class NgramProposer(Proposer):
             slot = self._slot_of.get(req_id)  # the same id twice in one batch: one slot
             if slot is None:
                 if not self._free:
-                    grown = max(16, 2 * len(self._state))
-                    self._free = list(range(grown - 1, len(self._state) - 1, -1))
-                    self._state = np.resize(self._state, (grown, self._state.shape[1]))
+                    num_slots = len(self._length)
+                    grown = max(16, 2 * num_slots)
+                    self._free = list(range(grown - 1, num_slots - 1, -1))
+                    self._length = np.resize(self._length, grown)
+                    self._life = np.resize(self._life, grown)
+                    self._life[num_slots:] = 0
+                    self._tokens = np.concatenate([self._tokens, np.zeros(
+                        (grown - num_slots, self._tokens.shape[1]), np.int64)])
                 slot = self._slot_of[req_id] = self._free.pop()
                 self._reset(slot)
             slots[i] = slot
         return slots
 
     def _reset(self, slot: int) -> None:
-        """Nothing indexed under a new life id."""
-        self._state[slot] = PAD
-        self._state[slot, :2] = (0, self._next_life)
+        """Nothing indexed under a new life id (the old one's entries are never asked again)."""
+        self._length[slot] = 0
+        self._life[slot] = self._next_life
         self._next_life += 1
 
-    def _restart(self, rows: np.ndarray, slots: np.ndarray) -> None:
-        """Index the requests at ``rows`` of the batch from scratch."""
-        for slot in slots[rows].tolist():
-            self._table.drop_owner(int(self._state[slot, 1]))
+    def _restart(self, slots: np.ndarray) -> None:
+        """Index the requests in ``slots`` from scratch."""
+        for slot in slots.tolist():
             self._reset(slot)
 
     def remove(self, req_id: str | int) -> None:
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
-            self._table.drop_owner(int(self._state[slot, 1]))
+            self._length[slot] = self._life[slot] = 0
             self._free.append(slot)

@@ -1,20 +1,26 @@
 """The n-gram index of :mod:`proposers.ngram`: hashed keys and a vectorised hash table in numpy.
 
 *Keys.* A *row* is one position ``p`` of one request's context; its n-grams are the ones ending at
-``p - 1``. The key of an n-gram is a 63-bit hash of its tokens, of ``n`` and of the request's
+``p - 1``. The key of an n-gram is a 64-bit hash of its tokens, of ``n`` and of the request's
 ``life`` id (a fresh number each time a request is indexed from scratch), so keys of different
 sizes or requests do not meet. All rows of a step are hashed at once: a polynomial hash
 ``sum_i (t[p-1-i] + 1) * P**i mod 2**64`` for every ``n`` (one running sum), salted, then
-a multiply and xor-shift so that the low bits (the home slot) depend on all of them.
+multiplies and xor-shifts so that every bit of the key depends on every bit of the sum.
 
-*Table.* Open addressing with linear probing in one array of ``(key, owner << 32 | value)`` slots
-(one 16-byte record: a lookup touches one cache line; the records are a structured dtype because
-numpy gathers those as whole elements, several times faster than rows of an ``[n, 2]`` array).
-A key lives within ``window`` slots of its home slot ``key mod capacity``. A batch of lookups
-or inserts probes one slot per key in a few rounds (a quarter to a half full, the table settles
-almost every key within three slots), then gathers whole windows for the few others: a fixed
-number of numpy calls. The table doubles (and drops the keys of removed requests) when it is
-half full or a window fills.
+*Table.* Open addressing with linear probing in one array of 8-byte slots. A key's low bits pick
+its *home* slot ``key mod capacity``; its high 32 bits, the *tag* (lowest bit forced to 1, so no
+slot in use reads 0), are stored beside a 32-bit value: ``tag << 32 | value``. Slots are compared
+by tag, so two different keys pass for one when they meet in a probe window with equal tags:
+about once in ``2**31`` foreign slots probed. That can only cost a wrong guess (verification
+rejects it), never a wrong output, and it halves the table against storing whole keys. The table
+keeps no keys, so it cannot rehash itself: when it fills, the proposer builds a new one from its
+copies of the contexts (:meth:`NgramTable.needs_room`, and :meth:`NgramTable.put` returns False
+when a window is full).
+
+A key lives within ``window`` slots of its home slot. A batch of lookups or inserts probes one
+slot per key left in each round: kept between an eighth and a quarter full, the table settles
+about nine keys in ten at their home slot and almost all within three, so a batch costs a few
+rounds of a dozen numpy calls each (and 32 to 64 bytes of table per key).
 Storing the same key again overwrites its value, and within one batch a later duplicate wins, so
 the value kept is the last position stored.
 """
@@ -23,156 +29,126 @@ from __future__ import annotations
 
 import numpy as np
 
-EMPTY = 0  # an empty slot's key; hashed keys are >= 1
-_VALUE_MASK = (1 << 32) - 1  # the low half of a slot's packed word
-_ROUNDS = 3  # probes of one slot per key (most keys settle there) before whole windows
-_SLOT = np.dtype([("key", np.int64), ("packed", np.int64)])  # packed: owner << 32 | value
+EMPTY = 0  # an empty slot; a slot in use holds a nonzero tag
+MAX_VALUE = (1 << 32) - 1  # values are stored in the low 32 bits of a slot
+_TAG_MASK = ~MAX_VALUE  # the high half of a slot or key: the tag
+_TAG_BIT = 1 << 32  # forced into every tag: a slot in use is never EMPTY
 
-_P = np.uint64(0x100000001B3)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_SIZE_SALT = np.uint64(0xD6E8FEB86659FD93)
+_P = 0x100000001B3
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
+_SHIFTS = (np.uint64(29), np.uint64(32))
+# Wrapping int64 constants (numpy's int64 array arithmetic wraps like uint64): P**i and the salt
+# of each size n (index n - 1), for n up to MAX_N.
+MAX_N = 64
+_POWERS = np.array([_P ** i % (1 << 64) for i in range(MAX_N)], np.uint64).view(np.int64)
+_SIZE_SALTS = np.array([0xD6E8FEB86659FD93 * n % (1 << 64) for n in range(1, MAX_N + 1)],
+                       np.uint64).view(np.int64)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15).view(np.int64)
 
 
 def ngram_keys(tokens: np.ndarray, ends: np.ndarray, lives: np.ndarray,
                sizes: list[int]) -> np.ndarray:
     """Hashed keys of the n-grams ending at flat index ``ends[r]`` of ``tokens``, for each n.
 
-    ``tokens [num_flat]`` int64 (>= -1: the hash term of a token ``t`` is ``(t + 1) * P**i``);
-    ``ends [num_rows]`` int64, each >= ``max(sizes) - 1``; ``lives [num_rows]`` int64; ``sizes``
-    consecutive, longest first. Returns ``[len(sizes), num_rows]`` int64 keys, each >= 1 (one
-    row per size: column-wise numpy work on a few long rows, not many rows of length n).
+    ``tokens [num_flat]`` int64 holding *token + 1* (0 for PAD); ``ends [num_rows]`` int64, each
+    >= ``max(sizes) - 1``; ``lives [num_rows]`` int64; ``sizes`` consecutive, longest first.
+    Returns ``[len(sizes), num_rows]`` int64 keys, 64 hashed bits each (one row per size:
+    column-wise numpy work on a few long rows, not many rows of length n).
     """
     max_n, num_sizes = sizes[0], len(sizes)
-    salted = lives.astype(np.uint64) * _GOLDEN  # [num_rows]
-    x = np.empty((num_sizes, len(ends)), dtype=np.uint64)  # [num_sizes, num_rows]
-    poly = np.zeros(len(ends), dtype=np.uint64)  # [num_rows]
-    for i in range(max_n):  # poly becomes the hash of the (i + 1)-gram ending at `ends`
-        term = (tokens[ends - i] + 1).astype(np.uint64)  # [num_rows]
-        term *= _P ** np.uint64(i)
-        poly += term
-        if i + 1 > max_n - num_sizes:  # a size asked for: its row (longest first)
-            np.add(poly, salted, out=x[max_n - 1 - i])
-    x += (np.asarray(sizes, dtype=np.uint64) * _SIZE_SALT)[:, None]
-    x *= _MIX  # odd multiplier and xor-shift: a bijection that spreads every bit into the low ones
-    x ^= x >> np.uint64(29)
-    x >>= np.uint64(1)
-    keys = x.view(np.int64)
-    keys |= 1
-    return keys
+    if max_n > MAX_N:
+        raise ValueError(f"n-gram size {max_n} is invalid: allowed <= {MAX_N}")
+    salted = lives * _GOLDEN  # [num_rows]
+    x = np.empty((num_sizes, len(ends)), dtype=np.int64)  # [num_sizes, num_rows]
+    poly = tokens[ends]  # [num_rows]: the hash of the 1-gram ending at `ends`
+    for i in range(max_n):  # then of the (i + 1)-gram
+        if i:
+            poly += tokens[ends - i] * _POWERS[i]
+        if i + 1 >= sizes[-1]:  # a size asked for: its row (longest first)
+            np.add(poly, salted + _SIZE_SALTS[i], out=x[max_n - 1 - i])
+    x = x.view(np.uint64)
+    for shift in _SHIFTS:  # odd multiplies and xor-shifts: bijections
+        x *= _MIX
+        x ^= x >> shift
+    return x.view(np.int64)
 
 
 class NgramTable:
-    """Hash table ``key (int64 >= 1) -> value (31 bits)`` with vectorised batch insert and lookup.
+    """Hash table ``key (64-bit int) -> value (0..MAX_VALUE)``, vectorised batch put and get.
 
-    Each entry also records its owner (a request's life id, 31 bits; a key always belongs to the
-    same owner, the proposer salts keys with it): after :meth:`drop_owner` its entries are dead,
-    and the next rebuild leaves them out.
+    It never grows by itself: the owner checks :meth:`needs_room` before a put, and builds a
+    larger table when that is true or when :meth:`put` returns False.
     """
 
     def __init__(self, capacity: int = 1 << 16, window: int = 16) -> None:
-        if window < _ROUNDS:
-            raise ValueError(f"window={window} is invalid: allowed >= {_ROUNDS}")
+        if window < 1:
+            raise ValueError(f"window={window} is invalid: allowed >= 1")
         if capacity & (capacity - 1) or capacity < window:
             raise ValueError(f"capacity={capacity} is invalid: allowed a power of two >= "
                              f"window={window}")
-        self.window = window
-        self._probe = np.arange(window)  # [window]
-        self._dead_owners: list[int] = []
-        self._allocate(capacity)
-
-    def _allocate(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.size = 0  # occupied slots, live or not
+        self.window, self.capacity = window, capacity
+        self.size = 0  # occupied slots (an upper bound: racing and duplicate keys overcount)
         # The window of the last home slot runs past `capacity`: pad instead of wrapping.
-        self.slots = np.zeros(capacity + self.window, dtype=_SLOT)  # [capacity + window]
-        self._keys, self._packed = self.slots["key"], self.slots["packed"]  # views
+        self.slots = np.zeros(capacity + window, dtype=np.int64)  # [capacity + window]
+
+    def needs_room(self, incoming: int) -> bool:
+        """Whether ``incoming`` more keys would fill the table past a quarter."""
+        return self.size + incoming > self.capacity // 4
 
     def get(self, keys: np.ndarray) -> np.ndarray:
-        """Values of ``keys [num_keys]`` (-1 where absent)."""
+        """Values of ``keys [num_keys]`` int64 (-1 where absent)."""
         out = np.full(len(keys), -1, dtype=np.int64)  # [num_keys]
+        tags = (keys & _TAG_MASK) | _TAG_BIT  # [num_keys]
         rows, slot = np.arange(len(keys)), keys & (self.capacity - 1)  # [num_keys] each
-        for _ in range(_ROUNDS):
-            entry = self.slots[slot]  # [num_left]
-            hit = entry["key"] == keys[rows]
-            out[rows[hit]] = entry["packed"][hit] & _VALUE_MASK
-            left = ~hit & (entry["key"] != EMPTY)  # an empty slot ends the search
-            if not left.any():
-                return out
-            rows, slot = rows[left], slot[left] + 1
-        home = keys[rows] & (self.capacity - 1)  # [num_left]: the rest, whole windows at once
-        hit = self._keys[home[:, None] + self._probe] == keys[rows, None]  # [num_left, window]
-        found = self._packed[home + hit.argmax(axis=1)] & _VALUE_MASK  # [num_left]
-        out[rows] = np.where(hit.any(axis=1), found, -1)
+        for _ in range(self.window):  # probe one slot per key left
+            seen = self.slots.take(slot)  # [num_left]
+            other = ((seen ^ tags) & _TAG_MASK) != 0  # [num_left]
+            hit = np.flatnonzero(~other)
+            out[rows.take(hit)] = seen.take(hit) & MAX_VALUE
+            left = np.flatnonzero(other & (seen != EMPTY))  # an empty slot ends the search
+            if not len(left):
+                break
+            rows, slot, tags = rows.take(left), slot.take(left) + 1, tags.take(left)
         return out
 
-    def drop_owner(self, owner: int) -> None:
-        """Forget the entries of ``owner`` (at the next rebuild; its keys are never asked again)."""
-        self._dead_owners.append(owner)
-
-    def put(self, keys: np.ndarray, values: np.ndarray, owners: np.ndarray) -> None:
+    def put(self, keys: np.ndarray, values: np.ndarray) -> bool:
         """Store ``keys -> values``; later duplicates (in row-major order) win.
 
-        ``keys [num_keys]`` or ``[num_rows, num_keys]`` (then ``values`` and ``owners``, both
-        ``[num_keys]``, apply to every row).
+        ``keys [num_keys]`` or ``[num_rows, num_keys]`` int64 (then ``values [num_keys]`` applies
+        to every row), values in ``0..MAX_VALUE``. False when a key found its whole window taken
+        by other keys: some keys are then missing, and the table must be rebuilt larger.
         """
-        packed = (owners.astype(np.int64) << 32) | values  # [num_keys]
-        if keys.ndim == 2:
-            packed = np.tile(packed, len(keys))
-        self._put(packed, keys.ravel())
+        words = ((keys & _TAG_MASK) | _TAG_BIT | values).ravel()  # [num_keys]: tag | value
+        return self._put(words, (keys & (self.capacity - 1)).ravel())
 
-    def _put(self, packed: np.ndarray, keys: np.ndarray) -> None:
-        if self.size + len(keys) > self.capacity // 2:
-            self._rebuild(len(keys))
-        slot = keys & (self.capacity - 1)  # [num_keys]
-        for _ in range(_ROUNDS):
-            keys, packed, slot = self._claim(slot, self._keys[slot], keys, packed)
-            if not len(keys):
-                return
-            slot = slot + 1
-        while len(keys):  # the rest: the first slot of the window holding the key or empty
-            slots = (keys & (self.capacity - 1))[:, None] + self._probe  # [num_keys, window]
-            seen = self._keys[slots]  # [num_keys, window]
-            usable = (seen == keys[:, None]) | (seen == EMPTY)
-            if not usable.any(axis=1).all():  # a crowded window: make room, start over
-                self._rebuild(len(keys))
-                self._put(packed, keys)
-                return
-            rows, first = np.arange(len(keys)), usable.argmax(axis=1)
-            keys, packed, _ = self._claim(slots[rows, first], seen[rows, first], keys, packed)
+    def _put(self, words: np.ndarray, home: np.ndarray) -> bool:
+        """Write each of ``words [num_keys]`` (tag | value) to the first slot from its ``home``
+        that holds its tag or is empty.
 
-    def _claim(self, slot: np.ndarray, seen: np.ndarray, keys: np.ndarray,
-               packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Write each key whose ``slot`` holds ``seen`` = itself or EMPTY; return the others
-        (keys, packed values, slots).
-
-        A key already in its slot gets the new value (its owner is unchanged). Different keys
-        may race for one empty slot: one wins, the others try again (further on: the winner is
-        a different key, so theirs is not behind it). Equal keys share their fate, and the
-        later one writes its value last.
+        Probes one slot per key left per round. Different tags may race for one empty slot:
+        the last writer wins, and the losers, found when all are written, go again (behind a
+        different key, so their own is not behind it). Equal tags share their fate, and the
+        later one writes last.
         """
-        done = seen == keys  # [num_keys]
-        empty = np.flatnonzero(seen == EMPTY)
-        if len(empty):
-            self._keys[slot[empty]] = keys[empty]
-            done[empty] = self._keys[slot[empty]] == keys[empty]
-            self.size += len(empty)  # losers and duplicates overcount: safe
-        self._packed[slot[done]] = packed[done]
-        if done.all():
-            return keys[:0], packed[:0], slot[:0]
-        left = ~done
-        return keys[left], packed[left], slot[left]
-
-    def _rebuild(self, incoming: int) -> None:
-        """Re-insert the live entries into a table with room for ``incoming`` more."""
-        keys, packed = self._keys, self._packed
-        live = (keys != EMPTY) & ~np.isin(packed >> 32, self._dead_owners)
-        keys, packed = keys[live], packed[live]
-        self._dead_owners = []
-        capacity = self.capacity
-        while (len(keys) + incoming) * 4 > capacity:
-            capacity *= 2
-        if capacity == self.capacity and self.size - len(keys) < len(keys) // 2:
-            capacity *= 2  # few dead entries to drop: a crowded window needs a larger table
-        self._allocate(capacity)
-        self._put(packed, keys)
+        rows, slot = np.arange(len(words)), home  # [num_left] each: keys left, their next slot
+        written = []  # (rows, slots) of each round's writes
+        for _ in range(self.window):
+            seen = self.slots.take(slot)  # [num_left]
+            empty = seen == EMPTY
+            self.size += int(np.count_nonzero(empty))
+            mine = empty | (((seen ^ words.take(rows)) & _TAG_MASK) == 0)  # [num_left]
+            done = np.flatnonzero(mine)
+            written.append((rows.take(done), slot.take(done)))
+            self.slots[written[-1][1]] = words.take(written[-1][0])
+            left = np.flatnonzero(~mine)
+            if not len(left):
+                break
+            rows, slot = rows.take(left), slot.take(left) + 1
+        else:
+            return False
+        rows, slot = (np.concatenate(parts) for parts in zip(*written, strict=True))
+        lost = np.flatnonzero(((self.slots.take(slot) ^ words.take(rows)) & _TAG_MASK) != 0)
+        if len(lost):  # in row order, so that a later duplicate still writes last
+            lost = np.sort(rows.take(lost))
+            return self._put(words.take(lost), home.take(lost))
+        return True

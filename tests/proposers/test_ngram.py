@@ -9,7 +9,7 @@ from engine.sampling_params import SamplingParams
 from proposers import get_proposer
 from proposers.base import ProposeRequest
 from proposers.ngram import NgramProposer
-from proposers.ngram_table import NgramTable
+from proposers.ngram_table import MAX_VALUE, NgramTable
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -138,27 +138,57 @@ def test_bad_sizes(kwargs):
         NgramProposer(**kwargs)
 
 
-def test_table_matches_dict_through_rebuilds_and_crowded_windows():
+def test_table_matches_dict_and_rebuilds():
+    """Random 64-bit keys (as hashes are) against a dict, rebuilding when the table says so."""
     rng = np.random.default_rng(0)
-    table = NgramTable(capacity=16, window=4)
-    reference, ever = {}, set()
-    for owner in range(40):  # a key belongs to one owner (the proposer salts keys by owner)
-        keys = owner * 4096 + rng.integers(1, 500, size=rng.integers(1, 30))
-        if owner % 5 == 0:  # same home slot for many keys: a crowded window
-            keys = owner * 4096 + 1 + 16 * rng.integers(0, 30, size=8)
-        values = rng.integers(0, 1000, size=len(keys))
-        table.put(keys, values, np.full(len(keys), owner))
-        for key, value in zip(keys.tolist(), values.tolist(), strict=True):  # later wins
-            reference[key] = (value, owner)
-        ever |= set(keys.tolist())
-        if owner % 7 == 6:  # drop an owner: its keys are never looked up again
-            dropped = int(rng.integers(0, owner + 1))
-            table.drop_owner(dropped)
-            reference = {k: v for k, v in reference.items() if v[1] != dropped}
-        probe = sorted(set(reference) | (set(range(1, 40 * 4096, 7)) - ever))
-        want = [reference[k][0] if k in reference else -1 for k in probe]
-        assert table.get(np.array(probe)).tolist() == want
+    table, reference = NgramTable(capacity=16, window=4), {}
+    for step in range(40):
+        keys = rng.integers(-(1 << 63), 1 << 63, size=rng.integers(1, 30), dtype=np.int64)
+        if step % 3:  # keys stored before: new values overwrite
+            keys[: len(keys) // 2] = rng.choice(np.array(list(reference) or [1]), len(keys) // 2)
+        values = rng.integers(0, MAX_VALUE + 1, size=len(keys))
+        reference.update(zip(keys.tolist(), values.tolist(), strict=True))  # later wins
+        if table.needs_room(len(keys)) or not table.put(keys, values):
+            capacity = table.capacity * 2
+            while capacity < 8 * len(reference):
+                capacity *= 2
+            table = NgramTable(capacity=capacity, window=4)
+            assert table.put(np.array(list(reference)), np.array(list(reference.values())))
+        probe = np.concatenate([np.array(list(reference)),
+                                rng.integers(-(1 << 63), 1 << 63, size=50, dtype=np.int64)])
+        want = [reference.get(k, -1) for k in probe.tolist()]
+        assert table.get(probe).tolist() == want
     assert table.capacity > 16
+
+
+def test_table_reports_a_crowded_window():
+    table = NgramTable(capacity=16, window=4)
+    high = np.arange(1, 13, 2, dtype=np.int64) << 32  # six different tags, all with home slot 3
+    assert table.put(high[:4] | 3, np.arange(4))
+    assert table.get(high[:4] | 3).tolist() == [0, 1, 2, 3]
+    assert not table.put(high[4:] | 3, np.arange(2))
+
+
+def test_proposer_rebuilds_its_table_and_still_matches_brute_force():
+    rng = random.Random(3)
+    proposer = NgramProposer(1, 3, table_capacity=16)
+    contexts = {i: [rng.randrange(5) for _ in range(rng.randrange(1, 40))] for i in range(8)}
+    tables = [proposer._table]
+    for step in range(40):
+        requests = [ProposeRequest(i, list(c), rng.randrange(0, 5), GREEDY)
+                    for i, c in contexts.items()]
+        got = proposer.propose(requests).draft_token_ids
+        assert got == [brute_force(r.token_ids, r.num_spec_tokens, 1, 3) for r in requests], step
+        if proposer._table is not tables[-1]:
+            tables.append(proposer._table)
+        for i, context in contexts.items():
+            if rng.random() < 0.1:
+                proposer.remove(i)
+                contexts[i] = [rng.randrange(5)]
+            else:
+                context.extend(rng.randrange(5) for _ in range(rng.randrange(1, 16)))
+    assert len(tables) >= 3  # rebuilt at least twice, and grew after the first rebuild
+    assert tables[-1].capacity > tables[1].capacity
 
 
 def test_registry_and_request_checks():
@@ -170,7 +200,7 @@ def test_registry_and_request_checks():
         ProposeRequest(0, [], 2, GREEDY)
 
 
-@pytest.mark.parametrize("kwargs,field", [({"window": 2}, "window"),
+@pytest.mark.parametrize("kwargs,field", [({"window": 0}, "window"),
                                           ({"capacity": 24}, "capacity"),
                                           ({"capacity": 4, "window": 8}, "capacity")])
 def test_bad_table_sizes(kwargs, field):
