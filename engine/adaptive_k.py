@@ -21,6 +21,15 @@ interval) until a probe lifts ``a`` enough for ``k > 0``: ``k`` grows back when 
 predictable again. Steps in which the proposer found nothing to draft (no n-gram match) cost
 nothing and leave ``a`` unchanged.
 
+The verify cost ``v`` is measured too (unless ``SpeculativeConfig.verify_cost_per_token`` fixes
+it): :class:`StepCostModel` fits the forward + verify time of recent decode steps (no prefill) as
+``t = t0 + t_seq * sequences + t_draft * drafts`` by least squares, and ``v`` is the time of one
+more draft over one sequence's share of a plain step, ``t_draft * B / (t0 + t_seq * B)`` at the
+current batch size ``B``. On a GPU at small batches a few more tokens are nearly free (small
+``v``, full k); a compute-bound forward (a CPU at batch 32) pays for every token it scores
+(``v`` near 1), and there no acceptance short of perfect makes drafting pay, so k goes to 0 and
+probes come at the slowest rate (they keep the fit and the acceptance up to date).
+
 Example: ``c = 0`` (n-gram), ``v = 0.1``, at most 4 drafts. At ``a = 0.8`` the gains are 1.64
 (k=1), 2.03 (k=2), 2.27 (k=3), 2.40 (k=4): k = 4. At ``a = 0.5``: 1.36, 1.46, 1.44, 1.38: k = 2.
 At ``a = 0.3``: 1.18, 1.16: k = 1. At ``a = 0.08``: 0.98 for k = 1, below plain decoding: k = 0.
@@ -28,12 +37,20 @@ At ``a = 0.3``: 1.18, 1.16: k = 1. At ``a = 0.08``: 0.98 for k = 1, below plain 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 DECAY = 0.8
 PRIOR_ACCEPTANCE = 0.8
 PRIOR_TESTED = 2.0
 MAX_PROBE_BACKOFF = 8
+# Probes come at the slowest rate when even perfect acceptance would gain less than this.
+MIN_PROBE_GAIN = 1.1
+COST_WINDOW = 64  # decode steps in the verify-cost fit
+MIN_DRAFT_SPREAD = 0.5  # the drafts-per-step standard deviation below which the fit is kept
+MAX_VERIFY_COST = 2.0
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -75,6 +92,44 @@ class AcceptanceTracker:
         self.tested = DECAY * self.tested + tested
 
 
+class StepCostModel:
+    """Measured cost of scoring drafts: a least-squares fit over the last ``COST_WINDOW`` decode
+    steps of ``time = t0 + t_seq * sequences + t_draft * drafts`` (see the module docstring).
+
+    Until the drafts per step have varied enough to separate their cost (and after they stop
+    varying), :meth:`verify_cost` returns the last fitted value, at first ``prior``.
+    """
+
+    def __init__(self, prior: float) -> None:
+        self.prior = prior
+        self._steps: deque[tuple[float, float, float]] = deque(maxlen=COST_WINDOW)
+        self._fit: tuple[float, float, float] | None = None  # (t0, t_seq, t_draft)
+        self._stale = False
+
+    def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
+        """One decode step: ``num_seqs`` sequences scoring ``num_drafts`` drafts in all."""
+        self._steps.append((float(num_seqs), float(num_drafts), seconds))
+        self._stale = True
+
+    def verify_cost(self, num_seqs: int) -> float:
+        """``v`` at batch size ``num_seqs``: one more draft's time over one sequence's share of
+        a plain decode step, clamped to ``[0, MAX_VERIFY_COST]``."""
+        if self._stale:
+            self._stale = False
+            steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
+            if len(steps) >= 8 and steps[:, 1].std() >= MIN_DRAFT_SPREAD:
+                design = np.column_stack([np.ones(len(steps)), steps[:, :2]])
+                coef = np.linalg.lstsq(design, steps[:, 2], rcond=None)[0]
+                self._fit = (float(coef[0]), float(coef[1]), float(coef[2]))
+        if self._fit is None:
+            return self.prior
+        t0, t_seq, t_draft = self._fit
+        plain = t0 + t_seq * num_seqs
+        if plain <= 0:
+            return MAX_VERIFY_COST
+        return min(max(t_draft * num_seqs / plain, 0.0), MAX_VERIFY_COST)
+
+
 class AdaptiveK:
     """Chooses each request's k from its :class:`AcceptanceTracker` (see module docstring)."""
 
@@ -85,13 +140,20 @@ class AdaptiveK:
         self.probe_interval = probe_interval
         self.enabled = enabled
 
-    def choose(self, tracker: AcceptanceTracker, draft_cost_ratio: float) -> int:
+    def choose(self, tracker: AcceptanceTracker, draft_cost_ratio: float,
+               verify_cost: float | None = None) -> int:
+        """k for one request this step; ``verify_cost`` overrides ``verify_cost_per_token``."""
         if not self.enabled or self.max_k == 0:
             return self.max_k
-        k = best_k(tracker.acceptance, self.max_k, draft_cost_ratio + self.verify_cost_per_token)
+        v = self.verify_cost_per_token if verify_cost is None else verify_cost
+        cost = draft_cost_ratio + v
+        k = best_k(tracker.acceptance, self.max_k, cost)
         if k > 0:
             tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
+        best_case = max((j + 1) / (1 + j * cost) for j in range(1, self.max_k + 1))
+        if best_case < MIN_PROBE_GAIN:  # drafting can hardly pay here: probe at the slowest
+            tracker.backoff = MAX_PROBE_BACKOFF
         tracker.steps_at_zero += 1
         if tracker.steps_at_zero >= self.probe_interval * tracker.backoff:
             tracker.steps_at_zero = 0

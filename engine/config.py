@@ -21,6 +21,7 @@ DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Verification of more than this many drafts per step is refused (the samplers' limit too).
 MAX_SPEC_TOKENS = 32
+DEFAULT_VERIFY_COST = 0.1  # verify_cost_per_token until the step times have measured it
 
 
 def _fail(cls: str, name: str, value: object, allowed: str) -> None:
@@ -54,7 +55,8 @@ class SpeculativeConfig:
     ``adaptive_k``: shrink k (down to 0) for requests whose measured acceptance makes drafting
     a loss, and grow it back when it pays (rule in :mod:`engine.adaptive_k`).
     ``verify_cost_per_token``: the cost of scoring one more token in the target's forward,
-    as a fraction of a one-token decode step (adaptive-k cost model).
+    as a fraction of one sequence's share of a decode step (adaptive-k cost model); None =
+    measured online from the step times (starting at ``DEFAULT_VERIFY_COST``).
     ``draft_cost_ratio``: cost of one draft step / one target step; None = measured online.
     ``adaptive_probe_interval``: a request whose k dropped to 0 drafts again (k = 1) every this
     many steps, to re-measure its acceptance.
@@ -72,7 +74,7 @@ class SpeculativeConfig:
     posterior_alpha: float = 0.3
     draft_sample_method: str = "probabilistic"
     adaptive_k: bool = True
-    verify_cost_per_token: float = 0.1
+    verify_cost_per_token: float | None = None
     draft_cost_ratio: float | None = None
     adaptive_probe_interval: int = 8
 
@@ -107,8 +109,8 @@ class SpeculativeConfig:
         if not isinstance(self.adaptive_k, bool):
             _fail(name, "adaptive_k", self.adaptive_k, "True or False")
         v = self.verify_cost_per_token
-        if not _is_number(v) or not 0 <= v <= 1:
-            _fail(name, "verify_cost_per_token", v, "[0, 1]")
+        if v is not None and (not _is_number(v) or not 0 <= v <= 2):
+            _fail(name, "verify_cost_per_token", v, "None (measured) or a number in [0, 2]")
         c = self.draft_cost_ratio
         if c is not None and (not _is_number(c) or not 0 <= c <= 10):
             _fail(name, "draft_cost_ratio", c, "None (measured) or a number in [0, 10]")

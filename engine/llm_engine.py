@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.adaptive_k import AdaptiveK
-from engine.config import EngineConfig
+from engine.adaptive_k import AdaptiveK, StepCostModel
+from engine.config import DEFAULT_VERIFY_COST, EngineConfig
 from engine.engine_setup import EngineComponents, build_components
 from engine.kv_cache import KVCacheFull
 from engine.metrics import MetricsCollector
@@ -48,6 +48,7 @@ class _StepBatch:
     items: list[ScheduledRequest]
     drafts: list[list[int]] = field(default_factory=list)
     probs: list[torch.Tensor | None] = field(default_factory=list)
+    verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
 
 
 class LLMEngine:
@@ -66,9 +67,12 @@ class LLMEngine:
         spec = config.speculative_config
         self.max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
         self.fixed_draft_cost = spec.draft_cost_ratio if spec is not None else None
-        self.adaptive = AdaptiveK(self.max_k, spec.verify_cost_per_token if spec else 0.0,
+        fixed_v = spec.verify_cost_per_token if spec is not None else None
+        self.adaptive = AdaptiveK(self.max_k, DEFAULT_VERIFY_COST if fixed_v is None else fixed_v,
                                   spec.adaptive_probe_interval if spec else 1,
                                   enabled=bool(spec and spec.adaptive_k))
+        self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
+        self._verify_cost: float | None = None  # this step's measured v (None: fixed)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(self.max_k)
         self.requests: dict[str, list[Request]] = {}
@@ -154,6 +158,8 @@ class LLMEngine:
         """Run one engine step; return the sequences that got tokens or finished."""
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
+        if self.step_costs is not None:
+            self._verify_cost = self.step_costs.verify_cost(max(1, len(self.scheduler.running)))
         plan = self.scheduler.schedule(self._num_spec_tokens, self._free_kv_tokens())
         for seq in plan.admitted:
             seq.slot = self.runner.allocate_slot()
@@ -167,6 +173,10 @@ class LLMEngine:
         if logits is not None:
             updated += self._verify_and_append(batch, logits)
         target_s = time.perf_counter() - target_start
+        if self.step_costs is not None and batch.verified_at and all(
+                item.num_context_tokens == 1 for item in batch.items):  # decode steps only
+            self.step_costs.record(len(batch.items), sum(map(len, batch.drafts)),
+                                   batch.verified_at - target_start)
         self.metrics.record_step(time.perf_counter() - start, propose_s, target_s,
                                  num_draft_steps)
         return updated
@@ -176,7 +186,7 @@ class LLMEngine:
             return 0
         cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
                 else self.metrics.draft_cost_ratio)
-        k = self.adaptive.choose(seq.acceptance, cost)
+        k = self.adaptive.choose(seq.acceptance, cost, self._verify_cost)
         room = self.max_model_len - seq.num_tokens - 1
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
@@ -291,6 +301,7 @@ class LLMEngine:
         if self.greedy_sampler is not None and sampling.all_greedy:
             sampler = self.greedy_sampler  # the argmax match, without the probability work
         tokens = sampler.verify(logits, metadata, sampling, draft_probs).tolist()
+        batch.verified_at = time.perf_counter()  # forward + verify done (synchronised)
         logprob_rows = (torch.log_softmax(process_logits(
             logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
             if need_logprobs else None)

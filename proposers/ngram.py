@@ -7,8 +7,10 @@ Rule (for one request with context ``t[0..L-1]`` = prompt + output so far and ``
    token of the context. The first ``n`` that has one wins (longer matches are more specific).
 2. Among several earlier occurrences of that suffix, the **most recent** one wins (recent text is
    the likeliest to be copied next, and it is what an incremental index keeps in O(1)).
-3. Propose the tokens that followed it, at most ``k`` of them: fewer when the context ends first.
-   No match for any ``n`` (or ``k == 0``) gives no drafts.
+3. Propose the ``k`` tokens that followed it. When the context ends first, the occurrence
+   overlaps the suffix: the text is repeating with period ``P = L - f`` (``f``: the position
+   after the occurrence), and the drafts go on repeating it, ``d[j] = t[f + j mod P]`` (an
+   overlapping copy, as in LZ77). No match for any ``n`` (or ``k == 0``) gives no drafts.
 
 Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
 
@@ -18,7 +20,9 @@ Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
 - ``n=3``: suffix ``[4, 7, 9]`` has no earlier occurrence.
 - ``n=2``: suffix ``[7, 9]`` occurs at 1-2 (followed by ``2 7 9 ...``) and at 4-5 (followed by
   ``4 7 9``). The most recent, 4-5, wins: with ``k=2`` the drafts are ``[4, 7]``; with ``k=5``
-  only three tokens follow before the context ends, so the drafts are ``[4, 7, 9]``.
+  only three tokens follow before the context ends, so the period-3 repetition goes on:
+  ``[4, 7, 9, 4, 7]``. In a loop such as ``... x x x`` the most recent ``[x, x]`` ends one token
+  before the suffix does (``P = 1``), and the drafts are ``[x] * k``.
 
 Cost: one hash table for the whole batch (:mod:`proposers.ngram_table`) maps each n-gram of
 each request to the position after its most recent occurrence (one entry per position and ``n``),
@@ -126,11 +130,12 @@ class NgramProposer(Proposer):
         end = row_base + length  # [batch_size]
         first = np.where(has.any(axis=0), first, end)  # [batch_size], end = no drafts
         k = np.fromiter(map(_NUM_SPEC, requests), np.int64, batch)  # [batch_size]
-        take = np.minimum(first + k, end) - first  # [batch_size], drafts per request
+        take = np.where(first < end, k, 0)  # [batch_size], drafts per request
         width_k = int(take.max())
         if width_k == 0:
             return Proposal([[] for _ in range(batch)], None)
-        drafts = (copy[first[:, None] + np.arange(width_k)] - 1).tolist()
+        period = np.maximum(end - first, 1)[:, None]  # [batch_size, 1]
+        drafts = (copy[first[:, None] + np.arange(width_k) % period] - 1).tolist()
         for i in np.flatnonzero(take < width_k).tolist():
             del drafts[i][take[i]:]
         return Proposal(drafts, None)

@@ -1,8 +1,18 @@
 """Adaptive k: the gain rule on hand-computed values, the acceptance estimate, probing."""
 
+import random
+
 import pytest
 
-from engine.adaptive_k import AcceptanceTracker, AdaptiveK, best_k, expected_tokens
+from engine.adaptive_k import (
+    COST_WINDOW,
+    MAX_PROBE_BACKOFF,
+    AcceptanceTracker,
+    AdaptiveK,
+    StepCostModel,
+    best_k,
+    expected_tokens,
+)
 
 
 def test_expected_tokens():
@@ -49,3 +59,36 @@ def test_low_acceptance_switches_off_then_probes():
 def test_disabled_keeps_k():
     t = AcceptanceTracker(accepted=0.0, tested=10.0)
     assert AdaptiveK(3, 0.1, 8, enabled=False).choose(t, 0.0) == 3
+
+
+def test_step_cost_model_recovers_the_verify_cost():
+    """Step times from a known linear cost plus noise: the fitted v is the known one."""
+    rng = random.Random(0)
+    model = StepCostModel(prior=0.1)
+    assert model.verify_cost(1) == 0.1  # nothing measured yet
+    t0, t_seq, t_draft = 0.050, 0.001, 0.002
+    for _ in range(COST_WINDOW):
+        seqs, drafts = rng.randint(1, 4), rng.randint(0, 16)
+        model.record(seqs, drafts, t0 + t_seq * seqs + t_draft * drafts + rng.gauss(0, 1e-4))
+    assert model.verify_cost(1) == pytest.approx(0.002 / 0.051, rel=0.05)
+    assert model.verify_cost(32) == pytest.approx(0.002 * 32 / 0.082, rel=0.05)
+
+
+def test_step_cost_model_keeps_its_fit_when_drafts_stop_varying():
+    model = StepCostModel(prior=0.1)
+    for i in range(COST_WINDOW):  # compute-bound: every token costs the same
+        model.record(8, i % 9, 0.01 * (8 + i % 9))
+    fitted = model.verify_cost(8)
+    assert fitted == pytest.approx(1.0, rel=1e-6)
+    for _ in range(COST_WINDOW):  # nobody drafts any more: nothing to separate, keep the fit
+        model.record(8, 0, 0.5)
+    assert model.verify_cost(8) == fitted
+
+
+def test_costly_verification_switches_off_and_probes_slowly():
+    adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.1, probe_interval=3)
+    t = AcceptanceTracker()  # the prior acceptance (0.8) pays at v = 0.1 but not at v = 1
+    assert adaptive.choose(t, 0.0, verify_cost=0.1) == 4
+    ks = [adaptive.choose(t, 0.0, verify_cost=1.0) for _ in range(60)]
+    assert [i + 1 for i, k in enumerate(ks) if k] == [3 * MAX_PROBE_BACKOFF,
+                                                      6 * MAX_PROBE_BACKOFF]

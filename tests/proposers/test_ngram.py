@@ -29,14 +29,23 @@ def brute_force(tokens, k, lo, hi):
         suffix = tokens[length - n:]
         for end in range(length - 2, n - 2, -1):  # most recent occurrence with a follower
             if tokens[end - n + 1:end + 1] == suffix:
-                return tokens[end + 1:end + 1 + k]
+                drafts = list(tokens)
+                for j in range(k):  # an overlapping copy: it may read drafts copied before
+                    drafts.append(drafts[end + 1 + j])
+                return drafts[length:]
     return []
 
 
 def test_docstring_example():
     tokens = [5, 7, 9, 2, 7, 9, 4, 7, 9]
     assert propose_one(NgramProposer(1, 3), tokens, 2) == [4, 7]
-    assert propose_one(NgramProposer(1, 3), tokens, 5) == [4, 7, 9]  # k larger than what follows
+    # k larger than what follows: the period-3 repetition goes on
+    assert propose_one(NgramProposer(1, 3), tokens, 5) == [4, 7, 9, 4, 7]
+
+
+def test_a_loop_is_continued():
+    assert propose_one(NgramProposer(1, 4), [6, 2, 8, 8, 8, 8], 4) == [8, 8, 8, 8]
+    assert propose_one(NgramProposer(2, 2), [1, 5, 3, 5, 3], 5) == [5, 3, 5, 3, 5]
 
 
 def test_no_match():
@@ -57,9 +66,10 @@ def test_longer_match_beats_more_recent_shorter_one():
 
 
 def test_match_right_before_the_suffix():
-    # [3, 3] at 0-1 is followed by the last 3: one token follows, whatever k is.
-    assert propose_one(NgramProposer(1, 2), [3, 3, 3], 4) == [3]
-    assert propose_one(NgramProposer(2, 3), [1, 2, 1, 2, 1, 2], 4) == [1, 2]
+    # [3, 3] at 0-1 is followed by the last 3 only: period 1, the 3s go on.
+    assert propose_one(NgramProposer(1, 2), [3, 3, 3], 4) == [3, 3, 3, 3]
+    # [1, 2, 1] at 2-4 is followed by [2] and the context ends: period 2.
+    assert propose_one(NgramProposer(2, 3), [1, 2, 1, 2, 1, 2], 3) == [1, 2, 1]
 
 
 def test_prompt_lookup_min_is_respected():
