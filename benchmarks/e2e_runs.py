@@ -84,7 +84,8 @@ def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int
         input_ids[row, width - len(prompt):] = torch.tensor(prompt)
         attention_mask[row, width - len(prompt):] = 1
     config = copy.deepcopy(model.generation_config)
-    config.update(eos_token_id=None, pad_token_id=pad_id, do_sample=False, temperature=None,
+    # eos_token_id=None would fall back to the model's EOS (transformers 5); [] means none.
+    config.update(eos_token_id=[], pad_token_id=pad_id, do_sample=False, temperature=None,
                   top_p=None, top_k=None, max_new_tokens=max_tokens,
                   prompt_lookup_num_tokens=prompt_lookup)
     out = model.generate(input_ids.to(device), attention_mask=attention_mask.to(device),
