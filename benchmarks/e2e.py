@@ -103,6 +103,10 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
             systems["hf_pl"] = (RunResult("hf", "prompt_lookup", kind, b, args.k),
                                 lambda g: hf_generate(model, g, pad_id, args.max_tokens, device,
                                                       prompt_lookup=args.k))
+    # Untimed warm-up of every system at this batch size (allocator growth, kernels compiled
+    # for its shapes), so that no system pays those costs inside a timed run.
+    for _, generate in systems.values():
+        timed(generate, prompts[:b], device)
     for llm in llms.values():
         llm.reset_metrics()
     for _ in range(args.repeats):
