@@ -253,6 +253,26 @@ class LLMEngine:
                 self._preempt_one(batch)
         return None
 
+    def _fail_non_finite(self, logits: torch.Tensor, drafts: list[list[int]]) -> set[int]:
+        """Requests (indices into ``drafts``) with a NaN, +inf or all -inf logits row, off CUDA.
+
+        Their rows are zeroed so that the others verify; the caller fails them alone. On CUDA
+        the kernels mark such a request with ``INVALID_TOKEN_ID`` instead, without a sync.
+        """
+        if logits.device.type == "cuda":
+            return set()
+        finite = torch.isfinite(logits.amax(dim=1))  # [num_rows]
+        if bool(finite.all()):
+            return set()
+        bad, row = set(), 0
+        for i, d in enumerate(drafts):
+            rows = slice(row, row + len(d) + 1)
+            if not bool(finite[rows].all()):
+                bad.add(i)
+                logits[rows] = 0.0
+            row = rows.stop
+        return bad
+
     def _preempt_one(self, batch: _StepBatch) -> None:
         """Preempt the most recently admitted sequence (recomputed later); a sequence that does
         not fit even alone fails with an error."""
@@ -288,6 +308,7 @@ class LLMEngine:
             if seq.adjuster.active:
                 seq.adjuster.apply(logits[row:row + len(d) + 1], seq.output_token_ids, d)
             row += len(d) + 1
+        bad = self._fail_non_finite(logits, drafts)
         metadata = SpecDecodeMetadata.from_lists(drafts, self.device)
         sampling = SamplingTensors.from_params([s.params for s in seqs],
                                                [s.generator for s in seqs], self.device)
@@ -306,9 +327,9 @@ class LLMEngine:
             logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
             if need_logprobs else None)
         row = 0
-        for seq, d, out in zip(seqs, drafts, tokens, strict=True):
+        for i, (seq, d, out) in enumerate(zip(seqs, drafts, tokens, strict=True)):
             first, row = row, row + len(d) + 1  # this request's logits rows
-            if out and out[0] == INVALID_TOKEN_ID:  # the CUDA kernels' mark for bad logits
+            if i in bad or (out and out[0] == INVALID_TOKEN_ID):  # (-2: the CUDA kernels' mark)
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
                            "outside the vocabulary at verification")
                 self._release(seq)

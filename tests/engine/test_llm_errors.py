@@ -1,6 +1,7 @@
 """Bad input fails alone, clearly; invalid parameters raise before any work."""
 
 import pytest
+import torch
 from conftest import tiny_model
 from llm_helpers import hf_greedy, tiny_tokenizer
 
@@ -106,3 +107,17 @@ def test_draft_vocabulary_mismatch_is_refused(target):
 def test_loaded_model_needs_its_tokenizer(target):
     with pytest.raises(ValueError, match="EngineConfig.tokenizer"):
         LLM(model=target)
+
+
+def test_non_finite_logits_fail_their_request_alone():
+    """A model whose embedding of token 9 is NaN: a prompt holding 9 gets NaN logits (CPU
+    path, no CUDA kernel to mark it); that request fails, the others equal HF's greedy output."""
+    poisoned = tiny_model("llama", vocab_size=VOCAB, seed=0)
+    with torch.no_grad():
+        poisoned.get_input_embeddings().weight[9] = float("nan")
+    llm = LLM(model=poisoned, tokenizer=tiny_tokenizer(VOCAB), max_model_len=32,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    outs = llm.generate([GOOD, [5, 9, 6], GOOD], GREEDY, use_tqdm=False)
+    assert outs[1].outputs[0].finish_reason == "error" and "non-finite" in outs[1].error
+    expected = hf_greedy(poisoned, GOOD, 8)
+    assert [o.outputs[0].token_ids for o in (outs[0], outs[2])] == [expected, expected]
