@@ -73,7 +73,7 @@ class PagedKVCache:
         self.slot_table = torch.full((max_num_seqs, max_model_len + 1), self.scratch_row,
                                      dtype=torch.long, device=table_device)
         self._devices = sorted({p.device for p in self.pools.values()}, key=str)
-        self._write_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size, num_new]
+        self._write_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size * num_new]
         self._read_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size * kv_len]
         self._run: tuple[int, int] | None = None  # fast path: (first pool row, seq_len before)
         self._query_offset = 0
@@ -111,7 +111,7 @@ class PagedKVCache:
         self._run = None
         # [batch_size * kv_len]
         read_rows = self.slot_table.index_select(0, slots)[:, :kv_len].reshape(-1)
-        self._write_rows = {dev: write_rows.to(dev) for dev in self._devices}
+        self._write_rows = {dev: write_rows.reshape(-1).to(dev) for dev in self._devices}
         self._read_rows = {dev: read_rows.to(dev) for dev in self._devices}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
@@ -136,10 +136,13 @@ class PagedKVCache:
             keys.narrow(2, first + start, num_new).copy_(key_states)
             values.narrow(2, first + start, num_new).copy_(value_states)
             return keys.narrow(2, first, kv_len), values.narrow(2, first, kv_len)
-        write = self._write_rows[keys.device]  # [batch_size, num_new]
-        # one strided scatter each: [heads, batch_size, num_new, head_dim] into the pool rows
-        keys[0][:, write] = key_states.transpose(0, 1)
-        values[0][:, write] = value_states.transpose(0, 1)
+        write = self._write_rows[keys.device]  # [batch_size * num_new]
+        # one row copy each: [heads, batch_size * num_new, head_dim] into the pool rows (the
+        # padding's scratch row may be written several times: it is never read unmasked)
+        rows = batch_size * num_new
+        keys[0].index_copy_(1, write, key_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
+        values[0].index_copy_(1, write,
+                              value_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
         # [2, heads, batch_size, kv_len, head_dim]
         cached = self.pools[layer_idx].index_select(3, self._read_rows[keys.device]).view(
             2, num_heads, batch_size, kv_len, head_dim)

@@ -61,11 +61,18 @@ def verify_reference(
     row_request = torch.repeat_interleave(torch.arange(batch_size, device=device), k + 1,
                                           output_size=logits.shape[0])  # [num_rows]
     z = logits.float() * inv_temperature[row_request, None]  # [num_rows, vocab_size]
-    probs = torch.softmax(z, dim=-1)  # [num_rows, vocab_size]
     argmax = z.argmax(dim=-1)  # [num_rows]
+    rows = first_row[:, None] + torch.minimum(pos[None, :], k[:, None])  # [batch, max_len + 1]
+    if bool(is_greedy.all()):  # argmax matching only: no probabilities, no race
+        accepted = (drafts == argmax[rows]) & is_draft
+        stop = accepted.long().cumprod(dim=1).sum(dim=1)  # [batch_size]
+        token = argmax[first_row + stop]  # [batch_size]
+        out = torch.where(pos[None, :] < stop[:, None], drafts,
+                          torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))
+        return torch.where(pos[None, :] == stop[:, None], token[:, None], out)
+    probs = torch.softmax(z, dim=-1)  # [num_rows, vocab_size]
 
     # Acceptance of every slot; the stop position is the number of leading acceptances.
-    rows = first_row[:, None] + torch.minimum(pos[None, :], k[:, None])  # [batch, max_len + 1]
     p_draft = probs[rows, drafts]  # [batch_size, max_spec_len + 1]
     if mode == TYPICAL_MODE:
         entropy = torch.special.entr(probs).sum(dim=-1)  # [num_rows]
