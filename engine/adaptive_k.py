@@ -21,14 +21,18 @@ interval) until a probe lifts ``a`` enough for ``k > 0``: ``k`` grows back when 
 predictable again. Steps in which the proposer found nothing to draft (no n-gram match) cost
 nothing and leave ``a`` unchanged.
 
-The verify cost ``v`` is measured too (unless ``SpeculativeConfig.verify_cost_per_token`` fixes
-it): :class:`StepCostModel` fits the forward + verify time of recent decode steps (no prefill) as
-``t = t0 + t_seq * sequences + t_draft * drafts`` by least squares, and ``v`` is the time of one
-more draft over one sequence's share of a plain step, ``t_draft * B / (t0 + t_seq * B)`` at the
-current batch size ``B``. On a GPU at small batches a few more tokens are nearly free (small
-``v``, full k); a compute-bound forward (a CPU at batch 32) pays for every token it scores
-(``v`` near 1), and there no acceptance short of perfect makes drafting pay, so k goes to 0 and
-probes come at the slowest rate (they keep the fit and the acceptance up to date).
+The verify cost is measured too (unless ``SpeculativeConfig.verify_cost_per_token`` fixes it):
+:class:`StepCostModel` fits the forward + verify time of recent decode steps (no prefill) as
+``t = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` by least squares.
+``t_any`` is what a step pays once as soon as any request drafts (its sequences then have
+different lengths: the runner builds a mask and attention takes its masked path). At batch
+size ``B``, with ``plain = t0 + t_seq * B``: ``v = t_draft * B / plain`` (one more draft over one
+sequence's share of a plain step) and ``f = t_any / plain``, and the gain becomes
+``E(k) / (1 + f + k (c + v))`` for ``k > 0``. On a GPU at small batches a few more tokens are
+nearly free (small ``v``, full k); a compute-bound forward (a CPU at batch 32) pays for every
+token it scores (``v`` near 1), and there no acceptance short of perfect makes drafting pay, so
+k goes to 0 and probes come at the slowest rate (they keep the fit and the acceptance up to
+date).
 
 Example: ``c = 0`` (n-gram), ``v = 0.1``, at most 4 drafts. At ``a = 0.8`` the gains are 1.64
 (k=1), 2.03 (k=2), 2.27 (k=3), 2.40 (k=4): k = 4. At ``a = 0.5``: 1.36, 1.46, 1.44, 1.38: k = 2.
@@ -60,11 +64,12 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def best_k(a: float, max_k: int, step_cost_per_draft: float) -> int:
-    """The ``k`` in ``0..max_k`` with the largest gain (ties go to the smaller k)."""
+def best_k(a: float, max_k: int, step_cost_per_draft: float, fixed_cost: float = 0.0) -> int:
+    """The ``k`` in ``0..max_k`` with the largest gain (ties go to the smaller k);
+    ``fixed_cost`` is paid once by any ``k > 0``."""
     best, best_gain = 0, 1.0
     for k in range(1, max_k + 1):
-        gain = expected_tokens(a, k) / (1.0 + k * step_cost_per_draft)
+        gain = expected_tokens(a, k) / (1.0 + fixed_cost + k * step_cost_per_draft)
         if gain > best_gain + 1e-9:
             best, best_gain = k, gain
     return best
@@ -94,16 +99,20 @@ class AcceptanceTracker:
 
 class StepCostModel:
     """Measured cost of scoring drafts: a least-squares fit over the last ``COST_WINDOW`` decode
-    steps of ``time = t0 + t_seq * sequences + t_draft * drafts`` (see the module docstring).
+    steps of ``time = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` (see
+    the module docstring).
 
-    Until the drafts per step have varied enough to separate their cost (and after they stop
-    varying), :meth:`verify_cost` returns the last fitted value, at first ``prior``.
+    A coefficient is fitted only when the window separates it: ``t_any`` needs steps with and
+    without drafts, ``t_draft`` a spread of draft counts among the steps with drafts (without
+    it the whole cost of drafting is put on ``t_draft``, which errs towards smaller k). Until
+    then, and while the steps stop varying, :meth:`costs` returns the last fit, at first
+    ``(prior, 0)``.
     """
 
     def __init__(self, prior: float) -> None:
         self.prior = prior
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=COST_WINDOW)
-        self._fit: tuple[float, float, float] | None = None  # (t0, t_seq, t_draft)
+        self._fit: tuple[float, float, float, float] | None = None  # t0, t_seq, t_any, t_draft
         self._stale = False
 
     def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
@@ -111,23 +120,39 @@ class StepCostModel:
         self._steps.append((float(num_seqs), float(num_drafts), seconds))
         self._stale = True
 
-    def verify_cost(self, num_seqs: int) -> float:
-        """``v`` at batch size ``num_seqs``: one more draft's time over one sequence's share of
-        a plain decode step, clamped to ``[0, MAX_VERIFY_COST]``."""
+    def _refit(self) -> None:
+        steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
+        if len(steps) < 8:
+            return
+        drafts = steps[:, 1]
+        drafting = drafts > 0
+        num_drafting = int(drafting.sum())
+        if min(num_drafting, len(steps) - num_drafting) < 2:
+            return  # nothing to compare drafting with
+        columns = [np.ones(len(steps)), steps[:, 0]]
+        spread = drafts[drafting].std() >= MIN_DRAFT_SPREAD
+        if spread:
+            columns.append(drafting.astype(float))
+        columns.append(drafts)
+        coef = np.linalg.lstsq(np.column_stack(columns), steps[:, 2], rcond=None)[0]
+        t_any = float(coef[2]) if spread else 0.0
+        self._fit = (float(coef[0]), float(coef[1]), t_any, float(coef[-1]))
+
+    def costs(self, num_seqs: int) -> tuple[float, float]:
+        """``(v, f)`` at batch size ``num_seqs``: one more draft, and the once-per-step cost of
+        drafting at all, over one sequence's share of a plain decode step; each clamped to
+        ``[0, MAX_VERIFY_COST]``."""
         if self._stale:
             self._stale = False
-            steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
-            if len(steps) >= 8 and steps[:, 1].std() >= MIN_DRAFT_SPREAD:
-                design = np.column_stack([np.ones(len(steps)), steps[:, :2]])
-                coef = np.linalg.lstsq(design, steps[:, 2], rcond=None)[0]
-                self._fit = (float(coef[0]), float(coef[1]), float(coef[2]))
+            self._refit()
         if self._fit is None:
-            return self.prior
-        t0, t_seq, t_draft = self._fit
+            return self.prior, 0.0
+        t0, t_seq, t_any, t_draft = self._fit
         plain = t0 + t_seq * num_seqs
         if plain <= 0:
-            return MAX_VERIFY_COST
-        return min(max(t_draft * num_seqs / plain, 0.0), MAX_VERIFY_COST)
+            return MAX_VERIFY_COST, 0.0
+        return (min(max(t_draft * num_seqs / plain, 0.0), MAX_VERIFY_COST),
+                min(max(t_any / plain, 0.0), MAX_VERIFY_COST))
 
 
 class AdaptiveK:
@@ -141,17 +166,18 @@ class AdaptiveK:
         self.enabled = enabled
 
     def choose(self, tracker: AcceptanceTracker, draft_cost_ratio: float,
-               verify_cost: float | None = None) -> int:
-        """k for one request this step; ``verify_cost`` overrides ``verify_cost_per_token``."""
+               verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:
+        """k for one request this step; ``verify_cost`` (measured) overrides
+        ``verify_cost_per_token``; ``fixed_cost`` is paid once by any k > 0."""
         if not self.enabled or self.max_k == 0:
             return self.max_k
         v = self.verify_cost_per_token if verify_cost is None else verify_cost
         cost = draft_cost_ratio + v
-        k = best_k(tracker.acceptance, self.max_k, cost)
+        k = best_k(tracker.acceptance, self.max_k, cost, fixed_cost)
         if k > 0:
             tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
-        best_case = max((j + 1) / (1 + j * cost) for j in range(1, self.max_k + 1))
+        best_case = max((j + 1) / (1 + fixed_cost + j * cost) for j in range(1, self.max_k + 1))
         if best_case < MIN_PROBE_GAIN:  # drafting can hardly pay here: probe at the slowest
             tracker.backoff = MAX_PROBE_BACKOFF
         tracker.steps_at_zero += 1

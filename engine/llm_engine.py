@@ -73,6 +73,7 @@ class LLMEngine:
                                   enabled=bool(spec and spec.adaptive_k))
         self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
         self._verify_cost: float | None = None  # this step's measured v (None: fixed)
+        self._fixed_cost = 0.0  # this step's measured once-per-step cost of drafting
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(self.max_k)
         self.requests: dict[str, list[Request]] = {}
@@ -159,7 +160,8 @@ class LLMEngine:
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
         if self.step_costs is not None:
-            self._verify_cost = self.step_costs.verify_cost(max(1, len(self.scheduler.running)))
+            self._verify_cost, self._fixed_cost = self.step_costs.costs(
+                max(1, len(self.scheduler.running)))
         plan = self.scheduler.schedule(self._num_spec_tokens, self._free_kv_tokens())
         for seq in plan.admitted:
             seq.slot = self.runner.allocate_slot()
@@ -186,7 +188,7 @@ class LLMEngine:
             return 0
         cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
                 else self.metrics.draft_cost_ratio)
-        k = self.adaptive.choose(seq.acceptance, cost, self._verify_cost)
+        k = self.adaptive.choose(seq.acceptance, cost, self._verify_cost, self._fixed_cost)
         room = self.max_model_len - seq.num_tokens - 1
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)

@@ -61,28 +61,47 @@ def test_disabled_keeps_k():
     assert AdaptiveK(3, 0.1, 8, enabled=False).choose(t, 0.0) == 3
 
 
-def test_step_cost_model_recovers_the_verify_cost():
-    """Step times from a known linear cost plus noise: the fitted v is the known one."""
+def test_step_cost_model_recovers_the_costs():
+    """Step times from a known cost model plus noise: the fitted v and f are the known ones."""
     rng = random.Random(0)
     model = StepCostModel(prior=0.1)
-    assert model.verify_cost(1) == 0.1  # nothing measured yet
-    t0, t_seq, t_draft = 0.050, 0.001, 0.002
+    assert model.costs(1) == (0.1, 0.0)  # nothing measured yet
+    t0, t_seq, t_any, t_draft = 0.050, 0.001, 0.004, 0.002
     for _ in range(COST_WINDOW):
-        seqs, drafts = rng.randint(1, 4), rng.randint(0, 16)
-        model.record(seqs, drafts, t0 + t_seq * seqs + t_draft * drafts + rng.gauss(0, 1e-4))
-    assert model.verify_cost(1) == pytest.approx(0.002 / 0.051, rel=0.05)
-    assert model.verify_cost(32) == pytest.approx(0.002 * 32 / 0.082, rel=0.05)
+        seqs = rng.randint(1, 4)
+        drafts = rng.choice([0, rng.randint(1, 16)])
+        seconds = t0 + t_seq * seqs + t_any * (drafts > 0) + t_draft * drafts
+        model.record(seqs, drafts, seconds + rng.gauss(0, 1e-4))
+    v, f = model.costs(1)
+    assert v == pytest.approx(0.002 / 0.051, rel=0.05)
+    assert f == pytest.approx(0.004 / 0.051, rel=0.05)
+    assert model.costs(32)[0] == pytest.approx(0.002 * 32 / 0.082, rel=0.05)
 
 
-def test_step_cost_model_keeps_its_fit_when_drafts_stop_varying():
+def test_step_cost_model_without_a_spread_of_drafts_charges_them_per_draft():
+    model = StepCostModel(prior=0.1)
+    for i in range(COST_WINDOW):  # every drafting step has 4 drafts: t_any and t_draft mix
+        drafts = 4 * (i % 2)
+        model.record(1, drafts, 0.010 + 0.003 * (drafts > 0) + 0.001 * drafts)
+    v, f = model.costs(1)
+    assert f == 0.0 and v == pytest.approx((0.003 + 0.004) / 4 / 0.010, rel=1e-6)
+
+
+def test_step_cost_model_keeps_its_fit_when_drafts_stop():
     model = StepCostModel(prior=0.1)
     for i in range(COST_WINDOW):  # compute-bound: every token costs the same
         model.record(8, i % 9, 0.01 * (8 + i % 9))
-    fitted = model.verify_cost(8)
-    assert fitted == pytest.approx(1.0, rel=1e-6)
-    for _ in range(COST_WINDOW):  # nobody drafts any more: nothing to separate, keep the fit
+    fitted = model.costs(8)
+    assert fitted[0] == pytest.approx(1.0, rel=1e-6) and fitted[1] == pytest.approx(0, abs=1e-9)
+    for _ in range(COST_WINDOW):  # nobody drafts any more: nothing to compare, keep the fit
         model.record(8, 0, 0.5)
-    assert model.verify_cost(8) == fitted
+    assert model.costs(8) == fitted
+
+
+def test_a_fixed_cost_of_drafting_raises_the_bar():
+    assert best_k(0.3, 4, 0.05) == 2  # gains 1.24, 1.26, 1.23, 1.19
+    assert best_k(0.3, 4, 0.05, fixed_cost=0.5) == 0  # 0.84, 0.87, 0.86, 0.84: below 1
+    assert best_k(0.5, 4, 0.05, fixed_cost=0.5) == 4  # 0.97, 1.09, 1.14, 1.14: amortised
 
 
 def test_costly_verification_switches_off_and_probes_slowly():
