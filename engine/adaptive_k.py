@@ -34,6 +34,10 @@ token it scores (``v`` near 1), and there no acceptance short of perfect makes d
 k goes to 0 and probes come at the slowest rate (they keep the fit and the acceptance up to
 date).
 
+A request that samples with a ``seed`` keeps the configured k: its k would otherwise follow the
+measured times, and a different k draws different (equally distributed) tokens, so the same
+seed would not give the same output from run to run.
+
 Example: ``c = 0`` (n-gram), ``v = 0.1``, at most 4 drafts. At ``a = 0.8`` the gains are 1.64
 (k=1), 2.03 (k=2), 2.27 (k=3), 2.40 (k=4): k = 4. At ``a = 0.5``: 1.36, 1.46, 1.44, 1.38: k = 2.
 At ``a = 0.3``: 1.18, 1.16: k = 1. At ``a = 0.08``: 0.98 for k = 1, below plain decoding: k = 0.

@@ -186,9 +186,14 @@ class LLMEngine:
     def _num_spec_tokens(self, seq: Request) -> int:
         if self.max_k == 0:
             return 0
-        cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
-                else self.metrics.draft_cost_ratio)
-        k = self.adaptive.choose(seq.acceptance, cost, self._verify_cost, self._fixed_cost)
+        if seq.params.seed is not None and not seq.params.greedy:
+            # A seeded sample must not depend on timings: the measured costs steer adaptive k,
+            # and a different k draws different (equally distributed) tokens. Fixed k.
+            k = self.max_k
+        else:
+            cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
+                    else self.metrics.draft_cost_ratio)
+            k = self.adaptive.choose(seq.acceptance, cost, self._verify_cost, self._fixed_cost)
         room = self.max_model_len - seq.num_tokens - 1
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)

@@ -139,3 +139,17 @@ def test_from_config_file_uses_the_presets_sampling(target, tmp_path):
         bad = tmp_path / "bad.yaml"
         bad.write_text("max_num_seq: 3\n")
         LLM.from_config_file(bad, model=target, tokenizer=tiny_tokenizer(VOCAB))
+
+
+def test_seeded_samples_keep_the_configured_k(target):
+    """Drafting priced out (a fixed verify cost of 2): greedy and unseeded requests stop
+    drafting, a seeded sampling request keeps k (its output must not depend on timings)."""
+    spec = dict(NGRAM, verify_cost_per_token=2.0)
+    drafted = {}
+    for name, extra in [("greedy", {"temperature": 0}), ("unseeded", {"temperature": 1.0}),
+                        ("seeded", {"temperature": 1.0, "seed": 3})]:
+        params = SamplingParams(max_tokens=24, ignore_eos=True, **extra)
+        out = make_llm(target, spec).generate([PROMPTS[0]], params, use_tqdm=False)[0]
+        drafted[name] = out.metrics.num_drafted
+    assert drafted["greedy"] == drafted["unseeded"] == 0
+    assert drafted["seeded"] > 0
