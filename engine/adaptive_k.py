@@ -14,7 +14,10 @@ so ``k = 0`` (plain decoding, gain 1) wins as soon as drafting is expected to lo
 The acceptance ``a`` of a request is estimated from its own history as accepted / tested drafts
 (a draft is tested when no earlier draft of its step was rejected: the maximum-likelihood estimate
 of a geometric run), with counts decayed by ``DECAY`` per update so that it follows the text, and
-a prior worth ``PRIOR_TESTED`` drafts at ``PRIOR_ACCEPTANCE``, so a new request starts speculating.
+a prior worth ``PRIOR_TESTED`` drafts at the engine's recent acceptance over all requests
+(decayed by ``RECENT_DECAY`` per update; ``PRIOR_ACCEPTANCE`` before any): a new request starts
+speculating, unless the requests before it found drafting useless (then it starts at k = 0 and
+probes, instead of paying a first burst of rejected drafts).
 A request at ``k = 0`` drafts one token after ``adaptive_probe_interval`` steps to re-measure ``a``,
 then waits twice as long before each further probe (at most ``MAX_PROBE_BACKOFF`` times the
 interval) until a probe lifts ``a`` enough for ``k > 0``: ``k`` grows back when the text becomes
@@ -53,6 +56,7 @@ import numpy as np
 DECAY = 0.8
 PRIOR_ACCEPTANCE = 0.8
 PRIOR_TESTED = 2.0
+RECENT_DECAY = 0.99  # the engine-wide tracker: one update per request step
 MAX_PROBE_BACKOFF = 8
 # Probes come at the slowest rate when even perfect acceptance would gain less than this.
 MIN_PROBE_GAIN = 1.1
@@ -87,6 +91,7 @@ class AcceptanceTracker:
     tested: float = PRIOR_TESTED
     steps_at_zero: int = 0
     backoff: int = 1  # current probe interval, in units of adaptive_probe_interval
+    decay: float = DECAY
 
     @property
     def acceptance(self) -> float:
@@ -97,8 +102,8 @@ class AcceptanceTracker:
         if num_drafted == 0:
             return
         tested = num_accepted + (1 if num_accepted < num_drafted else 0)
-        self.accepted = DECAY * self.accepted + num_accepted
-        self.tested = DECAY * self.tested + tested
+        self.accepted = self.decay * self.accepted + num_accepted
+        self.tested = self.decay * self.tested + tested
 
 
 class StepCostModel:
@@ -168,6 +173,17 @@ class AdaptiveK:
         self.verify_cost_per_token = verify_cost_per_token
         self.probe_interval = probe_interval
         self.enabled = enabled
+        self.recent = AcceptanceTracker(decay=RECENT_DECAY)  # every request's steps
+
+    def new_tracker(self) -> AcceptanceTracker:
+        """A new request's tracker, its prior at the engine's recent acceptance."""
+        return AcceptanceTracker(accepted=self.recent.acceptance * PRIOR_TESTED,
+                                 tested=PRIOR_TESTED)
+
+    def update(self, tracker: AcceptanceTracker, num_drafted: int, num_accepted: int) -> None:
+        """Record one request's verified step in its tracker and the engine-wide one."""
+        tracker.update(num_drafted, num_accepted)
+        self.recent.update(num_drafted, num_accepted)
 
     def choose(self, tracker: AcceptanceTracker, draft_cost_ratio: float,
                verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:

@@ -95,6 +95,8 @@ class LLMEngine:
         now = time.perf_counter()
         seqs = [Request(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
                         self.eos_token_ids, now) for i in range(params.n)]
+        for seq in seqs:
+            seq.acceptance = self.adaptive.new_tracker()
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -370,5 +372,5 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        seq.acceptance.update(num_drafted, num_accepted)
+        self.adaptive.update(seq.acceptance, num_drafted, num_accepted)
         self.metrics.record_request_step(num_drafted, num_accepted, kept)

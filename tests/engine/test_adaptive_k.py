@@ -111,3 +111,13 @@ def test_costly_verification_switches_off_and_probes_slowly():
     ks = [adaptive.choose(t, 0.0, verify_cost=1.0) for _ in range(60)]
     assert [i + 1 for i, k in enumerate(ks) if k] == [3 * MAX_PROBE_BACKOFF,
                                                       6 * MAX_PROBE_BACKOFF]
+
+
+def test_new_requests_start_from_the_engines_recent_acceptance():
+    adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.1, probe_interval=3)
+    assert adaptive.new_tracker().acceptance == pytest.approx(0.8)  # nothing seen yet
+    for _ in range(200):  # earlier requests: every draft rejected
+        adaptive.update(AcceptanceTracker(), 4, 0)
+    fresh = adaptive.new_tracker()
+    assert fresh.acceptance < 0.05
+    assert adaptive.choose(fresh, 0.0) == 0  # no opening burst of rejected drafts
