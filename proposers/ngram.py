@@ -171,14 +171,18 @@ class NgramProposer(Proposer):
         width = self._tokens.shape[1]
         while width < length + self.prompt_lookup_max:
             width *= 2
-        if len(self._tokens) * width > MAX_VALUE:
-            raise ValueError(f"context length {length} is invalid for the n-gram proposer with "
-                             f"{len(self._tokens)} request slots: allowed at most "
-                             f"{MAX_VALUE // len(self._tokens) - self.prompt_lookup_max}")
+        self._check_size(len(self._tokens), width)
         wider = np.zeros((len(self._tokens), width), dtype=np.int64)
         wider[:, :self._tokens.shape[1]] = self._tokens
         self._tokens = wider
         self._rebuild(self._table.capacity)
+
+    def _check_size(self, num_slots: int, width: int) -> None:
+        """The table's values index the copies: ``num_slots * width`` must fit in 32 bits."""
+        if num_slots * width > MAX_VALUE:
+            raise ValueError(f"{num_slots} requests with contexts of up to {width} tokens are too "
+                             f"many for the n-gram proposer: allowed num_requests * context "
+                             f"length <= {MAX_VALUE}")
 
     def _add_slots(self, requests: Sequence[ProposeRequest], slots: np.ndarray) -> np.ndarray:
         """Give each request without a slot a fresh one (nothing indexed, a new life id)."""
@@ -190,6 +194,7 @@ class NgramProposer(Proposer):
                 if not self._free:
                     num_slots = len(self._length)
                     grown = max(16, 2 * num_slots)
+                    self._check_size(grown, self._tokens.shape[1])
                     self._free = list(range(grown - 1, num_slots - 1, -1))
                     self._length = np.resize(self._length, grown)
                     self._life = np.resize(self._life, grown)
