@@ -60,7 +60,8 @@ RECENT_DECAY = 0.99  # the engine-wide tracker: one update per request step
 MAX_PROBE_BACKOFF = 8
 # Probes come at the slowest rate when even perfect acceptance would gain less than this.
 MIN_PROBE_GAIN = 1.1
-COST_WINDOW = 64  # decode steps in the verify-cost fit
+COST_WINDOW = 256  # decode steps in the verify-cost fit (engine-wide: a few requests' worth)
+MIN_FIT_STEPS = 8  # steps with drafts, and steps without, before the fit is trusted
 MIN_DRAFT_SPREAD = 0.5  # the drafts-per-step standard deviation below which the fit is kept
 MAX_VERIFY_COST = 2.0
 
@@ -131,13 +132,11 @@ class StepCostModel:
 
     def _refit(self) -> None:
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
-        if len(steps) < 8:
-            return
         drafts = steps[:, 1]
         drafting = drafts > 0
         num_drafting = int(drafting.sum())
-        if min(num_drafting, len(steps) - num_drafting) < 2:
-            return  # nothing to compare drafting with
+        if min(num_drafting, len(steps) - num_drafting) < MIN_FIT_STEPS:
+            return  # too few of either to compare drafting with
         columns = [np.ones(len(steps)), steps[:, 0]]
         spread = drafts[drafting].std() >= MIN_DRAFT_SPREAD
         if spread:
