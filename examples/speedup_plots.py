@@ -18,27 +18,33 @@ def _grid(results: list[Measurement]) -> tuple[list[int], list[str]]:
     return batch_sizes, kinds
 
 
-def plot_tokens_per_s(results: list[Measurement]) -> Figure:
-    """tokens/s against k for each method; methods without k are horizontal lines. One panel per
-    (batch size, prompt kind)."""
+def _panel_grid(results: list[Measurement]) -> tuple[Figure, list[tuple[object, int, str]]]:
+    """A figure with one panel per (batch size, prompt kind), x axes shared, and its panels as
+    ``(ax, batch_size, kind)``."""
     batch_sizes, kinds = _grid(results)
     fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False, sharex=True,
                              figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
-    for row, batch_size in enumerate(batch_sizes):
-        for col, kind in enumerate(kinds):
-            ax = axes[row][col]
-            for method in ("ngram", "early_exit", "hf_prompt_lookup"):
-                runs = find(results, method, kind, batch_size)
-                if runs:
-                    ax.plot([m.k for m in runs], [m.tokens_per_s for m in runs], "o-",
-                            color=COLORS[method], label=LABELS[method])
-            for method, style in (("none", "-"), ("hf", "--")):
-                runs = find(results, method, kind, batch_size)
-                if runs:
-                    ax.axhline(runs[0].tokens_per_s, color=COLORS[method], linestyle=style,
-                               label=LABELS[method])
-            _style(ax, batch_size, kind, "k (draft tokens per step)", "tokens/s")
-    axes[0][0].legend(fontsize=8)
+    return fig, [(axes[row][col], batch_size, kind) for row, batch_size in enumerate(batch_sizes)
+                 for col, kind in enumerate(kinds)]
+
+
+def plot_tokens_per_s(results: list[Measurement]) -> Figure:
+    """tokens/s against k for each method; methods without k are horizontal lines. One panel per
+    (batch size, prompt kind)."""
+    fig, panels = _panel_grid(results)
+    for ax, batch_size, kind in panels:
+        for method in ("ngram", "early_exit", "hf_prompt_lookup"):
+            runs = find(results, method, kind, batch_size)
+            if runs:
+                ax.plot([m.k for m in runs], [m.tokens_per_s for m in runs], "o-",
+                        color=COLORS[method], label=LABELS[method])
+        for method, style in (("none", "-"), ("hf", "--")):
+            runs = find(results, method, kind, batch_size)
+            if runs:
+                ax.axhline(runs[0].tokens_per_s, color=COLORS[method], linestyle=style,
+                           label=LABELS[method])
+        _style(ax, batch_size, kind, "k (draft tokens per step)", "tokens/s")
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -67,25 +73,20 @@ def plot_speedup_vs_theory(results: list[Measurement]) -> Figure:
     """Measured speedup over the engine without speculation (solid) against Leviathan's
     prediction from the same run's alpha and c (dashed), per k. One panel per (batch size,
     prompt kind)."""
-    batch_sizes, kinds = _grid(results)
-    fig, axes = plt.subplots(len(batch_sizes), len(kinds), squeeze=False, sharex=True,
-                             figsize=(6 * len(kinds), 3.8 * len(batch_sizes)))
-    for row, batch_size in enumerate(batch_sizes):
-        for col, kind in enumerate(kinds):
-            ax = axes[row][col]
-            for method in ("ngram", "early_exit"):
-                runs = find(results, method, kind, batch_size)
-                if not runs:
-                    continue
-                ks = [m.k for m in runs]
-                ax.plot(ks, [measured_speedup(m, results) for m in runs], "o-",
-                        color=COLORS[method], label=f"{LABELS[method]}: measured")
-                ax.plot(ks, [m.predicted_speedup for m in runs], "s--", color=COLORS[method],
-                        alpha=0.6, label=f"{LABELS[method]}: Leviathan")
-            ax.axhline(1.0, color="black", linewidth=0.8)
-            _style(ax, batch_size, kind, "k (draft tokens per step)",
-                   "speedup over no speculation")
-    axes[0][0].legend(fontsize=8)
+    fig, panels = _panel_grid(results)
+    for ax, batch_size, kind in panels:
+        for method in ("ngram", "early_exit"):
+            runs = find(results, method, kind, batch_size)
+            if not runs:
+                continue
+            ks = [m.k for m in runs]
+            ax.plot(ks, [measured_speedup(m, results) for m in runs], "o-",
+                    color=COLORS[method], label=f"{LABELS[method]}: measured")
+            ax.plot(ks, [m.predicted_speedup for m in runs], "s--", color=COLORS[method],
+                    alpha=0.6, label=f"{LABELS[method]}: Leviathan")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        _style(ax, batch_size, kind, "k (draft tokens per step)", "speedup over no speculation")
+    panels[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
 
