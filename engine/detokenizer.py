@@ -5,6 +5,10 @@ a character together), so each new token is decoded together with a few tokens b
 ``decode(ids[prefix:])`` minus ``decode(ids[prefix:read])`` is the new text. While the result ends
 in U+FFFD (an incomplete UTF-8 sequence) nothing is emitted and the offsets stay, so the
 character appears whole once its last byte arrives.
+
+Tokens may also arrive several at a time (:meth:`IncrementalDetokenizer.add_tokens`): the same two
+decodes then cover the whole run, so a caller that needs the text only now and then (no stop
+strings, no streaming) pays two decodes per read instead of two per token.
 """
 
 from __future__ import annotations
@@ -35,8 +39,27 @@ class IncrementalDetokenizer:
     def add_token(self, token_id: int) -> str:
         """Append one token; return the text it completes (may be empty)."""
         self.ids.append(int(token_id))
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        return self._emit(self._decode(self.ids[self.prefix_offset:]))
+
+    def add_tokens(self, token_ids: list[int]) -> str:
+        """Append several tokens; return the text they complete: what :meth:`add_token` returns
+        for each in turn, joined (for tokenizers whose text of a token depends only on a few
+        neighbours, as with byte-level BPE, SentencePiece and word-level ones)."""
+        if not token_ids:
+            return ""
+        start = len(self.ids)
+        self.ids.extend(int(t) for t in token_ids)
         full_text = self._decode(self.ids[self.prefix_offset:])
+        if len(token_ids) > 1 and full_text.endswith(_REPLACEMENT):
+            # an incomplete character at the end: emit what is complete, token by token
+            del self.ids[start:]
+            return "".join(self.add_token(t) for t in token_ids)
+        return self._emit(full_text)
+
+    def _emit(self, full_text: str) -> str:
+        """The text after ``read_offset`` (``full_text``: the decode from ``prefix_offset`` to
+        the end), unless it ends in an incomplete character; moves the offsets past it."""
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""
         delta = full_text[len(prefix_text):]

@@ -57,7 +57,8 @@ class Request:
         self.generator: torch.Generator | None = None
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_token_ids,
                                                   params.skip_special_tokens)
-        self.text = ""
+        self._text = ""
+        self._untexted: list[int] = []  # output tokens whose text is not in _text yet
         self.num_streamed_chars = 0
         self.num_streamed_tokens = 0
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
@@ -88,6 +89,19 @@ class Request:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def text(self) -> str:
+        """The output's text so far (detokenized when read: see :meth:`append_token`)."""
+        if self._untexted:
+            self._text += self.detokenizer.add_tokens(self._untexted)
+            self._untexted = []
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._untexted = []
+        self._text = value
+
+    @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
 
@@ -99,9 +113,14 @@ class Request:
         return derive_seed(self.seed, self.num_output_tokens)
 
     # ------------------------------------------------------------------ transitions
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, with_text: bool = True) -> None:
+        """Append an output token. Its text joins :attr:`text` when that is next read, in one
+        detokenization with the other tokens appended meanwhile; ``with_text=False`` leaves it
+        out of the text (a stop token whose text is dropped)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if with_text:
+            self._untexted.append(token_id)
 
     def add_logprobs(self, rows: torch.Tensor, token_ids: list[int]) -> None:
         """``rows [len(token_ids), vocab_size]``: log-probabilities of the processed target at the

@@ -54,6 +54,27 @@ def find_stop_string(text: str, new_chars: int, stops: list[str],
     return stop, text[:pos + len(stop)] if include_stop else text[:pos]
 
 
+def check_token_stop(params: SamplingParams, token_id: int, num_output_tokens: int,
+                     num_total_tokens: int, eos_token_ids: frozenset[int],
+                     max_model_len: int) -> StopResult | None:
+    """Every check but stop strings, on the newest token's id; ``text`` of the result is "" and
+    ``stop`` results mean the token's text is dropped unless ``include_stop_str_in_output``.
+
+    ``num_output_tokens`` and ``num_total_tokens`` count the token too.
+    """
+    if num_output_tokens < params.min_tokens:
+        return None
+    if not params.ignore_eos and token_id in eos_token_ids:
+        return StopResult("stop", None, "")
+    if token_id in params.stop_token_ids:
+        return StopResult("stop", token_id, "")
+    if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
+        return StopResult("length", None, "")
+    if num_total_tokens >= max_model_len:
+        return StopResult("length", None, "")
+    return None
+
+
 def check_stop(params: SamplingParams, token_id: int, token_text: str, text: str,
                num_output_tokens: int, num_total_tokens: int, eos_token_ids: frozenset[int],
                max_model_len: int) -> StopResult | None:
@@ -61,40 +82,51 @@ def check_stop(params: SamplingParams, token_id: int, token_text: str, text: str
 
     ``num_output_tokens`` and ``num_total_tokens`` count it too.
     """
-    if num_output_tokens < params.min_tokens:
+    found = check_token_stop(params, token_id, num_output_tokens, num_total_tokens,
+                             eos_token_ids, max_model_len)
+    if found is None and num_output_tokens < params.min_tokens:
         return None
     include = params.include_stop_str_in_output
-    if not params.ignore_eos and token_id in eos_token_ids:
+    if found is not None and found.finish_reason == "stop":
         kept = text if include else text[:len(text) - len(token_text)]
-        return StopResult("stop", None, kept)
-    if token_id in params.stop_token_ids:
-        kept = text if include else text[:len(text) - len(token_text)]
-        return StopResult("stop", token_id, kept)
+        return StopResult("stop", found.stop_reason, kept)
     if params.stop and token_text:
-        found = find_stop_string(text, len(token_text), params.stop, include)
-        if found is not None:
-            return StopResult("stop", found[0], found[1])
-    if params.max_tokens is not None and num_output_tokens >= params.max_tokens:
-        return StopResult("length", None, text)
-    if num_total_tokens >= max_model_len:
-        return StopResult("length", None, text)
-    return None
+        stop = find_stop_string(text, len(token_text), params.stop, include)
+        if stop is not None:
+            return StopResult("stop", stop[0], stop[1])
+    return None if found is None else StopResult(found.finish_reason, None, text)
 
 
 def append_until_stop(request: Request, token_ids: list[int], eos_token_ids: frozenset[int],
                       max_model_len: int) -> int:
     """Append ``token_ids`` to a running sample one by one, checking stops after each; return how
-    many were kept. The token that stops the sample is kept; the ones after it are dropped."""
+    many were kept. The token that stops the sample is kept; the ones after it are dropped.
+
+    Only stop strings need each token's text at once; without them the tokens' text is
+    detokenized when :attr:`Request.text` is next read (two decodes per read, not per token).
+    """
     params = request.params
+    if not params.stop:
+        for count, token_id in enumerate(token_ids, start=1):
+            result = check_token_stop(params, token_id, request.num_output_tokens + 1,
+                                      request.num_tokens + 1, eos_token_ids, max_model_len)
+            cut = (result is not None and result.finish_reason == "stop"
+                   and not params.include_stop_str_in_output)
+            request.append_token(token_id, with_text=not cut)
+            if result is not None:
+                request.finish(result.finish_reason, result.stop_reason)
+                return count
+        return len(token_ids)
+    text = request.text
     for count, token_id in enumerate(token_ids, start=1):
-        request.append_token(token_id)
+        request.append_token(token_id, with_text=False)
         token_text = request.detokenizer.add_token(token_id)
-        request.text += token_text
-        result = check_stop(params, token_id, token_text, request.text,
-                            request.num_output_tokens, request.num_tokens, eos_token_ids,
-                            max_model_len)
+        text += token_text
+        result = check_stop(params, token_id, token_text, text, request.num_output_tokens,
+                            request.num_tokens, eos_token_ids, max_model_len)
         if result is not None:
             request.text = result.text
             request.finish(result.finish_reason, result.stop_reason)
             return count
+    request.text = text
     return len(token_ids)

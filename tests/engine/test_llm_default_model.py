@@ -65,3 +65,19 @@ def test_incremental_text_equals_full_decode(default_model):
     pieces = [detok.add_token(t) for t in ids]
     assert "".join(pieces) == tokenizer.decode(ids)
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_text_added_in_runs_equals_token_by_token(default_model):
+    """The engine detokenizes a run of tokens at once when nothing reads the text in between;
+    cutting the runs anywhere, also inside a multi-byte character, gives the same text."""
+    _, tokenizer = default_model
+    text = "Crème brûlée 🍮 costs 5 € — naïve café, 東京 and spaces  here."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt = tokenizer("Say:", add_special_tokens=False)["input_ids"]
+    one_by_one = IncrementalDetokenizer(tokenizer, prompt)
+    expected = [one_by_one.add_token(t) for t in ids]
+    for run in (2, 3, 5, len(ids)):
+        detok = IncrementalDetokenizer(tokenizer, prompt)
+        pieces = [detok.add_tokens(ids[i:i + run]) for i in range(0, len(ids), run)]
+        assert "".join(pieces) == "".join(expected) == tokenizer.decode(ids)
+        assert all("\ufffd" not in p for p in pieces)
