@@ -28,7 +28,8 @@ from benchmarks.e2e_targets import check_targets, print_table  # noqa: E402
 from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  # noqa: E402
 from engine import LLM  # noqa: E402
 
-METHODS = ("ngram", "early_exit", "draft_model")
+# "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
+METHODS = ("ngram", "early_exit", "draft_model", "eager")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=1, help="rounds over the prompts (summed)")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="every engine without CUDA graphs (method 'eager' adds one such row)")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 prompt per kind at batch 1, 16 tokens per prompt")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -80,7 +83,7 @@ def cpu_name() -> str:
 
 
 def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
-    if method == "none":
+    if method in ("none", "eager"):
         return None
     spec = {"method": method, "num_speculative_tokens": args.k}
     if method == "early_exit" and args.num_early_exit_layers is not None:
@@ -93,7 +96,8 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
 def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str, b: int,
             prompts: list[list[int]], device: torch.device) -> list[RunResult]:
     """Every system on ``prompts`` in groups of ``b``, taking turns group by group."""
-    systems = {method: (RunResult("engine", method, kind, b, 0 if method == "none" else args.k),
+    systems = {method: (RunResult("engine", method, kind, b,
+                                  0 if method in ("none", "eager") else args.k),
                         lambda g, llm=llm: engine_generate(llm, g, args.max_tokens))
                for method, llm in llms.items()}
     if not args.no_hf:
@@ -115,7 +119,7 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
             for run, generate in systems.values():
                 run.add(*timed(generate, group, device))
     for method, llm in llms.items():
-        if method != "none":
+        if method not in ("none", "eager"):
             metrics = llm.get_metrics()
             run = systems[method][0]
             run.acceptance_rate = metrics.acceptance_rate
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     max_model_len = longest + args.max_tokens + args.k + 8
     llms = {method: LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                         speculative_config=speculative_config(args, method),
+                        enforce_eager=args.enforce_eager or method == "eager",
                         max_num_seqs=max_batch, max_model_len=max_model_len,
                         kv_cache_tokens=max_batch * max_model_len)
             for method in ["none", *args.methods]}

@@ -81,7 +81,7 @@ def check_targets(results: list[RunResult], on_gpu: bool, k: int) -> list[dict]:
                 add(f"{run.kind}, batch 32, {name} / HF batched generate >= 1.5",
                     _ratio(run, _find(results, "hf:none", run.kind, 32)), 1.5)
     for r in results:
-        if r.system == "engine" and r.method != "none" and r.kind == "open":
+        if r.system == "engine" and r.method not in ("none", "eager") and r.kind == "open":
             add(f"open, batch {r.batch_size}, {r.name} / engine without speculation >= 0.95",
                 _ratio(r, _find(results, "engine:none", "open", r.batch_size)), 0.95)
     if targets:

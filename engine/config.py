@@ -147,6 +147,9 @@ class EngineConfig:
     ``max_num_seqs`` full-length sequences, capped at 65536 on CUDA and 16384 on CPU
     (preemption starts when it is full).
     ``seed``: seeds the global RNG used by requests without a seed of their own.
+    ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
+    decode and verification forwards of the target and of a draft model replay CUDA graphs
+    (:mod:`engine.cuda_graphs`); prefills always run eager.
     """
 
     model: Any = "smollm2-135m"
@@ -159,6 +162,7 @@ class EngineConfig:
     kv_cache_tokens: int | None = None
     seed: int | None = 0
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -178,6 +182,8 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
+        if not isinstance(self.enforce_eager, bool):
+            _fail(name, "enforce_eager", self.enforce_eager, "true or false")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):

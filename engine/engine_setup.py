@@ -80,7 +80,8 @@ def build_proposer(spec: SpeculativeConfig, model: Any, tokenizer: Any, config: 
     from proposers import get_proposer
 
     greedy = spec.draft_sample_method == "greedy"
-    common = dict(max_num_seqs=config.max_num_seqs, max_model_len=max_model_len, greedy=greedy)
+    common = dict(max_num_seqs=config.max_num_seqs, max_model_len=max_model_len, greedy=greedy,
+                  cuda_graph_max_new=graph_max_new(config))
     if spec.method == "ngram":
         return get_proposer("ngram", prompt_lookup_min=spec.prompt_lookup_min,
                             prompt_lookup_max=spec.prompt_lookup_max)
@@ -95,6 +96,15 @@ def build_proposer(spec: SpeculativeConfig, model: Any, tokenizer: Any, config: 
                         device=str(device), dtype=config.dtype, **common)
 
 
+def graph_max_new(config: EngineConfig) -> int:
+    """Steps of at most this many new tokens per sequence replay CUDA graphs (0: none): one
+    token per decode step, k + 1 per verification (and per draft catch-up)."""
+    if config.enforce_eager:
+        return 0
+    spec = config.speculative_config
+    return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+
+
 def build_components(config: EngineConfig) -> EngineComponents:
     model, tokenizer = load_target(config)
     device = model.get_input_embeddings().weight.device
@@ -104,7 +114,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
     cap = DEFAULT_KV_CAP["cuda" if device.type == "cuda" else "cpu"]
     kv_tokens = config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, cap)
     max_model_len = min(max_model_len, kv_tokens)
-    runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len)
+    runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
+                         cuda_graph_max_new=graph_max_new(config))
     spec = config.speculative_config
     proposer = None
     if spec is not None and spec.num_speculative_tokens > 0:

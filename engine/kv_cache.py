@@ -5,9 +5,10 @@ Layout. Every attention layer owns one pool ``[2, 1, num_kv_heads, num_rows, hea
 that a run of rows is already attention's ``[1, heads, kv_len, head_dim]``), allocated once: the
 token budget. A sequence (a *slot*) owns an ordered list of pool rows, one per cached
 token, kept on the host by the runner; the same list lives on the device as row ``slot`` of
-``slot_table [max_num_seqs, max_model_len + 1]`` (column ``p`` = the pool row of the token at
-position ``p``). The last pool row and the last table column are scratch: padding tokens of a step
-write there and nobody reads them.
+``slot_table [max_num_seqs + 1, max_model_len + 1]`` (column ``p`` = the pool row of the token at
+position ``p``). The last pool row, the last table column and the last table row (the *scratch
+slot*, which the padding sequences of a CUDA-graph bucket use) are scratch: padding tokens of a
+step write there and nobody reads them.
 
 One step. The runner calls :meth:`PagedKVCache.prepare_step` with, for every padded input token,
 the pool row it writes and its table cell, then runs the model with this object as
@@ -69,8 +70,10 @@ class PagedKVCache:
         # layer_idx -> (keys, values), each [1, num_kv_heads, max_num_tokens + 1, head_dim]:
         # views made once, so that a step's per-layer work is as few tensor ops as possible
         self._kv = {i: (p[0], p[1]) for i, p in self.pools.items()}
-        # [max_num_seqs, max_model_len + 1] pool row of each (slot, position); last column scratch
-        self.slot_table = torch.full((max_num_seqs, max_model_len + 1), self.scratch_row,
+        # [max_num_seqs + 1, max_model_len + 1] pool row of each (slot, position); the last
+        # column and the last row (the scratch slot) are scratch
+        self.scratch_slot = max_num_seqs
+        self.slot_table = torch.full((max_num_seqs + 1, max_model_len + 1), self.scratch_row,
                                      dtype=torch.long, device=table_device)
         self._devices = sorted({p.device for p in self.pools.values()}, key=str)
         self._write_rows: dict[torch.device, torch.Tensor] = {}  # device -> [batch_size * num_new]
@@ -83,6 +86,11 @@ class PagedKVCache:
     def bytes_per_token(self) -> int:
         """Bytes of keys and values one cached token takes over all layers."""
         return sum(p.numel() // p.shape[3] * p.element_size() for p in self.pools.values())
+
+    @property
+    def single_device(self) -> bool:
+        """All layers' pools and the slot table live on one device."""
+        return len(self._devices) == 1 and self._devices[0] == self.slot_table.device
 
     @property
     def scratch_column(self) -> int:

@@ -23,10 +23,12 @@ ships them in one host-to-device copy (through a persistent pinned buffer on CUD
 device-to-host sync. Per layer the gather copies the batch's cached keys/values (as
 ``DynamicCache``'s ``torch.cat`` does), except for one sequence on an ascending run of pool rows,
 which is read as a view (see :mod:`engine.kv_cache`); a masked step on a GQA model also pays
-``repeat_kv`` in transformers' ``sdpa``. Shapes are static
-per (batch_size, num_new, kv_len); ``kv_len`` still grows with the sequences, so a CUDA graph would
-have to bucket it. Rollback (:meth:`ModelRunner.truncate`) only moves pool rows back to the free
-list: no recomputation, no device work, and the memory in use tracks the tokens kept.
+``repeat_kv`` in transformers' ``sdpa``. Shapes are static per (batch_size, num_new, kv_len):
+on CUDA, small steps replay a CUDA graph captured for their bucket of those sizes
+(:mod:`engine.cuda_graphs`), which turns the few hundred kernel launches of a decode step into one
+and leaves the host the plan and the copy. Rollback (:meth:`ModelRunner.truncate`) only moves pool
+rows back to the free list: no recomputation, no device work, and the memory in use tracks the
+tokens kept.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch import nn
 
 from engine.attention_backend import without_cudnn_attention
 from engine.attention_support import check_model_supported
+from engine.cuda_graphs import CudaGraphs
 from engine.kv_cache import KVCacheFull, PagedKVCache
 
 __all__ = ["KVCacheFull", "ModelRunner"]
@@ -81,10 +84,12 @@ class ModelRunner:
     ``max_num_seqs`` slots, at most ``max_num_tokens`` cached tokens over all slots (the KV pool is
     allocated once for that budget), at most ``max_model_len`` tokens per sequence. The model is
     put in eval mode. See the module docstring for the route and its costs.
+    ``cuda_graph_max_new``: on one CUDA device, steps of at most this many new tokens per
+    sequence replay CUDA graphs (:mod:`engine.cuda_graphs`); 0 runs every step eager.
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
-                 max_model_len: int):
+                 max_model_len: int, cuda_graph_max_new: int = 0):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
@@ -114,6 +119,19 @@ class ModelRunner:
         self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
         self._ascending: dict[int, bool] = {}  # slot -> its rows are one ascending run
+        self.graphs: CudaGraphs | None = None
+        if not isinstance(cuda_graph_max_new, int) or cuda_graph_max_new < 0:
+            raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
+        if cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device:
+            self.use_graph_buckets(cuda_graph_max_new)
+
+    def use_graph_buckets(self, max_num_new: int, capture: bool = True) -> None:
+        """Run steps of at most ``max_num_new`` new tokens per sequence through
+        :class:`~engine.cuda_graphs.CudaGraphs` (``capture=False``: their padded bucket layout
+        eagerly, to check it off-GPU)."""
+        self.graphs = CudaGraphs(self._hidden, self._scratch_plan, self.max_num_seqs,
+                                 _positive("max_num_new", max_num_new), self.max_model_len + 1,
+                                 self.device, capture)
 
     # ---- slots and budget -------------------------------------------------------------------
 
@@ -186,29 +204,43 @@ class ModelRunner:
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
-        padded = batch_size * num_new
-        host, token_rows, kv_len = self._plan_step(slots, token_ids, starts, num_new)
+        kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
+        bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
+        rows_batch = batch_size if bucket is None else bucket[0]  # padded with scratch sequences
+        host, token_rows = self._plan_step(slots, token_ids, starts, num_new, rows_batch)
         if logits_indices is not None and not on_device:
             token_rows = [token_rows[i] for i in logits_indices]
         meta = self._to_device(host + token_rows)  # one host-to-device copy
-        input_ids, positions, write_rows, cells = meta[:4 * padded].view(4, batch_size, num_new)
-        slots_t = meta[4 * padded:4 * padded + batch_size]  # [batch_size]
-        rows_t = meta[4 * padded + batch_size:]  # [num_logits] padded index of each kept row
+        rows_t = meta[len(host):]  # [num_logits] padded index of each kept row
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
-        # one length and one number of new tokens for all: transformers' causal mask is exact
-        uniform = len(set(starts)) == 1 and num_rows == padded
-        run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
-        self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, starts[0], run)
+        if bucket is not None:
+            hidden = self.graphs.replay(bucket, meta[:len(host)])
+        else:
+            # one length and one number of new tokens for all: transformers' causal mask is exact
+            uniform = len(set(starts)) == 1 and num_rows == batch_size * num_new
+            run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
+            hidden = self._hidden(meta[:len(host)], batch_size, num_new, kv_len, starts[0],
+                                  uniform, run)
+        # (device_map="auto" may leave the last layer on another device than the embeddings)
+        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
+        return self.model.get_output_embeddings()(hidden).float()
+
+    def _hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
+                query_offset: int = 0, uniform: bool = False,
+                run: int | None = None) -> torch.Tensor:
+        """The model's last hidden states ``[batch_size * num_new, hidden_size]`` for a step laid
+        out in ``inputs`` (see :meth:`_plan_step`); also the body of every CUDA graph."""
+        padded = batch_size * num_new
+        input_ids, positions, write_rows, cells = inputs[:4 * padded].view(4, batch_size, num_new)
+        slots_t = inputs[4 * padded:]  # [batch_size]
+        self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         mask = None if uniform else self._mask(positions, kv_len)
         with without_cudnn_attention():  # no per-shape plan builds (engine/attention_backend.py)
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 past_key_values=self.cache, use_cache=True).last_hidden_state
-        hidden = hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
-        # (device_map="auto" may leave the last layer on another device than the embeddings)
-        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        return self.model.get_output_embeddings()(hidden).float()
+        return hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """``values`` as a long tensor on the model's device, through a persistent pinned buffer
@@ -234,18 +266,20 @@ class ModelRunner:
         return torch.where(visible, self._zero, self._min)[..., :kv_len]
 
     def _plan_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
-                   starts: list[int], num_new: int) -> tuple[list[int], list[int], int]:
+                   starts: list[int], num_new: int,
+                   rows_batch: int) -> tuple[list[int], list[int]]:
         """Give every new token a pool row and lay out the step's index tensors on the host.
 
         Returns ``host``: input ids, positions, pool rows, slot-table cells (each
-        ``[batch_size * num_new]``, padding: last position, scratch row, scratch column), then the
-        slots; ``token_rows``: the padded index of every new token; ``kv_len``.
+        ``[rows_batch * num_new]``; padding: last position, scratch row, scratch column; the
+        ``rows_batch - len(slots)`` padding sequences are the scratch slot at position 0), then
+        the ``rows_batch`` slots; ``token_rows``: the padded index of every new token.
         """
-        batch_size, width = len(slots), self.max_model_len + 1
-        padded = batch_size * num_new
-        host = [0] * (4 * padded) + list(slots)
+        width = self.max_model_len + 1
+        padded = rows_batch * num_new
+        host = self._scratch_plan(rows_batch, num_new)
+        host[4 * padded:4 * padded + len(slots)] = slots
         token_rows: list[int] = []
-        kv_len = 0
         for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
             start, n, base, pad = starts[b], len(ids), b * num_new, num_new - len(ids)
             rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
@@ -254,17 +288,23 @@ class ModelRunner:
             self._ascending[slot] = self._ascending[slot] and rows == list(
                 range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
             held.extend(rows)
-            kv_len = max(kv_len, start + n)
             host[base:base + n] = ids
             host[padded + base:padded + base + num_new] = [*range(start, start + n)] + [
                 start + n - 1] * pad
-            host[2 * padded + base:2 * padded + base + num_new] = rows + [
-                self.cache.scratch_row] * pad
+            host[2 * padded + base:2 * padded + base + n] = rows
             host[3 * padded + base:3 * padded + base + num_new] = [
                 slot * width + p for p in range(start, start + n)] + [
                 slot * width + self.cache.scratch_column] * pad
             token_rows.extend(range(base, base + n))
-        return host, token_rows, kv_len
+        return host, token_rows
+
+    def _scratch_plan(self, rows_batch: int, num_new: int) -> list[int]:
+        """The host layout of a step of padding only: input id 0 at position 0, writing the
+        scratch row through the scratch slot's scratch column."""
+        padded = rows_batch * num_new
+        cell = self.cache.scratch_slot * (self.max_model_len + 1) + self.cache.scratch_column
+        return ([0] * (2 * padded) + [self.cache.scratch_row] * padded + [cell] * padded
+                + [self.cache.scratch_slot] * rows_batch)
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""

@@ -59,11 +59,13 @@ class DraftModelProposer(Proposer):
 
     ``target_vocab_size``: the width of the target's logits, that of the returned probabilities
     (default: the draft's own). ``max_num_tokens``: the draft's KV budget over all requests.
+    ``cuda_graph_max_new``: the runner's CUDA-graph limit (see
+    :class:`~engine.model_runner.ModelRunner`).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
                  max_num_tokens: int | None = None, greedy: bool = False,
-                 target_vocab_size: int | None = None) -> None:
+                 target_vocab_size: int | None = None, cuda_graph_max_new: int = 0) -> None:
         if target_vocab_size is not None and (isinstance(target_vocab_size, bool) or not (
                 isinstance(target_vocab_size, int) and target_vocab_size >= 1)):
             raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
@@ -73,7 +75,8 @@ class DraftModelProposer(Proposer):
             cap = _DEFAULT_KV_TOKENS["cuda" if device == "cuda" else "cpu"]
             max_num_tokens = (min(max_num_seqs * max_model_len, cap)
                               + max_num_seqs * _MAX_DRAFT_SLACK)
-        self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len)
+        self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len,
+                                  cuda_graph_max_new)
         self.greedy = greedy
         self.vocab_size = target_vocab_size or self.runner.vocab_size
         self._seqs: dict[str | int, _DraftSeq] = {}

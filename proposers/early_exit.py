@@ -70,10 +70,12 @@ def default_num_layers(num_target_layers: int) -> int:
 
 def make_early_exit_proposer(target_model: nn.Module, max_num_seqs: int, max_model_len: int,
                              num_layers: int | None = None, greedy: bool = False,
-                             max_num_tokens: int | None = None) -> DraftModelProposer:
+                             max_num_tokens: int | None = None,
+                             cuda_graph_max_new: int = 0) -> DraftModelProposer:
     """A draft-model proposer over ``early_exit_model(target_model, num_layers)``."""
     if num_layers is None:
         num_layers = default_num_layers(target_model.config.num_hidden_layers)
     draft = early_exit_model(target_model, num_layers)
     return DraftModelProposer(draft, max_num_seqs, max_model_len, max_num_tokens, greedy,
-                              target_vocab_size=target_model.get_output_embeddings().weight.shape[0])
+                              target_model.get_output_embeddings().weight.shape[0],
+                              cuda_graph_max_new)

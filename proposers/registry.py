@@ -46,7 +46,7 @@ def _ngram(prompt_lookup_min: int = 1, prompt_lookup_max: int = 4) -> Proposer:
 def _draft_model(model: Any, max_num_seqs: int, max_model_len: int, tokenizer: Any = None,
                  target_tokenizer: Any = None, target_vocab_size: int | None = None,
                  greedy: bool = False, device: str = "cpu", dtype: str = "auto",
-                 max_num_tokens: int | None = None) -> Proposer:
+                 max_num_tokens: int | None = None, cuda_graph_max_new: int = 0) -> Proposer:
     from proposers.draft_model import DraftModelProposer
     from proposers.vocab import check_shared_vocab
 
@@ -61,14 +61,14 @@ def _draft_model(model: Any, max_num_seqs: int, max_model_len: int, tokenizer: A
         width = model.get_output_embeddings().weight.shape[0]
         check_shared_vocab(tokenizer, target_tokenizer, width)
     return DraftModelProposer(model, max_num_seqs, max_model_len, max_num_tokens, greedy,
-                              target_vocab_size)
+                              target_vocab_size, cuda_graph_max_new)
 
 
 @register_proposer("early_exit")
 def _early_exit(target_model: Any, max_num_seqs: int, max_model_len: int,
                 num_layers: int | None = None, greedy: bool = False,
-                max_num_tokens: int | None = None) -> Proposer:
+                max_num_tokens: int | None = None, cuda_graph_max_new: int = 0) -> Proposer:
     from proposers.early_exit import make_early_exit_proposer
 
     return make_early_exit_proposer(target_model, max_num_seqs, max_model_len, num_layers, greedy,
-                                    max_num_tokens)
+                                    max_num_tokens, cuda_graph_max_new)

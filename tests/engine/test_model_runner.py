@@ -19,7 +19,8 @@ ATOL = 1e-5
 def full_logits(model, token_ids: list[int]) -> torch.Tensor:
     """Oracle: one plain Hugging Face forward of the whole sequence, no cache."""
     with torch.no_grad():
-        return model(input_ids=torch.tensor([token_ids])).logits[0].float()  # [seq_len, vocab]
+        ids = torch.tensor([token_ids], device=model.device)
+        return model(input_ids=ids).logits[0].float()  # [seq_len, vocab]
 
 
 def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[int]]) -> None:
@@ -82,6 +83,29 @@ def test_random_interleavings_match_full_forward(family):
     model = tiny_model(family, vocab_size=96, seed=1)
     runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=96, max_model_len=40)
     random_schedule(runner, model, seed=11, num_steps=30, vocab_size=96)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_graph_bucket_layout_matches_full_forward(family):
+    """Steps of <= 3 new tokens run in their CUDA-graph bucket's padded layout (batch rounded
+    up with scratch sequences, key length rounded up), here eagerly: logits stay exact."""
+    model = tiny_model(family, vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=160, max_model_len=40)
+    runner.use_graph_buckets(3, capture=False)
+    random_schedule(runner, model, seed=14, num_steps=30, vocab_size=96)
+    assert runner.graphs.num_replays > 10
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cuda_graphs_match_full_forward(family):
+    """Decode and verification steps replay captured CUDA graphs and stay exact (float32)."""
+    model = tiny_model(family, vocab_size=96, seed=5).cuda()
+    runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=400, max_model_len=300,
+                         cuda_graph_max_new=4)
+    assert runner.graphs is not None
+    random_schedule(runner, model, seed=15, num_steps=40, vocab_size=96)
+    assert runner.graphs.num_graphs > 0 and runner.graphs.num_replays > 10
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

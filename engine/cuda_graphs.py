@@ -1,0 +1,120 @@
+"""CUDA graphs of the runner's small forwards (decode and verification steps).
+
+Why. At batch 1-32 a decode step of a 1B model is mostly host work: Python and one kernel launch
+per op, a few hundred per step, while the GPU waits (DESIGN.md: "Where GPU time goes today").
+A CUDA graph records the step's kernels once and replays them with one launch.
+
+Static shapes. A graph replays fixed shapes at fixed addresses, so each one is captured for a
+*bucket* ``(batch_size, num_new, kv_len)``:
+
+- ``batch_size``: the step's sequences rounded up to 1, 2, 4, 8, then a multiple of 8 (the
+  padding sequences are the cache's scratch slot: they write the scratch row and read nothing
+  that counts);
+- ``num_new``: exact, 1 to ``max_num_new`` (the engine's k + 1); longer steps (prefills) run eager;
+- ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
+  a quarter more key columns, about four graphs per doubling of the context), capped at the
+  slot table's width. Columns past a sequence's length are masked, as in an eager step.
+
+Every graph reads its inputs from one static long tensor laid out as the runner's host plan
+(input ids, positions, pool rows, slot-table cells, slots) and writes the last hidden states
+``[batch_size * num_new, hidden_size]`` into a static output; ``lm_head`` runs after the replay on
+the rows asked for only. Graphs are captured lazily, the first time a bucket is met (one warm-up
+forward plus the capture), and share one memory pool. Replays run in stream order, so sharing is
+safe; each graph's output stays alive as long as the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+KV_STEP = 128  # the smallest kv_len rounding
+
+
+def batch_bucket(batch_size: int) -> int:
+    """1, 2, 4, 8, then the next multiple of 8."""
+    if batch_size <= 8:
+        return 1 << (batch_size - 1).bit_length()
+    return -(-batch_size // 8) * 8
+
+
+def kv_bucket(kv_len: int, limit: int) -> int:
+    """``kv_len`` rounded up to a multiple of ``max(KV_STEP, next_power_of_two(kv_len) // 4)``,
+    at most ``limit``."""
+    step = max(KV_STEP, (1 << (kv_len - 1).bit_length()) // 4)
+    return min(-(-kv_len // step) * step, limit)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: torch.Tensor  # [4 * batch_size * num_new + batch_size] long: the host plan's layout
+    hidden: torch.Tensor  # [batch_size * num_new, hidden_size]
+
+
+# body(inputs, batch_size, num_new, kv_len) -> hidden [batch_size * num_new, hidden_size]
+Body = Callable[[torch.Tensor, int, int, int], torch.Tensor]
+
+
+class CudaGraphs:
+    """Captured forwards by bucket; see the module docstring.
+
+    ``scratch_inputs(batch_size, num_new)`` gives the input layout of a step of padding only
+    (what the warm-up and the capture run on: it writes scratch rows only). ``capture=False``
+    runs each bucket's padded layout eagerly instead of replaying a graph: the same shapes and
+    padding, so that the bucketing is checked where CUDA graphs are not available (CPU tests).
+    """
+
+    def __init__(self, body: Body, scratch_inputs: Callable[[int, int], list[int]],
+                 max_batch_size: int, max_num_new: int, max_kv_len: int,
+                 device: torch.device, capture: bool = True) -> None:
+        self.max_batch_size = batch_bucket(max_batch_size)
+        self.max_num_new = max_num_new
+        self.max_kv_len = max_kv_len
+        self._body = body
+        self._scratch_inputs = scratch_inputs
+        self._device = device
+        self._capture_graphs = capture
+        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._pool = None  # the memory pool all graphs share (made at the first capture)
+        self.num_replays = 0  # steps run through a bucket
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def bucket(self, batch_size: int, num_new: int, kv_len: int) -> tuple[int, int, int] | None:
+        """The graph bucket of a step, or None when it runs eager (too many new tokens)."""
+        if num_new > self.max_num_new or batch_size > self.max_batch_size:
+            return None
+        return batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len)
+
+    def replay(self, key: tuple[int, int, int], inputs: torch.Tensor) -> torch.Tensor:
+        """Run bucket ``key`` on ``inputs`` (its layout, on the device); returns the static
+        hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay."""
+        self.num_replays += 1
+        if not self._capture_graphs:
+            return self._body(inputs, *key)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._capture(*key)
+        graph.inputs.copy_(inputs)
+        graph.graph.replay()
+        return graph.hidden
+
+    def _capture(self, batch_size: int, num_new: int, kv_len: int) -> _Graph:
+        inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long,
+                              device=self._device)
+        side = torch.cuda.Stream(self._device)  # warm-up off the main stream, as torch asks
+        side.wait_stream(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(side):
+            self._body(inputs, batch_size, num_new, kv_len)
+        torch.cuda.current_stream(self._device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            hidden = self._body(inputs, batch_size, num_new, kv_len)
+        return _Graph(graph, inputs, hidden)

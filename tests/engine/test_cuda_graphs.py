@@ -1,0 +1,58 @@
+"""CUDA graphs in the engine: greedy output stays HF's, with graphs and with enforce_eager.
+
+The graph path itself (capture and replay) needs a CUDA device; its padded bucket layout is also
+checked on CPU in ``test_model_runner.py``.
+"""
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny_model
+from llm_helpers import tiny_tokenizer
+from test_llm_greedy import VOCAB, noisy_copy, prompts, run_staggered, spec
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+
+MAX_TOKENS = 24
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="CUDA graphs need a CUDA device")
+
+
+def test_enforce_eager_is_checked_and_cpu_runs_eager():
+    with pytest.raises(ValueError, match="enforce_eager"):
+        EngineConfig(model="x", enforce_eager="yes")
+    llm = LLM(model=tiny_model("llama", vocab_size=VOCAB), tokenizer=tiny_tokenizer(VOCAB),
+              device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert llm.engine.runner.graphs is None
+
+
+@torch.inference_mode()
+def hf_greedy_on(model, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", [None, "ngram", "draft_model", "early_exit"])
+def test_greedy_with_cuda_graphs_equals_hf(method):
+    target = tiny_model("llama", vocab_size=VOCAB, seed=0).cuda()
+    draft = noisy_copy(copy.deepcopy(target).cpu(), 0.3, seed=1).cuda()
+    batch = prompts(12)
+    arrivals = [0, 0, 0, 1, 2, 3, 5, 8, 9, 13, 14, 20]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    expected = [hf_greedy_on(target, p) for p in batch]
+    for eager in (False, True):
+        llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=12,
+                  enforce_eager=eager,
+                  speculative_config=None if method is None else spec(method, 3, draft))
+        assert (llm.engine.runner.graphs is None) == eager
+        assert run_staggered(llm, batch, params, arrivals) == expected
+        if not eager:
+            assert llm.engine.runner.graphs.num_replays >= MAX_TOKENS // 4
+            proposer_runner = getattr(llm.engine.proposer, "runner", None)
+            if proposer_runner is not None:  # the draft's small forwards replay graphs too
+                assert proposer_runner.graphs.num_replays >= MAX_TOKENS // 4
