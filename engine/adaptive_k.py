@@ -62,6 +62,7 @@ MAX_PROBE_BACKOFF = 8
 MIN_PROBE_GAIN = 1.1
 COST_WINDOW = 256  # decode steps in the verify-cost fit (engine-wide: a few requests' worth)
 MIN_FIT_STEPS = 8  # steps with drafts, and steps without, before the fit is trusted
+REFIT_EVERY = 8  # decode steps recorded between two fits (a fit is a 256 x 4 least squares)
 MIN_DRAFT_SPREAD = 0.5  # the drafts-per-step standard deviation below which the fit is kept
 MAX_VERIFY_COST = 2.0
 
@@ -116,19 +117,19 @@ class StepCostModel:
     without drafts, ``t_draft`` a spread of draft counts among the steps with drafts (without
     it the whole cost of drafting is put on ``t_draft``, which errs towards smaller k). Until
     then, and while the steps stop varying, :meth:`costs` returns the last fit, at first
-    ``(prior, 0)``.
+    ``(prior, 0)``. The fit is redone every ``REFIT_EVERY`` recorded steps, not every step.
     """
 
     def __init__(self, prior: float) -> None:
         self.prior = prior
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=COST_WINDOW)
         self._fit: tuple[float, float, float, float] | None = None  # t0, t_seq, t_any, t_draft
-        self._stale = False
+        self._new_steps = 0  # recorded since the last fit
 
     def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
         """One decode step: ``num_seqs`` sequences scoring ``num_drafts`` drafts in all."""
         self._steps.append((float(num_seqs), float(num_drafts), seconds))
-        self._stale = True
+        self._new_steps += 1
 
     def _refit(self) -> None:
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
@@ -150,8 +151,8 @@ class StepCostModel:
         """``(v, f)`` at batch size ``num_seqs``: one more draft, and the once-per-step cost of
         drafting at all, over one sequence's share of a plain decode step; each clamped to
         ``[0, MAX_VERIFY_COST]``."""
-        if self._stale:
-            self._stale = False
+        if self._new_steps >= REFIT_EVERY:
+            self._new_steps = 0
             self._refit()
         if self._fit is None:
             return self.prior, 0.0
