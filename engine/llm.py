@@ -21,7 +21,7 @@ from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput, StreamD
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+Prompt = str | Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's dict forms
 Messages = list[dict[str, str]]
 
 
@@ -66,7 +66,8 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in prompt order.
 
-        ``prompts``: a string, a list of strings, or token id lists. ``sampling_params``: one for
+        ``prompts``: a string, a list of strings, or token id lists (or vLLM's dicts
+        ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``). ``sampling_params``: one for
         all prompts or one per prompt. Invalid parameters raise ``ValueError`` before any work; a
         request that cannot run (empty prompt, prompt longer than the context) comes back with
         ``finish_reason='error'`` and ``error`` set while the others complete.
@@ -136,24 +137,38 @@ class LLM:
     # ------------------------------------------------------------------ helpers
     def _normalize_prompts(self, prompts: Prompt | Sequence[Prompt]) -> list[tuple[str | None,
                                                                                    list[int]]]:
-        if isinstance(prompts, str) or (
+        if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, (list, tuple)) and prompts
                 and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a string, a list of strings or a list of token id "
                              f"lists, got {type(prompts).__name__}")
-        out = []
-        for prompt in prompts:
-            if isinstance(prompt, str):
-                ids = self.engine.tokenizer(prompt)["input_ids"] if prompt else []
-                out.append((prompt, list(ids)))
-            elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-                out.append((None, list(prompt)))
+        return [self._one_prompt(prompt) for prompt in prompts]
+
+    def _one_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a string, a token id list, or vLLM's dict forms
+        ``{"prompt": text}`` and ``{"prompt_token_ids": ids}``."""
+        if isinstance(prompt, dict):
+            keys = set(prompt)
+            if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+                prompt = prompt["prompt"]
+            elif keys == {"prompt_token_ids"}:
+                prompt = prompt["prompt_token_ids"]
+                if not isinstance(prompt, (list, tuple)):
+                    raise ValueError("prompt_token_ids must be a list of token ids, got "
+                                     f"{type(prompt).__name__}")
             else:
-                raise ValueError(f"each prompt must be a string or a list of token ids, got "
-                                 f"{type(prompt).__name__}")
-        return out
+                raise ValueError(f"a prompt dict must have exactly one key, 'prompt' (a string) "
+                                 f"or 'prompt_token_ids' (token ids), got keys {sorted(keys)}")
+        if isinstance(prompt, str):
+            ids = self.engine.tokenizer(prompt)["input_ids"] if prompt else []
+            return prompt, list(ids)
+        if isinstance(prompt, (list, tuple)) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"each prompt must be a string or a list of token ids (or a dict with "
+                         f"'prompt' or 'prompt_token_ids'), got {type(prompt).__name__}")
 
     def _add(self, prompts: list[tuple[str | None, list[int]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:

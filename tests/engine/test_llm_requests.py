@@ -125,6 +125,23 @@ def test_string_prompts_and_metrics(target):
     assert r.num_generated == 10 and r.num_steps <= 10 and r.num_accepted <= r.num_drafted
 
 
+def test_vllm_dict_prompts(target):
+    """vLLM's TextPrompt / TokensPrompt dicts give what a string / a token list gives."""
+    llm = make_llm(target)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    out = llm.generate([{"prompt": "w5 w6 w7 w5 w6"}, {"prompt_token_ids": PROMPTS[1]}], params,
+                       use_tqdm=False)
+    assert out[0].prompt == "w5 w6 w7 w5 w6" and out[0].prompt_token_ids == PROMPTS[0]
+    assert out[1].prompt is None and out[1].prompt_token_ids == PROMPTS[1]
+    assert ids(out) == [[hf_greedy(target, p, 6)] for p in PROMPTS[:2]]
+    single = llm.generate({"prompt_token_ids": PROMPTS[2]}, params, use_tqdm=False)
+    assert ids(single) == [[hf_greedy(target, PROMPTS[2], 6)]]
+    for bad in ({"text": "w5"}, {"prompt": "w5", "prompt_token_ids": [5]},
+                {"prompt_token_ids": "w5"}):
+        with pytest.raises(ValueError, match="prompt"):
+            llm.generate([bad], params, use_tqdm=False)
+
+
 def test_from_config_file_uses_the_presets_sampling(target, tmp_path):
     preset = tmp_path / "mine.yaml"
     preset.write_text("max_num_seqs: 3\nspeculative_config:\n  method: ngram\n"
