@@ -4,12 +4,17 @@ Cost model (Leviathan et al., arXiv 2211.17192, section 3.4), in units of one pl
 a step with ``k`` drafts costs ``1 + k (c + v)`` where ``c`` is the cost of one draft step
 (measured by the engine, or ``SpeculativeConfig.draft_cost_ratio``) and ``v`` the cost of scoring
 one more token in the target forward (``verify_cost_per_token``). If each draft is accepted with
-probability ``a``, the step yields ``(1 - a^(k+1)) / (1 - a)`` tokens on average. Each step the
-engine gives a request the ``k`` in ``0..num_speculative_tokens`` that maximises
+probability ``a``, the step yields ``(1 - a^(k+1)) / (1 - a)`` tokens on average. For one
+request the best ``k`` in ``0..num_speculative_tokens`` maximises
 
     gain(k) = (1 - a^(k+1)) / ((1 - a) (1 + k (c + v)))
 
-so ``k = 0`` (plain decoding, gain 1) wins as soon as drafting is expected to lose time.
+so ``k = 0`` (plain decoding, gain 1) wins as soon as drafting is expected to lose time. The
+engine gives all the sequences of a step one ``k`` (:meth:`AdaptiveK.choose_batch`): the target
+pads every sequence to the step's longest, so one sequence's drafts cost the whole batch, and the
+gain is then the sequences' mean expected tokens over the same cost. (On a GPU the padding is
+nearly free and ``v`` small; on a CPU at batch 32 every padded token costs, and one copying
+request among many that are not no longer makes the whole batch pay for its drafts.)
 
 The acceptance ``a`` of a request is estimated from its own history as accepted / tested drafts
 (a draft is tested when no earlier draft of its step was rejected: the maximum-likelihood estimate
@@ -21,12 +26,19 @@ probes, instead of paying a first burst of rejected drafts).
 A request at ``k = 0`` drafts one token after ``adaptive_probe_interval`` steps to re-measure ``a``,
 then waits twice as long before each further probe (at most ``MAX_PROBE_BACKOFF`` times the
 interval) until a probe lifts ``a`` enough for ``k > 0``: ``k`` grows back when the text becomes
-predictable again. Steps in which the proposer found nothing to draft (no n-gram match) cost
-nothing and leave ``a`` unchanged.
+predictable again. Probes fall on engine steps that are multiples of the wait
+(:meth:`AdaptiveK.tick` counts them), so requests waiting as long probe in the same step: the
+target pads every sequence to the step's longest, and one probe would otherwise make the whole
+batch pay for a longer step, request after request. Steps in which the proposer found nothing
+to draft (no n-gram match) cost nothing and leave ``a`` unchanged.
 
 The verify cost is measured too (unless ``SpeculativeConfig.verify_cost_per_token`` fixes it):
 :class:`StepCostModel` fits the forward + verify time of recent decode steps (no prefill) as
-``t = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` by least squares.
+``t = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` by least squares, where
+``drafts`` counts the padded draft positions (sequences times the longest run of drafts).
+While the window holds steps with drafts but too few without, every ``PLAIN_STEP_EVERY``-th step
+(:mod:`engine.llm_engine`) drafts nothing, so that a batch started on the prior cost learns
+what its drafts really cost.
 ``t_any`` is what a step pays once as soon as any request drafts (its sequences then have
 different lengths: the runner builds a mask and attention takes its masked path). At batch
 size ``B``, with ``plain = t0 + t_seq * B``: ``v = t_draft * B / plain`` (one more draft over one
@@ -74,12 +86,16 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def best_k(a: float, max_k: int, step_cost_per_draft: float, fixed_cost: float = 0.0) -> int:
+def best_k(a: float | list[float], max_k: int, step_cost_per_draft: float,
+           fixed_cost: float = 0.0) -> int:
     """The ``k`` in ``0..max_k`` with the largest gain (ties go to the smaller k);
-    ``fixed_cost`` is paid once by any ``k > 0``."""
+    ``fixed_cost`` is paid once by any ``k > 0``. With several acceptances (one k for a batch),
+    the gain is their mean expected tokens over the step's cost."""
+    rates = a if isinstance(a, list) else [a]
     best, best_gain = 0, 1.0
     for k in range(1, max_k + 1):
-        gain = expected_tokens(a, k) / (1.0 + fixed_cost + k * step_cost_per_draft)
+        tokens = sum(expected_tokens(r, k) for r in rates) / len(rates)
+        gain = tokens / (1.0 + fixed_cost + k * step_cost_per_draft)
         if gain > best_gain + 1e-9:
             best, best_gain = k, gain
     return best
@@ -131,6 +147,13 @@ class StepCostModel:
         self._steps.append((float(num_seqs), float(num_drafts), seconds))
         self._new_steps += 1
 
+    def wants_plain_step(self) -> bool:
+        """The window holds enough steps with drafts but too few without to compare them: a
+        step without drafts now and then lets the fit see what drafting costs (otherwise a
+        batch that keeps drafting on the prior cost never learns that it does not pay)."""
+        num_plain = sum(1 for step in self._steps if step[1] == 0)
+        return num_plain < MIN_FIT_STEPS <= len(self._steps) - num_plain
+
     def _refit(self) -> None:
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
         drafts = steps[:, 1]
@@ -174,6 +197,12 @@ class AdaptiveK:
         self.probe_interval = probe_interval
         self.enabled = enabled
         self.recent = AcceptanceTracker(decay=RECENT_DECAY)  # every request's steps
+        self.clock = 0  # engine steps (tick), which probes are aligned to
+        self.batch = AcceptanceTracker()  # the probing clock of choose_batch
+
+    def tick(self) -> None:
+        """One engine step begins."""
+        self.clock += 1
 
     def new_tracker(self) -> AcceptanceTracker:
         """A new request's tracker, its prior at the engine's recent acceptance."""
@@ -189,11 +218,26 @@ class AdaptiveK:
                verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:
         """k for one request this step; ``verify_cost`` (measured) overrides
         ``verify_cost_per_token``; ``fixed_cost`` is paid once by any k > 0."""
+        return self._choose([tracker.acceptance], tracker, draft_cost_ratio, verify_cost,
+                            fixed_cost)
+
+    def choose_batch(self, trackers: list[AcceptanceTracker], draft_cost_ratio: float,
+                     verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:
+        """One k for all the sequences of a step (arguments as :meth:`choose`). The runner pads
+        every sequence to the step's longest, so one sequence's k costs the whole batch: the k
+        that pays is the one whose mean expected tokens over the batch beat the step's cost.
+        Probes then come for the whole batch at once (:attr:`batch` keeps their clock)."""
+        rates = [t.acceptance for t in trackers] or [self.recent.acceptance]
+        return self._choose(rates, self.batch, draft_cost_ratio, verify_cost, fixed_cost)
+
+    def _choose(self, rates: list[float], tracker: AcceptanceTracker, draft_cost_ratio: float,
+                verify_cost: float | None, fixed_cost: float) -> int:
+        """The best k for acceptances ``rates``; ``tracker`` holds the probing clock."""
         if not self.enabled or self.max_k == 0:
             return self.max_k
         v = self.verify_cost_per_token if verify_cost is None else verify_cost
         cost = draft_cost_ratio + v
-        k = best_k(tracker.acceptance, self.max_k, cost, fixed_cost)
+        k = best_k(rates, self.max_k, cost, fixed_cost)
         if k > 0:
             tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
@@ -201,7 +245,8 @@ class AdaptiveK:
         if best_case < MIN_PROBE_GAIN:  # drafting can hardly pay here: probe at the slowest
             tracker.backoff = MAX_PROBE_BACKOFF
         tracker.steps_at_zero += 1
-        if tracker.steps_at_zero >= self.probe_interval * tracker.backoff:
+        wait = self.probe_interval * tracker.backoff
+        if tracker.steps_at_zero >= wait and self.clock % wait == 0:
             tracker.steps_at_zero = 0
             tracker.backoff = min(2 * tracker.backoff, MAX_PROBE_BACKOFF)
             return 1

@@ -52,9 +52,10 @@ class SpeculativeConfig:
     first ``num_early_exit_layers`` layers).
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
-    ``adaptive_k``: shrink k (down to 0) for requests whose measured acceptance makes drafting
-    a loss, and grow it back when it pays (rule in :mod:`engine.adaptive_k`); seeded sampling
-    requests keep ``num_speculative_tokens``, so that their output does not depend on timings.
+    ``adaptive_k``: shrink the step's k (down to 0) when the batch's measured acceptance makes
+    drafting a loss, and grow it back when it pays (rule in :mod:`engine.adaptive_k`); seeded
+    sampling requests keep ``num_speculative_tokens``, so that their output does not depend on
+    timings.
     ``verify_cost_per_token``: the cost of scoring one more token in the target's forward,
     as a fraction of one sequence's share of a decode step (adaptive-k cost model); None =
     measured online from the step times (starting at ``DEFAULT_VERIFY_COST``).

@@ -7,6 +7,7 @@ import pytest
 from engine.adaptive_k import (
     COST_WINDOW,
     MAX_PROBE_BACKOFF,
+    MIN_FIT_STEPS,
     AcceptanceTracker,
     AdaptiveK,
     StepCostModel,
@@ -54,6 +55,44 @@ def test_low_acceptance_switches_off_then_probes():
     for _ in range(10):
         t.update(1, 1)
     assert adaptive.choose(t, 0.0) == 4
+
+
+def test_probes_of_requests_waiting_as_long_fall_in_one_step():
+    adaptive = AdaptiveK(max_k=4, verify_cost_per_token=1.0, probe_interval=2)
+    early, late = AcceptanceTracker(), AcceptanceTracker()
+    probes: dict[str, list[int]] = {"early": [], "late": []}
+    for step in range(1, 200):
+        adaptive.tick()
+        for name, t in (("early", early), ("late", late)):
+            if name == "late" and step < 7:
+                continue  # admitted 6 steps later
+            if adaptive.choose(t, 0.0):
+                probes[name].append(step)
+    wait = 2 * MAX_PROBE_BACKOFF  # verification too costly: the slowest probe rate
+    assert len(probes["late"]) >= 10 and set(probes["late"]) <= set(probes["early"])
+    assert all(step % wait == 0 for step in probes["early"] + probes["late"])
+
+
+def test_one_k_for_a_batch_weighs_every_sequence():
+    adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.3, probe_interval=3)
+    good, bad = AcceptanceTracker(8.0, 10.0), AcceptanceTracker(0.0, 10.0)
+    assert adaptive.choose(good, 0.0) > 0 and adaptive.choose(bad, 0.0) == 0
+    # one copying request among 7 that never accept: the batch pays for the padding of all
+    assert adaptive.choose_batch([good] + [bad] * 7, 0.0) == 0
+    assert adaptive.choose_batch([good] * 7 + [bad], 0.0) > 0
+    # mean tokens (7 E(0.8, k) + 1) / 8 over 1 + 0.3 k: gains 1.31, 1.41, 1.43, 1.39
+    assert best_k([0.8] * 7 + [0.0], 4, 0.3) == 3
+
+
+def test_cost_fit_asks_for_plain_steps_when_every_step_drafts():
+    model = StepCostModel(prior=0.1)
+    assert not model.wants_plain_step()  # nothing recorded: nothing to compare yet
+    for _ in range(MIN_FIT_STEPS):
+        model.record(32, 64, 0.3)
+    assert model.wants_plain_step()
+    for _ in range(MIN_FIT_STEPS):
+        model.record(32, 0, 0.2)
+    assert not model.wants_plain_step()
 
 
 def test_disabled_keeps_k():

@@ -56,11 +56,16 @@ def test_chat_uses_the_template(default_model):
     assert len(out.outputs[0].token_ids) >= 1
 
 
+def multibyte_case(tokenizer) -> tuple[list[int], list[int]]:
+    """(prompt ids, output ids) of a text with multi-byte characters split across tokens."""
+    text = "Crème brûlée 🍮 costs 5 € — naïve café, 東京 and spaces  here."
+    return (tokenizer("Say:", add_special_tokens=False)["input_ids"],
+            tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def test_incremental_text_equals_full_decode(default_model):
     _, tokenizer = default_model
-    text = "Crème brûlée 🍮 costs 5 € — naïve café, 東京 and spaces  here."
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    prompt = tokenizer("Say:", add_special_tokens=False)["input_ids"]
+    prompt, ids = multibyte_case(tokenizer)
     detok = IncrementalDetokenizer(tokenizer, prompt)
     pieces = [detok.add_token(t) for t in ids]
     assert "".join(pieces) == tokenizer.decode(ids)
@@ -71,9 +76,7 @@ def test_text_added_in_runs_equals_token_by_token(default_model):
     """The engine detokenizes a run of tokens at once when nothing reads the text in between;
     cutting the runs anywhere, also inside a multi-byte character, gives the same text."""
     _, tokenizer = default_model
-    text = "Crème brûlée 🍮 costs 5 € — naïve café, 東京 and spaces  here."
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    prompt = tokenizer("Say:", add_special_tokens=False)["input_ids"]
+    prompt, ids = multibyte_case(tokenizer)
     one_by_one = IncrementalDetokenizer(tokenizer, prompt)
     expected = [one_by_one.add_token(t) for t in ids]
     for run in (2, 3, 5, len(ids)):

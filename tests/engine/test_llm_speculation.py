@@ -64,3 +64,29 @@ def test_other_acceptance_methods_run(target, acceptance):
                                                    ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 12 for o in sampled)
     assert llm.get_metrics().num_accepted > 0
+
+
+def test_ngram_drafts_fill_the_steps_padding(target):
+    """The forward pads every sequence to the step's longest: n-gram drafts up to that length
+    are given to every decoding sequence, except seeded sampling ones (fixed k), within each
+    one's max_tokens and the free KV cache."""
+    from scheduler import ScheduledRequest
+
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    engine = llm.engine
+    params = [GREEDY, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=7, max_tokens=40), GREEDY]
+    seqs = [engine.add_request(f"r{i}", None, PROMPTS[i % 3], p)[0]
+            for i, p in enumerate(params)]
+    items = [ScheduledRequest(seq, 1, True, k) for seq, k in zip(seqs, [0, 0, 1, 2], strict=True)]
+    engine._fill_padding(items)
+    # longest 1 + 2; max_tokens=3 leaves room for 2 drafts; the seeded sample keeps its 1
+    assert [item.num_spec_tokens for item in items] == [2, 2, 1, 2]
+    items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 40, False, 0)]
+    engine._fill_padding(items)  # a prefill chunk pads decodes to 1 + k at most
+    assert items[0].num_spec_tokens == 4
+    engine.runner._free_rows = engine.runner._free_rows[:3]  # nearly full KV cache
+    items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 1, True, 4)]
+    engine._fill_padding(items)
+    assert items[0].num_spec_tokens == 0  # 3 free rows: the step itself needs 6
