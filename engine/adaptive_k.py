@@ -37,7 +37,7 @@ The verify cost is measured too (unless ``SpeculativeConfig.verify_cost_per_toke
 ``t = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` by least squares, where
 ``drafts`` counts the padded draft positions (sequences times the longest run of drafts).
 While the window holds steps with drafts but too few without, every ``PLAIN_STEP_EVERY``-th step
-(:mod:`engine.llm_engine`) drafts nothing, so that a batch started on the prior cost learns
+(:mod:`engine.draft_policy`) drafts nothing, so that a batch started on the prior cost learns
 what its drafts really cost.
 ``t_any`` is what a step pays once as soon as any request drafts (its sequences then have
 different lengths: the runner builds a mask and attention takes its masked path). At batch

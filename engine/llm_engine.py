@@ -4,7 +4,7 @@ One :meth:`LLMEngine.step`:
 
 1. The scheduler picks the running sequences (decodes, prefill chunks) and admits newcomers.
 2. Every sequence that samples this step gets its seeded stream reset to ``step_seed`` and asks
-   the proposer for up to k drafts (k per request from :mod:`engine.adaptive_k`).
+   the proposer for up to k drafts (k for the step from :mod:`engine.draft_policy`).
 3. ONE target forward scores everything: prefill chunks, and for each sampling sequence its
    uncached tokens followed by its drafts; the logits of the last ``len(drafts) + 1`` positions
    of each sampling sequence are kept. ``KVCacheFull`` preempts the most recently admitted
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.adaptive_k import AdaptiveK, StepCostModel
-from engine.config import DEFAULT_VERIFY_COST, EngineConfig
+from engine.config import EngineConfig
+from engine.draft_policy import DraftPolicy
 from engine.engine_setup import EngineComponents, build_components
 from engine.kv_cache import KVCacheFull
 from engine.metrics import MetricsCollector
@@ -38,9 +38,6 @@ from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from samplers.sampling_tensors import SamplingTensors
 from scheduler import ScheduledRequest, Scheduler
-
-# While the cost fit lacks steps without drafts, every this many steps drafts nothing.
-PLAIN_STEP_EVERY = 4
 
 
 @dataclass
@@ -69,19 +66,9 @@ class LLMEngine:
         self.eos_token_ids = parts.eos_token_ids
         spec = config.speculative_config
         self.max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
-        # n-gram drafts cost next to nothing: fill the step's padding with them
-        self.free_drafts = bool(self.max_k and spec.method == "ngram" and spec.adaptive_k)
-        self.fixed_draft_cost = spec.draft_cost_ratio if spec is not None else None
-        fixed_v = spec.verify_cost_per_token if spec is not None else None
-        self.adaptive = AdaptiveK(self.max_k, DEFAULT_VERIFY_COST if fixed_v is None else fixed_v,
-                                  spec.adaptive_probe_interval if spec else 1,
-                                  enabled=bool(spec and spec.adaptive_k))
-        self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
-        self._verify_cost: float | None = None  # this step's measured v (None: fixed)
-        self._fixed_cost = 0.0  # this step's measured once-per-step cost of drafting
-        self._step_k = 0  # this step's k for the sequences without a fixed k
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(self.max_k)
+        self.drafts = DraftPolicy(spec, self.max_k, self.max_model_len, self.metrics)
         self.requests: dict[str, list[Request]] = {}
         self._finished_outside_step: list[Request] = []
         if config.seed is not None:
@@ -102,7 +89,7 @@ class LLMEngine:
         seqs = [Request(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
                         self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
-            seq.acceptance = self.adaptive.new_tracker()
+            seq.acceptance = self.drafts.new_tracker()
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -167,19 +154,14 @@ class LLMEngine:
         """Run one engine step; return the sequences that got tokens or finished."""
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
-        self.adaptive.tick()
-        if self.step_costs is not None:
-            self._verify_cost, self._fixed_cost = self.step_costs.costs(
-                max(1, len(self.scheduler.running)))
-        self._step_k = self._batch_k()
-        plan = self.scheduler.schedule(self._num_spec_tokens, self._free_kv_tokens())
+        self.drafts.begin_step(self.scheduler.running)
+        plan = self.scheduler.schedule(self.drafts.num_spec_tokens, self._free_kv_tokens())
         for seq in plan.admitted:
             seq.slot = self.runner.allocate_slot()
         if not plan.scheduled:
             updated += self._fail_unschedulable()
             return updated
-        if self.free_drafts:
-            self._fill_padding(plan.scheduled)
+        self.drafts.fill_padding(plan.scheduled, self._free_kv_tokens())
         batch = _StepBatch(plan.scheduled)
         propose_s, num_draft_steps = self._propose(batch)
         target_start = time.perf_counter()
@@ -187,65 +169,11 @@ class LLMEngine:
         if logits is not None:
             updated += self._verify_and_append(batch, logits)
         target_s = time.perf_counter() - target_start
-        if self.step_costs is not None and batch.verified_at and all(
-                item.num_context_tokens == 1 for item in batch.items):  # decode steps only
-            # the forward pads every sequence to the longest: that is what the step paid for
-            padded_drafts = len(batch.items) * max(map(len, batch.drafts))
-            self.step_costs.record(len(batch.items), padded_drafts,
-                                   batch.verified_at - target_start)
+        if batch.verified_at:
+            self.drafts.record_step(batch.items, batch.drafts, batch.verified_at - target_start)
         self.metrics.record_step(time.perf_counter() - start, propose_s, target_s,
                                  num_draft_steps)
         return updated
-
-    @staticmethod
-    def _fixed_k(seq: Request) -> bool:
-        """A seeded sample must not depend on timings: the measured costs steer adaptive k, and
-        a different k draws different (equally distributed) tokens. It keeps the configured k."""
-        return seq.params.seed is not None and not seq.params.greedy
-
-    def _batch_k(self) -> int:
-        """This step's k for every sequence without a fixed k: one for the batch, since the
-        target pads every sequence to the longest (:meth:`AdaptiveK.choose_batch`)."""
-        if self.max_k == 0:
-            return 0
-        cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
-                else self.metrics.draft_cost_ratio)
-        trackers = [seq.acceptance for seq in self.scheduler.running if not self._fixed_k(seq)]
-        if (self.step_costs is not None and self.adaptive.enabled
-                and self.adaptive.clock % PLAIN_STEP_EVERY == 0
-                and self.step_costs.wants_plain_step()):
-            return 0  # a step without drafts, for the cost fit
-        return self.adaptive.choose_batch(trackers, cost, self._verify_cost, self._fixed_cost)
-
-    def _num_spec_tokens(self, seq: Request) -> int:
-        if self.max_k == 0:
-            return 0
-        k = self.max_k if self._fixed_k(seq) else self._step_k
-        return max(0, min(k, self._draft_room(seq)))
-
-    def _draft_room(self, seq: Request) -> int:
-        """Drafts that can still become output (context length and max_tokens)."""
-        room = self.max_model_len - seq.num_tokens - 1
-        if seq.params.max_tokens is not None:
-            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return room
-
-    def _fill_padding(self, items: list[ScheduledRequest]) -> None:
-        """The target pads every sequence to the step's longest: up to that length, drafts cost
-        the target forward nothing, and n-gram drafts next to nothing. Give them to every
-        decoding sequence (seeded sampling keeps its k), as far as the KV cache holds them."""
-        longest = min(max(item.num_tokens for item in items), 1 + self.max_k)
-        free = self._free_kv_tokens()
-        spare = (free - sum(item.num_tokens for item in items)) if free is not None else 0
-        for item in items:
-            seq = item.request
-            if item.num_context_tokens != 1 or self._fixed_k(seq):
-                continue
-            extra = min(longest - item.num_tokens, self._draft_room(seq) - item.num_spec_tokens,
-                        spare)
-            if extra > 0:
-                item.num_spec_tokens += extra
-                spare -= extra
 
     def _free_kv_tokens(self) -> int | None:
         free = getattr(self.runner, "num_free_tokens", None)
@@ -418,5 +346,5 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.adaptive.update(seq.acceptance, num_drafted, num_accepted)
+        self.drafts.update(seq, num_drafted, num_accepted)
         self.metrics.record_request_step(num_drafted, num_accepted, kept)

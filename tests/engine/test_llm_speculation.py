@@ -79,14 +79,15 @@ def test_ngram_drafts_fill_the_steps_padding(target):
               SamplingParams(temperature=1.0, seed=7, max_tokens=40), GREEDY]
     seqs = [engine.add_request(f"r{i}", None, PROMPTS[i % 3], p)[0]
             for i, p in enumerate(params)]
-    items = [ScheduledRequest(seq, 1, True, k) for seq, k in zip(seqs, [0, 0, 1, 2], strict=True)]
-    engine._fill_padding(items)
+    policy, free = engine.drafts, 1000
+    items = [ScheduledRequest(seq, 1, True, k)
+             for seq, k in zip(seqs, [0, 0, 1, 2], strict=True)]
+    policy.fill_padding(items, free)
     # longest 1 + 2; max_tokens=3 leaves room for 2 drafts; the seeded sample keeps its 1
     assert [item.num_spec_tokens for item in items] == [2, 2, 1, 2]
     items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 40, False, 0)]
-    engine._fill_padding(items)  # a prefill chunk pads decodes to 1 + k at most
+    policy.fill_padding(items, free)  # a prefill chunk pads decodes to 1 + k at most
     assert items[0].num_spec_tokens == 4
-    engine.runner._free_rows = engine.runner._free_rows[:3]  # nearly full KV cache
     items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 1, True, 4)]
-    engine._fill_padding(items)
-    assert items[0].num_spec_tokens == 0  # 3 free rows: the step itself needs 6
+    policy.fill_padding(items, 8)  # the step needs 6 rows of 8 free: 2 drafts fit
+    assert items[0].num_spec_tokens == 2

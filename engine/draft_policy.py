@@ -1,0 +1,116 @@
+"""How many drafts each sequence of an engine step gets.
+
+One k for the step (:meth:`AdaptiveK.choose_batch`, rule in :mod:`engine.adaptive_k`), because the
+target pads every sequence to the step's longest; seeded sampling sequences keep the configured
+k (their output must not depend on timings); nobody drafts past ``max_tokens`` or the context.
+With n-gram drafts, which cost next to nothing, every decoding sequence also gets drafts up to
+the step's padded length (:meth:`DraftPolicy.fill_padding`). The verify cost comes from the
+measured step times (:class:`~engine.adaptive_k.StepCostModel`) unless the config fixes it;
+while that fit has too few steps without drafts, every ``PLAIN_STEP_EVERY``-th step drafts
+nothing so that it can compare.
+"""
+
+from __future__ import annotations
+
+from engine.adaptive_k import AcceptanceTracker, AdaptiveK, StepCostModel
+from engine.config import DEFAULT_VERIFY_COST, SpeculativeConfig
+from engine.metrics import MetricsCollector
+from engine.request import Request
+from scheduler import ScheduledRequest
+
+# While the cost fit lacks steps without drafts, every this many steps drafts nothing.
+PLAIN_STEP_EVERY = 4
+
+
+class DraftPolicy:
+    """The engine's choice of k, step by step (see the module docstring). ``max_k`` is 0 when
+    nothing proposes; ``metrics`` gives the measured draft cost ratio."""
+
+    def __init__(self, spec: SpeculativeConfig | None, max_k: int, max_model_len: int,
+                 metrics: MetricsCollector) -> None:
+        self.max_k = max_k
+        self.max_model_len = max_model_len
+        self.metrics = metrics
+        self.free_drafts = bool(max_k and spec.method == "ngram" and spec.adaptive_k)
+        self.fixed_draft_cost = spec.draft_cost_ratio if spec is not None else None
+        fixed_v = spec.verify_cost_per_token if spec is not None else None
+        self.adaptive = AdaptiveK(max_k, DEFAULT_VERIFY_COST if fixed_v is None else fixed_v,
+                                  spec.adaptive_probe_interval if spec else 1,
+                                  enabled=bool(spec and spec.adaptive_k))
+        self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
+        self._verify_cost: float | None = None  # this step's measured v (None: fixed)
+        self._fixed_cost = 0.0  # this step's measured once-per-step cost of drafting
+        self._step_k = 0  # this step's k for the sequences without a fixed k
+
+    def new_tracker(self) -> AcceptanceTracker:
+        return self.adaptive.new_tracker()
+
+    @staticmethod
+    def fixed_k(seq: Request) -> bool:
+        """A seeded sample must not depend on timings: the measured costs steer adaptive k, and
+        a different k draws different (equally distributed) tokens. It keeps the configured k."""
+        return seq.params.seed is not None and not seq.params.greedy
+
+    def begin_step(self, running: list[Request]) -> None:
+        """Fix this step's k from the running sequences' acceptance and the measured costs."""
+        self.adaptive.tick()
+        if self.max_k == 0:
+            return
+        if self.step_costs is not None:
+            self._verify_cost, self._fixed_cost = self.step_costs.costs(max(1, len(running)))
+        cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
+                else self.metrics.draft_cost_ratio)
+        if (self.step_costs is not None and self.adaptive.enabled
+                and self.adaptive.clock % PLAIN_STEP_EVERY == 0
+                and self.step_costs.wants_plain_step()):
+            self._step_k = 0  # a step without drafts, for the cost fit
+            return
+        trackers = [seq.acceptance for seq in running if not self.fixed_k(seq)]
+        self._step_k = self.adaptive.choose_batch(trackers, cost, self._verify_cost,
+                                                  self._fixed_cost)
+
+    def num_spec_tokens(self, seq: Request) -> int:
+        """The drafts ``seq`` asks for this step."""
+        if self.max_k == 0:
+            return 0
+        k = self.max_k if self.fixed_k(seq) else self._step_k
+        return max(0, min(k, self.draft_room(seq)))
+
+    def draft_room(self, seq: Request) -> int:
+        """Drafts that can still become output (context length and max_tokens)."""
+        room = self.max_model_len - seq.num_tokens - 1
+        if seq.params.max_tokens is not None:
+            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+        return room
+
+    def fill_padding(self, items: list[ScheduledRequest], free_kv_tokens: int | None) -> None:
+        """The target pads every sequence to the step's longest: up to that length, drafts cost
+        the target forward nothing, and n-gram drafts next to nothing. Give them to every
+        decoding sequence (seeded sampling keeps its k), as far as the KV cache holds them."""
+        if not self.free_drafts or not items:
+            return
+        longest = min(max(item.num_tokens for item in items), 1 + self.max_k)
+        spare = 0
+        if free_kv_tokens is not None:
+            spare = free_kv_tokens - sum(item.num_tokens for item in items)
+        for item in items:
+            seq = item.request
+            if item.num_context_tokens != 1 or self.fixed_k(seq):
+                continue
+            extra = min(longest - item.num_tokens, self.draft_room(seq) - item.num_spec_tokens,
+                        spare)
+            if extra > 0:
+                item.num_spec_tokens += extra
+                spare -= extra
+
+    def record_step(self, items: list[ScheduledRequest], drafts: list[list[int]],
+                    seconds: float) -> None:
+        """A verified step's forward + verify time, for the cost fit (decode steps only)."""
+        if self.step_costs is None or not all(item.num_context_tokens == 1 for item in items):
+            return
+        # the forward pads every sequence to the longest: that is what the step paid for
+        self.step_costs.record(len(items), len(items) * max(map(len, drafts)), seconds)
+
+    def update(self, seq: Request, num_drafted: int, num_accepted: int) -> None:
+        """A sequence's verified step: its acceptance and the engine's recent one."""
+        self.adaptive.update(seq.acceptance, num_drafted, num_accepted)
