@@ -133,7 +133,8 @@ class StepCostModel:
     without drafts, ``t_draft`` a spread of draft counts among the steps with drafts (without
     it the whole cost of drafting is put on ``t_draft``, which errs towards smaller k). Until
     then, and while the steps stop varying, :meth:`costs` returns the last fit, at first
-    ``(prior, 0)``. The fit is redone every ``REFIT_EVERY`` recorded steps, not every step.
+    ``(prior, 0)``. The fit is redone every ``REFIT_EVERY`` recorded steps (every step until the
+first fit), not every step.
     """
 
     def __init__(self, prior: float) -> None:
@@ -174,7 +175,7 @@ class StepCostModel:
         """``(v, f)`` at batch size ``num_seqs``: one more draft, and the once-per-step cost of
         drafting at all, over one sequence's share of a plain decode step; each clamped to
         ``[0, MAX_VERIFY_COST]``."""
-        if self._new_steps >= REFIT_EVERY:
+        if self._new_steps >= REFIT_EVERY or (self._fit is None and self._new_steps):
             self._new_steps = 0
             self._refit()
         if self._fit is None:

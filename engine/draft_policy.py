@@ -19,7 +19,7 @@ from engine.request import Request
 from scheduler import ScheduledRequest
 
 # While the cost fit lacks steps without drafts, every this many steps drafts nothing.
-PLAIN_STEP_EVERY = 4
+PLAIN_STEP_EVERY = 2
 
 
 class DraftPolicy:
