@@ -25,33 +25,59 @@ Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
   before the suffix does (``P = 1``), and the drafts are ``[x] * k``.
 
 Cost: one hash table for the whole batch (:mod:`proposers.ngram_table`) maps each n-gram of
-each request to the position after its most recent occurrence (one entry per position and ``n``),
-and the proposer keeps its own copy of every context as a numpy array. A step reads only the
-tokens that arrived since the previous step (and the last one before them, to check that the
-context still starts the same), hashes the n-grams they complete and every request's suffixes,
-stores the former and looks up the latter, and gathers the drafts from its copy: a fixed number of
-numpy operations for the whole batch, and no Python loop over requests (the per-request reads run
-in C through ``map``). No position of a context is looked at twice, except when the table fills:
-then a table twice as large is built from the copies in one vectorised pass. Keys are 64-bit
-hashes and the table compares 31 bits of them; two different n-grams pass for one with
-probability about ``2**-31`` per slot probed, which could only cost a wrong guess (verification
-rejects it), never a wrong output.
+each request to its most recent occurrence (one entry per position and ``n``: the copy index of
+the occurrence's last token), and the proposer keeps its own copy of every context as a numpy
+array. A step reads only the tokens that arrived since the previous step (and the last one before
+them, to check that the context still starts the same), hashes the n-grams they end, every ``n``
+at once as one ``[num_sizes, num_read]`` array, and sends them all to the table in one update:
+the n-grams that now have a follower store their occurrence, and each request's suffixes (value
+0) read what the table holds once this step's n-grams are in. Drafts are gathered from the copy.
+About 70 numpy calls for the whole batch, and no per-request Python logic (per request, only
+attribute reads in comprehensions and ``map`` calls that run in C; a step of the same requests as
+the previous one reuses its per-request arrays). No position of a context is looked at twice,
+except when the table fills: then a table twice as large is built from the copies in one
+vectorised pass. Keys are 64-bit hashes and the table compares 31 bits of them; two different
+n-grams pass for one with probability about ``2**-31`` per slot probed, which could only cost a
+wrong guess (verification rejects it), never a wrong output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain, repeat
-from operator import attrgetter, getitem
+from dataclasses import dataclass
+from itertools import chain
+from operator import getitem
 
 import numpy as np
 
 from proposers.base import Proposal, Proposer, ProposeRequest
-from proposers.ngram_table import MAX_N, MAX_VALUE, NgramTable, ngram_keys
+from proposers.ngram_table import MAX_N, MAX_VALUE, NgramTable, life_salt, ngram_keys
 
-_TOKEN_IDS = attrgetter("token_ids")
-_REQ_ID = attrgetter("req_id")
-_NUM_SPEC = attrgetter("num_spec_tokens")
+PAD = -1  # the copies' token before position 0
+
+
+class _TailSlices(dict):
+    """``slice(-r, None)`` by ``r``: the slices of a step's reads, kept (a slice costs more to make
+    than to look up, and a step reads the last few tokens of every context)."""
+
+    def __missing__(self, r: int) -> slice:
+        tail = slice(-r, None)
+        if r <= 64:
+            self[r] = tail
+        return tail
+
+
+@dataclass
+class _Batch:
+    """The requests of the last step, in order, and their per-request arrays. The next step of
+    the same requests starts from them; ``tail`` is ahead of the proposer's per-slot positions
+    until :meth:`NgramProposer._flush` writes it back."""
+
+    ids: list[str | int]
+    slots: np.ndarray  # [batch_size]
+    base: np.ndarray  # [batch_size]: the copy index of position 0
+    salt: np.ndarray  # [batch_size] uint64: the salt of the request's life
+    tail: np.ndarray  # [batch_size]: the copy index of the last token copied
 
 
 class NgramProposer(Proposer):
@@ -68,114 +94,149 @@ class NgramProposer(Proposer):
                              f"[prompt_lookup_min={prompt_lookup_min}, {MAX_N}]")
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
-        self._sizes = list(range(prompt_lookup_max, prompt_lookup_min - 1, -1))  # longest first
+        self._num_sizes = prompt_lookup_max - prompt_lookup_min + 1
         self._table = NgramTable(table_capacity)
-        # Per request slot: tokens indexed, life id in the table (0: slot free), and a copy of the
-        # context whose column c holds token + 1 at position c - max_n (0 = PAD before position 0;
-        # the hash takes token + 1).
-        self._length = np.zeros(0, dtype=np.int64)  # [num_slots]
-        self._life = np.zeros(0, dtype=np.int64)  # [num_slots]
+        # Per request slot: the position of the last token copied (-1: slot free; a live request
+        # has at least its first one), the salt of its life in the table, and a copy of the
+        # context whose column c holds the token at position c - max_n (PAD before position 0).
+        self._last = np.zeros(0, dtype=np.int64)  # [num_slots]
+        self._salt = np.zeros(0, dtype=np.uint64)  # [num_slots]
         self._tokens = np.zeros((0, 2 * prompt_lookup_max), dtype=np.int64)  # [slots, width]
+        self._set_tokens(self._tokens)
         self._slot_of: dict[str | int, int] = {}
         self._free: list[int] = []
         self._next_life = 1
+        self._batch: _Batch | None = None
+        self._tails = _TailSlices()
+        self._ks: list[int] = []  # the last batch's num_spec_tokens, their max and min
+        self._max_k = self._min_k = 0
+        self._offsets = np.zeros((0, 1), dtype=np.int64)  # [max_k, 1]: 0 .. max_k - 1
+        self._count = np.arange(1024)  # 0, 1, 2, .. (a view of its start is 0 .. n - 1)
+        self._grow(16)
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         if not requests:
             return Proposal([], None)
-        batch = len(requests)
-        contexts = list(map(_TOKEN_IDS, requests))
-        length = np.fromiter(map(len, contexts), np.int64, batch)  # [batch_size]
-        slots = np.fromiter(map(self._slot_of.get, map(_REQ_ID, requests), repeat(-1)),
-                            np.int64, batch)  # [batch_size]
-        if (slots < 0).any():
-            slots = self._add_slots(requests, slots)
-        old = self._length[slots]  # [batch_size]
-        if (old > length).any():  # shorter than what was indexed: not the same context
-            self._restart(slots[old > length])
+        num_requests, max_n = len(requests), self.prompt_lookup_max
+        contexts = [request.token_ids for request in requests]
+        batch = self._batch_of(requests, contexts)
+        length = np.fromiter(map(len, contexts), np.int64, num_requests)  # [batch_size]
+        end = batch.base + length  # [batch_size]: the copy index after each context
+        read = end - batch.tail  # [batch_size]: tokens to read, from the last one copied
+        if np.minimum.reduce(read) < 1:  # shorter than what was copied: not the same context
+            self._restart(batch, contexts, read < 1)
             return self.propose(requests)
-        if length.max() + self.prompt_lookup_max > self._tokens.shape[1]:
-            self._widen(int(length.max()))
+        if np.maximum.reduce(length) + max_n > self._tokens.shape[1]:
+            self._widen(int(np.maximum.reduce(length)))
+            return self.propose(requests)
 
-        # Read each context from its last indexed token (all of a fresh one) into the copy.
-        begin = np.maximum(old - 1, 0)  # [batch_size]
-        read = length - begin  # [batch_size]
+        # Read each context from its last copied token into the copy.
+        ends = read.cumsum()  # [batch_size]: each request's end in `flat`
+        num_read = int(ends[-1])
         flat = np.fromiter(chain.from_iterable(map(getitem, contexts, map(
-            slice, begin.tolist(), repeat(None)))), np.int64, int(read.sum()))  # [num_read]
-        flat += 1  # stored as token + 1
-        last = np.cumsum(read) - 1  # [batch_size]: each request's last token in `flat`
-        copy = self._tokens.reshape(-1)  # [num_slots * width], a view
-        row_base = slots * self._tokens.shape[1] + self.prompt_lookup_max  # [batch_size]
-        at = np.repeat(row_base + begin - last - 1 + read, read) + np.arange(len(flat))
+            self._tails.__getitem__, read.tolist()))), np.int64, num_read)  # [num_read]
+        starts = ends - read  # [batch_size]
+        copy = self._copy
         # A request's context only grows while it lives (remove() resets it on preemption); one
-        # whose last indexed token changed is indexed from scratch.
-        changed = (old > 0) & (flat[last + 1 - read] != copy[row_base + old - 1])
-        if changed.any():
-            self._restart(slots[changed])
+        # whose last copied token changed is indexed from scratch.
+        changed = flat.take(starts) != copy.take(batch.tail)  # [batch_size]
+        if np.count_nonzero(changed):
+            self._restart(batch, contexts, changed)
             return self.propose(requests)
-        copy[at] = flat  # at [num_read]: where each token read goes in the copy
-        self._length[slots] = length
+        at = (batch.tail - starts).repeat(read)  # [num_read]: where each token read goes
+        at += self._counting(num_read)
+        copy[at] = flat
+        batch.tail = end - 1
 
-        # Each token read ends n-grams (one key per n). A request's last token ends the n-grams
-        # to look up; each other one ends n-grams to store, followed by the next token (the
-        # value is the follower's index in the copy, so the drafts are read from there).
-        keys = ngram_keys(copy, at, np.repeat(self._life[slots], read), self._sizes)
-        stored = np.ones(len(flat), dtype=bool)  # [num_read]
-        stored[last] = False
-        stored = np.flatnonzero(stored)  # [num_stored]
-        self._store(keys.take(stored, axis=1), at.take(stored) + 1)  # keys [num_sizes, num_read]
-        found = self._table.get(keys.take(last, axis=1).ravel()).reshape(len(self._sizes), batch)
-        has = found >= 0  # [num_sizes, batch_size]
-        first = found[has.argmax(axis=0), np.arange(batch)]  # longest n that matched
-        end = row_base + length  # [batch_size]
-        first = np.where(has.any(axis=0), first, end)  # [batch_size], end = no drafts
-        k = np.fromiter(map(_NUM_SPEC, requests), np.int64, batch)  # [batch_size]
-        take = np.where(first < end, k, 0)  # [batch_size], drafts per request
-        width_k = int(take.max())
-        if width_k == 0:
-            return Proposal([[] for _ in range(batch)], None)
-        period = np.maximum(end - first, 1)[:, None]  # [batch_size, 1]
-        drafts = (copy[first[:, None] + np.arange(width_k) % period] - 1).tolist()
-        for i in np.flatnonzero(take < width_k).tolist():
-            del drafts[i][take[i]:]
+        # Each token read ends n-grams (one key per n). A request's last token ends its suffixes,
+        # looked up (value 0); each other one ends n-grams that now have a follower, stored with
+        # their end's index in the copy (so the drafts are read from the next one on).
+        keys = ngram_keys(copy, at, batch.salt.repeat(read), self.prompt_lookup_min,
+                          max_n)  # [num_sizes, num_read]
+        ends -= 1  # [batch_size]: each request's last token in `flat`
+        at[ends] = 0  # [num_read]: the values
+        found = self._update(keys, at).take(ends, axis=1)  # [num_sizes, batch_size]
+        # An n-gram's occurrence ends an occurrence of its (n-1)-gram suffix too, so the most
+        # recent one of a longer suffix is never later: the longest suffix found holds the
+        # smallest nonzero value (0 - 1 wraps to the largest uint64, and back: 0 = none).
+        found -= 1
+        match = np.minimum.reduce(found.view(np.uint64), axis=0).view(np.int64)  # [batch_size]
+        match += 1  # the copy index of the end of the occurrence, 0: none
+
+        ks = [request.num_spec_tokens for request in requests]
+        if ks != self._ks:
+            self._ks, self._max_k, self._min_k = ks, max(ks), min(ks)
+            self._offsets = np.arange(self._max_k)[:, None]
+        if self._max_k == 0:
+            return Proposal([[] for _ in range(num_requests)], None)
+        # The period P = L - f (f = the position after the occurrence; no match: dropped below).
+        period = batch.tail - match  # [batch_size]
+        np.maximum(period, 1, out=period)  # (only a hash collision could give less)
+        at = self._offsets % period  # [max_k, batch_size]: d[j] = t[f + j mod P]
+        at += match
+        drafts = self._copy_next.take(at).T.tolist()
+        if np.count_nonzero(match) < num_requests:
+            for i in (match == 0).nonzero()[0].tolist():
+                drafts[i] = []
+        if self._min_k < self._max_k:
+            for i, k in enumerate(ks):
+                del drafts[i][k:]
         return Proposal(drafts, None)
 
-    def _store(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Put ``keys [num_sizes, num_stored] -> values [num_stored]``; when the table is full,
-        index every live request again (from the copies, this step's tokens included) into a
-        new one. Life ids stay, so keys computed before a rebuild stay valid."""
+    def _counting(self, n: int) -> np.ndarray:
+        """``[0, 1, .. n - 1]``, a view of an array kept between steps."""
+        if len(self._count) < n:
+            self._count = np.arange(2 * n)
+        return self._count[:n]
+
+    def _update(self, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The table's update of ``keys [num_sizes, num_read]`` with ``values [num_read]``;
+        when the table is full, index every live request again (from the copies, this step's
+        tokens included) into a new one. Salts stay, so keys computed before a rebuild stay
+        valid."""
         if self._table.needs_room(keys.size):
             self._rebuild(self._table.capacity)
-        elif not self._table.put(keys, values):  # a crowded window
+        found = self._table.update(keys, values)
+        while found is None:  # a crowded window
             self._rebuild(2 * self._table.capacity)
+            found = self._table.update(keys, values)
+        return found
 
     def _rebuild(self, capacity: int) -> None:
         """A table of at least ``capacity`` slots, an eighth full or less, holding every live
-        request's n-grams that have a follower (they end at positions 0 .. length - 2)."""
-        live = np.flatnonzero(self._life > 0)  # [num_live]
-        count = np.maximum(self._length[live] - 1, 0)  # [num_live]
-        while capacity < 8 * len(self._sizes) * int(count.sum()):
+        request's n-grams that have a follower (they end at positions 0 .. last - 1)."""
+        self._flush()
+        live = np.flatnonzero(self._last >= 0)  # [num_live]
+        count = self._last[live]  # [num_live]
+        while capacity < 8 * self._num_sizes * int(count.sum()):
             capacity *= 2
         at = np.arange(count.sum()) + np.repeat(  # [num_ends]: where each end is in the copy
             live * self._tokens.shape[1] + self.prompt_lookup_max - (np.cumsum(count) - count),
             count)
-        keys = ngram_keys(self._tokens.reshape(-1), at, np.repeat(self._life[live], count),
-                          self._sizes)  # [num_sizes, num_ends]
+        keys = ngram_keys(self._copy, at, np.repeat(self._salt[live], count),
+                          self.prompt_lookup_min, self.prompt_lookup_max)  # [num_sizes, num_ends]
         self._table = NgramTable(capacity, self._table.window)
-        while not self._table.put(keys, at + 1):
+        while self._table.update(keys, at) is None:
             self._table = NgramTable(2 * self._table.capacity, self._table.window)
 
     def _widen(self, length: int) -> None:
         """Make the copies hold contexts of ``length`` tokens (doubling the width), and index
         them again: the table's values are indices into the copies."""
+        self._flush()
         width = self._tokens.shape[1]
         while width < length + self.prompt_lookup_max:
             width *= 2
         self._check_size(len(self._tokens), width)
-        wider = np.zeros((len(self._tokens), width), dtype=np.int64)
+        wider = np.full((len(self._tokens), width), PAD, dtype=np.int64)
         wider[:, :self._tokens.shape[1]] = self._tokens
-        self._tokens = wider
+        self._set_tokens(wider)
         self._rebuild(self._table.capacity)
+
+    def _set_tokens(self, tokens: np.ndarray) -> None:
+        """Make ``tokens [num_slots, width]`` the copies."""
+        self._tokens = tokens
+        self._copy = tokens.reshape(-1)  # [num_slots * width], a view
+        self._copy_next = self._copy[1:]  # [num_slots * width - 1]: _copy_next[i] = _copy[i + 1]
 
     def _check_size(self, num_slots: int, width: int) -> None:
         """The table's values index the copies: ``num_slots * width`` must fit in 32 bits."""
@@ -184,41 +245,67 @@ class NgramProposer(Proposer):
                              f"many for the n-gram proposer: allowed num_requests * context "
                              f"length <= {MAX_VALUE}")
 
-    def _add_slots(self, requests: Sequence[ProposeRequest], slots: np.ndarray) -> np.ndarray:
-        """Give each request without a slot a fresh one (nothing indexed, a new life id)."""
-        slots = slots.copy()
-        for i in np.flatnonzero(slots < 0).tolist():
-            req_id = requests[i].req_id
+    def _batch_of(self, requests: Sequence[ProposeRequest],
+                  contexts: list[Sequence[int]]) -> _Batch:
+        """The last step's batch when these are its requests, else a new one (each new request
+        gets a fresh slot with its first token copied)."""
+        ids = [request.req_id for request in requests]
+        if self._batch is not None and ids == self._batch.ids:
+            return self._batch
+        self._flush()
+        slots = []
+        for req_id, context in zip(ids, contexts, strict=True):
             slot = self._slot_of.get(req_id)  # the same id twice in one batch: one slot
             if slot is None:
-                if not self._free:
-                    num_slots = len(self._length)
-                    grown = max(16, 2 * num_slots)
-                    self._check_size(grown, self._tokens.shape[1])
-                    self._free = list(range(grown - 1, num_slots - 1, -1))
-                    self._length = np.resize(self._length, grown)
-                    self._life = np.resize(self._life, grown)
-                    self._life[num_slots:] = 0
-                    self._tokens = np.concatenate([self._tokens, np.zeros(
-                        (grown - num_slots, self._tokens.shape[1]), np.int64)])
-                slot = self._slot_of[req_id] = self._free.pop()
-                self._reset(slot)
-            slots[i] = slot
-        return slots
+                slot = self._slot_of[req_id] = self._new_slot()
+                self._reset(slot, context[0])
+            slots.append(slot)
+        slots = np.array(slots, dtype=np.int64)  # [batch_size]
+        base = slots * self._tokens.shape[1] + self.prompt_lookup_max  # [batch_size]
+        self._batch = _Batch(ids, slots, base, self._salt[slots], base + self._last[slots])
+        return self._batch
 
-    def _reset(self, slot: int) -> None:
-        """Nothing indexed under a new life id (the old one's entries are never asked again)."""
-        self._length[slot] = 0
-        self._life[slot] = self._next_life
+    def _flush(self) -> None:
+        """Write the batch's positions back to the slots, and forget the batch."""
+        if self._batch is not None:
+            self._last[self._batch.slots] = self._batch.tail - self._batch.base
+            self._batch = None
+
+    def _new_slot(self) -> int:
+        """A free slot, doubling the number of slots when there is none."""
+        if not self._free:
+            self._grow(2 * len(self._last))
+        return self._free.pop()
+
+    def _grow(self, num_slots: int) -> None:
+        """Make room for ``num_slots`` requests (the new slots free)."""
+        self._flush()
+        old = len(self._last)
+        self._check_size(num_slots, self._tokens.shape[1])
+        self._free = list(range(num_slots - 1, old - 1, -1))
+        self._last = np.concatenate([self._last, np.full(num_slots - old, -1, np.int64)])
+        self._salt = np.concatenate([self._salt, np.zeros(num_slots - old, np.uint64)])
+        self._set_tokens(np.concatenate([self._tokens, np.full(
+            (num_slots - old, self._tokens.shape[1]), PAD, dtype=np.int64)]))
+
+    def _reset(self, slot: int, first_token: int) -> None:
+        """Index the slot from scratch under a new life (the old one's entries are never asked
+        again): only the context's first token copied."""
+        self._flush()
+        self._tokens[slot, self.prompt_lookup_max] = first_token
+        self._last[slot] = 0
+        self._salt[slot] = life_salt(self._next_life)
         self._next_life += 1
 
-    def _restart(self, slots: np.ndarray) -> None:
-        """Index the requests in ``slots`` from scratch."""
-        for slot in slots.tolist():
-            self._reset(slot)
+    def _restart(self, batch: _Batch, contexts: list[Sequence[int]], which: np.ndarray) -> None:
+        """Index the requests where ``which [batch_size]`` is true from scratch."""
+        slots = batch.slots.tolist()
+        for i in np.flatnonzero(which).tolist():
+            self._reset(slots[i], contexts[i][0])
 
     def remove(self, req_id: str | int) -> None:
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
-            self._length[slot] = self._life[slot] = 0
+            self._flush()
+            self._last[slot] = -1
             self._free.append(slot)

@@ -149,34 +149,69 @@ def test_bad_sizes(kwargs):
 
 
 def test_table_matches_dict_and_rebuilds():
-    """Random 64-bit keys (as hashes are) against a dict, rebuilding when the table says so."""
+    """Random odd 64-bit keys (as hashes are) against a dict keeping each key's largest value,
+    rebuilding when the table says so; duplicates and lookups (value 0) in the batches."""
     rng = np.random.default_rng(0)
     table, reference = NgramTable(capacity=16, window=4), {}
-    for step in range(40):
-        keys = rng.integers(-(1 << 63), 1 << 63, size=rng.integers(1, 30), dtype=np.int64)
-        if step % 3:  # keys stored before: new values overwrite
-            keys[: len(keys) // 2] = rng.choice(np.array(list(reference) or [1]), len(keys) // 2)
-        values = rng.integers(0, MAX_VALUE + 1, size=len(keys))
-        reference.update(zip(keys.tolist(), values.tolist(), strict=True))  # later wins
-        if table.needs_room(len(keys)) or not table.put(keys, values):
+
+    def update(table, keys, values):
+        for key, value in zip(keys.tolist(), values.tolist(), strict=True):
+            reference[key] = max(reference.get(key, 0), value)
+        got = None if table.needs_room(len(keys)) else table.update(keys, values)
+        if got is None:
             capacity = table.capacity * 2
             while capacity < 8 * len(reference):
                 capacity *= 2
             table = NgramTable(capacity=capacity, window=4)
-            assert table.put(np.array(list(reference)), np.array(list(reference.values())))
-        probe = np.concatenate([np.array(list(reference)),
-                                rng.integers(-(1 << 63), 1 << 63, size=50, dtype=np.int64)])
-        want = [reference.get(k, -1) for k in probe.tolist()]
-        assert table.get(probe).tolist() == want
+            known = np.array(list(reference), np.uint64)
+            assert table.update(known, np.array(list(reference.values()))) is not None
+            got = table.update(keys, values)
+        assert got.tolist() == [reference[key] for key in keys.tolist()]
+        return table
+
+    for step in range(60):
+        keys = rng.integers(0, 1 << 64, size=rng.integers(1, 30), dtype=np.uint64) | 1
+        if step % 3:  # keys seen before, some of them twice in the batch
+            keys[: len(keys) // 2] = rng.choice(np.array(list(reference) or [1], np.uint64),
+                                                len(keys) // 2)
+        values = rng.integers(0, MAX_VALUE + 1, size=len(keys))
+        values[rng.random(len(keys)) < 0.2] = 0  # lookups
+        table = update(table, keys, values)
+        probe = np.concatenate([np.array(list(reference), np.uint64),
+                                rng.integers(0, 1 << 64, size=3, dtype=np.uint64) | 1])
+        table = update(table, probe, np.zeros(len(probe), np.int64))  # lookups only
     assert table.capacity > 16
 
 
-def test_table_reports_a_crowded_window():
+def table_keys(capacity: int, home: int, tags: range) -> np.ndarray:
+    """Keys whose home slot is ``home`` (their high bits) and whose tags are ``tags`` (odd)."""
+    bits = capacity.bit_length() - 1
+    return np.array([home << (64 - bits) | tag for tag in tags], np.uint64)
+
+
+def test_table_keys_racing_for_one_slot_and_a_crowded_window():
     table = NgramTable(capacity=16, window=4)
-    high = np.arange(1, 13, 2, dtype=np.int64) << 32  # six different tags, all with home slot 3
-    assert table.put(high[:4] | 3, np.arange(4))
-    assert table.get(high[:4] | 3).tolist() == [0, 1, 2, 3]
-    assert not table.put(high[4:] | 3, np.arange(2))
+    keys = table_keys(16, 3, range(1, 13, 2))  # six different tags, all with home slot 3
+    # All four find slot 3 empty in round one: one keeps it, the others go again, to round two.
+    assert table.update(keys[:4], np.arange(1, 5)).tolist() == [1, 2, 3, 4]
+    assert table.update(keys[:4], np.zeros(1, np.int64)).tolist() == [1, 2, 3, 4]
+    assert table.update(keys[:4], np.array([9, 0, 1, 5])).tolist() == [9, 2, 3, 5]  # the max
+    assert table.update(keys[4:], np.arange(5, 7)) is None  # slots 3 .. 6 are taken
+    assert NgramTable(capacity=16, window=1).update(keys[:2], np.arange(1, 3)) is None
+    # A wider window: the last keys settle past round two's first slots, in round three.
+    table = NgramTable(capacity=16, window=8)
+    assert table.update(keys[:5], np.arange(1, 6)).tolist() == [1, 2, 3, 4, 5]
+    assert table.update(keys[5:], np.array([6])).tolist() == [6]
+    assert table.update(keys, np.zeros(1, np.int64)).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_table_lookups_see_the_same_batch():
+    """A lookup (value 0) in a batch gets the largest value stored for its key in that batch."""
+    table = NgramTable(capacity=64, window=4)
+    keys = table_keys(64, 7, range(1, 7, 2))
+    assert table.update(keys[[0, 1, 0, 0, 2]], np.array([0, 4, 3, 0, 0])).tolist() == [
+        3, 4, 3, 3, 0]
+    assert table.update(keys, np.zeros(1, np.int64)).tolist() == [3, 4, 0]
 
 
 def test_proposer_rebuilds_its_table_and_still_matches_brute_force():
@@ -199,6 +234,29 @@ def test_proposer_rebuilds_its_table_and_still_matches_brute_force():
                 context.extend(rng.randrange(5) for _ in range(rng.randrange(1, 16)))
     assert len(tables) >= 3  # rebuilt at least twice, and grew after the first rebuild
     assert tables[-1].capacity > tables[1].capacity
+
+
+def test_many_requests_joining_and_leaving_match_brute_force():
+    """More requests than the first slots, the batch changing order and members between steps
+    (and staying the same for a few), contexts growing past the copies' width."""
+    rng = random.Random(11)
+    proposer = NgramProposer(1, 4)
+    contexts = {i: [rng.randrange(6) for _ in range(rng.randrange(1, 30))] for i in range(40)}
+    ids = sorted(contexts)
+    for step in range(30):
+        if step % 4 == 0:  # a new batch: another order, some requests left out
+            ids = rng.sample(sorted(contexts), rng.randrange(20, len(contexts) + 1))
+        requests = [ProposeRequest(i, contexts[i], rng.randrange(0, 6), GREEDY) for i in ids]
+        got = proposer.propose(requests).draft_token_ids
+        want = [brute_force(r.token_ids, r.num_spec_tokens, 1, 4) for r in requests]
+        assert got == want, step
+        for i in ids:
+            contexts[i].extend(rng.randrange(6) for _ in range(rng.randrange(0, 9)))
+        if step % 7 == 6:  # one finishes, another arrives (as a new batch)
+            proposer.remove(ids[0])
+            del contexts[ids[0]]
+            contexts[100 + step] = [rng.randrange(6) for _ in range(rng.randrange(1, 80))]
+            ids = sorted(contexts)
 
 
 def test_registry_and_request_checks():
