@@ -46,8 +46,9 @@ sequence's share of a plain step) and ``f = t_any / plain``, and the gain become
 ``E(k) / (1 + f + k (c + v))`` for ``k > 0``. On a GPU at small batches a few more tokens are
 nearly free (small ``v``, full k); a compute-bound forward (a CPU at batch 32) pays for every
 token it scores (``v`` near 1), and there no acceptance short of perfect makes drafting pay, so
-k goes to 0 and probes come at the slowest rate (they keep the fit and the acceptance up to
-date).
+k goes to 0, and while even perfect acceptance would gain less than ``MIN_PROBE_GAIN`` (there,
+or a draft model nearly as slow as the target) nothing probes either: the fit keeps its last
+costs, and probes resume when the costs at the current batch size allow a gain.
 
 A request that samples with a ``seed`` keeps the configured k: its k would otherwise follow the
 measured times, and a different k draws different (equally distributed) tokens, so the same
@@ -70,7 +71,8 @@ PRIOR_ACCEPTANCE = 0.8
 PRIOR_TESTED = 2.0
 RECENT_DECAY = 0.99  # the engine-wide tracker: one update per request step
 MAX_PROBE_BACKOFF = 8
-# Probes come at the slowest rate when even perfect acceptance would gain less than this.
+# No probes while even perfect acceptance would gain less than this (a probe of a draft model
+# also pays the draft's catch-up over every token since the last one).
 MIN_PROBE_GAIN = 1.1
 COST_WINDOW = 256  # decode steps in the verify-cost fit (engine-wide: a few requests' worth)
 MIN_FIT_STEPS = 8  # steps with drafts, and steps without, before the fit is trusted
@@ -243,8 +245,9 @@ class AdaptiveK:
             tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
         best_case = max((j + 1) / (1 + fixed_cost + j * cost) for j in range(1, self.max_k + 1))
-        if best_case < MIN_PROBE_GAIN:  # drafting can hardly pay here: probe at the slowest
-            tracker.backoff = MAX_PROBE_BACKOFF
+        if best_case < MIN_PROBE_GAIN:  # even perfect acceptance could hardly pay: no probes
+            tracker.steps_at_zero, tracker.backoff = 0, MAX_PROBE_BACKOFF
+            return 0
         tracker.steps_at_zero += 1
         wait = self.probe_interval * tracker.backoff
         if tracker.steps_at_zero >= wait and self.clock % wait == 0:
