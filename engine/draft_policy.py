@@ -71,9 +71,9 @@ class DraftPolicy:
 
     def num_spec_tokens(self, seq: Request) -> int:
         """The drafts ``seq`` asks for this step."""
-        if self.max_k == 0:
-            return 0
         k = self.max_k if self.fixed_k(seq) else self._step_k
+        if k == 0:  # (the usual answer when drafting does not pay: keep it cheap)
+            return 0
         return max(0, min(k, self.draft_room(seq)))
 
     def draft_room(self, seq: Request) -> int:
@@ -90,15 +90,17 @@ class DraftPolicy:
         if not self.free_drafts or not items:
             return
         longest = min(max(item.num_tokens for item in items), 1 + self.max_k)
+        if longest == 1:
+            return
         spare = 0
         if free_kv_tokens is not None:
             spare = free_kv_tokens - sum(item.num_tokens for item in items)
         for item in items:
             seq = item.request
-            if item.num_context_tokens != 1 or self.fixed_k(seq):
+            gap = longest - item.num_tokens
+            if gap <= 0 or item.num_context_tokens != 1 or self.fixed_k(seq):
                 continue
-            extra = min(longest - item.num_tokens, self.draft_room(seq) - item.num_spec_tokens,
-                        spare)
+            extra = min(gap, self.draft_room(seq) - item.num_spec_tokens, spare)
             if extra > 0:
                 item.num_spec_tokens += extra
                 spare -= extra
