@@ -144,18 +144,21 @@ first fit), not every step.
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=COST_WINDOW)
         self._fit: tuple[float, float, float, float] | None = None  # t0, t_seq, t_any, t_draft
         self._new_steps = 0  # recorded since the last fit
+        self._num_plain = 0  # steps without drafts in the window
 
     def record(self, num_seqs: int, num_drafts: int, seconds: float) -> None:
         """One decode step: ``num_seqs`` sequences scoring ``num_drafts`` drafts in all."""
+        if len(self._steps) == COST_WINDOW and self._steps[0][1] == 0:
+            self._num_plain -= 1  # the oldest step leaves the window
         self._steps.append((float(num_seqs), float(num_drafts), seconds))
+        self._num_plain += int(num_drafts == 0)
         self._new_steps += 1
 
     def wants_plain_step(self) -> bool:
         """The window holds enough steps with drafts but too few without to compare them: a
         step without drafts now and then lets the fit see what drafting costs (otherwise a
         batch that keeps drafting on the prior cost never learns that it does not pay)."""
-        num_plain = sum(1 for step in self._steps if step[1] == 0)
-        return num_plain < MIN_FIT_STEPS <= len(self._steps) - num_plain
+        return self._num_plain < MIN_FIT_STEPS <= len(self._steps) - self._num_plain
 
     def _refit(self) -> None:
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
@@ -177,7 +180,9 @@ first fit), not every step.
         """``(v, f)`` at batch size ``num_seqs``: one more draft, and the once-per-step cost of
         drafting at all, over one sequence's share of a plain decode step; each clamped to
         ``[0, MAX_VERIFY_COST]``."""
-        if self._new_steps >= REFIT_EVERY or (self._fit is None and self._new_steps):
+        fittable = min(self._num_plain, len(self._steps) - self._num_plain) >= MIN_FIT_STEPS
+        if fittable and (self._new_steps >= REFIT_EVERY or (self._fit is None
+                                                            and self._new_steps)):
             self._new_steps = 0
             self._refit()
         if self._fit is None:

@@ -94,6 +94,11 @@ def test_cost_fit_asks_for_plain_steps_when_every_step_drafts():
     for _ in range(MIN_FIT_STEPS):
         model.record(32, 0, 0.2)
     assert not model.wants_plain_step()
+    for _ in range(COST_WINDOW - MIN_FIT_STEPS):  # drafting steps push the first 8 out
+        model.record(32, 64, 0.3)
+    assert not model.wants_plain_step()
+    model.record(32, 64, 0.3)  # ... and this one the oldest plain step: 7 left
+    assert model.wants_plain_step()
 
 
 def test_disabled_keeps_k():
