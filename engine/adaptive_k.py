@@ -161,12 +161,11 @@ first fit), not every step.
         return self._num_plain < MIN_FIT_STEPS <= len(self._steps) - self._num_plain
 
     def _refit(self) -> None:
+        """Least squares over the window (only called when it holds MIN_FIT_STEPS steps with
+        drafts and as many without)."""
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
         drafts = steps[:, 1]
         drafting = drafts > 0
-        num_drafting = int(drafting.sum())
-        if min(num_drafting, len(steps) - num_drafting) < MIN_FIT_STEPS:
-            return  # too few of either to compare drafting with
         columns = [np.ones(len(steps)), steps[:, 0]]
         spread = drafts[drafting].std() >= MIN_DRAFT_SPREAD
         if spread:

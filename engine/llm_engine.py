@@ -155,13 +155,14 @@ class LLMEngine:
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
         self.drafts.begin_step(self.scheduler.running)
-        plan = self.scheduler.schedule(self.drafts.num_spec_tokens, self._free_kv_tokens())
+        free_kv_tokens = self._free_kv_tokens()
+        plan = self.scheduler.schedule(self.drafts.num_spec_tokens, free_kv_tokens)
         for seq in plan.admitted:
             seq.slot = self.runner.allocate_slot()
         if not plan.scheduled:
             updated += self._fail_unschedulable()
             return updated
-        self.drafts.fill_padding(plan.scheduled, self._free_kv_tokens())
+        self.drafts.fill_padding(plan.scheduled, free_kv_tokens)  # (admission allocates no rows)
         batch = _StepBatch(plan.scheduled)
         propose_s, num_draft_steps = self._propose(batch)
         target_start = time.perf_counter()

@@ -82,10 +82,10 @@ def check_stop(params: SamplingParams, token_id: int, token_text: str, text: str
 
     ``num_output_tokens`` and ``num_total_tokens`` count it too.
     """
+    if num_output_tokens < params.min_tokens:
+        return None
     found = check_token_stop(params, token_id, num_output_tokens, num_total_tokens,
                              eos_token_ids, max_model_len)
-    if found is None and num_output_tokens < params.min_tokens:
-        return None
     include = params.include_stop_str_in_output
     if found is not None and found.finish_reason == "stop":
         kept = text if include else text[:len(text) - len(token_text)]
