@@ -38,8 +38,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.attention_backend import without_cudnn_attention
+from engine.attention_backend import cpu_gqa_attention, without_cudnn_attention
 from engine.attention_support import check_model_supported
+from engine.cpu_lm_head import output_head
 from engine.cuda_graphs import CudaGraphs
 from engine.kv_cache import KVCacheFull, PagedKVCache
 
@@ -101,6 +102,7 @@ class ModelRunner:
                              f"{config.model_type}, got {max_model_len}")
         self.model = model.eval()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self._lm_head = output_head(model)  # oneDNN-packed on CPU in float32
         self.device = model.get_input_embeddings().weight.device
         self.dtype = next(model.parameters()).dtype
         num_heads = config.num_attention_heads
@@ -224,7 +226,7 @@ class ModelRunner:
                                   uniform, run)
         # (device_map="auto" may leave the last layer on another device than the embeddings)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        return self.model.get_output_embeddings()(hidden).float()
+        return self._lm_head(hidden).float()
 
     def _hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                 query_offset: int = 0, uniform: bool = False,
@@ -236,7 +238,8 @@ class ModelRunner:
         slots_t = inputs[4 * padded:]  # [batch_size]
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         mask = None if uniform else self._mask(positions, kv_len)
-        with without_cudnn_attention():  # no per-shape plan builds (engine/attention_backend.py)
+        # (engine/attention_backend.py: no per-shape plan builds; no key/value copies on CPU)
+        with without_cudnn_attention(), cpu_gqa_attention(self.model.config, self.device):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 past_key_values=self.cache, use_cache=True).last_hidden_state

@@ -1,0 +1,84 @@
+"""The runner's CPU attention for grouped-query models with a mask, and its packed CPU head."""
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from engine.attention_backend import GQA_SDPA, cpu_gqa_attention, gqa_sdpa_attention
+from engine.cpu_lm_head import output_head
+from engine.model_runner import ModelRunner
+from tests.conftest import tiny_model
+
+
+def attention_inputs(num_new, kv_len, heads=6, kv_heads=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(2, heads, num_new, 16, generator=gen)  # [batch, heads, num_new, dim]
+    key = torch.randn(2, kv_heads, kv_len, 16, generator=gen)  # [batch, kv_heads, kv_len, dim]
+    value = torch.randn(2, kv_heads, kv_len, 16, generator=gen)
+    # [batch, 1, num_new, kv_len]: causal over the last num_new keys, sequence 1 shorter by 3
+    mask = torch.zeros(2, 1, num_new, kv_len)
+    future = torch.triu(torch.ones(num_new, num_new, dtype=torch.bool), 1)
+    mask[:, 0, :, kv_len - num_new:].masked_fill_(future, torch.finfo(torch.float32).min)
+    mask[1, 0, :, :3] = torch.finfo(torch.float32).min
+    return query, key, value, mask
+
+
+class Module(torch.nn.Module):
+    num_key_value_groups = 3
+    is_causal = True
+
+
+@pytest.mark.parametrize("num_new,kv_len", [(1, 7), (5, 40), (3, 3)])
+def test_masked_gqa_equals_repeated_heads_bit_for_bit(num_new, kv_len):
+    query, key, value, mask = attention_inputs(num_new, kv_len)
+    want, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.25)
+    got, _ = gqa_sdpa_attention(Module(), query, key, value, mask, scaling=0.25)
+    assert got.shape == want.shape == (2, num_new, 6, 16)
+    assert torch.equal(got, want)
+    # (no mask: transformers' own path, which already passes enable_gqa)
+    got, _ = gqa_sdpa_attention(Module(), query, key, value, None, scaling=0.25)
+    want, _ = sdpa_attention_forward(Module(), query, key, value, None, scaling=0.25)
+    assert torch.equal(got, want)
+
+
+def test_the_switch_is_scoped_to_cpu_sdpa_models():
+    model = tiny_model("llama")
+    with cpu_gqa_attention(model.config, torch.device("cpu")):
+        assert model.config._attn_implementation == GQA_SDPA
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), cpu_gqa_attention(model.config, torch.device("cpu")):
+        raise RuntimeError("a failing forward")
+    assert model.config._attn_implementation == "sdpa"
+    eager = tiny_model("llama", attn_implementation="eager")
+    with cpu_gqa_attention(eager.config, torch.device("cpu")):
+        assert eager.config._attn_implementation == "eager"
+
+
+def test_runner_scores_like_the_model_with_grouped_query_attention():
+    """Verification-shaped steps (several new tokens, a mask) through the switched attention
+    and the packed head give the model's own logits."""
+    model = tiny_model("llama", vocab_size=256)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=128, max_model_len=64)
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    prompts = [[5, 9, 3, 7, 1, 2], [8, 8, 4]]
+    runner.forward([a, b], prompts)
+    steps = [[11, 12, 13, 14, 15], [21, 22]]
+    got = runner.forward([a, b], steps)  # [7, vocab_size]
+    with torch.no_grad():
+        for row, (prompt, step) in zip((0, 5), zip(prompts, steps, strict=True), strict=True):
+            want = model(torch.tensor([prompt + step])).logits[0, len(prompt):]
+            torch.testing.assert_close(got[row:row + len(step)], want, rtol=1e-4, atol=1e-4)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_packed_head_matches_the_linear_head():
+    model = tiny_model("qwen2", vocab_size=300)
+    head = output_head(model)
+    assert head is not model.lm_head  # packed on CPU in float32
+    hidden = torch.randn(5, 64)
+    for rows in (0, 1, 2, 5):
+        torch.testing.assert_close(head(hidden[:rows]), model.lm_head(hidden[:rows]),
+                                   rtol=1e-5, atol=1e-5)
+    assert output_head(tiny_model("qwen2", dtype=torch.bfloat16)) is not None
+    bf16 = tiny_model("qwen2", dtype=torch.bfloat16)
+    assert output_head(bf16) is bf16.lm_head  # only float32 is packed
