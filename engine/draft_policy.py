@@ -16,6 +16,7 @@ from engine.adaptive_k import AcceptanceTracker, AdaptiveK, StepCostModel
 from engine.config import DEFAULT_VERIFY_COST, SpeculativeConfig
 from engine.metrics import MetricsCollector
 from engine.request import Request
+from proposers.base import Proposal
 from scheduler import ScheduledRequest
 
 # While the cost fit lacks steps without drafts, every this many steps drafts nothing.
@@ -104,6 +105,20 @@ class DraftPolicy:
             if extra > 0:
                 item.num_spec_tokens += extra
                 spare -= extra
+
+    def kept_drafts(self, items: list[ScheduledRequest], proposal: Proposal) -> list[int]:
+        """How many of each item's drafts to verify: its scheduled k, and with adaptive k no
+        more than the step's longest *backed* run (:attr:`Proposal.num_backed`). Past that the
+        drafts would lengthen the padded forward for guesses the proposer does not stand by;
+        up to it they ride in the padding for free. Seeded sampling keeps its k."""
+        keep = [item.num_spec_tokens for item in items]
+        backed = proposal.num_backed
+        if backed is None or not self.adaptive.enabled:
+            return keep
+        fixed = [self.fixed_k(item.request) for item in items]
+        width = max((min(k, len(d)) if f else min(k, b) for k, d, b, f in zip(
+            keep, proposal.draft_token_ids, backed, fixed, strict=True)), default=0)
+        return [k if f else min(k, width) for k, f in zip(keep, fixed, strict=True)]
 
     def record_step(self, items: list[ScheduledRequest], drafts: list[list[int]],
                     seconds: float) -> None:

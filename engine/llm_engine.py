@@ -206,9 +206,9 @@ class LLMEngine:
                            seq.params, seq.generator,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None)
             for i in wanted for seq in [batch.items[i].request]])
+        keep = self.drafts.kept_drafts([batch.items[i] for i in wanted], proposal)
         offset = 0
-        for i, proposed in zip(wanted, proposal.draft_token_ids, strict=True):
-            k = batch.items[i].num_spec_tokens
+        for i, proposed, k in zip(wanted, proposal.draft_token_ids, keep, strict=True):
             batch.drafts[i] = list(proposed)[:k]
             if proposal.draft_probs is not None:
                 batch.probs[i] = proposal.draft_probs[offset:offset + len(batch.drafts[i])]

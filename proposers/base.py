@@ -59,11 +59,15 @@ class Proposal:
     ``draft_token_ids[i]`` holds 0..``num_spec_tokens`` tokens for request ``i``.
     ``draft_probs`` is None for one-hot drafts, else one float32 row per draft token in the order
     of the flattened drafts: the processed distribution each token was drawn from.
+    ``num_backed[i]``, when given, is how many of request ``i``'s leading drafts the proposer's
+    own evidence backs (an n-gram match of n tokens backs n); the rest are cheap guesses that an
+    adaptive engine verifies only where the step pays for them anyway. None: all are backed.
     """
 
     draft_token_ids: list[list[int]]
     # [num_tokens, vocab_size] float32, or None for one-hot drafts
     draft_probs: torch.Tensor | None = None
+    num_backed: list[int] | None = None  # [batch_size], each <= len(draft_token_ids[i])
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,9 @@ Rule (for one request with context ``t[0..L-1]`` = prompt + output so far and ``
    overlaps the suffix: the text is repeating with period ``P = L - f`` (``f``: the position
    after the occurrence), and the drafts go on repeating it, ``d[j] = t[f + j mod P]`` (an
    overlapping copy, as in LZ77). No match for any ``n`` (or ``k == 0``) gives no drafts.
+4. A match of ``n`` tokens *backs* its first ``n`` drafts (``Proposal.num_backed``): on the
+   default model's copy prompts a 1-token match led to 0.42 accepted drafts on average, a
+   4-token one to 2.87, so an adaptive engine verifies past ``n`` only where it is free.
 
 Worked example, ``prompt_lookup_min=1``, ``prompt_lookup_max=3``::
 
@@ -159,6 +162,9 @@ class NgramProposer(Proposer):
         # An n-gram's occurrence ends an occurrence of its (n-1)-gram suffix too, so the most
         # recent one of a longer suffix is never later: the longest suffix found holds the
         # smallest nonzero value (0 - 1 wraps to the largest uint64, and back: 0 = none).
+        # The matched length: an n-gram found means its shorter suffixes were found too.
+        matched = np.count_nonzero(found, axis=0)  # [batch_size]
+        matched += self.prompt_lookup_min - 1
         found -= 1
         match = np.minimum.reduce(found.view(np.uint64), axis=0).view(np.int64)  # [batch_size]
         match += 1  # the copy index of the end of the occurrence, 0: none
@@ -168,7 +174,7 @@ class NgramProposer(Proposer):
             self._ks, self._max_k, self._min_k = ks, max(ks), min(ks)
             self._offsets = np.arange(self._max_k)[:, None]
         if self._max_k == 0:
-            return Proposal([[] for _ in range(num_requests)], None)
+            return Proposal([[] for _ in range(num_requests)], None, [0] * num_requests)
         # The period P = L - f (f = the position after the occurrence; no match: dropped below).
         period = batch.tail - match  # [batch_size]
         np.maximum(period, 1, out=period)  # (only a hash collision could give less)
@@ -181,7 +187,7 @@ class NgramProposer(Proposer):
         if self._min_k < self._max_k:
             for i, k in enumerate(ks):
                 del drafts[i][k:]
-        return Proposal(drafts, None)
+        return Proposal(drafts, None, list(map(min, map(len, drafts), matched.tolist())))
 
     def _counting(self, n: int) -> np.ndarray:
         """``[0, 1, .. n - 1]``, a view of an array kept between steps."""

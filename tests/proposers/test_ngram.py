@@ -36,11 +36,32 @@ def brute_force(tokens, k, lo, hi):
     return []
 
 
+def matched_length(tokens, lo, hi):
+    """The n of the documented rule's winning match (0: none), the slow obvious way."""
+    length = len(tokens)
+    for n in range(min(hi, length - 1), lo - 1, -1):
+        suffix = tokens[length - n:]
+        if any(tokens[end - n + 1:end + 1] == suffix for end in range(length - 2, n - 2, -1)):
+            return n
+    return 0
+
+
 def test_docstring_example():
     tokens = [5, 7, 9, 2, 7, 9, 4, 7, 9]
     assert propose_one(NgramProposer(1, 3), tokens, 2) == [4, 7]
     # k larger than what follows: the period-3 repetition goes on
     assert propose_one(NgramProposer(1, 3), tokens, 5) == [4, 7, 9, 4, 7]
+
+
+def test_a_match_backs_as_many_drafts_as_it_has_tokens():
+    proposer = NgramProposer(1, 3)
+    requests = [ProposeRequest("two", [5, 7, 9, 2, 7, 9, 4, 7, 9], 4, GREEDY),  # [7, 9] matched
+                ProposeRequest("one", [1, 2, 3, 2], 4, GREEDY),  # [2] matched
+                ProposeRequest("three", [1, 2, 3, 4, 1, 2, 3], 2, GREEDY),  # [1, 2, 3], k = 2
+                ProposeRequest("none", [1, 2, 3], 4, GREEDY)]
+    proposal = proposer.propose(requests)
+    assert proposal.draft_token_ids == [[4, 7, 9, 4], [3, 2, 3, 2], [4, 1], []]
+    assert proposal.num_backed == [2, 1, 2, 0]
 
 
 def test_a_loop_is_continued():
@@ -100,9 +121,13 @@ def test_incremental_growth_matches_brute_force(lo, hi):
         ids = rng.sample(sorted(contexts), rng.randrange(1, len(contexts) + 1))
         requests = [ProposeRequest(i, list(contexts[i]), rng.randrange(0, 6), GREEDY)
                     for i in ids]
-        got = proposer.propose(requests).draft_token_ids
+        proposal = proposer.propose(requests)
+        got = proposal.draft_token_ids
         want = [brute_force(r.token_ids, r.num_spec_tokens, lo, hi) for r in requests]
         assert got == want, step
+        # a match of n tokens backs its first n drafts
+        assert proposal.num_backed == [min(len(w), matched_length(r.token_ids, lo, hi))
+                                       for w, r in zip(want, requests, strict=True)], step
         for i in ids:  # grow by 0..5 tokens, sometimes finish and restart a request
             if rng.random() < 0.05:
                 proposer.remove(i)

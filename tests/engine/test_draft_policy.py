@@ -1,0 +1,46 @@
+"""DraftPolicy.kept_drafts: how many drafts of each sequence a step verifies."""
+
+from engine.config import SpeculativeConfig
+from engine.draft_policy import DraftPolicy
+from engine.metrics import MetricsCollector
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from proposers.base import Proposal
+from scheduler import ScheduledRequest
+
+
+def item(name, k, params=None):
+    seq = Request(name, 0, None, [1, 2, 3], params or SamplingParams(temperature=0), None,
+                  frozenset(), 0.0)
+    return ScheduledRequest(seq, 1, True, k)
+
+
+def policy(adaptive=True):
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive_k=adaptive)
+    return DraftPolicy(spec, 4, 512, MetricsCollector(4))
+
+
+def test_the_step_verifies_up_to_its_longest_backed_run():
+    items = [item("a", 4), item("b", 4), item("c", 2)]
+    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]], None, [1, 3, 2])
+    # b backs 3 drafts: every sequence verifies up to 3 (free in the padded forward), c its 2
+    assert policy().kept_drafts(items, proposal) == [3, 3, 2]
+    weak = Proposal([[1, 2, 3, 4], [5], []], None, [1, 1, 0])
+    assert policy().kept_drafts(items, weak) == [1, 1, 1]
+    assert policy().kept_drafts(items, Proposal([[], [], []], None, [0, 0, 0])) == [0, 0, 0]
+
+
+def test_without_backing_or_adaptive_k_every_scheduled_draft_is_verified():
+    items = [item("a", 4), item("b", 3)]
+    assert policy().kept_drafts(items, Proposal([[1, 2, 3, 4], [5, 6, 7]], None)) == [4, 3]
+    backed = Proposal([[1, 2, 3, 4], [5, 6, 7]], None, [1, 0])
+    assert policy(adaptive=False).kept_drafts(items, backed) == [4, 3]
+
+
+def test_a_seeded_sample_keeps_its_k_and_sets_the_width():
+    seeded = SamplingParams(temperature=0.8, seed=3)
+    items = [item("seeded", 4, seeded), item("greedy", 4)]
+    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [1, 1])
+    assert policy().kept_drafts(items, proposal) == [4, 4]
+    short = Proposal([[1, 2], [5, 6, 7, 8]], None, [1, 1])
+    assert policy().kept_drafts(items, short) == [4, 2]
