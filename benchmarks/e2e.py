@@ -23,7 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.e2e_runs import RunResult, engine_generate, hf_generate, timed  # noqa: E402
+from benchmarks.e2e_runs import (  # noqa: E402
+    RunResult,
+    engine_generate,
+    graph_stats,
+    hf_generate,
+    timed,
+)
 from benchmarks.e2e_targets import check_targets, print_table  # noqa: E402
 from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  # noqa: E402
 from engine import LLM  # noqa: E402
@@ -113,19 +119,26 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
         timed(generate, prompts[:b], device)
     for llm in llms.values():
         llm.reset_metrics()
+    graphs_before = {method: graph_stats(llm) for method, llm in llms.items()}
     for _ in range(args.repeats):
         for start in range(0, len(prompts), b):
             group = prompts[start:start + b]
             for run, generate in systems.values():
                 run.add(*timed(generate, group, device))
     for method, llm in llms.items():
+        count, seconds = graph_stats(llm)
+        systems[method][0].graph_captures = count - graphs_before[method][0]
+        systems[method][0].capture_seconds = seconds - graphs_before[method][1]
         if method not in ("none", "eager"):
             metrics = llm.get_metrics()
             run = systems[method][0]
             run.acceptance_rate = metrics.acceptance_rate
             run.mean_accepted_length = metrics.mean_accepted_length
     for run, _ in systems.values():
-        print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s", file=sys.stderr)
+        captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
+                    if run.graph_captures else "")
+        print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s{captures}",
+              file=sys.stderr)
     return [run for run, _ in systems.values()]
 
 

@@ -33,6 +33,8 @@ class RunResult:
     seconds: float = 0.0
     acceptance_rate: float | None = None
     mean_accepted_length: float | None = None
+    graph_captures: int = 0       # CUDA graphs captured inside the timed runs
+    capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
@@ -62,6 +64,14 @@ def timed(generate: Callable[[list[list[int]]], list[list[int]]], group: list[li
     outputs = generate(group)
     _sync(device)
     return outputs, time.perf_counter() - start
+
+
+def graph_stats(llm: Any) -> tuple[int, float]:
+    """(graphs captured, seconds spent capturing) so far by the engine's runners (the target's
+    and a draft's), (0, 0.0) without CUDA graphs."""
+    runners = [llm.engine.runner, getattr(llm.engine.proposer, "runner", None)]
+    graphs = [r.graphs for r in runners if r is not None and r.graphs is not None]
+    return sum(g.num_graphs for g in graphs), sum(g.capture_seconds for g in graphs)
 
 
 def engine_generate(llm: Any, group: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -56,3 +56,24 @@ def test_greedy_with_cuda_graphs_equals_hf(method):
             proposer_runner = getattr(llm.engine.proposer, "runner", None)
             if proposer_runner is not None:  # the draft's small forwards replay graphs too
                 assert proposer_runner.graphs.num_replays >= MAX_TOKENS // 4
+
+
+
+@needs_cuda
+def test_a_bucket_is_captured_when_it_comes_back():
+    from engine.model_runner import ModelRunner
+
+    model = tiny_model("llama", vocab_size=VOCAB, seed=0).cuda()
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=256, max_model_len=64,
+                         cuda_graph_max_new=2)
+    slot = runner.allocate_slot()
+    runner.forward([slot], [[3, 4, 5, 6]])  # a prefill: eager
+    first = runner.forward([slot], [[7]])  # the bucket's first step: eager, nothing captured
+    assert runner.graphs.num_graphs == 0 and runner.graphs.capture_seconds == 0
+    runner.truncate(slot, 4)
+    again = runner.forward([slot], [[7]])  # the same bucket again: captured and replayed
+    assert runner.graphs.num_graphs == 1 and runner.graphs.capture_seconds > 0
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    runner.truncate(slot, 4)
+    assert torch.equal(runner.forward([slot], [[7]]), first)  # replayed, no new capture
+    assert runner.graphs.num_graphs == 1 and runner.graphs.num_replays == 3
