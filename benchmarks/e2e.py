@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=1, help="rounds over the prompts (summed)")
+    p.add_argument("--warmup-rounds", type=int, default=2,
+                   help="untimed runs of every system at each batch size before timing")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     p.add_argument("--enforce-eager", action="store_true",
                    help="every engine without CUDA graphs (method 'eager' adds one such row)")
@@ -114,9 +116,12 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
                                 lambda g: hf_generate(model, g, pad_id, args.max_tokens, device,
                                                       prompt_lookup=args.k))
     # Untimed warm-up of every system at this batch size (allocator growth, kernels compiled
-    # for its shapes), so that no system pays those costs inside a timed run.
-    for _, generate in systems.values():
-        timed(generate, prompts[:b], device)
+    # for its shapes, the engine's CUDA graphs: a bucket is captured on its second step), so
+    # that no system pays those costs inside a timed run; captures that still happen there are
+    # counted in the JSON (graph_captures, capture_seconds).
+    for _ in range(args.warmup_rounds):
+        for _, generate in systems.values():
+            timed(generate, prompts[:b], device)
     for llm in llms.values():
         llm.reset_metrics()
     graphs_before = {method: graph_stats(llm) for method, llm in llms.items()}

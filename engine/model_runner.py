@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.attention_backend import cpu_gqa_attention, without_cudnn_attention
+from engine.attention_backend import gqa_attention, without_cudnn_attention
 from engine.attention_support import check_model_supported
 from engine.cpu_lm_head import output_head
 from engine.cuda_graphs import CudaGraphs
@@ -238,8 +238,9 @@ class ModelRunner:
         slots_t = inputs[4 * padded:]  # [batch_size]
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         mask = None if uniform else self._mask(positions, kv_len)
-        # (engine/attention_backend.py: no per-shape plan builds; no key/value copies on CPU)
-        with without_cudnn_attention(), cpu_gqa_attention(self.model.config, self.device):
+        # (engine/attention_backend.py: no per-shape plan builds, no key/value head copies)
+        with without_cudnn_attention(), gqa_attention(self.model.config,
+                                                      mask is not None or num_new > 1):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 past_key_values=self.cache, use_cache=True).last_hidden_state

@@ -4,7 +4,12 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine.attention_backend import GQA_SDPA, cpu_gqa_attention, gqa_sdpa_attention
+from engine.attention_backend import (
+    GQA_SDPA,
+    folded_gqa_sdpa,
+    gqa_attention,
+    gqa_sdpa_attention,
+)
 from engine.cpu_lm_head import output_head
 from engine.model_runner import ModelRunner
 from tests.conftest import tiny_model
@@ -41,16 +46,28 @@ def test_masked_gqa_equals_repeated_heads_bit_for_bit(num_new, kv_len):
     assert torch.equal(got, want)
 
 
-def test_the_switch_is_scoped_to_cpu_sdpa_models():
+@pytest.mark.parametrize("num_new,kv_len", [(1, 7), (5, 40), (3, 3)])
+def test_folded_gqa_equals_repeated_heads(num_new, kv_len):
+    """The CUDA path's layout (group heads folded into the query rows), checked on CPU."""
+    query, key, value, mask = attention_inputs(num_new, kv_len)
+    want, _ = sdpa_attention_forward(Module(), query, key, value, mask, scaling=0.25)
+    got = folded_gqa_sdpa(query, key, value, mask, scaling=0.25)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    shared = folded_gqa_sdpa(query, key, value, mask[:1], scaling=0.25)  # one mask for the batch
+    want, _ = sdpa_attention_forward(Module(), query, key, value, mask[:1], scaling=0.25)
+    torch.testing.assert_close(shared, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_switch_is_scoped_to_sdpa_models():
     model = tiny_model("llama")
-    with cpu_gqa_attention(model.config, torch.device("cpu")):
+    with gqa_attention(model.config):
         assert model.config._attn_implementation == GQA_SDPA
     assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(RuntimeError), cpu_gqa_attention(model.config, torch.device("cpu")):
+    with pytest.raises(RuntimeError), gqa_attention(model.config):
         raise RuntimeError("a failing forward")
     assert model.config._attn_implementation == "sdpa"
     eager = tiny_model("llama", attn_implementation="eager")
-    with cpu_gqa_attention(eager.config, torch.device("cpu")):
+    with gqa_attention(eager.config):
         assert eager.config._attn_implementation == "eager"
 
 
@@ -79,6 +96,7 @@ def test_packed_head_matches_the_linear_head():
     for rows in (0, 1, 2, 5):
         torch.testing.assert_close(head(hidden[:rows]), model.lm_head(hidden[:rows]),
                                    rtol=1e-5, atol=1e-5)
+    assert torch.equal(head(hidden[:1]), model.lm_head(hidden[:1]))  # one row: nn.Linear
     assert output_head(tiny_model("qwen2", dtype=torch.bfloat16)) is not None
     bf16 = tiny_model("qwen2", dtype=torch.bfloat16)
     assert output_head(bf16) is bf16.lm_head  # only float32 is packed
