@@ -94,6 +94,8 @@ def best_k(a: float | list[float], max_k: int, step_cost_per_draft: float,
     ``fixed_cost`` is paid once by any ``k > 0``. With several acceptances (one k for a batch),
     the gain is their mean expected tokens over the step's cost."""
     rates = a if isinstance(a, list) else [a]
+    if len(rates) > 1 and best_k(max(rates), max_k, step_cost_per_draft, fixed_cost) == 0:
+        return 0  # (expected tokens grow with acceptance: the mean cannot pay either)
     best, best_gain = 0, 1.0
     for k in range(1, max_k + 1):
         tokens = sum(expected_tokens(r, k) for r in rates) / len(rates)

@@ -159,12 +159,12 @@ class NgramProposer(Proposer):
         ends -= 1  # [batch_size]: each request's last token in `flat`
         at[ends] = 0  # [num_read]: the values
         found = self._update(keys, at).take(ends, axis=1)  # [num_sizes, batch_size]
-        # An n-gram's occurrence ends an occurrence of its (n-1)-gram suffix too, so the most
-        # recent one of a longer suffix is never later: the longest suffix found holds the
-        # smallest nonzero value (0 - 1 wraps to the largest uint64, and back: 0 = none).
         # The matched length: an n-gram found means its shorter suffixes were found too.
         matched = np.count_nonzero(found, axis=0)  # [batch_size]
         matched += self.prompt_lookup_min - 1
+        # An n-gram's occurrence ends an occurrence of its (n-1)-gram suffix too, so the most
+        # recent one of a longer suffix is never later: the longest suffix found holds the
+        # smallest nonzero value (0 - 1 wraps to the largest uint64, and back: 0 = none).
         found -= 1
         match = np.minimum.reduce(found.view(np.uint64), axis=0).view(np.int64)  # [batch_size]
         match += 1  # the copy index of the end of the occurrence, 0: none

@@ -34,6 +34,19 @@ def test_best_k(a, cost, k):
     assert best_k(a, 4, cost) == k
 
 
+def test_batch_k_maximises_the_mean_expected_tokens_over_the_cost():
+    """Against the rule written out: every k's mean over the batch, ties to the smaller k."""
+    rng = random.Random(3)
+    for _ in range(2000):
+        rates = [rng.random() ** rng.choice([1, 3, 8]) for _ in range(rng.randrange(2, 40))]
+        max_k, cost, fixed = rng.randrange(1, 8), rng.random() * 1.5, rng.random() * 0.5
+        gains = [1.0] + [sum(expected_tokens(r, k) for r in rates) / len(rates)
+                         / (1 + fixed + k * cost) for k in range(1, max_k + 1)]
+        want = max(range(max_k + 1), key=lambda k: (gains[k] > 1.0 + 1e-9, gains[k], -k))
+        want = want if gains[want] > 1.0 + 1e-9 else 0
+        assert best_k(rates, max_k, cost, fixed) == want
+
+
 def test_tracker_counts_tested_drafts():
     t = AcceptanceTracker(accepted=0.0, tested=0.0)
     t.update(4, 4)  # all accepted: 4 tested
