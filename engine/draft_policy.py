@@ -57,6 +57,9 @@ class DraftPolicy:
         self.adaptive.tick()
         if self.max_k == 0:
             return
+        if not running:  # (only admissions: their prefills draft nothing, and a choice made
+            self._step_k = 0  # for no one must not reset the batch's probing backoff)
+            return
         if self.step_costs is not None:
             self._verify_cost, self._fixed_cost = self.step_costs.costs(max(1, len(running)))
         cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None

@@ -44,3 +44,13 @@ def test_a_seeded_sample_keeps_its_k_and_sets_the_width():
     assert policy().kept_drafts(items, proposal) == [4, 4]
     short = Proposal([[1, 2], [5, 6, 7, 8]], None, [1, 1])
     assert policy().kept_drafts(items, short) == [4, 2]
+
+
+def test_a_step_with_nothing_running_leaves_the_probing_clock_alone():
+    """Found on the CPU benchmark: the first step of every batch (only admissions) chose k from
+    the engine's recent acceptance and a one-sequence cost, and reset the probe backoff."""
+    drafts = policy()
+    drafts.adaptive.batch.backoff = 8
+    drafts.begin_step([])
+    assert drafts.adaptive.batch.backoff == 8
+    assert drafts.num_spec_tokens(item("a", 0).request) == 0
