@@ -133,7 +133,8 @@ class StepCostModel:
     steps of ``time = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` (see
     the module docstring).
 
-    A coefficient is fitted only when the window separates it: ``t_any`` needs steps with and
+    A coefficient is fitted only when the window separates it: ``t_seq`` needs more than one
+    batch size (else the whole step goes to ``t0``), ``t_any`` needs steps with and
     without drafts, ``t_draft`` a spread of draft counts among the steps with drafts (without
     it the whole cost of drafting is put on ``t_draft``, which errs towards smaller k). Until
     then, and while the steps stop varying, :meth:`costs` returns the last fit, at first
@@ -168,14 +169,20 @@ first fit), not every step.
         steps = np.array(self._steps)  # [num_steps, 3]: sequences, drafts, seconds
         drafts = steps[:, 1]
         drafting = drafts > 0
-        columns = [np.ones(len(steps)), steps[:, 0]]
+        # One batch size only: t0 and t_seq cannot be told apart (least squares would split
+        # the step evenly between them and extrapolate that split to other sizes). Put it all
+        # in t0: a larger batch then looks no dearer per step, so its drafts look dearer, and
+        # adaptive k waits for steps of its own size before it drafts there.
+        varied = np.ptp(steps[:, 0]) > 0
+        columns = [np.ones(len(steps))] + ([steps[:, 0]] if varied else [])
         spread = drafts[drafting].std() >= MIN_DRAFT_SPREAD
         if spread:
             columns.append(drafting.astype(float))
         columns.append(drafts)
         coef = np.linalg.lstsq(np.column_stack(columns), steps[:, 2], rcond=None)[0]
-        t_any = float(coef[2]) if spread else 0.0
-        self._fit = (float(coef[0]), float(coef[1]), t_any, float(coef[-1]))
+        t_seq = float(coef[1]) if varied else 0.0
+        t_any = float(coef[1 + varied]) if spread else 0.0
+        self._fit = (float(coef[0]), t_seq, t_any, float(coef[-1]))
 
     def costs(self, num_seqs: int) -> tuple[float, float]:
         """``(v, f)`` at batch size ``num_seqs``: one more draft, and the once-per-step cost of

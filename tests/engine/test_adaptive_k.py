@@ -145,6 +145,20 @@ def test_step_cost_model_without_a_spread_of_drafts_charges_them_per_draft():
     assert f == 0.0 and v == pytest.approx((0.003 + 0.004) / 4 / 0.010, rel=1e-6)
 
 
+def test_step_cost_model_of_one_batch_size_does_not_extrapolate_a_per_sequence_cost():
+    """Seen on CPU: after batch-1 steps only, least squares split a step evenly between t0 and
+    t_seq, so a batch of 32 looked 16x dearer per step and its drafts 16x cheaper than that
+    (v 0.235 where batch-32 steps then measured 0.4-0.5), and the first batch-32 steps drafted
+    at a loss. With one batch size the step is all t0: no cheaper per sequence elsewhere."""
+    model = StepCostModel(prior=0.1)
+    for i in range(COST_WINDOW):
+        drafts = (i % 2) * (1 + i % 4)  # plain steps, and 1-4 drafts
+        model.record(1, drafts, 0.060 + 0.007 * drafts)
+    v1, _ = model.costs(1)
+    assert v1 == pytest.approx(0.007 / 0.060, rel=1e-6)
+    assert model.costs(32)[0] == pytest.approx(min(32 * v1, 2.0), rel=1e-6)
+
+
 def test_step_cost_model_keeps_its_fit_when_drafts_stop():
     model = StepCostModel(prior=0.1)
     for i in range(COST_WINDOW):  # compute-bound: every token costs the same
