@@ -131,12 +131,12 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
             for run, generate in systems.values():
                 run.add(*timed(generate, group, device))
     for method, llm in llms.items():
+        run = systems[method][0]
         count, seconds = graph_stats(llm)
-        systems[method][0].graph_captures = count - graphs_before[method][0]
-        systems[method][0].capture_seconds = seconds - graphs_before[method][1]
+        run.graph_captures = count - graphs_before[method][0]
+        run.capture_seconds = seconds - graphs_before[method][1]
         if method not in ("none", "eager"):
             metrics = llm.get_metrics()
-            run = systems[method][0]
             run.acceptance_rate = metrics.acceptance_rate
             run.mean_accepted_length = metrics.mean_accepted_length
     for run, _ in systems.values():

@@ -104,10 +104,8 @@ class CudaGraphs:
         """Run bucket ``key`` on ``inputs`` (its layout, on the device); returns the static
         hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay."""
         self.num_replays += 1
-        if not self._capture_graphs:
-            return self._body(inputs, *key)
-        graph = self._graph(key)
-        if graph is None:
+        graph = self._graph(key) if self._capture_graphs else None
+        if graph is None:  # (a bucket's first step, or no capture off-GPU)
             return self._body(inputs, *key)
         graph.inputs.copy_(inputs)
         graph.graph.replay()

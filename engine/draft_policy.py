@@ -61,7 +61,7 @@ class DraftPolicy:
             self._step_k = 0  # for no one must not reset the batch's probing backoff)
             return
         if self.step_costs is not None:
-            self._verify_cost, self._fixed_cost = self.step_costs.costs(max(1, len(running)))
+            self._verify_cost, self._fixed_cost = self.step_costs.costs(len(running))
         cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
                 else self.metrics.draft_cost_ratio)
         if (self.step_costs is not None and self.adaptive.enabled

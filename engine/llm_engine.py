@@ -65,10 +65,10 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.eos_token_ids = parts.eos_token_ids
         spec = config.speculative_config
-        self.max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
+        max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
-        self.metrics = MetricsCollector(self.max_k)
-        self.drafts = DraftPolicy(spec, self.max_k, self.max_model_len, self.metrics)
+        self.metrics = MetricsCollector(max_k)
+        self.drafts = DraftPolicy(spec, max_k, self.max_model_len, self.metrics)
         self.requests: dict[str, list[Request]] = {}
         self._finished_outside_step: list[Request] = []
         if config.seed is not None:
