@@ -208,8 +208,9 @@ class ModelRunner:
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
         bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
-        rows_batch = batch_size if bucket is None else bucket[0]  # padded with scratch sequences
-        host, token_rows = self._plan_step(slots, token_ids, starts, num_new, rows_batch)
+        # a bucket pads with scratch sequences, and each sequence with scratch tokens
+        rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
+        host, token_rows = self._plan_step(slots, token_ids, starts, rows_new, rows_batch)
         if logits_indices is not None and not on_device:
             token_rows = [token_rows[i] for i in logits_indices]
         meta = self._to_device(host + token_rows)  # one host-to-device copy

@@ -94,6 +94,11 @@ def test_graph_bucket_layout_matches_full_forward(family):
     runner.use_graph_buckets(3, capture=False)
     random_schedule(runner, model, seed=14, num_steps=30, vocab_size=96)
     assert runner.graphs.num_replays > 10
+    # every verification step shares the widest bucket: 2 new tokens run padded to 3 (the key
+    # length rounds up to 128, capped at the slot table's max_model_len + 1 = 41 columns)
+    assert runner.graphs.bucket(3, 2, 20) == (4, 3, 41)
+    assert runner.graphs.bucket(3, 1, 20) == (4, 1, 41)
+    assert runner.graphs.bucket(3, 4, 20) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
