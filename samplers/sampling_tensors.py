@@ -63,18 +63,22 @@ class SamplingTensors:
         top_k = [0 if g or p.top_k < 0 else p.top_k for g, p in zip(greedy, params, strict=True)]
         top_p = [1.0 if g else p.top_p for g, p in zip(greedy, params, strict=True)]
         min_p = [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)]
-        # Two host-to-device copies per batch: one float32, one int32.
-        floats = host_to_device([temperature, inv_temperature, top_p, min_p], torch.float32,
-                                device)  # [4, batch_size]
-        ints = host_to_device([top_k, [int(g) for g in greedy]], torch.int32,
-                              device)  # [2, batch_size]
+        # Two host-to-device copies per batch: one float32, one int32. Rows are padded to
+        # 16 bytes so that every row starts aligned whatever the batch size (Triton compiles a
+        # kernel per pointer alignment class).
+        pad = [0] * (-len(params) % 4)
+        floats = host_to_device([temperature + pad, inv_temperature + pad, top_p + pad,
+                                 min_p + pad], torch.float32, device)  # [4, padded batch]
+        ints = host_to_device([top_k + pad, [int(g) for g in greedy] + pad], torch.int32,
+                              device)  # [2, padded batch]
+        size = len(params)
         return cls(
-            temperature=floats[0],
-            inv_temperature=floats[1],
-            top_k=ints[0],
-            top_p=floats[2],
-            min_p=floats[3],
-            is_greedy=ints[1],
+            temperature=floats[0, :size],
+            inv_temperature=floats[1, :size],
+            top_k=ints[0, :size],
+            top_p=floats[2, :size],
+            min_p=floats[3, :size],
+            is_greedy=ints[1, :size],
             generators=list(generators),
             greedy=greedy,
             max_top_k=max(top_k, default=0),

@@ -70,16 +70,19 @@ def verify_triton(
     num_chunks = triton.cdiv(vocab_size, chunk)
     nc_pad = triton.next_power_of_2(num_chunks)
     device = logits.device
-    # Two workspaces (fewer allocations on the host): float32 and int32 partials.
-    num_stats, num_race = num_rows * num_chunks, batch_size * 2 * num_chunks
+    # Two workspaces (fewer allocations on the host): float32 and int32 partials. Every part
+    # starts on a 16-byte boundary: Triton compiles a kernel per pointer alignment class, and
+    # offsets that moved with the batch would recompile mid-run (about 0.3 s a kernel).
+    num_stats, num_race = _aligned(num_rows * num_chunks), _aligned(batch_size * 2 * num_chunks)
+    num_decided = _aligned(batch_size)
     work_f = torch.empty(3 * num_stats + num_race, dtype=torch.float32, device=device)
-    work_i = torch.empty(2 * num_stats + num_race + 2 * batch_size, dtype=torch.int32,
+    work_i = torch.empty(2 * num_stats + num_race + 2 * num_decided, dtype=torch.int32,
                          device=device)
-    stats_f = work_f[:3 * num_stats].view(3, num_rows, num_chunks)
-    race_f = work_f[3 * num_stats:].view(batch_size, 2, num_chunks)
-    stats_i = work_i[:2 * num_stats].view(2, num_rows, num_chunks)
-    race_i = work_i[2 * num_stats:2 * num_stats + num_race].view(batch_size, 2, num_chunks)
-    decided = work_i[2 * num_stats + num_race:].view(2, batch_size)
+    stats_f = work_f[:3 * num_stats].view(3, num_stats)  # rows: [num_rows, num_chunks] each
+    race_f = work_f[3 * num_stats:]  # [batch_size, 2, num_chunks] (+ alignment padding)
+    stats_i = work_i[:2 * num_stats].view(2, num_stats)
+    race_i = work_i[2 * num_stats:2 * num_stats + num_race]
+    decided = work_i[2 * num_stats + num_race:].view(2, num_decided)  # [2, batch_size] used
     out = torch.empty(batch_size, max_len + 1, dtype=torch.int64, device=device)
     if batch_size == 0:
         return out
@@ -104,6 +107,11 @@ def verify_triton(
         race_f, race_i, num_chunks, max_len,
         NC_PAD=nc_pad, OUT_PAD=_OUT_PAD, INVALID=INVALID_TOKEN_ID, num_warps=1)
     return out
+
+
+def _aligned(count: int) -> int:
+    """``count`` 4-byte elements rounded up to a whole number of 16 bytes."""
+    return -(-count // 4) * 4
 
 
 def _expect(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch.dtype | None,
@@ -197,7 +205,7 @@ def _combine_row(max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, row, num_chunks,
     return m_safe, s, argmax, bad, entropy
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["u_stride"])  # (max_spec_len: 1 or more would recompile)
 def _decide_kernel(
     logits_ptr,  # [num_rows, vocab_size]
     logits_stride,
@@ -305,7 +313,7 @@ def _decide_kernel(
         tl.store(race_idx_ptr + slot + num_chunks, chunk * CHUNK + idx_p)
 
 
-@triton.jit(do_not_specialize=["max_spec_len"])
+@triton.jit(do_not_specialize=["out_stride", "max_spec_len"])  # (one kernel for every k)
 def _finalize_kernel(
     out_ptr,  # [batch_size, max_spec_len + 1] int64
     out_stride,
