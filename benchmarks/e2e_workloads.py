@@ -1,7 +1,8 @@
 """Models and prompts for ``benchmarks/e2e.py``.
 
 Two prompt kinds: *copy-heavy* (the answer edits or quotes text given in the prompt, where n-gram
-lookup pays) and *open-ended* (nothing to copy). For the embedded instruct model the prompts are
+lookup pays) and *open-ended* (nothing to copy); ``copy_short`` is the first copy-heavy set, kept
+to reproduce earlier measurements. For the embedded instruct model the prompts are
 chat messages. Random-weight models (``random-llama-1b``, ``random-llama-8b``) get token-id
 prompts and a synthetic word-level tokenizer: their output does not depend on the prompt's
 meaning, so n-gram acceptance there comes only from the random model's own repetition loops.
@@ -25,7 +26,68 @@ RANDOM_LLAMAS = {
 }
 RANDOM_EOS_ID = 1
 
+# Copy-heavy prompts: eight edit or quote tasks whose source text is long enough (100-170
+# prompt tokens) that the embedded model's 64-token answer is the edited or quoted text.
 COPY_HEAVY = [
+    "Copy the following paragraph, correcting the spelling mistakes. Keep everything else the "
+    "same.\n\nSpeculative decoding lets a small draft model propose several tokens at once. The "
+    "large model then checks all of them in a singel forward pass and keeps the longest prefix "
+    "it agrees with, so the output is unchanged while fewer expensive steps are neded. Because "
+    "the large model reads its weights from memory once per step, checking five tokens costs "
+    "little more than generating one, and every acepted draft saves a whole step. The method "
+    "works best when the text is predictable, for example when an answer repeats words from the "
+    "question.",
+    "Rename the variable `total` to `running_sum` in this Python function and return the whole "
+    "function:\n\ndef summarize(values, threshold):\n    total = 0\n    count = 0\n"
+    "    largest = None\n    for value in values:\n        if value < threshold:\n"
+    "            continue\n        total = total + value\n        count = count + 1\n"
+    "        if largest is None or value > largest:\n            largest = value\n"
+    "    if count == 0:\n        return {\"mean\": 0.0, \"largest\": None, \"count\": 0}\n"
+    "    return {\"mean\": total / count, \"largest\": largest, \"count\": count}\n",
+    "Repeat the following passage exactly, inside quotation marks:\n\nThe river was low that "
+    "summer, and the children walked along the dry stones where the water used to run. They "
+    "found shells, a rusted key, and a small glass bottle with a folded note inside. Nobody "
+    "could read the handwriting, so they carried the bottle to the old librarian, who held it "
+    "up to the window for a long time before she smiled and said that the note was a recipe "
+    "for plum cake, written by her grandmother seventy years ago.",
+    "Turn this comma-separated list into a numbered list, one item per line: apples, bananas, "
+    "cherries, dates, elderberries, figs, grapes, honeydew melons, kiwis, lemons, mangoes, "
+    "nectarines, oranges, papayas, quinces, raspberries, strawberries, tangerines, watermelons, "
+    "apricots, blueberries, coconuts, cranberries, guavas, limes.",
+    "Here is a JSON object:\n{\"name\": \"Ada Lovelace\", \"born\": 1815, \"died\": 1852, "
+    "\"field\": \"mathematics\", \"known_for\": \"the first published computer program\", "
+    "\"country\": \"England\", \"city\": \"London\", \"father\": \"Lord Byron\", \"mother\": "
+    "\"Anne Isabella Milbanke\", \"collaborator\": \"Charles Babbage\", \"machine\": "
+    "\"Analytical Engine\", \"notes_published\": 1843}\nReturn the same JSON object with the "
+    "field \"born\" changed to 1816.",
+    "Fix the grammar in this email and return the corrected email:\n\nHello team, I wanted to "
+    "let you know that the meeting are moved to thursday. Please bring you notes from last week "
+    "and be ready to discuss the budget, which have changed a lot since we last talk. Maria "
+    "and John is going to present the new sales numbers, and I will shares the plan for the "
+    "next quarter. If you cannot attending, please send me a message before wednesday so we "
+    "can finding another time. Thank you for you help, and see you all on thursday.",
+    "Add a docstring to this function and return the complete function:\n\ndef "
+    "schedule_tasks(tasks, workers, deadline):\n    assignments = {worker: [] for worker in "
+    "workers}\n    loads = {worker: 0 for worker in workers}\n    for task in sorted(tasks, "
+    "key=lambda t: t.duration, reverse=True):\n        worker = min(workers, key=lambda w: "
+    "loads[w])\n        if loads[worker] + task.duration > deadline:\n            raise "
+    "ValueError(f\"task {task.name} does not fit before the deadline\")\n        "
+    "assignments[worker].append(task)\n        loads[worker] += task.duration\n    return "
+    "assignments\n",
+    "Convert these lines to Markdown bullet points, keeping the text of each line:\nBuy milk and "
+    "eggs\nCall the plumber about the kitchen sink\nSend the quarterly report to Maria\nBook "
+    "train tickets to Lyon\nWater the plants on the balcony\nPick up the dry cleaning on "
+    "Friday\nRenew the library books before Monday\nAsk Tom about the weekend hiking trip\n"
+    "Clean the bicycle chain and pump the tyres\nPay the electricity bill\nBuy a birthday "
+    "present for Anna\nBack up the laptop to the external drive",
+]
+
+# The first copy-heavy set (kind "copy_short"), measured in sessions 1-4. Its source texts are
+# short: on the embedded model three answers ended (EOS) 25-50 tokens into the 64-token window,
+# so the rest of the window was whatever the model wrote after EOS (``ignore_eos``), and two
+# answers rewrote or refused instead of editing. HF prompt lookup gained 1.05-1.14x over HF
+# generate there, against 1.26x in the issue that set the targets.
+COPY_SHORT = [
     "Copy the following paragraph, correcting the spelling mistakes. Keep everything else the "
     "same.\n\nSpeculative decoding lets a small draft propose several tokens at once. The large "
     "model checks all of them in a singel forward pass and keeps the longest prefix it agrees "
@@ -64,7 +126,7 @@ OPEN_ENDED = [
     "Invent a new board game and describe its rules.",
 ]
 
-PROMPT_KINDS = ("copy", "open")
+PROMPT_KINDS = ("copy", "open", "copy_short")
 
 
 def build_model(name: str, device: str, dtype: str) -> tuple[Any, Any]:
@@ -103,7 +165,7 @@ def _random_prompt(kind: str, index: int, vocab_size: int) -> list[int]:
     """Copy-heavy: a 48-token passage twice, then its start (a prompt with something to copy);
     open-ended: 104 unrelated tokens."""
     rng = random.Random(f"{kind}-{index}")
-    if kind == "copy":
+    if kind.startswith("copy"):
         passage = [rng.randrange(2, vocab_size) for _ in range(48)]
         return passage + passage + passage[:8]
     return [rng.randrange(2, vocab_size) for _ in range(104)]
@@ -116,7 +178,7 @@ def build_prompts(kind: str, count: int, model_name: str, tokenizer: Any,
         raise ValueError(f"prompt kind must be one of {PROMPT_KINDS}, got {kind!r}")
     if model_name in RANDOM_LLAMAS:
         return [_random_prompt(kind, i, vocab_size) for i in range(count)]
-    texts = COPY_HEAVY if kind == "copy" else OPEN_ENDED
+    texts = {"copy": COPY_HEAVY, "copy_short": COPY_SHORT, "open": OPEN_ENDED}[kind]
     prompts = []
     for i in range(count):
         text = texts[i % len(texts)]
