@@ -23,13 +23,15 @@ Every graph reads its inputs from one static long tensor laid out as the runner'
 (input ids, positions, pool rows, slot-table cells, slots) and writes the last hidden states
 ``[batch_size * num_new, hidden_size]`` into a static output; ``lm_head`` runs after the replay on
 the rows asked for only. Graphs are captured lazily, the *second* time a bucket is met, and share
-one memory pool. A capture (one warm-up forward plus the capture) cost 26 ms for the 1B model and
-90 ms for the 8B at batch 32 on an H200, about three eager steps; an adaptive-k probe meets a
-bucket once or twice, so a bucket's first step runs eager and only a shape that comes back pays
-for a graph. Each graph also keeps memory of its own (measured on an H200: 40-90 MB per graph for
-the 1B model at batch 1 to 2); capturing every bucket of an 8B model at batch 32 up front ran out
-of 139 GiB, which is why nothing is captured before it is needed. Replays run in stream
-order, so sharing is safe; each graph's output stays alive as long as the graph.
+one memory pool. A capture (one warm-up forward plus the capture) cost 26 ms for the 1B model
+and 90 ms for the 8B at batch 32 on an H200, about three eager steps. A decode bucket's capture
+also captures its verification twin (same batch and key length, ``max_num_new`` tokens): decode
+steps come back every step while adaptive-k probes are rare, so a probe would otherwise meet its
+bucket cold (an eager step, then a capture inside a later step) long after the decode graph is
+warm. Each graph also keeps memory of its own (measured on an H200: 40-90 MB per graph for the
+1B model at batch 1 to 2); capturing every bucket of an 8B model at batch 32 up front ran out
+of 139 GiB, which is why nothing is captured before its decode bucket is met twice. Replays run
+in stream order, so sharing is safe; each graph's output stays alive as long as the graph.
 """
 
 from __future__ import annotations
@@ -123,8 +125,12 @@ class CudaGraphs:
             if key not in self._seen:
                 self._seen.add(key)
                 return None
+            batch_size, num_new, kv_len = key
+            twin = (batch_size, self.max_num_new, kv_len)  # its verification steps' bucket
             start = time.perf_counter()
             graph = self._graphs[key] = self._capture(*key)
+            if num_new == 1 and twin not in self._graphs:
+                self._graphs[twin] = self._capture(*twin)
             self.capture_seconds += time.perf_counter() - start
         return graph
 

@@ -72,8 +72,12 @@ def test_a_bucket_is_captured_when_it_comes_back():
     assert runner.graphs.num_graphs == 0 and runner.graphs.capture_seconds == 0
     runner.truncate(slot, 4)
     again = runner.forward([slot], [[7]])  # the same bucket again: captured and replayed
-    assert runner.graphs.num_graphs == 1 and runner.graphs.capture_seconds > 0
+    # (with its verification twin, 2 new tokens at the same batch and key length)
+    assert runner.graphs.num_graphs == 2 and runner.graphs.capture_seconds > 0
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     runner.truncate(slot, 4)
     assert torch.equal(runner.forward([slot], [[7]]), first)  # replayed, no new capture
-    assert runner.graphs.num_graphs == 1 and runner.graphs.num_replays == 3
+    runner.truncate(slot, 4)
+    verify = runner.forward([slot], [[7, 8]])  # the twin: replayed at its first step
+    assert runner.graphs.num_graphs == 2 and runner.graphs.num_replays == 4
+    torch.testing.assert_close(verify[0], first[0], rtol=1e-4, atol=1e-4)
