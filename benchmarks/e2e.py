@@ -142,6 +142,8 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
                     if run.graph_captures else "")
+        if run.steal is not None:
+            captures += f" (steal {run.steal:.0%})"
         print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s{captures}",
               file=sys.stderr)
     return [run for run, _ in systems.values()]
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
     if args.json:
         doc = {"args": vars(args), "machine": machine, "results": rows, "targets": targets,
-               "runs": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in results]}
+               "runs": [{k: v for k, v in asdict(r).items()
+                         if k != "outputs" and not k.startswith("_")} for r in results]}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}")
 

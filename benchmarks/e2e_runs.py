@@ -35,7 +35,11 @@ class RunResult:
     mean_accepted_length: float | None = None
     graph_captures: int = 0       # CUDA graphs captured inside the timed runs
     capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
+    # The share of the machine's CPU time that the hypervisor took (steal) during the timed
+    # runs, None off Linux: on a shared VM it slows everything by that much, unevenly in time.
+    steal: float | None = None
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    _cpu_ticks: list[int] = field(default_factory=lambda: [0, 0], repr=False)
 
     @property
     def name(self) -> str:
@@ -45,10 +49,15 @@ class RunResult:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
-    def add(self, outputs: list[list[int]], seconds: float) -> None:
+    def add(self, outputs: list[list[int]], seconds: float,
+            cpu_ticks: tuple[int, int] | None = None) -> None:
+        """One timed group; ``cpu_ticks``: (stolen, all) CPU ticks of the machine meanwhile."""
         self.outputs += outputs
         self.num_tokens += sum(len(o) for o in outputs)
         self.seconds += seconds
+        if cpu_ticks is not None:
+            self._cpu_ticks = [a + b for a, b in zip(self._cpu_ticks, cpu_ticks, strict=True)]
+            self.steal = self._cpu_ticks[0] / max(self._cpu_ticks[1], 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -56,14 +65,30 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks of the machine since boot (``/proc/stat``), None off Linux."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7], sum(ticks)) if len(ticks) > 7 else None
+
+
 def timed(generate: Callable[[list[list[int]]], list[list[int]]], group: list[list[int]],
-          device: torch.device) -> tuple[list[list[int]], float]:
-    """(outputs, seconds) of ``generate(group)``, synchronized on CUDA."""
+          device: torch.device) -> tuple[list[list[int]], float, tuple[int, int] | None]:
+    """(outputs, seconds, (steal, total) CPU ticks meanwhile) of ``generate(group)``,
+    synchronized on CUDA."""
     _sync(device)
+    before = cpu_ticks()
     start = time.perf_counter()
     outputs = generate(group)
     _sync(device)
-    return outputs, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    after = cpu_ticks()
+    ticks = None if before is None or after is None else (after[0] - before[0],
+                                                          after[1] - before[1])
+    return outputs, seconds, ticks
 
 
 def graph_stats(llm: Any) -> tuple[int, float]:
