@@ -17,6 +17,13 @@ from dataclasses import dataclass
 import torch
 
 
+def aligned(count: int) -> int:
+    """``count`` 4-byte elements rounded up to a whole number of 16 bytes. Triton compiles a
+    kernel per pointer alignment class, so rows that the kernels read from one buffer start on
+    16 bytes whatever the batch size (else a new batch size recompiles mid-run)."""
+    return -(-count // 4) * 4
+
+
 def host_to_device(values: list, dtype: torch.dtype,
                    device: torch.device | str) -> torch.Tensor:
     """Copy a (nested) host list to ``device`` without blocking the host on the GPU stream."""

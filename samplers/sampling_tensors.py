@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling_params import SamplingParams
-from samplers.metadata import host_to_device
+from samplers.metadata import aligned, host_to_device
 
 
 @dataclass
@@ -63,10 +63,9 @@ class SamplingTensors:
         top_k = [0 if g or p.top_k < 0 else p.top_k for g, p in zip(greedy, params, strict=True)]
         top_p = [1.0 if g else p.top_p for g, p in zip(greedy, params, strict=True)]
         min_p = [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)]
-        # Two host-to-device copies per batch: one float32, one int32. Rows are padded to
-        # 16 bytes so that every row starts aligned whatever the batch size (Triton compiles a
-        # kernel per pointer alignment class).
-        pad = [0] * (-len(params) % 4)
+        # Two host-to-device copies per batch: one float32, one int32, each row padded to
+        # start on 16 bytes (:func:`~samplers.metadata.aligned`).
+        pad = [0] * (aligned(len(params)) - len(params))
         floats = host_to_device([temperature + pad, inv_temperature + pad, top_p + pad,
                                  min_p + pad], torch.float32, device)  # [4, padded batch]
         ints = host_to_device([top_k + pad, [int(g) for g in greedy] + pad], torch.int32,

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from samplers.metadata import SpecDecodeMetadata
+from samplers.metadata import SpecDecodeMetadata, aligned
 
 MAX_SPEC_LEN = 32
 INVALID_TOKEN_ID = -2
@@ -70,11 +70,10 @@ def verify_triton(
     num_chunks = triton.cdiv(vocab_size, chunk)
     nc_pad = triton.next_power_of_2(num_chunks)
     device = logits.device
-    # Two workspaces (fewer allocations on the host): float32 and int32 partials. Every part
-    # starts on a 16-byte boundary: Triton compiles a kernel per pointer alignment class, and
-    # offsets that moved with the batch would recompile mid-run (about 0.3 s a kernel).
-    num_stats, num_race = _aligned(num_rows * num_chunks), _aligned(batch_size * 2 * num_chunks)
-    num_decided = _aligned(batch_size)
+    # Two workspaces (fewer allocations on the host): float32 and int32 partials, every part
+    # starting on 16 bytes (:func:`~samplers.metadata.aligned`; a recompile costs about 0.3 s).
+    num_stats, num_race = aligned(num_rows * num_chunks), aligned(batch_size * 2 * num_chunks)
+    num_decided = aligned(batch_size)
     work_f = torch.empty(3 * num_stats + num_race, dtype=torch.float32, device=device)
     work_i = torch.empty(2 * num_stats + num_race + 2 * num_decided, dtype=torch.int32,
                          device=device)
@@ -107,11 +106,6 @@ def verify_triton(
         race_f, race_i, num_chunks, max_len,
         NC_PAD=nc_pad, OUT_PAD=_OUT_PAD, INVALID=INVALID_TOKEN_ID, num_warps=1)
     return out
-
-
-def _aligned(count: int) -> int:
-    """``count`` 4-byte elements rounded up to a whole number of 16 bytes."""
-    return -(-count // 4) * 4
 
 
 def _expect(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch.dtype | None,
