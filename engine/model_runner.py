@@ -16,7 +16,11 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
   ``get_query_offset`` / ``get_mask_sizes``, and ``sdpa`` skips it for a decode step or a prefill
   from empty (then the fused GQA kernels run, with no ``repeat_kv`` copies).
 
-Logits come from ``lm_head`` applied only to the rows asked for, never to padding.
+Logits come from ``lm_head`` applied only to the rows asked for, never to padding. On CPU in
+float32 the head of several rows, and the decoder's linear maps in a step of a few rows (a
+verification, a small batch), run on packed copies of their weights
+(:mod:`engine.cpu_lm_head`, :mod:`engine.cpu_linears`): MKL repacks a weight on every small
+GEMM of 4 rows or more.
 
 Costs: a host-side step builds its index tensors from Python lists (O(batch_size * num_new)) and
 ships them in one host-to-device copy (through a persistent pinned buffer on CUDA); there is no
@@ -40,6 +44,7 @@ from torch import nn
 
 from engine.attention_backend import gqa_attention, without_cudnn_attention
 from engine.attention_support import check_model_supported
+from engine.cpu_linears import PackedLinears
 from engine.cpu_lm_head import output_head
 from engine.cuda_graphs import CudaGraphs
 from engine.kv_cache import KVCacheFull, PagedKVCache
@@ -87,10 +92,12 @@ class ModelRunner:
     put in eval mode. See the module docstring for the route and its costs.
     ``cuda_graph_max_new``: on one CUDA device, steps of at most this many new tokens per
     sequence replay CUDA graphs (:mod:`engine.cuda_graphs`); 0 runs every step eager.
+    ``pack_cpu_weights``: on CPU in float32, steps of a few rows run the decoder's linear maps
+    on MKL-packed weights (:mod:`engine.cpu_linears`; the weights' memory again).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
-                 max_model_len: int, cuda_graph_max_new: int = 0):
+                 max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
@@ -103,6 +110,7 @@ class ModelRunner:
         self.model = model.eval()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._lm_head = output_head(model)  # oneDNN-packed on CPU in float32
+        self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights else nn.Module())
         self.device = model.get_input_embeddings().weight.device
         self.dtype = next(model.parameters()).dtype
         num_heads = config.num_attention_heads
@@ -241,7 +249,8 @@ class ModelRunner:
         mask = None if uniform else self._mask(positions, kv_len)
         # (engine/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(), gqa_attention(self.model.config,
-                                                      mask is not None or num_new > 1):
+                                                      mask is not None or num_new > 1), \
+                self._linears.use(padded):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 past_key_values=self.cache, use_cache=True).last_hidden_state

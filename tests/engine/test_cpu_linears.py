@@ -1,0 +1,95 @@
+"""The decoder's linear maps on MKL-packed weights (engine/cpu_linears.py): the same numbers as
+``nn.Linear`` up to float32 rounding, used exactly for steps of MIN_ROWS..MAX_ROWS rows, removed
+after every forward, shared between runners over the same weights."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from engine import cpu_linears
+from engine.cpu_linears import MAX_ROWS, MIN_ROWS, PackedLinears
+from engine.model_runner import ModelRunner
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
+    reason="this PyTorch has no MKL packed GEMM (torch.ops.mkl._mkl_linear)")
+
+
+def linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.model.layers.modules() if isinstance(m, nn.Linear)]
+
+
+def packed_calls(fn, *args) -> int:
+    """How many times ``fn(*args)`` ran MKL's packed GEMM."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return sum(e.count for e in prof.key_averages() if e.key == "mkl::_mkl_linear")
+
+
+def test_packed_maps_match_nn_linear_for_every_row_count_in_range():
+    model = tiny_model("llama", num_layers=2)
+    packed = PackedLinears(model.model.layers)
+    assert len(packed) == len(linears(model)) == 2 * 7  # q, k, v, o, gate, up, down
+    gen = torch.Generator().manual_seed(0)
+    for rows in (MIN_ROWS, 5, 17, MAX_ROWS):
+        for module in linears(model):
+            x = torch.randn(1, rows, module.in_features, generator=gen)  # [1, rows, in]
+            expected = nn.functional.linear(x, module.weight, module.bias)
+            with packed.use(rows):
+                assert "forward" in module.__dict__
+                assert packed_calls(module, x) == 1
+                got = module(x)
+            assert got.shape == expected.shape
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+            assert "forward" not in module.__dict__
+
+
+def test_rows_outside_the_range_run_the_model_unchanged():
+    model = tiny_model("llama", num_layers=1)
+    packed = PackedLinears(model.model.layers)
+    module = linears(model)[0]
+    for rows in (1, MIN_ROWS - 1, MAX_ROWS + 1):
+        with packed.use(rows):
+            assert "forward" not in module.__dict__
+            x = torch.randn(rows, module.in_features)  # [rows, in]
+            assert packed_calls(module, x) == 0
+
+
+def test_the_override_is_removed_when_the_forward_raises():
+    model = tiny_model("llama", num_layers=1)
+    packed = PackedLinears(model.model.layers)
+    with pytest.raises(RuntimeError, match="boom"), packed.use(MIN_ROWS):
+        raise RuntimeError("boom")
+    assert all("forward" not in m.__dict__ for m in linears(model))
+
+
+def test_runner_steps_take_the_packed_route_by_rows_and_only_when_asked():
+    model = tiny_model("llama", num_layers=2)
+    for pack, wanted in ((True, 2 * 7), (False, 0)):
+        runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=32,
+                             pack_cpu_weights=pack)
+        slots = [runner.allocate_slot(), runner.allocate_slot()]
+        runner.forward(slots, [[1, 2, 3], [4, 5, 6]])
+        # 2 sequences x 1 token: below MIN_ROWS; 2 x 5 (verification): packed
+        assert packed_calls(runner.forward, slots, [[7], [8]]) == 0
+        assert packed_calls(runner.forward, slots, [[9] * 5, [10] * 5]) == wanted
+        assert all("forward" not in m.__dict__ for m in linears(model))
+
+
+def test_runners_over_the_same_weights_share_one_packed_copy_that_leaves_with_them():
+    model = tiny_model("llama", num_layers=2)
+    weights = {id(m.weight) for m in linears(model)}
+    PackedLinears(model.model.layers)
+    first = {key: entry[1] for key, entry in cpu_linears._PACKED.items() if key in weights}
+    assert len(first) == len(weights)
+    PackedLinears(model.model.layers)  # e.g. the early-exit draft over the target's layers
+    assert all(cpu_linears._PACKED[key][1] is packed for key, packed in first.items())
+    del model, first
+    gc.collect()
+    assert not weights & set(cpu_linears._PACKED)
