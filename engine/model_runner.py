@@ -110,6 +110,8 @@ class ModelRunner:
         self.model = model.eval()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self._lm_head = output_head(model)  # oneDNN-packed on CPU in float32
+        if not isinstance(pack_cpu_weights, bool):
+            raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
         self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights else nn.Module())
         self.device = model.get_input_embeddings().weight.device
         self.dtype = next(model.parameters()).dtype
