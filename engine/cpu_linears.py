@@ -53,9 +53,11 @@ def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def _packable(module: nn.Module) -> bool:
-    weight = getattr(module, "weight", None)
-    return (type(module) is nn.Linear and weight.device.type == "cpu"
-            and weight.dtype == torch.float32)
+    """A plain float32 ``nn.Linear`` on CPU whose ``forward`` nobody has replaced (accelerate's
+    offloading hooks set an instance ``forward``: that one must stay)."""
+    return (type(module) is nn.Linear and module.weight.device.type == "cpu"
+            and module.weight.dtype == torch.float32 and "forward" not in module.__dict__
+            and not hasattr(module, "_hf_hook"))
 
 
 def _packed_forward(weight: torch.Tensor, packed: torch.Tensor,

@@ -93,3 +93,16 @@ def test_runners_over_the_same_weights_share_one_packed_copy_that_leaves_with_th
     del model, first
     gc.collect()
     assert not weights & set(cpu_linears._PACKED)
+
+
+def test_a_module_whose_forward_was_replaced_keeps_it():
+    model = tiny_model("llama", num_layers=1)
+    hooked = linears(model)[0]
+    own = hooked.forward  # (as accelerate's hooks do: an instance forward)
+    hooked.forward = lambda x: own(x) + 1.0
+    packed = PackedLinears(model.model.layers)
+    assert len(packed) == len(linears(model)) - 1
+    x = torch.randn(MIN_ROWS, hooked.in_features)  # [rows, in]
+    with packed.use(MIN_ROWS):
+        torch.testing.assert_close(hooked(x), own(x) + 1.0)
+    torch.testing.assert_close(hooked(x), own(x) + 1.0)
