@@ -106,3 +106,18 @@ def test_a_module_whose_forward_was_replaced_keeps_it():
     with packed.use(MIN_ROWS):
         torch.testing.assert_close(hooked(x), own(x) + 1.0)
     torch.testing.assert_close(hooked(x), own(x) + 1.0)
+
+
+def test_strided_inputs_give_the_same_numbers():
+    model = tiny_model("llama", num_layers=1)
+    packed = PackedLinears(model.model.layers)
+    module = linears(model)[0]
+    wide = torch.randn(2, 5, module.in_features + 7)[..., :module.in_features]  # rows strided
+    by_column = torch.randn(module.in_features, 6).t()  # [6, in], column-major
+    for x in (wide, by_column):
+        assert not x.is_contiguous()
+        with packed.use(x.numel() // x.shape[-1]):
+            assert packed_calls(module, x) == 1
+            got = module(x)
+        torch.testing.assert_close(got, nn.functional.linear(x, module.weight, module.bias),
+                                   atol=1e-5, rtol=1e-5)
