@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -192,8 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
     if args.json:
         doc = {"args": vars(args), "machine": machine, "results": rows, "targets": targets,
-               "runs": [{k: v for k, v in asdict(r).items()
-                         if k != "outputs" and not k.startswith("_")} for r in results]}
+               "runs": [r.record() for r in results]}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}")
 

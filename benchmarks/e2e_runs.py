@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -35,11 +35,9 @@ class RunResult:
     mean_accepted_length: float | None = None
     graph_captures: int = 0       # CUDA graphs captured inside the timed runs
     capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
-    # The share of the machine's CPU time that the hypervisor took (steal) during the timed
-    # runs, None off Linux: on a shared VM it slows everything by that much, unevenly in time.
-    steal: float | None = None
     outputs: list[list[int]] = field(default_factory=list, repr=False)
-    _cpu_ticks: list[int] = field(default_factory=lambda: [0, 0], repr=False)
+    # (stolen, all) CPU ticks of the machine during the timed runs; None off Linux
+    cpu_ticks: tuple[int, int] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -49,6 +47,14 @@ class RunResult:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def steal(self) -> float | None:
+        """The share of the machine's CPU time that the hypervisor took (steal) during the timed
+        runs, None off Linux: on a shared VM it slows everything by that much, unevenly in time."""
+        if self.cpu_ticks is None:
+            return None
+        return self.cpu_ticks[0] / max(self.cpu_ticks[1], 1)
+
     def add(self, outputs: list[list[int]], seconds: float,
             cpu_ticks: tuple[int, int] | None = None) -> None:
         """One timed group; ``cpu_ticks``: (stolen, all) CPU ticks of the machine meanwhile."""
@@ -56,8 +62,13 @@ class RunResult:
         self.num_tokens += sum(len(o) for o in outputs)
         self.seconds += seconds
         if cpu_ticks is not None:
-            self._cpu_ticks = [a + b for a, b in zip(self._cpu_ticks, cpu_ticks, strict=True)]
-            self.steal = self._cpu_ticks[0] / max(self._cpu_ticks[1], 1)
+            stolen, total = self.cpu_ticks or (0, 0)
+            self.cpu_ticks = (stolen + cpu_ticks[0], total + cpu_ticks[1])
+
+    def record(self) -> dict:
+        """The JSON record of this run (no outputs, no tick counts: the steal share)."""
+        fields = {k: v for k, v in asdict(self).items() if k not in ("outputs", "cpu_ticks")}
+        return {**fields, "steal": self.steal}
 
 
 def _sync(device: torch.device) -> None:

@@ -73,11 +73,13 @@ def _packed_forward(weight: torch.Tensor, packed: torch.Tensor,
 
 class PackedLinears:
     """Every plain float32 CPU ``nn.Linear`` under ``layers``, with its packed weight; empty
-    where MKL's packed GEMM is missing. :meth:`use` routes a forward's maps through them."""
+    for ``layers=None`` and where MKL's packed GEMM is missing. :meth:`use` routes a forward's
+    maps through them."""
 
-    def __init__(self, layers: nn.Module) -> None:
+    def __init__(self, layers: nn.Module | None) -> None:
         self._forwards: list[tuple[nn.Linear, Callable]] = []
-        if not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")):
+        if layers is None or not (torch.backends.mkl.is_available()
+                                  and hasattr(torch.ops.mkl, "_mkl_linear")):
             return
         with torch.no_grad():
             for module in layers.modules():

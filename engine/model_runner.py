@@ -113,7 +113,7 @@ class ModelRunner:
         self._lm_head = output_head(model)  # oneDNN-packed on CPU in float32
         if not isinstance(pack_cpu_weights, bool):
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
-        self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights else nn.Module())
+        self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights else None)
         self.device = model.get_input_embeddings().weight.device
         self.dtype = next(model.parameters()).dtype
         num_heads = config.num_attention_heads

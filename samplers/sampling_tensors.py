@@ -65,12 +65,12 @@ class SamplingTensors:
         min_p = [0.0 if g else p.min_p for g, p in zip(greedy, params, strict=True)]
         # Two host-to-device copies per batch: one float32, one int32, each row padded to
         # start on 16 bytes (:func:`~samplers.metadata.aligned`).
-        pad = [0] * (aligned(len(params)) - len(params))
+        size = len(params)
+        pad = [0] * (aligned(size) - size)
         floats = host_to_device([temperature + pad, inv_temperature + pad, top_p + pad,
                                  min_p + pad], torch.float32, device)  # [4, padded batch]
         ints = host_to_device([top_k + pad, [int(g) for g in greedy] + pad], torch.int32,
                               device)  # [2, padded batch]
-        size = len(params)
         return cls(
             temperature=floats[0, :size],
             inv_temperature=floats[1, :size],
