@@ -15,7 +15,9 @@ run: install
 
 test: install
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports())"
 	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 lint:
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports())"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from samplers.sampling_params import SamplingParams
 
 
 @dataclass

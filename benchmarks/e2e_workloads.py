@@ -142,7 +142,7 @@ def build_model(name: str, device: str, dtype: str) -> tuple[Any, Any]:
             model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype,
                                                      attn_implementation="sdpa")
         return model.eval(), word_tokenizer(config.vocab_size)
-    from engine.model_loader import load_model
+    from engine.runner.loader import load_model
 
     return load_model(name, dtype=dtype, device=device)
 

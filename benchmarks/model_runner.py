@@ -23,8 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine.model_loader import load_model  # noqa: E402
-from engine.model_runner import ModelRunner  # noqa: E402
+from engine.runner.loader import load_model  # noqa: E402
+from engine.runner.model_runner import ModelRunner  # noqa: E402
 
 # About Llama-3.2-1B's shapes: 1.24 B parameters.
 RANDOM_LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,

@@ -36,10 +36,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.model_runner import ModelRunner  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from proposers import get_proposer  # noqa: E402
-from proposers.base import ProposeRequest  # noqa: E402
+from engine.runner.model_runner import ModelRunner  # noqa: E402
+from proposers import ProposeRequest  # noqa: E402
+from proposers.draft_model import DraftModelProposer  # noqa: E402
+from proposers.early_exit import early_exit_model  # noqa: E402
+from proposers.ngram import NgramProposer  # noqa: E402
+from samplers import MAX_SPEC_LEN  # noqa: E402
+from samplers.sampling_params import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0)
 PARAGRAPH = ("The old lighthouse stood on the northern cliff for more than two hundred years. "
@@ -80,12 +83,15 @@ def median(values: list[float]) -> float:
 
 
 def make_proposer(method: str, target, tokenizer, args, max_num_seqs: int, max_model_len: int):
-    common = dict(max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    def over(draft) -> DraftModelProposer:  # a draft with a KV cache of its own, eager forwards
+        runner = ModelRunner(draft, max_num_seqs, max_num_seqs * (max_model_len + MAX_SPEC_LEN),
+                             max_model_len)
+        return DraftModelProposer(runner, args.greedy_drafts, target.config.vocab_size)
+
     if method == "ngram":
-        return get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=4)
+        return NgramProposer(prompt_lookup_min=1, prompt_lookup_max=4)
     if method.startswith("early_exit"):
-        return get_proposer("early_exit", target_model=target, greedy=args.greedy_drafts,
-                            num_layers=int(method.split(":")[1]), **common)
+        return over(early_exit_model(target, int(method.split(":")[1])))
     if tokenizer is None:  # random weights: a small random LLaMA with the target's vocabulary
         from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -93,13 +99,11 @@ def make_proposer(method: str, target, tokenizer, args, max_num_seqs: int, max_m
                              **SMALL_RANDOM_DRAFT)
         draft = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
                                                  dtype=target.dtype).to(target.device)
-        return get_proposer("draft_model", model=draft.eval(), greedy=args.greedy_drafts,
-                            **common)
+        return over(draft.eval())
     # draft_model: the target itself in bfloat16 (nothing else shares its vocabulary offline)
     draft = type(target)(target.config).to(device=target.device, dtype=torch.bfloat16)
     draft.load_state_dict(target.state_dict())
-    return get_proposer("draft_model", model=draft.eval(), tokenizer=tokenizer,
-                        target_tokenizer=tokenizer, greedy=args.greedy_drafts, **common)
+    return over(draft.eval())
 
 
 def time_costs(target, tokenizer, methods, args) -> list[dict]:
@@ -222,7 +226,7 @@ def ngram_scale(args) -> dict:
         context: list[int] = []
         grow(context, args.ngram_context)
         contexts.append(context)
-    proposer = get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=4)
+    proposer = NgramProposer(prompt_lookup_min=1, prompt_lookup_max=4)
     start = time.perf_counter()
     proposer.propose([ProposeRequest(i, c, args.k, GREEDY) for i, c in enumerate(contexts)])
     index_s = time.perf_counter() - start
@@ -259,7 +263,6 @@ def early_exit_agreement(target, tokenizer, args) -> list[dict]:
     per-token acceptance rate alpha of greedy early-exit drafting (k = 1), for every N at the
     cost of one truncated forward each.
     """
-    from proposers.early_exit import early_exit_model
 
     rows = []
     for kind in args.prompts:
@@ -354,7 +357,7 @@ def main() -> None:
             result["cost"][name] = time_costs(target, None, args.methods, args)
             del target
     else:
-        from engine.model_loader import load_model
+        from engine.runner.loader import load_model
 
         target, tokenizer = load_model("smollm2-135m", dtype=args.dtype, device=args.device)
         if not args.skip_cost:

@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.sampling_params import SamplingParams  # noqa: E402
 from samplers import SamplingTensors, SpecDecodeMetadata, get_sampler  # noqa: E402
+from samplers.sampling_params import SamplingParams  # noqa: E402
 
 GIB = 1 << 30
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine.sampling_params import SamplingParams
+from samplers.sampling_params import SamplingParams
 
 _LAZY = {
     "LLM": "engine.llm",

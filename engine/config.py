@@ -3,8 +3,9 @@
 ``SpeculativeConfig`` takes vLLM's names (``method``, ``num_speculative_tokens``,
 ``prompt_lookup_min`` / ``prompt_lookup_max``, ``acceptance_method``, ``posterior_threshold``,
 ``posterior_alpha``, ``draft_sample_method``) plus the adaptive-k knobs described in
-:mod:`engine.adaptive_k`. Every bad value raises ``ValueError`` naming the field, the value and the
-allowed range; ``from_dict`` rejects unknown keys.
+:mod:`scheduler.adaptive_k`. Every bad value raises ``ValueError`` naming the field, the value
+and the allowed range; ``from_dict`` rejects unknown keys. ``method`` and ``acceptance_method``
+accept every name registered in :mod:`proposers.registry` and :mod:`samplers.registry`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from engine.runner.loader import DTYPES
+from proposers import available_proposers
 from proposers.ngram_table import MAX_N
+from samplers import MAX_SPEC_LEN, available_samplers
 
-METHODS = ("ngram", "draft_model", "early_exit")
-ACCEPTANCE_METHODS = ("rejection_sampler", "typical_acceptance_sampler", "greedy")
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-# Verification of more than this many drafts per step is refused (the samplers' limit too).
-MAX_SPEC_TOKENS = 32
-DEFAULT_VERIFY_COST = 0.1  # verify_cost_per_token until the step times have measured it
 
 
 def _fail(cls: str, name: str, value: object, allowed: str) -> None:
@@ -36,11 +34,16 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
 
 
-def _check_keys(cls: type, data: dict[str, Any]) -> None:
-    names = [f.name for f in dataclasses.fields(cls)]
+def field_names(cls: type) -> list[str]:
+    """The init fields of a dataclass, in declaration order."""
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+def check_keys(where: str, data: dict[str, Any], allowed: list[str]) -> None:
+    """Raise ``ValueError`` naming the first key of ``data`` that is not in ``allowed``."""
     for key in data:
-        if key not in names:
-            raise ValueError(f"unknown key {key!r} for {cls.__name__}; allowed: {', '.join(names)}")
+        if key not in allowed:
+            raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
 
 
 @dataclass
@@ -53,7 +56,7 @@ class SpeculativeConfig:
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
     ``adaptive_k``: shrink the step's k (down to 0) when the batch's measured acceptance makes
-    drafting a loss, and grow it back when it pays (rule in :mod:`engine.adaptive_k`); seeded
+    drafting a loss, and grow it back when it pays (rule in :mod:`scheduler.adaptive_k`); seeded
     sampling requests keep ``num_speculative_tokens``, so that their output does not depend on
     timings.
     ``verify_cost_per_token``: the cost of scoring one more token in the target's forward,
@@ -82,14 +85,14 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"
-        if self.method not in METHODS:
-            _fail(name, "method", self.method, " | ".join(METHODS))
+        if self.method not in available_proposers():
+            _fail(name, "method", self.method, " | ".join(available_proposers()))
         if self.method == "draft_model" and self.model is None:
             _fail(name, "model", None, "a draft model (hub id, path or loaded model) when "
                   "method='draft_model'")
         k = self.num_speculative_tokens
-        if not _is_int(k) or not 0 <= k <= MAX_SPEC_TOKENS:
-            _fail(name, "num_speculative_tokens", k, f"an integer in [0, {MAX_SPEC_TOKENS}]")
+        if not _is_int(k) or not 0 <= k <= MAX_SPEC_LEN:
+            _fail(name, "num_speculative_tokens", k, f"an integer in [0, {MAX_SPEC_LEN}]")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if not _is_int(lo) or lo < 1:
             _fail(name, "prompt_lookup_min", lo, "an integer >= 1")
@@ -99,8 +102,9 @@ class SpeculativeConfig:
         n = self.num_early_exit_layers
         if n is not None and (not _is_int(n) or n < 1):
             _fail(name, "num_early_exit_layers", n, "None or an integer >= 1")
-        if self.acceptance_method not in ACCEPTANCE_METHODS:
-            _fail(name, "acceptance_method", self.acceptance_method, " | ".join(ACCEPTANCE_METHODS))
+        if self.acceptance_method not in available_samplers():
+            _fail(name, "acceptance_method", self.acceptance_method,
+                  " | ".join(available_samplers()))
         if not _is_number(self.posterior_threshold) or not 0 < self.posterior_threshold <= 1:
             _fail(name, "posterior_threshold", self.posterior_threshold, "(0, 1]")
         if not _is_number(self.posterior_alpha) or not 0 < self.posterior_alpha <= 1:
@@ -125,14 +129,8 @@ class SpeculativeConfig:
         """Build from a mapping (a YAML section, or the ``speculative_config=`` dict)."""
         if not isinstance(data, dict):
             raise ValueError(f"speculative_config must be a mapping, got {type(data).__name__}")
-        _check_keys(cls, data)
+        check_keys(cls.__name__, data, field_names(cls))
         return cls(**data)
-
-    @property
-    def sampler_name(self) -> str:
-        """The ``samplers`` registry name of the acceptance method."""
-        return {"rejection_sampler": "rejection", "typical_acceptance_sampler": "typical",
-                "greedy": "greedy"}[self.acceptance_method]
 
 
 @dataclass
@@ -150,7 +148,7 @@ class EngineConfig:
     ``seed``: seeds the global RNG used by requests without a seed of their own.
     ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
     decode and verification forwards of the target and of a draft model replay CUDA graphs
-    (:mod:`engine.cuda_graphs`); prefills always run eager.
+    (:mod:`engine.runner.cuda_graphs`); prefills always run eager.
     """
 
     model: Any = "smollm2-135m"

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections import abc
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,10 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput, StreamDelta
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from samplers.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's dict forms
+Prompt = str | abc.Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's dict forms
 Messages = list[dict[str, str]]
 
 
@@ -50,7 +50,7 @@ class LLM:
     def from_config_file(cls, path: str | Path, **overrides: Any) -> LLM:
         """Build from a YAML preset of ``configs/`` (name or path); keyword arguments override
         its engine keys. The preset's ``sampling`` section becomes the default SamplingParams."""
-        from engine.config_file import load_config_file
+        from engine.presets import load_config_file
 
         preset = load_config_file(path)
         llm = cls(**{**preset.engine, **overrides})
@@ -61,8 +61,8 @@ class LLM:
         return self.engine.tokenizer
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | abc.Sequence[Prompt],
+                 sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete every prompt; outputs come back in prompt order.
 
@@ -73,23 +73,27 @@ class LLM:
         ``finish_reason='error'`` and ``error`` set while the others complete.
         """
         ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        pending = _Pending(self.engine, ids)
-        with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
-            while pending:
-                for seq in self.engine.step():
-                    if pending.finished(seq):
-                        bar.update(1)
-        return [self._output(rid) for rid in ids]
+        try:
+            pending = _Pending(self.engine, ids)
+            with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
+                while pending:
+                    for seq in self.engine.step():
+                        if pending.finished(seq):
+                            bar.update(1)
+            return [self._output(rid) for rid in ids]
+        finally:  # (raised mid-flight: the engine keeps nothing of this call)
+            for rid in ids:
+                self.engine.discard_request(rid)
 
-    def chat(self, messages: Messages | Sequence[Messages],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def chat(self, messages: Messages | abc.Sequence[Messages],
+             sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation (a list of
         ``{"role", "content"}`` dicts) or to a list of them, then :meth:`generate`."""
         return self.generate(self.chat_prompts(messages, add_generation_prompt),
                              sampling_params, use_tqdm)
 
-    def chat_prompts(self, messages: Messages | Sequence[Messages],
+    def chat_prompts(self, messages: Messages | abc.Sequence[Messages],
                      add_generation_prompt: bool = True) -> list[list[int]]:
         """Token ids of each conversation after the chat template."""
         tokenizer = self.engine.tokenizer
@@ -104,23 +108,28 @@ class LLM:
             prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
         return prompts
 
-    def generate_stream(self, prompts: Prompt | Sequence[Prompt],
-                        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                        ) -> Iterator[StreamDelta]:
+    def generate_stream(
+            self, prompts: Prompt | abc.Sequence[Prompt],
+            sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
+    ) -> abc.Iterator[StreamDelta]:
         """Yield text deltas as tokens are accepted, for every sample of every prompt; the last
         delta of a sample has ``finish_reason`` set. Text that could still be the start of a stop
         string is held back until it is not (or the sample finishes)."""
         ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        pending = _Pending(self.engine, ids)
-        while pending:
-            for seq in self.engine.step():
-                if seq.request_id not in pending.remaining:
-                    continue
-                delta = self._delta(seq)
-                if pending.finished(seq):  # before yielding: the caller may abort meanwhile
-                    self.engine.pop_request(seq.request_id)
-                if delta is not None:
-                    yield delta
+        try:
+            pending = _Pending(self.engine, ids)
+            while pending:
+                for seq in self.engine.step():
+                    if seq.request_id not in pending.remaining:
+                        continue
+                    delta = self._delta(seq)
+                    if pending.finished(seq):  # before yielding: the caller may abort meanwhile
+                        self.engine.pop_request(seq.request_id)
+                    if delta is not None:
+                        yield delta
+        finally:  # (the consumer stopped early or raised: the engine keeps nothing of this call)
+            for rid in ids:
+                self.engine.discard_request(rid)
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; it finishes with ``finish_reason='abort'`` and its output so far."""
@@ -135,7 +144,7 @@ class LLM:
         self.engine.metrics.reset()
 
     # ------------------------------------------------------------------ helpers
-    def _normalize_prompts(self, prompts: Prompt | Sequence[Prompt]) -> list[tuple[str | None,
+    def _normalize_prompts(self, prompts: Prompt | abc.Sequence[Prompt]) -> list[tuple[str | None,
                                                                                    list[int]]]:
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, (list, tuple)) and prompts
@@ -171,7 +180,7 @@ class LLM:
                          f"'prompt' or 'prompt_token_ids'), got {type(prompt).__name__}")
 
     def _add(self, prompts: list[tuple[str | None, list[int]]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
+             sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None) -> list[str]:
         if sampling_params is None:
             sampling_params = self.default_sampling_params
         if isinstance(sampling_params, SamplingParams):
@@ -198,7 +207,7 @@ class LLM:
         return build_output(seqs)
 
     @staticmethod
-    def _delta(seq: Request) -> StreamDelta | None:
+    def _delta(seq: Sequence) -> StreamDelta | None:
         text = seq.text
         if not seq.is_finished and seq.params.stop:
             hold = max(len(s) for s in seq.params.stop) - 1
@@ -227,7 +236,7 @@ class _Pending:
                                "nothing left to run")
         return bool(self.remaining)
 
-    def finished(self, seq: Request) -> bool:
+    def finished(self, seq: Sequence) -> bool:
         """Count a sample that finished; True when it was its request's last one."""
         if not seq.is_finished or seq.seq_id in self._done or seq.request_id not in self.remaining:
             return False
@@ -239,7 +248,7 @@ class _Pending:
         return False
 
 
-def build_output(seqs: list[Request]) -> RequestOutput:
+def build_output(seqs: list[Sequence]) -> RequestOutput:
     """The API view of a request's samples."""
     first = seqs[0]
     metrics = RequestMetrics(arrival_time=first.metrics.arrival_time)

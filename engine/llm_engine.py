@@ -1,20 +1,23 @@
-"""The step loop: schedule -> propose -> one target forward -> adjust -> verify -> append + stop.
+"""The step loop: schedule -> propose -> forward -> adjust -> verify -> append + stop -> rollback.
 
 One :meth:`LLMEngine.step`:
 
-1. The scheduler picks the running sequences (decodes, prefill chunks) and admits newcomers.
-2. Every sequence that samples this step gets its seeded stream reset to ``step_seed`` and asks
-   the proposer for up to k drafts (k for the step from :mod:`engine.draft_policy`).
-3. ONE target forward scores everything: prefill chunks, and for each sampling sequence its
-   uncached tokens followed by its drafts; the logits of the last ``len(drafts) + 1`` positions
-   of each sampling sequence are kept. ``KVCacheFull`` preempts the most recently admitted
-   sequence and retries (:mod:`scheduler.scheduler`).
-4. Penalties, bias, allowed ids, bad words and min-tokens masking are applied to each kept row
-   with the history that position has (:mod:`engine.logits_adjust`).
-5. The sampler verifies all drafts at once; accepted tokens and the recovered or bonus token are
-   appended one by one with stop checks (:func:`engine.stop_checker.append_until_stop`).
-6. The target cache is cut back to the kept context (the newest token stays uncached); the
-   proposer learns the kept length; finished sequences leave at once.
+1. **schedule**: the scheduler picks the running sequences (decodes, prefill chunks) and admits
+   newcomers; the speculation policy (:mod:`scheduler.spec_policy`) says how many drafts each
+   sequence that samples this step may verify.
+2. **propose**: every sequence that samples gets its seeded stream reset to ``step_seed`` and
+   asks the proposer for its drafts.
+3. **forward**: ONE target forward scores everything: prefill chunks, and for each sampling
+   sequence its uncached tokens followed by its drafts; the logits of the last
+   ``len(drafts) + 1`` positions of each sampling sequence are kept. ``KVCacheFull`` preempts
+   the most recently admitted sequence and retries (:mod:`scheduler.scheduler`).
+4. **adjust**: penalties, bias, allowed ids, bad words and min-tokens masking are applied to each
+   kept row with the history that position has (:mod:`samplers.logits_adjust`).
+5. **verify**: the sampler verifies all drafts at once.
+6. **append + stop**: accepted tokens and the recovered or bonus token are appended one by one
+   with stop checks (:func:`engine.stop_checker.append_until_stop`); finished sequences leave.
+7. **rollback**: the target cache is cut back to the kept context (the newest token stays
+   uncached) and the proposer learns the kept length.
 """
 
 from __future__ import annotations
@@ -24,31 +27,55 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.builder import EngineComponents, build_components
 from engine.config import EngineConfig
-from engine.draft_policy import DraftPolicy
-from engine.engine_setup import EngineComponents, build_components
-from engine.kv_cache import KVCacheFull
 from engine.metrics import MetricsCollector
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.runner.kv_cache import KVCacheFull
+from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop
-from proposers.base import ProposeRequest
-from samplers import INVALID_TOKEN_ID
+from proposers import ProposeRequest
+from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
-from samplers.sampling_tensors import SamplingTensors
-from scheduler import ScheduledRequest, Scheduler
+from scheduler import ScheduledSequence, Scheduler, SpeculationPolicy
+
+
+@dataclass
+class _Verified:
+    """One sampling sequence's result, from verification to rollback."""
+
+    num_drafted: int
+    num_accepted: int  # drafts the sampler accepted (before stop checks)
+    num_tokens_before: int  # the sequence's tokens before this step's append
+    kept: int = 0  # tokens appended (the stop checks may cut the accepted run)
 
 
 @dataclass
 class _StepBatch:
-    """The sequences of one forward and their drafts (``probs[i]``: ``[len(drafts[i]),
-    vocab_size]`` rows or None)."""
+    """The sequences of one forward, their drafts, and what the step learnt about them."""
 
-    items: list[ScheduledRequest]
-    drafts: list[list[int]] = field(default_factory=list)
+    items: list[ScheduledSequence]
+    drafts: list[list[int]] = field(default_factory=list)  # [batch_size] draft ids per item
+    # [batch_size] per item: [len(drafts[i]), vocab_size] draft probabilities, or None (one-hot)
     probs: list[torch.Tensor | None] = field(default_factory=list)
+    failed: set[int] = field(default_factory=set)  # sampling indices whose logits are unusable
+    verified: list[_Verified] = field(default_factory=list)  # [num sampling items]
+    propose_s: float = 0.0
+    num_draft_steps: int = 0
+    target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
+
+    @property
+    def sampling(self) -> list[int]:
+        """Indices of the items that sample this step (their chunk reaches the context's end)."""
+        return [i for i, item in enumerate(self.items) if item.samples]
+
+    def drop(self, seq: Sequence) -> None:
+        """Take a preempted sequence out of the step."""
+        keep = [i for i, item in enumerate(self.items) if item.seq is not seq]
+        self.items = [self.items[i] for i in keep]
+        self.drafts = [self.drafts[i] for i in keep]
+        self.probs = [self.probs[i] for i in keep]
 
 
 class LLMEngine:
@@ -64,15 +91,17 @@ class LLMEngine:
         self.vocab_size = parts.vocab_size
         self.max_model_len = parts.max_model_len
         self.eos_token_ids = parts.eos_token_ids
+        self.generator = parts.generator
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
-        self.drafts = DraftPolicy(spec, max_k, self.max_model_len, self.metrics)
-        self.requests: dict[str, list[Request]] = {}
-        self._finished_outside_step: list[Request] = []
-        if config.seed is not None:
-            torch.manual_seed(config.seed)
+        self.spec_policy = SpeculationPolicy(
+            spec, max_k, self.max_model_len,
+            drafts_are_free=bool(self.proposer and self.proposer.drafts_are_free),
+            measured_draft_cost=lambda: self.metrics.draft_cost_ratio)
+        self.requests: dict[str, list[Sequence]] = {}
+        self._finished_outside_step: list[Sequence] = []
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
@@ -80,16 +109,16 @@ class LLMEngine:
         params.verify_vocab(self.vocab_size)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[Request]:
+                    params: SamplingParams) -> list[Sequence]:
         """Queue the ``params.n`` samples of one prompt. A request that cannot run (empty prompt,
         prompt too long, ids outside the vocabulary) finishes at once with ``error`` set."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter()
-        seqs = [Request(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
-                        self.eos_token_ids, now) for i in range(params.n)]
+        seqs = [Sequence(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
+                         self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
-            seq.acceptance = self.drafts.new_tracker()
+            seq.acceptance = self.spec_policy.new_tracker()
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -128,18 +157,25 @@ class LLMEngine:
                 seq.finish("abort")
                 self._finished_outside_step.append(seq)
 
-    def pop_request(self, request_id: str) -> list[Request]:
+    def pop_request(self, request_id: str) -> list[Sequence]:
         """Forget a finished request and return its samples."""
         return self.requests.pop(request_id)
 
-    def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+    def discard_request(self, request_id: str) -> None:
+        """Abort whatever of a request is unfinished and forget it, so that no later step runs
+        or reports any of it (a no-op for a request the engine does not hold)."""
+        for seq in self.requests.pop(request_id, []):
+            if not seq.is_finished:
+                self._release(seq)
+                seq.finish("abort")
+        self._finished_outside_step = [seq for seq in self._finished_outside_step
+                                       if seq.request_id != request_id]
 
     def has_work(self) -> bool:
         """True while a step can still run something or report something."""
         return self.scheduler.has_unfinished or bool(self._finished_outside_step)
 
-    def _release(self, seq: Request) -> None:
+    def _release(self, seq: Sequence) -> None:
         """Take a sequence out of the queues, the KV cache and the proposer."""
         self.scheduler.finish(seq)
         if seq.slot is not None:
@@ -150,37 +186,36 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
-    def step(self) -> list[Request]:
+    def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that got tokens or finished."""
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
-        self.drafts.begin_step(self.scheduler.running)
-        free_kv_tokens = self._free_kv_tokens()
-        plan = self.scheduler.schedule(self.drafts.num_spec_tokens, free_kv_tokens)
+        batch = self._schedule()
+        if batch is None:
+            return updated + self._fail_unschedulable()
+        self._propose(batch)
+        logits = self._forward(batch)
+        if logits is not None:
+            self._adjust(batch, logits)
+            tokens, logprob_rows = self._verify(batch, logits)
+            updated += self._append_and_stop(batch, tokens, logprob_rows)
+            self._rollback(batch)
+        self._record(batch, start)
+        return updated
+
+    def _schedule(self) -> _StepBatch | None:
+        """1. Pick this step's sequences and their number of drafts; None when nothing runs."""
+        self.spec_policy.begin_step(self.scheduler.running)
+        free_kv_tokens = self.runner.num_free_tokens
+        plan = self.scheduler.schedule(self.spec_policy.num_spec_tokens, free_kv_tokens)
         for seq in plan.admitted:
             seq.slot = self.runner.allocate_slot()
         if not plan.scheduled:
-            updated += self._fail_unschedulable()
-            return updated
-        self.drafts.fill_padding(plan.scheduled, free_kv_tokens)  # (admission allocates no rows)
-        batch = _StepBatch(plan.scheduled)
-        propose_s, num_draft_steps = self._propose(batch)
-        target_start = time.perf_counter()
-        logits = self._forward(batch)
-        if logits is not None:
-            updated += self._verify_and_append(batch, logits)
-        target_s = time.perf_counter() - target_start
-        if batch.verified_at:
-            self.drafts.record_step(batch.items, batch.drafts, batch.verified_at - target_start)
-        self.metrics.record_step(time.perf_counter() - start, propose_s, target_s,
-                                 num_draft_steps)
-        return updated
+            return None
+        self.spec_policy.fill_padding(plan.scheduled, free_kv_tokens)
+        return _StepBatch(plan.scheduled)
 
-    def _free_kv_tokens(self) -> int | None:
-        free = getattr(self.runner, "num_free_tokens", None)
-        return free() if callable(free) else free
-
-    def _fail_unschedulable(self) -> list[Request]:
+    def _fail_unschedulable(self) -> list[Sequence]:
         """Nothing runs and the next waiting sequence does not fit the KV cache: fail it."""
         if not self.scheduler.waiting:
             return []
@@ -189,40 +224,44 @@ class LLMEngine:
                                   "tokens; raise kv_cache_tokens")
         return [seq]
 
-    def _propose(self, batch: _StepBatch) -> tuple[float, int]:
-        """Reset the seeded streams of the sampling sequences and collect their drafts."""
+    def _propose(self, batch: _StepBatch) -> None:
+        """2. Reset the seeded streams of the sampling sequences and collect their drafts."""
         for item in batch.items:
-            seq = item.request
-            if item.samples and seq.generator is not None:
-                seq.generator.manual_seed(seq.step_seed())
+            if item.samples and item.seq.generator is not None:
+                item.seq.generator.manual_seed(item.seq.step_seed())
         batch.drafts = [[] for _ in batch.items]
         batch.probs = [None for _ in batch.items]
         wanted = [i for i, item in enumerate(batch.items) if item.num_spec_tokens > 0]
         if not wanted or self.proposer is None:
-            return 0.0, 0
+            return
         start = time.perf_counter()
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
                            seq.params, seq.generator,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None)
-            for i in wanted for seq in [batch.items[i].request]])
-        keep = self.drafts.kept_drafts([batch.items[i] for i in wanted], proposal)
+            for i in wanted for seq in [batch.items[i].seq]])
+        keep = self.spec_policy.kept_drafts([batch.items[i] for i in wanted],
+                                            proposal.draft_token_ids, proposal.num_backed)
         offset = 0
         for i, proposed, k in zip(wanted, proposal.draft_token_ids, keep, strict=True):
             batch.drafts[i] = list(proposed)[:k]
             if proposal.draft_probs is not None:
                 batch.probs[i] = proposal.draft_probs[offset:offset + len(batch.drafts[i])]
             offset += len(proposed)
-        return time.perf_counter() - start, max(len(d) for d in proposal.draft_token_ids)
+        batch.propose_s = time.perf_counter() - start
+        batch.num_draft_steps = max(len(d) for d in proposal.draft_token_ids)
 
     def _forward(self, batch: _StepBatch) -> torch.Tensor | None:
-        """One target forward over the batch; on ``KVCacheFull`` preempt and retry.
-        None when preemption emptied the batch."""
+        """3. One target forward over the batch; on ``KVCacheFull`` preempt and retry.
+        Returns the kept rows ``[num_tokens + num_sampling, vocab_size]`` (each sampling
+        sequence's drafts' positions and its bonus position), or None when nothing samples or
+        preemption emptied the batch. Prefill chunks are cached either way."""
+        batch.target_start = time.perf_counter()
         while batch.items:
             slots, tokens, logits_indices = [], [], []
             offset = 0
             for item, drafts in zip(batch.items, batch.drafts, strict=True):
-                seq = item.request
+                seq = item.seq
                 start = seq.num_computed_tokens
                 new = seq.all_token_ids[start:start + item.num_context_tokens] + drafts
                 slots.append(seq.slot)
@@ -232,30 +271,15 @@ class LLMEngine:
                                                 offset + len(new)))
                 offset += len(new)
             try:
-                return self.runner.forward(slots, tokens, logits_indices)
+                logits = self.runner.forward(slots, tokens, logits_indices)
             except KVCacheFull:
                 self._preempt_one(batch)
+                continue
+            for item in batch.items:
+                if not item.samples:
+                    item.seq.num_computed_tokens += item.num_context_tokens
+            return logits if batch.sampling else None
         return None
-
-    def _fail_non_finite(self, logits: torch.Tensor, drafts: list[list[int]]) -> set[int]:
-        """Requests (indices into ``drafts``) with a NaN, +inf or all -inf logits row, off CUDA.
-
-        Their rows are zeroed so that the others verify; the caller fails them alone. On CUDA
-        the kernels mark such a request with ``INVALID_TOKEN_ID`` instead, without a sync.
-        """
-        if logits.device.type == "cuda":
-            return set()
-        finite = torch.isfinite(logits.amax(dim=1))  # [num_rows]
-        if bool(finite.all()):
-            return set()
-        bad, row = set(), 0
-        for i, d in enumerate(drafts):
-            rows = slice(row, row + len(d) + 1)
-            if not bool(finite[rows].all()):
-                bad.add(i)
-                logits[rows] = 0.0
-            row = rows.stop
-        return bad
 
     def _preempt_one(self, batch: _StepBatch) -> None:
         """Preempt the most recently admitted sequence (recomputed later); a sequence that does
@@ -272,31 +296,53 @@ class LLMEngine:
             self.runner.free_slot(victim.slot)
             self.scheduler.preempt()
             self.metrics.num_preemptions += 1
-        keep = [i for i, item in enumerate(batch.items) if item.request is not victim]
-        batch.items = [batch.items[i] for i in keep]
-        batch.drafts = [batch.drafts[i] for i in keep]
-        batch.probs = [batch.probs[i] for i in keep]
+        batch.drop(victim)
 
-    def _verify_and_append(self, batch: _StepBatch, logits: torch.Tensor) -> list[Request]:
-        updated = []
-        for item in batch.items:
-            if not item.samples:
-                item.request.num_computed_tokens += item.num_context_tokens
-        sampling_idx = [i for i, item in enumerate(batch.items) if item.samples]
-        if not sampling_idx:
-            return updated
-        seqs = [batch.items[i].request for i in sampling_idx]
-        drafts = [batch.drafts[i] for i in sampling_idx]
+    def _adjust(self, batch: _StepBatch, logits: torch.Tensor) -> None:
+        """4. Per-position penalties, bias, allowed ids and bad words, in place; rows that are
+        not usable (NaN, +inf, nothing finite) fail their sequence alone."""
         row = 0
-        for seq, d in zip(seqs, drafts, strict=True):
+        for i in batch.sampling:
+            seq, drafts = batch.items[i].seq, batch.drafts[i]
             if seq.adjuster.active:
-                seq.adjuster.apply(logits[row:row + len(d) + 1], seq.output_token_ids, d)
-            row += len(d) + 1
-        bad = self._fail_non_finite(logits, drafts)
+                seq.adjuster.apply(logits[row:row + len(drafts) + 1], seq.output_token_ids,
+                                   drafts)
+            row += len(drafts) + 1
+        batch.failed = self._non_finite_rows(logits, [batch.drafts[i] for i in batch.sampling])
+
+    @staticmethod
+    def _non_finite_rows(logits: torch.Tensor, drafts: list[list[int]]) -> set[int]:
+        """Sequences (indices into ``drafts``) with a NaN, +inf or all -inf logits row, off CUDA.
+
+        Their rows are zeroed so that the others verify. On CUDA the kernels mark such a
+        sequence with ``INVALID_TOKEN_ID`` instead, without a sync.
+        """
+        if logits.device.type == "cuda":
+            return set()
+        finite = torch.isfinite(logits.amax(dim=1))  # [num_rows]
+        if bool(finite.all()):
+            return set()
+        bad, row = set(), 0
+        for i, d in enumerate(drafts):
+            rows = slice(row, row + len(d) + 1)
+            if not bool(finite[rows].all()):
+                bad.add(i)
+                logits[rows] = 0.0
+            row = rows.stop
+        return bad
+
+    def _verify(self, batch: _StepBatch,
+                logits: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
+        """5. Verify every sampling sequence's drafts at once. Returns each one's tokens
+        (``[max_spec_len + 1]`` with placeholders) and, when a sequence asked for logprobs, the
+        log-probabilities of the processed target rows ``[num_rows, vocab_size]``."""
+        seqs = [batch.items[i].seq for i in batch.sampling]
+        drafts = [batch.drafts[i] for i in batch.sampling]
         metadata = SpecDecodeMetadata.from_lists(drafts, self.device)
         sampling = SamplingTensors.from_params([s.params for s in seqs],
-                                               [s.generator for s in seqs], self.device)
-        probs = [batch.probs[i] for i, d in zip(sampling_idx, drafts, strict=True) if d]
+                                               [s.generator for s in seqs], self.device,
+                                               self.generator)
+        probs = [batch.probs[i] for i in batch.sampling if batch.drafts[i]]
         draft_probs = None
         if any(p is not None for p in probs):
             draft_probs = torch.cat(probs)  # [num_tokens, vocab_size]
@@ -307,45 +353,69 @@ class LLMEngine:
             sampler = self.greedy_sampler  # the argmax match, without the probability work
         tokens = sampler.verify(logits, metadata, sampling, draft_probs).tolist()
         batch.verified_at = time.perf_counter()  # forward + verify done (synchronised)
-        logprob_rows = (torch.log_softmax(process_logits(
-            logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
-            if need_logprobs else None)
-        row = 0
-        for i, (seq, d, out) in enumerate(zip(seqs, drafts, tokens, strict=True)):
-            first, row = row, row + len(d) + 1  # this request's logits rows
-            if i in bad or (out and out[0] == INVALID_TOKEN_ID):  # (-2: the CUDA kernels' mark)
+        logprob_rows = None
+        if need_logprobs:
+            logprob_rows = torch.log_softmax(process_logits(
+                logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
+        return tokens, logprob_rows
+
+    def _append_and_stop(self, batch: _StepBatch, tokens: list[list[int]],
+                         logprob_rows: torch.Tensor | None) -> list[Sequence]:
+        """6. Append each sequence's verified tokens with stop checks; finished ones leave."""
+        updated, row = [], 0
+        for j, (i, out) in enumerate(zip(batch.sampling, tokens, strict=True)):
+            seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
+            first, row = row, row + num_drafted + 1  # this sequence's logits rows
+            new_tokens = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
+            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens)
+            batch.verified.append(result)
+            if j in batch.failed or (out and out[0] == INVALID_TOKEN_ID):
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
                            "outside the vocabulary at verification")
-                self._release(seq)
-                updated.append(seq)
-                continue
-            new_tokens = [t for t in out if t >= 0]
-            num_accepted = len(new_tokens) - 1
-            old_num_tokens = seq.num_tokens
-            kept = append_until_stop(seq, new_tokens, self.eos_token_ids, self.max_model_len)
-            if logprob_rows is not None and seq.logprobs is not None:
-                seq.add_logprobs(logprob_rows[first:first + kept], new_tokens[:kept])
-            self._account(seq, len(d), num_accepted, kept)
+            else:
+                result.kept = append_until_stop(seq, new_tokens, self.eos_token_ids,
+                                                self.max_model_len)
+                if logprob_rows is not None and seq.logprobs is not None:
+                    seq.add_logprobs(logprob_rows[first:first + result.kept],
+                                     new_tokens[:result.kept])
+                self._account(seq, result)
             if seq.is_finished:
                 self._release(seq)
-            else:
-                seq.num_computed_tokens = seq.num_tokens - 1
-                self.runner.truncate(seq.slot, seq.num_computed_tokens)
-                if d and self.proposer is not None:
-                    self.proposer.on_accepted(seq.seq_id, old_num_tokens + min(num_accepted, kept))
             updated.append(seq)
         return updated
 
-    def _account(self, seq: Request, num_drafted: int, num_accepted: int, kept: int) -> None:
+    def _rollback(self, batch: _StepBatch) -> None:
+        """7. Cut each running sequence's target cache back to its kept context (the newest
+        token stays uncached: it is fed next step) and tell the proposer what was kept."""
+        for i, result in zip(batch.sampling, batch.verified, strict=True):
+            seq = batch.items[i].seq
+            if seq.is_finished:
+                continue
+            seq.num_computed_tokens = seq.num_tokens - 1
+            self.runner.truncate(seq.slot, seq.num_computed_tokens)
+            if result.num_drafted and self.proposer is not None:
+                self.proposer.on_accepted(
+                    seq.seq_id, result.num_tokens_before + min(result.num_accepted, result.kept))
+
+    def _account(self, seq: Sequence, result: _Verified) -> None:
         now = time.perf_counter()
         m = seq.metrics
-        m.num_drafted += num_drafted
-        m.num_accepted += num_accepted
+        m.num_drafted += result.num_drafted
+        m.num_accepted += result.num_accepted
         m.num_steps += 1
-        m.num_generated += kept
+        m.num_generated += result.kept
         if m.first_token_time is None:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.drafts.update(seq, num_drafted, num_accepted)
-        self.metrics.record_request_step(num_drafted, num_accepted, kept)
+        self.spec_policy.update(seq, result.num_drafted, result.num_accepted)
+        self.metrics.record_request_step(result.num_drafted, result.num_accepted, result.kept)
+
+    def _record(self, batch: _StepBatch, start: float) -> None:
+        """The step's timings, for the metrics and the speculation policy's cost model."""
+        target_s = time.perf_counter() - batch.target_start
+        if batch.verified_at:
+            self.spec_policy.record_step(batch.items, batch.drafts,
+                                         batch.verified_at - batch.target_start)
+        self.metrics.record_step(time.perf_counter() - start, batch.propose_s, target_s,
+                                 batch.num_draft_steps)

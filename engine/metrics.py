@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.outputs import EngineMetrics
+from scheduler.adaptive_k import expected_tokens
 
 # Weight of the newest sample in the running draft/target cost-ratio estimate.
 _COST_EMA = 0.1
@@ -16,8 +17,7 @@ def predicted_speedup(alpha: float, k: float, c: float) -> float:
     >>> round(predicted_speedup(0.8, 4, 0.05), 3)
     2.801
     """
-    tokens = k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1.0)) / (1.0 - alpha)
-    return tokens / (k * c + 1.0)
+    return expected_tokens(alpha, k) / (k * c + 1.0)
 
 
 class MetricsCollector:

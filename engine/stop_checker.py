@@ -3,7 +3,7 @@
 Order of the checks for a new token (vLLM's):
 
 1. Before ``min_tokens`` output tokens nothing stops the sample (EOS and stop token ids are also
-   masked out of the logits then, see :mod:`engine.logits_adjust`).
+   masked out of the logits then, see :mod:`samplers.logits_adjust`).
 2. EOS (unless ``ignore_eos``) -> ``stop``, ``stop_reason=None``.
 3. A token of ``stop_token_ids`` -> ``stop``, ``stop_reason=<the id>``.
    For 2 and 3 the token stays in ``token_ids``; its text is dropped from ``text`` unless
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from samplers.sampling_params import SamplingParams
 
 
 @dataclass
@@ -97,36 +97,36 @@ def check_stop(params: SamplingParams, token_id: int, token_text: str, text: str
     return None if found is None else StopResult(found.finish_reason, None, text)
 
 
-def append_until_stop(request: Request, token_ids: list[int], eos_token_ids: frozenset[int],
+def append_until_stop(seq: Sequence, token_ids: list[int], eos_token_ids: frozenset[int],
                       max_model_len: int) -> int:
     """Append ``token_ids`` to a running sample one by one, checking stops after each; return how
     many were kept. The token that stops the sample is kept; the ones after it are dropped.
 
     Only stop strings need each token's text at once; without them the tokens' text is
-    detokenized when :attr:`Request.text` is next read (two decodes per read, not per token).
+    detokenized when :attr:`Sequence.text` is next read (two decodes per read, not per token).
     """
-    params = request.params
+    params = seq.params
     if not params.stop:
         for count, token_id in enumerate(token_ids, start=1):
-            result = check_token_stop(params, token_id, request.num_output_tokens + 1,
-                                      request.num_tokens + 1, eos_token_ids, max_model_len)
+            result = check_token_stop(params, token_id, seq.num_output_tokens + 1,
+                                      seq.num_tokens + 1, eos_token_ids, max_model_len)
             cut = (result is not None and result.finish_reason == "stop"
                    and not params.include_stop_str_in_output)
-            request.append_token(token_id, with_text=not cut)
+            seq.append_token(token_id, with_text=not cut)
             if result is not None:
-                request.finish(result.finish_reason, result.stop_reason)
+                seq.finish(result.finish_reason, result.stop_reason)
                 return count
         return len(token_ids)
-    text = request.text
+    text = seq.text
     for count, token_id in enumerate(token_ids, start=1):
-        request.append_token(token_id, with_text=False)
-        token_text = request.detokenizer.add_token(token_id)
+        seq.append_token(token_id, with_text=False)
+        token_text = seq.detokenizer.add_token(token_id)
         text += token_text
-        result = check_stop(params, token_id, token_text, text, request.num_output_tokens,
-                            request.num_tokens, eos_token_ids, max_model_len)
+        result = check_stop(params, token_id, token_text, text, seq.num_output_tokens,
+                            seq.num_tokens, eos_token_ids, max_model_len)
         if result is not None:
-            request.text = result.text
-            request.finish(result.finish_reason, result.stop_reason)
+            seq.text = result.text
+            seq.finish(result.finish_reason, result.stop_reason)
             return count
-    request.text = text
+    seq.text = text
     return len(token_ids)

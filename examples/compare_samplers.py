@@ -18,7 +18,7 @@ import _repo_path  # noqa: F401  (the repository root on sys.path)
 import sampler_lib as lib
 import torch
 
-from engine.model_loader import load_model
+from engine.runner.loader import load_model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

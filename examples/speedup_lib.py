@@ -86,7 +86,7 @@ def default_device() -> str:
 
 def load_default_model(device: str | None = None) -> tuple[Any, Any]:
     """The embedded default model (SmolLM2-135M-Instruct) and its tokenizer, loaded once."""
-    from engine.model_loader import load_model
+    from engine.runner.loader import load_model
 
     return load_model("smollm2-135m", device=device or default_device())
 

@@ -1,10 +1,12 @@
 """Proposers: guess the next tokens of each request (n-gram lookup, draft model, early exit).
 
-``get_proposer(method, **kwargs)`` builds one by name; see :mod:`proposers.base` for the
-interface the engine calls.
+``get_proposer(method, config, ctx)`` builds one by name and ``register_proposer(name)`` adds
+one (:mod:`proposers.registry`); see :mod:`proposers.base` for the interface the engine calls.
 """
 
-from proposers.base import Proposal, Proposer, ProposeRequest
-from proposers.registry import get_proposer, register_proposer
+from proposers import draft_model, early_exit, ngram  # noqa: F401 (they register themselves)
+from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.registry import available_proposers, get_proposer, register_proposer
 
-__all__ = ["Proposal", "ProposeRequest", "Proposer", "get_proposer", "register_proposer"]
+__all__ = ["DraftRunner", "Proposal", "ProposeRequest", "Proposer", "ProposerContext",
+           "available_proposers", "get_proposer", "register_proposer"]

@@ -16,10 +16,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
-from engine.sampling_params import SamplingParams
+from samplers.sampling_params import SamplingParams
 
 # adjust_logits(prefix_token_ids, logits [vocab_size]) -> logits [vocab_size]
 AdjustLogits = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
@@ -32,7 +34,7 @@ class ProposeRequest:
     ``token_ids`` is the full context (prompt + output so far). ``adjust_logits`` is the engine's
     per-position hook (penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``): called
     with the prefix a position would have and its raw logits, before ``process_logits``.
-    ``generator`` is the request's own random stream (None = the global one).
+    ``generator`` is the request's own random stream (None = the engine's).
     """
 
     req_id: str | int
@@ -75,7 +77,13 @@ class Proposal:
 
 
 class Proposer(ABC):
-    """Guesses the next tokens of many requests at once; never decides acceptance."""
+    """Guesses the next tokens of many requests at once; never decides acceptance.
+
+    ``drafts_are_free``: a draft costs next to nothing to make (a table lookup, no model), so the
+    speculation policy may fill a step's padding with more of them.
+    """
+
+    drafts_are_free: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -89,3 +97,43 @@ class Proposer(ABC):
 
     def remove(self, req_id: str | int) -> None:  # noqa: B027
         """The request finished or was preempted: forget its state."""
+
+
+class DraftRunner(Protocol):
+    """What a model-based proposer needs of the runner of its draft model: a paged KV cache with
+    slots and rollback (``engine.runner.model_runner.ModelRunner`` is one)."""
+
+    device: torch.device
+    vocab_size: int  # the width of the draft's logits
+    num_free_tokens: int  # KV rows left: a forward of more new tokens would not fit
+
+    def allocate_slot(self) -> int: ...
+
+    def free_slot(self, slot: int) -> None: ...
+
+    def truncate(self, slot: int, length: int) -> None: ...
+
+    def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
+                logits_indices: Sequence[int] | None = None) -> torch.Tensor:
+        """float32 logits ``[len(logits_indices), vocab_size]`` of the new tokens."""
+
+
+@dataclass
+class ProposerContext:
+    """What the engine hands a proposer factory besides the speculation config: the target, the
+    limits, and the engine's own ways to load a model and to run one over a KV cache of its own
+    (so that ``proposers`` never imports the engine)."""
+
+    target_model: nn.Module
+    target_tokenizer: Any
+    vocab_size: int  # the width of the target's logits, that of the draft probabilities
+    device: torch.device
+    dtype: str
+    max_num_seqs: int
+    max_model_len: int
+    # load_model(name_or_path) -> (model, tokenizer), as the engine loads its target
+    load_model: Callable[[str], tuple[nn.Module, Any]]
+    # make_runner(model) -> a runner over ``model`` with its own KV cache for max_num_seqs slots
+    make_runner: Callable[[nn.Module], DraftRunner]
+    # what requests without a generator of their own draw from (None: torch's global RNG)
+    generator: torch.Generator | None = None

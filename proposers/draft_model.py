@@ -3,11 +3,11 @@
 Each step, for every request that wants drafts (Leviathan et al., arXiv 2211.17192, §2.3):
 
 1. *Catch up.* The draft keeps its own KV cache per request (a slot of its own
-   :class:`~engine.model_runner.ModelRunner`) and remembers which token ids it holds. The cache is
-   cut back to the longest prefix it shares with the request's context (verification rejected
-   the drafts after it; no recomputation), and the context tokens it lacks, usually the
-   recovered or bonus token plus the last accepted draft, are fed in one ragged forward over the
-   whole batch, whose last row gives the first draft's logits.
+   :class:`~proposers.base.DraftRunner`, the engine's model runner) and remembers which token
+   ids it holds. The cache is cut back to the longest prefix it shares with the request's context
+   (verification rejected the drafts after it; no recomputation), and the context tokens it lacks,
+   usually the recovered or bonus token plus the last accepted draft, are fed in one ragged forward
+   over the whole batch, whose last row gives the first draft's logits.
 2. *Draft.* Draft ``j`` is drawn from those logits; every request still short of its own k feeds
    its draft ``j`` in the next one-token batched forward. Draft k is never fed (it is fed on the
    next step if accepted), so a step costs k forwards and leaves ``context + k - 1`` tokens cached.
@@ -21,31 +21,28 @@ is drawn from exactly the returned row ``p`` (one-hot at the argmax for a temper
 With ``greedy=True`` the draft is the argmax of the adjusted logits and no probabilities are
 returned (one-hot drafts).
 
-A step whose draft forward does not fit the draft's KV budget (:class:`KVCacheFull`) stops
-drafting there: the requests keep the drafts made so far, which is always safe.
+A step whose draft forward does not fit the draft's KV budget stops drafting there: the requests
+keep the drafts made so far, which is always safe.
 
-Attention backend: the draft forwards go through :class:`~engine.model_runner.ModelRunner`,
-which runs them with cuDNN SDPA off (see ``engine/attention_backend.py``).
+The engine builds the runner (``ProposerContext.make_runner``): the draft forwards run exactly as
+the target's do, CUDA graphs included.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.model_runner import KVCacheFull, ModelRunner
-from proposers.base import Proposal, Proposer, ProposeRequest
+from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.registry import register_proposer
+from proposers.vocab import check_shared_vocab
 from samplers.logits_processing import logits_to_probs
 from samplers.sampling_tensors import SamplingTensors
-
-# Speculation needs at most this many draft tokens per request beyond the target's cache.
-_MAX_DRAFT_SLACK = 33
-# Default KV budget (tokens over all slots) when the caller gives none, as the engine's.
-_DEFAULT_KV_TOKENS = {"cuda": 65536, "cpu": 16384}
 
 
 @dataclass
@@ -55,30 +52,26 @@ class _DraftSeq:
 
 
 class DraftModelProposer(Proposer):
-    """Drafts with ``model`` (already loaded and vocabulary-checked); see the module docstring.
+    """Drafts with the model behind ``runner`` (already vocabulary-checked); see the module
+    docstring.
 
     ``target_vocab_size``: the width of the target's logits, that of the returned probabilities
-    (default: the draft's own). ``max_num_tokens``: the draft's KV budget over all requests.
-    ``cuda_graph_max_new``: the runner's CUDA-graph limit (see
-    :class:`~engine.model_runner.ModelRunner`).
+    (default: the draft's own). ``greedy``: argmax drafts without probabilities.
+    ``generator``: what requests without a generator of their own draw from (None: torch's
+    global RNG).
     """
 
-    def __init__(self, model: nn.Module, max_num_seqs: int, max_model_len: int,
-                 max_num_tokens: int | None = None, greedy: bool = False,
-                 target_vocab_size: int | None = None, cuda_graph_max_new: int = 0) -> None:
+    def __init__(self, runner: DraftRunner, greedy: bool = False,
+                 target_vocab_size: int | None = None,
+                 generator: torch.Generator | None = None) -> None:
         if target_vocab_size is not None and (isinstance(target_vocab_size, bool) or not (
                 isinstance(target_vocab_size, int) and target_vocab_size >= 1)):
             raise ValueError(f"target_vocab_size={target_vocab_size!r} is invalid: allowed None "
                              "or an integer >= 1")
-        if max_num_tokens is None:
-            device = model.get_input_embeddings().weight.device.type
-            cap = _DEFAULT_KV_TOKENS["cuda" if device == "cuda" else "cpu"]
-            max_num_tokens = (min(max_num_seqs * max_model_len, cap)
-                              + max_num_seqs * _MAX_DRAFT_SLACK)
-        self.runner = ModelRunner(model, max_num_seqs, max_num_tokens, max_model_len,
-                                  cuda_graph_max_new)
+        self.runner = runner
         self.greedy = greedy
         self.vocab_size = target_vocab_size or self.runner.vocab_size
+        self.generator = generator
         self._seqs: dict[str | int, _DraftSeq] = {}
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -89,11 +82,9 @@ class DraftModelProposer(Proposer):
         while active:
             slots = [self._seqs[requests[i].req_id].slot for i in active]
             last_rows = np.cumsum([len(f) for f in feeds]) - 1
-            try:
-                # [n, draft_vocab]
-                logits = self.runner.forward(slots, feeds, last_rows.tolist())
-            except KVCacheFull:
-                break
+            if sum(len(f) for f in feeds) > self.runner.num_free_tokens:
+                break  # the draft's KV budget is full: keep the drafts made so far
+            logits = self.runner.forward(slots, feeds, last_rows.tolist())  # [n, draft_vocab]
             for i, feed in zip(active, feeds, strict=True):
                 self._seqs[requests[i].req_id].cached.extend(feed)
             tokens, probs = self._draw([requests[i] for i in active],
@@ -151,7 +142,7 @@ class DraftModelProposer(Proposer):
         q = torch.ones_like(probs)  # [n, vocab_size]
         sampled = [not g for g in sampling.greedy]
         if any(s and r.generator is None for s, r in zip(sampled, requests, strict=True)):
-            q.exponential_()
+            q.exponential_(generator=self.generator)
         for b, request in enumerate(requests):
             if sampled[b] and request.generator is not None:
                 q[b].exponential_(generator=request.generator)
@@ -186,3 +177,19 @@ def _common_prefix(cached: list[int], context: Sequence[int], limit: int) -> int
         return n
     differ = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(context[:n]))
     return int(differ[0])
+
+
+@register_proposer("draft_model")
+def build_draft_model(config: Any, ctx: ProposerContext) -> DraftModelProposer:
+    """``SpeculativeConfig.model`` (a name or path, or a loaded model with ``tokenizer``), which
+    must share the target's vocabulary; ``draft_sample_method``."""
+    model, tokenizer = config.model, config.tokenizer
+    if isinstance(model, str):
+        model, tokenizer = ctx.load_model(model)
+    elif tokenizer is None:
+        raise ValueError("SpeculativeConfig.tokenizer=None is invalid: the draft model's "
+                         "tokenizer is required with an already-loaded draft model")
+    width = model.get_output_embeddings().weight.shape[0]
+    check_shared_vocab(tokenizer, ctx.target_tokenizer, width)
+    return DraftModelProposer(ctx.make_runner(model), config.draft_sample_method == "greedy",
+                              ctx.vocab_size, ctx.generator)

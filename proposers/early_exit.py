@@ -12,10 +12,13 @@ stack; the measured acceptance per N on the default model is in ``docs/performan
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from torch import nn
 
+from proposers.base import ProposerContext
 from proposers.draft_model import DraftModelProposer
+from proposers.registry import register_proposer
 
 _LAYER_LISTS = ("layers", "h")  # LLaMA-like families, GPT-2
 
@@ -68,14 +71,13 @@ def default_num_layers(num_target_layers: int) -> int:
     return max(1, round(num_target_layers * 0.8))
 
 
-def make_early_exit_proposer(target_model: nn.Module, max_num_seqs: int, max_model_len: int,
-                             num_layers: int | None = None, greedy: bool = False,
-                             max_num_tokens: int | None = None,
-                             cuda_graph_max_new: int = 0) -> DraftModelProposer:
-    """A draft-model proposer over ``early_exit_model(target_model, num_layers)``."""
+@register_proposer("early_exit")
+def build_early_exit(config: Any, ctx: ProposerContext) -> DraftModelProposer:
+    """``SpeculativeConfig.num_early_exit_layers`` (None: :func:`default_num_layers`) and
+    ``draft_sample_method``."""
+    num_layers = config.num_early_exit_layers
     if num_layers is None:
-        num_layers = default_num_layers(target_model.config.num_hidden_layers)
-    draft = early_exit_model(target_model, num_layers)
-    return DraftModelProposer(draft, max_num_seqs, max_model_len, max_num_tokens, greedy,
-                              target_model.get_output_embeddings().weight.shape[0],
-                              cuda_graph_max_new)
+        num_layers = default_num_layers(ctx.target_model.config.num_hidden_layers)
+    draft = early_exit_model(ctx.target_model, num_layers)
+    return DraftModelProposer(ctx.make_runner(draft), config.draft_sample_method == "greedy",
+                              ctx.vocab_size, ctx.generator)

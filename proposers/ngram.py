@@ -50,11 +50,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import getitem
+from typing import Any
 
 import numpy as np
 
-from proposers.base import Proposal, Proposer, ProposeRequest
+from proposers.base import Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.ngram_table import MAX_N, MAX_VALUE, NgramTable, life_salt, ngram_keys
+from proposers.registry import register_proposer
 
 PAD = -1  # the copies' token before position 0
 
@@ -85,6 +87,8 @@ class _Batch:
 
 class NgramProposer(Proposer):
     """Prompt lookup decoding (one-hot drafts, no probabilities); see the module docstring."""
+
+    drafts_are_free = True
 
     def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                  table_capacity: int = 1 << 16) -> None:
@@ -315,3 +319,9 @@ class NgramProposer(Proposer):
             self._flush()
             self._last[slot] = -1
             self._free.append(slot)
+
+
+@register_proposer("ngram")
+def build_ngram(config: Any, ctx: ProposerContext) -> NgramProposer:
+    """``SpeculativeConfig.prompt_lookup_min`` / ``prompt_lookup_max``."""
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers.logits_processing import apply_filters
 from samplers.metadata import SpecDecodeMetadata, host_to_device
 from samplers.random_draws import draw_randoms
@@ -25,6 +24,7 @@ class VerificationSampler:
     """
 
     typical: bool = False  # Medusa typical acceptance instead of rejection sampling
+    lossless: bool = True  # the output follows the target distribution (greedy: its argmax)
     all_greedy: bool = False  # every request verified by argmax match
     uses_draft_probs: bool = True
 
@@ -33,6 +33,11 @@ class VerificationSampler:
         self.validate = validate
         self.use_triton = use_triton
         self.chunk_size = chunk_size
+
+    @classmethod
+    def from_config(cls, config: object) -> VerificationSampler:
+        """The sampler for the engine's ``SpeculativeConfig`` (read for the fields it needs)."""
+        return cls()
 
     def _thresholds(self) -> tuple[float, float]:
         return 0.0, 0.0
@@ -85,50 +90,3 @@ class VerificationSampler:
         mode = TYPICAL_MODE if self.typical else REJECTION_MODE
         return verify_reference(logits, metadata, inv_temperature, is_greedy, draft_probs, q, u,
                                 mode, threshold, alpha)
-
-    def __call__(
-        self,
-        target_with_bonus_probs: torch.Tensor,  # [batch_size, k + 1, vocab_size]
-        bonus_token_ids: torch.Tensor,  # [batch_size, 1]
-        draft_probs: torch.Tensor | None,  # [batch_size, k, vocab_size]
-        draft_token_ids: torch.Tensor,  # [batch_size, k]
-    ) -> torch.Tensor:
-        """Dense form (vLLM V0): probabilities in, ``[batch_size, k + 1]`` out, -1 after the
-        first rejection; ``bonus_token_ids`` fill the last slot when every draft is accepted."""
-        probs = target_with_bonus_probs
-        if probs.dim() != 3:
-            raise ValueError(f"target_with_bonus_probs must be [batch_size, k + 1, vocab_size], "
-                             f"got {tuple(probs.shape)}")
-        batch_size, k, vocab_size = probs.shape[0], probs.shape[1] - 1, probs.shape[2]
-        if tuple(draft_token_ids.shape) != (batch_size, k):
-            raise ValueError(f"draft_token_ids has shape {tuple(draft_token_ids.shape)}, "
-                             f"expected {(batch_size, k)}")
-        if tuple(bonus_token_ids.shape) != (batch_size, 1):
-            raise ValueError(f"bonus_token_ids has shape {tuple(bonus_token_ids.shape)}, "
-                             f"expected {(batch_size, 1)}")
-        if draft_probs is not None and self.uses_draft_probs:
-            if tuple(draft_probs.shape) != (batch_size, k, vocab_size):
-                raise ValueError(f"draft_probs has shape {tuple(draft_probs.shape)}, expected "
-                                 f"{(batch_size, k, vocab_size)}")
-            draft_probs = draft_probs.reshape(batch_size * k, vocab_size)
-        else:
-            draft_probs = None
-        device = probs.device
-        metadata = SpecDecodeMetadata(
-            draft_token_ids=draft_token_ids.reshape(-1).long(),
-            num_draft_tokens=[k] * batch_size,
-            cu_num_draft_tokens=(torch.arange(1, batch_size + 1, device=device,
-                                              dtype=torch.int32) * k),
-            max_spec_len=k,
-        )
-        sampling = _plain_sampling(batch_size, device)
-        logits = torch.log(probs.float()).reshape(batch_size * (k + 1), vocab_size)
-        out = self.verify(logits, metadata, sampling, draft_probs)
-        all_accepted = out[:, k] >= 0
-        out[:, k] = torch.where(all_accepted, bonus_token_ids[:, 0].to(out.dtype), out[:, k])
-        return out
-
-
-def _plain_sampling(batch_size: int, device: torch.device) -> SamplingTensors:
-    """Temperature 1, no filters, global RNG: the distributions are used as given."""
-    return SamplingTensors.from_params([SamplingParams()] * batch_size, None, device)

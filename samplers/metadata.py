@@ -16,6 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
+# At most this many drafts per request and step (the verification kernels' compiled width).
+MAX_SPEC_LEN = 32
+# Dense outputs ``[batch_size, max_spec_len + 1]``: the slots after a request's last token.
+PLACEHOLDER_TOKEN_ID = -1
+# Every slot of the row of a request whose input was invalid (NaN logits, a draft id outside the
+# vocabulary), written by the CUDA kernels instead of a host check that would synchronise.
+INVALID_TOKEN_ID = -2
+
 
 def aligned(count: int) -> int:
     """``count`` 4-byte elements rounded up to a whole number of 16 bytes. Triton compiles a
@@ -26,11 +34,15 @@ def aligned(count: int) -> int:
 
 def host_to_device(values: list, dtype: torch.dtype,
                    device: torch.device | str) -> torch.Tensor:
-    """Copy a (nested) host list to ``device`` without blocking the host on the GPU stream."""
+    """Copy a (nested) host list to ``device`` without waiting for the GPU stream.
+
+    The copy is from pageable memory: CUDA stages it and returns without a device sync, and the
+    few bytes of a step's metadata do not pay for pinning a fresh buffer every step.
+    """
     tensor = torch.tensor(values, dtype=dtype)
     device = torch.device(device)
     if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
+        return tensor.to(device, non_blocking=True)
     return tensor.to(device)
 
 

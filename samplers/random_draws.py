@@ -33,9 +33,10 @@ def draw_randoms(sampling: SamplingTensors, num_draft_tokens: list[int], vocab_s
     need_uniform = need_uniform and max_spec_len > 0
     sampled = [not g for g in sampling.greedy]
     if any(s and g is None for s, g in zip(sampled, sampling.generators, strict=True)):
-        q.exponential_()  # one launch for every request on the global RNG
+        # one launch for every request without a generator of its own
+        q.exponential_(generator=sampling.default_generator)
         if need_uniform:
-            u.uniform_()
+            u.uniform_(generator=sampling.default_generator)
     for i, generator in enumerate(sampling.generators):
         if generator is None or not sampled[i]:
             continue

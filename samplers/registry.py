@@ -1,4 +1,9 @@
-"""Verification samplers by name, so that a new one plugs in without touching the engine."""
+"""Verification samplers by name: the only switch between them.
+
+A sampler is one file and a class decorated with ``@register_sampler(name, *aliases)``, a
+subclass of :class:`~samplers.base.VerificationSampler`; every registered name is a valid
+``SpeculativeConfig.acceptance_method`` and a choice of the CLI's ``--acceptance-method``.
+"""
 
 from __future__ import annotations
 
@@ -28,5 +33,14 @@ def get_sampler(name: str, **kwargs):
     return _SAMPLERS[name](**kwargs)
 
 
+def build_sampler(name: str, config: object):
+    """The sampler registered as ``name``, set up from the engine's ``SpeculativeConfig``
+    (``VerificationSampler.from_config``)."""
+    if name not in _SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r}: allowed {sorted(_SAMPLERS)}")
+    return _SAMPLERS[name].from_config(config)
+
+
 def available_samplers() -> list[str]:
+    """Every registered name and alias, sorted."""
     return sorted(_SAMPLERS)

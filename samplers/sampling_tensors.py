@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers.metadata import aligned, host_to_device
+from samplers.sampling_params import SamplingParams
 
 
 @dataclass
@@ -24,13 +24,16 @@ class SamplingTensors:
     top_p: torch.Tensor  # [batch_size] float32, 1 = off
     min_p: torch.Tensor  # [batch_size] float32, 0 = off
     is_greedy: torch.Tensor  # [batch_size] int32, 1 where temperature is 0
-    # One generator per request; None draws from torch's global RNG.
+    # One generator per request; None draws from ``default_generator``.
     generators: list[torch.Generator | None]
     # Host copies (no device reads during a step).
     greedy: list[bool]  # [batch_size]
     max_top_k: int  # largest top-k in the batch, 0 when none
     any_top_p: bool
     any_min_p: bool
+    # What requests without a generator of their own draw from (the engine's RNG); None: torch's
+    # global RNG.
+    default_generator: torch.Generator | None = None
 
     @property
     def batch_size(self) -> int:
@@ -47,10 +50,12 @@ class SamplingTensors:
     @classmethod
     def from_params(cls, params: list[SamplingParams],
                     generators: list[torch.Generator | None] | None = None,
-                    device: torch.device | str = "cpu") -> SamplingTensors:
+                    device: torch.device | str = "cpu",
+                    default_generator: torch.Generator | None = None) -> SamplingTensors:
         """Gather ``params`` (one per request) into tensors on ``device``.
 
-        ``generators[i]`` is request ``i``'s own ``torch.Generator`` (on ``device``) or None.
+        ``generators[i]`` is request ``i``'s own ``torch.Generator`` (on ``device``) or None (it
+        then draws from ``default_generator``, or from torch's global RNG when that is None).
         """
         if generators is None:
             generators = [None] * len(params)
@@ -83,4 +88,5 @@ class SamplingTensors:
             max_top_k=max(top_k, default=0),
             any_top_p=any(p < 1.0 for p in top_p),
             any_min_p=any(p > 0.0 for p in min_p),
+            default_generator=default_generator,
         )

@@ -25,6 +25,7 @@ class TypicalAcceptanceSampler(VerificationSampler):
     """
 
     typical = True
+    lossless = False
     uses_draft_probs = False
 
     def __init__(self, posterior_threshold: float = 0.09, posterior_alpha: float = 0.3,
@@ -37,6 +38,11 @@ class TypicalAcceptanceSampler(VerificationSampler):
             raise ValueError(f"posterior_alpha={posterior_alpha!r} is invalid: allowed (0, 1]")
         self.posterior_threshold = float(posterior_threshold)
         self.posterior_alpha = float(posterior_alpha)
+
+    @classmethod
+    def from_config(cls, config: object) -> TypicalAcceptanceSampler:
+        """``SpeculativeConfig.posterior_threshold`` and ``posterior_alpha``."""
+        return cls(config.posterior_threshold, config.posterior_alpha)
 
     def _thresholds(self) -> tuple[float, float]:
         return self.posterior_threshold, self.posterior_alpha

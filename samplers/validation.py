@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from samplers.metadata import SpecDecodeMetadata
+from samplers.metadata import (
+    INVALID_TOKEN_ID,
+    MAX_SPEC_LEN,
+    PLACEHOLDER_TOKEN_ID,
+    SpecDecodeMetadata,
+)
 from samplers.sampling_tensors import SamplingTensors
-from samplers.verify_triton import INVALID_TOKEN_ID, MAX_SPEC_LEN
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -101,4 +105,4 @@ def parse_output(output_token_ids: torch.Tensor) -> list[list[int]]:
         if row and row[0] == INVALID_TOKEN_ID:
             raise ValueError(f"request {i}: invalid verification input (NaN/inf target logits, "
                              "a row with no finite logit, or draft ids outside the vocabulary)")
-    return [[t for t in row if t >= 0] for row in rows]
+    return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in rows]

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from samplers.metadata import SpecDecodeMetadata
+from samplers.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 
-PLACEHOLDER_TOKEN_ID = -1
 REJECTION_MODE = 0
 TYPICAL_MODE = 1
 

@@ -23,10 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from samplers.metadata import SpecDecodeMetadata, aligned
+from samplers.metadata import (
+    INVALID_TOKEN_ID,
+    MAX_SPEC_LEN,
+    PLACEHOLDER_TOKEN_ID,
+    SpecDecodeMetadata,
+    aligned,
+)
 
-MAX_SPEC_LEN = 32
-INVALID_TOKEN_ID = -2
 _OUT_PAD = 64  # power of two >= MAX_SPEC_LEN + 1: one compiled finalize kernel for every k.
 
 
@@ -104,7 +108,8 @@ def verify_triton(
     _finalize_kernel[(batch_size,)](
         out, out.stride(0), cu, metadata.draft_token_ids, decided[0], decided[1],
         race_f, race_i, num_chunks, max_len,
-        NC_PAD=nc_pad, OUT_PAD=_OUT_PAD, INVALID=INVALID_TOKEN_ID, num_warps=1)
+        NC_PAD=nc_pad, OUT_PAD=_OUT_PAD, INVALID=INVALID_TOKEN_ID,
+        PLACEHOLDER=PLACEHOLDER_TOKEN_ID, num_warps=1)
     return out
 
 
@@ -322,6 +327,7 @@ def _finalize_kernel(
     NC_PAD: tl.constexpr,
     OUT_PAD: tl.constexpr,
     INVALID: tl.constexpr,
+    PLACEHOLDER: tl.constexpr,
 ):
     req = tl.program_id(0)
     start, k = _request_range(cu_ptr, req)
@@ -340,6 +346,6 @@ def _finalize_kernel(
                          tl.load(race_idx_ptr + base + num_chunks + cp))
     p = tl.arange(0, OUT_PAD)
     drafts = tl.load(draft_ids_ptr + start + p, mask=p < stop, other=-1)
-    val = tl.where(p < stop, drafts, tl.where(p == stop, token.to(tl.int64), -1))
+    val = tl.where(p < stop, drafts, tl.where(p == stop, token.to(tl.int64), PLACEHOLDER))
     val = tl.where(stop < 0, INVALID, val)
     tl.store(out_ptr + req * out_stride + p, val, mask=p <= max_spec_len)

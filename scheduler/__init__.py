@@ -1,5 +1,14 @@
-"""Continuous-batching scheduler: waiting / running queues, token budget, preemption."""
+"""Scheduling: waiting / running queues, token budget, preemption, and how many drafts each
+sequence gets this step (the speculation policy)."""
 
-from scheduler.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from scheduler.scheduler import (
+    SchedulableSequence,
+    ScheduledSequence,
+    Scheduler,
+    SchedulerOutput,
+    SequenceStatus,
+)
+from scheduler.spec_policy import SpeculationPolicy
 
-__all__ = ["ScheduledRequest", "Scheduler", "SchedulerOutput"]
+__all__ = ["SchedulableSequence", "ScheduledSequence", "Scheduler", "SchedulerOutput",
+           "SequenceStatus", "SpeculationPolicy"]

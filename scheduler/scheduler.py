@@ -3,7 +3,7 @@
 Every step the scheduler fills one token budget (``max_num_batched_tokens``):
 
 1. **Running sequences first, in admission order.** Every decoding sequence brings its one
-   uncached token; then each gets up to k drafts (k from the engine's ``spec_tokens(request)``,
+   uncached token; then each gets up to k drafts (k from the engine's ``spec_tokens(seq)``,
    cut to the budget left); then a sequence still prefilling brings the next chunk that fits.
 2. **Then newcomers**, oldest first, while fewer than ``max_num_seqs`` run, budget is left and
    (when the caller says how many KV tokens are free) the KV cache can hold their first chunk.
@@ -15,7 +15,7 @@ Every step the scheduler fills one token budget (``max_num_batched_tokens``):
 recently admitted running sequence: it leaves the running queue, loses its cache and goes back to
 the *front* of the waiting queue; when readmitted, its prompt + output so far are prefilled again
 (recompute) and decoding resumes where it stopped, with the same tokens (seeded streams depend only
-on the output length, see ``Request.step_seed``).
+on the output length, see ``Sequence.step_seed``).
 
 Finished sequences leave the running queue at once (:meth:`finish`), freeing their place for the
 next step.
@@ -23,19 +23,38 @@ next step.
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine.request import Request, RequestStatus
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class SchedulableSequence(Protocol):
+    """What the scheduler reads and changes on a sequence (``engine.sequence.Sequence``)."""
+
+    status: SequenceStatus
+
+    @property
+    def num_uncached_tokens(self) -> int:
+        """Context tokens not in the KV cache yet (all before prefill, 1 when decoding)."""
+
+    def reset_for_recompute(self) -> None:
+        """Preempted: the cache is gone; prompt + output are prefilled again later."""
 
 
 @dataclass
-class ScheduledRequest:
+class ScheduledSequence:
     """One sequence's share of a step: ``num_context_tokens`` uncached context tokens (a prefill
     chunk, or the one newest token when decoding) and up to ``num_spec_tokens`` drafts."""
 
-    request: Request
+    seq: SchedulableSequence
     num_context_tokens: int
     # True when the chunk reaches the end of the context, so the step samples new tokens.
     samples: bool
@@ -46,12 +65,16 @@ class ScheduledRequest:
         return self.num_context_tokens + self.num_spec_tokens
 
 
+# spec_tokens(seq) -> the number of drafts the speculation policy wants for seq this step
+SpecTokens = Callable[[SchedulableSequence], int]
+
+
 @dataclass
 class SchedulerOutput:
     """The sequences of one step, in running-queue order; ``admitted`` were waiting before."""
 
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    admitted: list[SchedulableSequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -69,79 +92,82 @@ class Scheduler:
                              "allowed an integer >= 1")
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.waiting: deque[SchedulableSequence] = deque()
+        # admission order: the last one is preempted first
+        self.running: list[SchedulableSequence] = []
 
-    def add(self, request: Request) -> None:
-        request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+    def add(self, seq: SchedulableSequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
 
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, spec_tokens: Callable[[Request], int],
+    def schedule(self, spec_tokens: SpecTokens,
                  free_kv_tokens: int | None = None) -> SchedulerOutput:
-        """Plan one step. ``spec_tokens(request)`` is the number of drafts the engine wants for a
-        request that samples this step; ``free_kv_tokens`` (None = unknown) gates admission.
+        """Plan one step. ``spec_tokens(seq)`` is the number of drafts the engine wants for a
+        sequence that samples this step; ``free_kv_tokens`` (None = unknown) gates admission.
 
         The budget goes, in this order, to the newest token of every decoding sequence, to their
         drafts, to the prefill chunks of running sequences, then to newcomers (with drafts when
-        their whole prompt fits).
+        their whole prompt fits). A newcomer is admitted only when the KV rows left after this
+        step's running tokens (drafts included) hold its first chunk.
         """
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
-        items: dict[int, ScheduledRequest] = {}
-        decoding = [r for r in self.running if r.num_uncached_tokens == 1]
-        for request in decoding[:budget]:
-            items[id(request)] = ScheduledRequest(request, 1, True)
+        items: dict[int, ScheduledSequence] = {}
+        decoding = [seq for seq in self.running if seq.num_uncached_tokens == 1]
+        for seq in decoding[:budget]:
+            items[id(seq)] = ScheduledSequence(seq, 1, True)
         budget -= len(items)
         for item in items.values():
-            item.num_spec_tokens = max(0, min(spec_tokens(item.request), budget))
+            item.num_spec_tokens = max(0, min(spec_tokens(item.seq), budget))
             budget -= item.num_spec_tokens
-        for request in self.running:
-            if budget > 0 and id(request) not in items and request.num_uncached_tokens > 1:
-                items[id(request)] = self._plan(request, budget, spec_tokens)
-                budget -= items[id(request)].num_tokens
-        out.scheduled = [items[id(r)] for r in self.running if id(r) in items]
+        for seq in self.running:
+            if budget > 0 and id(seq) not in items and seq.num_uncached_tokens > 1:
+                items[id(seq)] = self._plan(seq, budget, spec_tokens)
+                budget -= items[id(seq)].num_tokens
+        out.scheduled = [items[id(seq)] for seq in self.running if id(seq) in items]
+        if free_kv_tokens is not None:
+            free_kv_tokens -= out.num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
-            first_chunk = min(request.num_uncached_tokens, budget)
+            seq = self.waiting[0]
+            first_chunk = min(seq.num_uncached_tokens, budget)
             if free_kv_tokens is not None:
                 if first_chunk > free_kv_tokens:
                     break
                 free_kv_tokens -= first_chunk
             self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            item = self._plan(request, budget, spec_tokens)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            item = self._plan(seq, budget, spec_tokens)
             budget -= item.num_tokens
             out.scheduled.append(item)
-            out.admitted.append(request)
+            out.admitted.append(seq)
         return out
 
     @staticmethod
-    def _plan(request: Request, budget: int,
-              spec_tokens: Callable[[Request], int]) -> ScheduledRequest:
-        num_context = min(request.num_uncached_tokens, budget)
-        item = ScheduledRequest(request, num_context, num_context == request.num_uncached_tokens)
+    def _plan(seq: SchedulableSequence, budget: int, spec_tokens: SpecTokens) -> ScheduledSequence:
+        num_context = min(seq.num_uncached_tokens, budget)
+        item = ScheduledSequence(seq, num_context, num_context == seq.num_uncached_tokens)
         if item.samples:
-            item.num_spec_tokens = max(0, min(spec_tokens(request), budget - num_context))
+            item.num_spec_tokens = max(0, min(spec_tokens(seq), budget - num_context))
         return item
 
-    def preempt(self) -> Request | None:
+    def preempt(self) -> SchedulableSequence | None:
         """Take the most recently admitted running sequence back to the front of the waiting
         queue (its cache is dropped: the caller frees its slot first). None if nothing runs."""
         if not self.running:
             return None
-        request = self.running.pop()
-        request.reset_for_recompute()
-        self.waiting.appendleft(request)
-        return request
+        seq = self.running.pop()
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        return seq
 
-    def finish(self, request: Request) -> None:
+    def finish(self, seq: SchedulableSequence) -> None:
         """Remove a finished (or aborted) sequence from whichever queue holds it."""
-        if request in self.running:
-            self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

@@ -54,7 +54,7 @@ def tiny_model(family: str, vocab_size: int = 128, seed: int = 0, num_layers: in
 def specdec_cache_dir() -> Path:
     """The user's model cache ($SPECDEC_CACHE_DIR or ~/.cache/specdec), shared with every other
     load of the default model, so that a test run dequantizes its GGUF file at most once."""
-    from engine.model_loader import default_cache_dir
+    from engine.runner.loader import default_cache_dir
 
     return default_cache_dir()
 
@@ -66,6 +66,6 @@ def default_model(specdec_cache_dir):
     The first load on a machine dequantizes the GGUF file (~25-40 s) and writes the safetensors
     copy into ``specdec_cache_dir``; later loads take a few seconds.
     """
-    from engine.model_loader import load_model
+    from engine.runner.loader import load_model
 
     return load_model("smollm2-135m", dtype="float32", device="cpu", cache_dir=specdec_cache_dir)

@@ -32,7 +32,7 @@ The code is in `sampler_lib.py`; `python examples/compare_samplers.py` prints th
     ("code", """
 import sampler_lib as lib
 
-from engine.model_loader import load_model
+from engine.runner.loader import load_model
 
 NUM_TRIALS = 2_000 if QUICK else 20_000
 model, tokenizer = load_model("smollm2-135m", device=DEVICE)

@@ -4,7 +4,7 @@ import json
 import sys
 
 from benchmarks.e2e import main
-from tests.engine.cli_helpers import save_tiny_model
+from tests.engine.cli.cli_helpers import save_tiny_model
 
 
 def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):

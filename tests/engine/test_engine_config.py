@@ -3,14 +3,17 @@
 import pytest
 
 from engine.config import EngineConfig, SpeculativeConfig
+from samplers import RejectionSampler, TypicalAcceptanceSampler, build_sampler
 
 
 def test_defaults_and_from_dict():
     spec = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
-    assert (spec.method, spec.num_speculative_tokens, spec.sampler_name) == (
-        "ngram", 3, "rejection")
-    assert SpeculativeConfig(acceptance_method="typical_acceptance_sampler").sampler_name == (
-        "typical")
+    assert (spec.method, spec.num_speculative_tokens) == ("ngram", 3)
+    assert type(build_sampler(spec.acceptance_method, spec)) is RejectionSampler
+    typical = SpeculativeConfig(acceptance_method="typical_acceptance_sampler",
+                                posterior_threshold=0.2)
+    sampler = build_sampler(typical.acceptance_method, typical)
+    assert type(sampler) is TypicalAcceptanceSampler and sampler.posterior_threshold == 0.2
     config = EngineConfig(speculative_config={"method": "early_exit"})
     assert isinstance(config.speculative_config, SpeculativeConfig)
 

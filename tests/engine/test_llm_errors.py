@@ -3,9 +3,9 @@
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import hf_greedy, tiny_tokenizer
 
 from engine import LLM, SamplingParams
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
 
 VOCAB = 32
 GOOD = [5, 6, 7, 5, 6]
@@ -48,7 +48,7 @@ def test_a_bad_prompt_fails_alone(llm, target, bad, message):
 def test_invalid_params_raise_before_any_work(llm, params, field):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.*\[0, 3[23]"):
         llm.generate([GOOD, GOOD], [GREEDY, params], use_tqdm=False)
-    assert llm.engine.requests == {} and not llm.engine.has_unfinished()
+    assert llm.engine.requests == {} and not llm.engine.has_work()
 
 
 def test_params_that_ban_every_token_fail_alone(llm, target):
@@ -79,7 +79,7 @@ def test_abort_mid_flight(llm, target):
     assert finals[first].finish_reason == "abort"
     assert 0 < len(texts[first].split()) < 20
     assert [finals[r].finish_reason for r in others] == ["length", "length"]
-    assert llm.engine.requests == {} and not llm.engine.has_unfinished()
+    assert llm.engine.requests == {} and not llm.engine.has_work()
 
 
 def test_engine_level_failure_while_others_run(llm, target):
@@ -90,7 +90,7 @@ def test_engine_level_failure_while_others_run(llm, target):
     engine.add_request("bad", None, [], GREEDY)
     finished = {s.request_id: s for s in engine.step() if s.is_finished}
     assert finished["bad"].finish_reason == "error"
-    while engine.has_unfinished():
+    while engine.has_work():
         engine.step()
     (ok,) = engine.pop_request("ok")
     engine.pop_request("bad")

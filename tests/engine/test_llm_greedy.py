@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import hf_greedy, tiny_tokenizer
 
 from engine import LLM, SamplingParams
 from engine.llm import build_output
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
 
 VOCAB = 32
 MAX_TOKENS = 16
@@ -62,7 +62,7 @@ def run_staggered(llm: LLM, batch: list[list[int]], params: SamplingParams,
     engine = llm.engine
     ids = [f"s{i}" for i in range(len(batch))]
     step = 0
-    while step <= max(arrivals) or engine.has_unfinished():
+    while step <= max(arrivals) or engine.has_work():
         for i, rid in enumerate(ids):
             if arrivals[i] == step:
                 engine.add_request(rid, None, batch[i], params)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import hf_greedy, tiny_tokenizer, words
 
 from engine import LLM, SamplingParams
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer, words
 
 VOCAB = 32
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
@@ -170,3 +170,45 @@ def test_seeded_samples_keep_the_configured_k(target):
         drafted[name] = out.metrics.num_drafted
     assert drafted["greedy"] == drafted["unseeded"] == 0
     assert drafted["seeded"] > 0
+
+
+def test_an_abandoned_stream_leaves_nothing_in_the_engine(target):
+    """Found in review: a consumer that stopped early left its requests running in later calls."""
+    llm = make_llm(target)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    stream = llm.generate_stream(PROMPTS[:3], params)
+    next(stream)
+    stream.close()  # what a `break` out of the loop does once the generator is collected
+    assert llm.engine.requests == {} and not llm.engine.has_work()
+    assert llm.engine.runner.num_cached_tokens == 0
+    out = llm.generate([PROMPTS[3]], params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_greedy(target, PROMPTS[3], 12)
+    assert llm.engine.requests == {}
+
+
+def test_generate_that_raises_mid_flight_leaves_nothing(target, monkeypatch):
+    llm = make_llm(target)
+    calls = []
+
+    def failing_step():
+        calls.append(1)
+        raise RuntimeError("a step failed")
+
+    monkeypatch.setattr(llm.engine, "step", failing_step)
+    with pytest.raises(RuntimeError, match="a step failed"):
+        llm.generate(PROMPTS[:2], SamplingParams(max_tokens=4), use_tqdm=False)
+    monkeypatch.undo()
+    assert calls and llm.engine.requests == {} and not llm.engine.has_work()
+
+
+def test_engines_never_touch_the_global_rng(target):
+    """Found in review: every LLM reseeded torch's global RNG and drew from it. Each engine now
+    draws from its own generator, seeded with EngineConfig.seed."""
+    params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = make_llm(target, seed=5).generate(PROMPTS[:2], params, use_tqdm=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(999)  # the global state does not matter either
+    second = make_llm(target, seed=5).generate(PROMPTS[:2], params, use_tqdm=False)
+    assert ids(first) == ids(second)

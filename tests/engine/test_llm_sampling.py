@@ -10,10 +10,10 @@ first, and rejections exercise the recovered distribution.
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import EOS_ID, chi_square_pvalue, tiny_tokenizer
-from test_llm_greedy import noisy_copy
 
 from engine import LLM, SamplingParams
+from tests.engine.llm_helpers import EOS_ID, chi_square_pvalue, tiny_tokenizer
+from tests.engine.test_llm_greedy import noisy_copy
 
 VOCAB = 8
 PROMPT = [3, 4, 5, 3, 4]  # n-gram lookup drafts [5, 3, 4] at the first step

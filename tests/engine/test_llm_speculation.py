@@ -2,10 +2,10 @@
 
 import pytest
 from conftest import tiny_model
-from llm_helpers import hf_greedy, tiny_tokenizer
-from test_llm_greedy import noisy_copy
 
 from engine import LLM, SamplingParams
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
+from tests.engine.test_llm_greedy import noisy_copy
 
 VOCAB = 32
 PROMPTS = [[5, 6, 7, 5, 6], [9, 10, 11, 12, 9], [20, 21, 20, 21, 22]]
@@ -70,7 +70,7 @@ def test_ngram_drafts_fill_the_steps_padding(target):
     """The forward pads every sequence to the step's longest: n-gram drafts up to that length
     are given to every decoding sequence, except seeded sampling ones (fixed k), within each
     one's max_tokens and the free KV cache."""
-    from scheduler import ScheduledRequest
+    from scheduler import ScheduledSequence
 
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
@@ -79,15 +79,15 @@ def test_ngram_drafts_fill_the_steps_padding(target):
               SamplingParams(temperature=1.0, seed=7, max_tokens=40), GREEDY]
     seqs = [engine.add_request(f"r{i}", None, PROMPTS[i % 3], p)[0]
             for i, p in enumerate(params)]
-    policy, free = engine.drafts, 1000
-    items = [ScheduledRequest(seq, 1, True, k)
+    policy, free = engine.spec_policy, 1000
+    items = [ScheduledSequence(seq, 1, True, k)
              for seq, k in zip(seqs, [0, 0, 1, 2], strict=True)]
     policy.fill_padding(items, free)
     # longest 1 + 2; max_tokens=3 leaves room for 2 drafts; the seeded sample keeps its 1
     assert [item.num_spec_tokens for item in items] == [2, 2, 1, 2]
-    items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 40, False, 0)]
+    items = [ScheduledSequence(seqs[0], 1, True, 0), ScheduledSequence(seqs[3], 40, False, 0)]
     policy.fill_padding(items, free)  # a prefill chunk pads decodes to 1 + k at most
     assert items[0].num_spec_tokens == 4
-    items = [ScheduledRequest(seqs[0], 1, True, 0), ScheduledRequest(seqs[3], 1, True, 4)]
+    items = [ScheduledSequence(seqs[0], 1, True, 0), ScheduledSequence(seqs[3], 1, True, 4)]
     policy.fill_padding(items, 8)  # the step needs 6 rows of 8 free: 2 drafts fit
     assert items[0].num_spec_tokens == 2

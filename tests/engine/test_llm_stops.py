@@ -9,9 +9,9 @@ proves the cut happened mid-run: tokens the verifier had accepted were not retur
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import hf_greedy, tiny_tokenizer, words
 
 from engine import LLM, SamplingParams
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer, words
 
 VOCAB = 32
 SEED_TEXT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]

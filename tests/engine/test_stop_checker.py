@@ -1,17 +1,16 @@
 """Stop checks token by token: order, text cutting, tokens after a stop dropped."""
 
-from llm_helpers import EOS_ID, tiny_tokenizer
-
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop, check_stop, find_stop_string
+from samplers.sampling_params import SamplingParams
+from tests.engine.llm_helpers import EOS_ID, tiny_tokenizer
 
 TOK = tiny_tokenizer(32)
 EOS = frozenset({EOS_ID})
 
 
 def run(params: SamplingParams, tokens: list[int], max_model_len: int = 100):
-    req = Request("r", 0, None, [3, 4], params, TOK, EOS, 0.0)
+    req = Sequence("r", 0, None, [3, 4], params, TOK, EOS, 0.0)
     kept = append_until_stop(req, tokens, EOS, max_model_len)
     return req, kept
 

@@ -7,11 +7,17 @@ import random
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
-from proposers import get_proposer
-from proposers.base import ProposeRequest
+from proposers import ProposeRequest
 from proposers.draft_model import DraftModelProposer
+from samplers import SamplingParams
 from tests.conftest import tiny_model
+from tests.proposers.proposer_helpers import (
+    build,
+    draft_proposer,
+    draft_runner,
+    make_context,
+    word_tokenizer,
+)
 
 GREEDY = SamplingParams(temperature=0)
 VOCAB = 96
@@ -38,7 +44,7 @@ def seeded(seed: int) -> torch.Generator:
 @pytest.mark.parametrize("greedy", [True, False])
 def test_drafts_equal_the_draft_models_greedy_generate(family, greedy):
     model = tiny_model(family, vocab_size=VOCAB, seed=1)
-    proposer = DraftModelProposer(model, max_num_seqs=4, max_model_len=64, greedy=greedy)
+    proposer = draft_proposer(model, max_num_seqs=4, max_model_len=64, greedy=greedy)
     rng = random.Random(0)
     contexts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 7, 12)]
     ks = [1, 3, 5]
@@ -59,7 +65,7 @@ def test_drafts_equal_the_draft_models_greedy_generate(family, greedy):
 def test_cache_follows_any_accept_reject_pattern(family):
     """After each verification, the next draft distribution is that of a fresh forward."""
     model = tiny_model(family, vocab_size=VOCAB, seed=2)
-    proposer = DraftModelProposer(model, max_num_seqs=3, max_model_len=128)
+    proposer = draft_proposer(model, max_num_seqs=3, max_model_len=128)
     params = SamplingParams(temperature=1.0)
     rng = random.Random(1)
     contexts = {i: [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))] for i in range(3)}
@@ -91,7 +97,7 @@ def test_cache_follows_any_accept_reject_pattern(family):
 def test_stale_drafts_are_dropped_without_on_accepted():
     """Drafts rejected, no on_accepted, a step without speculation: the cache still catches up."""
     model = tiny_model("llama", vocab_size=VOCAB, seed=2)
-    proposer = DraftModelProposer(model, max_num_seqs=1, max_model_len=64)
+    proposer = draft_proposer(model, max_num_seqs=1, max_model_len=64)
     params = SamplingParams(temperature=1.0)
     context = [1, 2, 3, 4]
     drafts = proposer.propose([ProposeRequest(0, context, 4, params, seeded(0))]).draft_token_ids
@@ -113,7 +119,7 @@ def test_probs_are_the_processed_distribution_the_drafts_were_drawn_from():
 
     params = SamplingParams(temperature=0.7, top_k=4)
     num = 600
-    proposer = DraftModelProposer(model, max_num_seqs=num, max_model_len=32)
+    proposer = draft_proposer(model, max_num_seqs=num, max_model_len=32)
     requests = [ProposeRequest(i, context, 2, params, seeded(i), adjust) for i in range(num)]
     proposal = proposer.propose(requests)
     # Oracle for draft j (prefix = context + drafts before it): adjust, temperature, top 4.
@@ -144,7 +150,7 @@ def test_seeded_drafts_are_reproducible_and_batch_independent():
     context = [5, 9, 2, 7]
 
     def run(others: int) -> tuple[list[int], torch.Tensor]:
-        proposer = DraftModelProposer(model, max_num_seqs=8, max_model_len=32)
+        proposer = draft_proposer(model, max_num_seqs=8, max_model_len=32)
         requests = [ProposeRequest("me", context, 4, params, seeded(42))]
         requests += [ProposeRequest(i, [i + 1] * (i + 2), 3, params, None) for i in range(others)]
         proposal = proposer.propose(requests[::-1])
@@ -158,7 +164,7 @@ def test_seeded_drafts_are_reproducible_and_batch_independent():
 
 def test_no_drafts_consume_no_random_numbers():
     model = tiny_model("llama", vocab_size=VOCAB, seed=5)
-    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=32)
+    proposer = draft_proposer(model, max_num_seqs=2, max_model_len=32)
     generator = seeded(7)
     before = generator.get_state()
     proposal = proposer.propose([ProposeRequest(0, [1, 2, 3], 0, SamplingParams(), generator)])
@@ -169,8 +175,10 @@ def test_no_drafts_consume_no_random_numbers():
 
 def test_narrower_draft_is_zero_padded_to_the_target_width():
     model = tiny_model("llama", vocab_size=VOCAB, seed=6)
-    proposer = get_proposer("draft_model", model=model, max_num_seqs=1, max_model_len=32,
-                            target_vocab_size=VOCAB + 32)
+    words = [f"w{i}" for i in range(VOCAB)]
+    target = tiny_model("llama", vocab_size=VOCAB + 32, seed=6)
+    ctx = make_context(target, 1, 32, target_tokenizer=word_tokenizer(words, "target"))
+    proposer = build("draft_model", ctx, model=model, tokenizer=word_tokenizer(words, "draft"))
     proposal = proposer.propose([ProposeRequest(0, [4, 5, 6], 3, SamplingParams(), seeded(0))])
     assert proposal.draft_probs.shape == (3, VOCAB + 32)
     assert bool((proposal.draft_probs[:, VOCAB:] == 0).all())
@@ -179,8 +187,7 @@ def test_narrower_draft_is_zero_padded_to_the_target_width():
 
 def test_full_draft_cache_stops_drafting_safely():
     model = tiny_model("llama", vocab_size=VOCAB, seed=7)
-    proposer = DraftModelProposer(model, max_num_seqs=2, max_model_len=32, max_num_tokens=10,
-                                  greedy=True)
+    proposer = draft_proposer(model, 2, 32, max_num_tokens=10, greedy=True)
     context = [1, 2, 3, 4, 5, 6, 7, 8]
     proposal = proposer.propose([ProposeRequest(0, context, 5, GREEDY)])
     assert proposal.draft_token_ids == [hf_greedy(model, context, 3)]  # 8 + 2 cached tokens fit
@@ -195,8 +202,7 @@ def test_draft_forwards_run_without_cudnn_attention(cudnn_before):
     seen = []
     hook = model.base_model.register_forward_pre_hook(
         lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
-    proposer = DraftModelProposer(model, max_num_seqs=1, max_model_len=32, max_num_tokens=10,
-                                  greedy=True)
+    proposer = draft_proposer(model, 1, 32, max_num_tokens=10, greedy=True)
     torch.backends.cuda.enable_cudnn_sdp(cudnn_before)
     try:
         proposer.propose([ProposeRequest(0, [1, 2, 3], 4, GREEDY)])  # 4 forwards
@@ -212,5 +218,5 @@ def test_draft_forwards_run_without_cudnn_attention(cudnn_before):
 @pytest.mark.parametrize("width", [0, -3, 2.5, True])
 def test_bad_target_vocab_size(width):
     with pytest.raises(ValueError, match="target_vocab_size"):
-        DraftModelProposer(tiny_model("llama", vocab_size=VOCAB), max_num_seqs=1, max_model_len=8,
+        DraftModelProposer(draft_runner(tiny_model("llama", vocab_size=VOCAB), 1, 8),
                            target_vocab_size=width)

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.sampling_params import SamplingParams
-from proposers import get_proposer
 from proposers.base import ProposeRequest
 from proposers.early_exit import early_exit_model
+from samplers.sampling_params import SamplingParams
 from tests.conftest import tiny_config, tiny_model
+from tests.proposers.proposer_helpers import build, make_context
 
 VOCAB = 80
 
@@ -44,8 +44,8 @@ def test_early_exit_shares_weights_and_equals_a_truncated_model(family):
 
 def test_early_exit_proposer_drafts_like_the_truncated_model():
     target = tiny_model("llama", vocab_size=VOCAB, num_layers=4, seed=9)
-    proposer = get_proposer("early_exit", target_model=target, num_layers=1, greedy=True,
-                            max_num_seqs=2, max_model_len=64)
+    proposer = build("early_exit", make_context(target, 2, 64), num_early_exit_layers=1,
+                     draft_sample_method="greedy")
     oracle = truncated_copy("llama", target, 1)
     contexts = [[1, 2, 3, 4, 5], [7, 7]]
     proposal = proposer.propose([ProposeRequest(i, c, 4, SamplingParams(temperature=0))
@@ -73,8 +73,8 @@ def test_early_exit_on_the_default_model(default_model):
     shallow = early_exit_model(target, 8)
     target_ptrs = {p.data_ptr() for p in target.parameters()}
     assert all(p.data_ptr() in target_ptrs for p in shallow.parameters())
-    proposer = get_proposer("early_exit", target_model=target, num_layers=30, greedy=True,
-                            max_num_seqs=1, max_model_len=64)
+    proposer = build("early_exit", make_context(target, 1, 64), num_early_exit_layers=30,
+                     draft_sample_method="greedy")
     drafts = proposer.propose([ProposeRequest(0, context, 4, SamplingParams(temperature=0))])
     with torch.inference_mode():
         want = target.generate(torch.tensor([context]), max_new_tokens=4, min_new_tokens=4,

@@ -5,11 +5,11 @@ import random
 import numpy as np
 import pytest
 
-from engine.sampling_params import SamplingParams
-from proposers import get_proposer
-from proposers.base import ProposeRequest
+from engine.config import SpeculativeConfig
+from proposers import ProposeRequest, get_proposer
 from proposers.ngram import NgramProposer
 from proposers.ngram_table import MAX_VALUE, NgramTable
+from samplers import SamplingParams
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -105,7 +105,8 @@ def test_k_zero_drafts_nothing_but_indexes():
 
 
 def test_batch_of_different_k_and_requests():
-    proposer = get_proposer("ngram", prompt_lookup_min=1, prompt_lookup_max=3)
+    proposer = get_proposer("ngram", SpeculativeConfig(prompt_lookup_min=1, prompt_lookup_max=3),
+                            None)
     requests = [ProposeRequest("a", [1, 2, 3, 1, 2], 3, GREEDY),
                 ProposeRequest("b", [4, 4], 0, GREEDY),
                 ProposeRequest("c", [9, 8, 7, 9], 1, GREEDY)]
@@ -286,7 +287,7 @@ def test_many_requests_joining_and_leaving_match_brute_force():
 
 def test_registry_and_request_checks():
     with pytest.raises(ValueError, match="method='medusa' is invalid: allowed draft_model"):
-        get_proposer("medusa")
+        get_proposer("medusa", SpeculativeConfig(), None)
     with pytest.raises(ValueError, match="num_spec_tokens=-1"):
         ProposeRequest(0, [1], -1, GREEDY)
     with pytest.raises(ValueError, match="token_ids"):

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
 
-from proposers import get_proposer
 from tests.conftest import tiny_model
-
-
-def word_tokenizer(words: list[str], name: str) -> PreTrainedTokenizerFast:
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "w0")),
-        unk_token="w0")
-    tok.name_or_path = name
-    return tok
-
+from tests.proposers.proposer_helpers import build as build_proposer
+from tests.proposers.proposer_helpers import make_context, word_tokenizer
 
 WORDS = [f"w{i}" for i in range(64)]
 
 
+def target_context():
+    return make_context(tiny_model("llama", vocab_size=64), 1, 16,
+                   target_tokenizer=word_tokenizer(WORDS, "tiny-target"))
+
+
 def build(draft_words, draft_vocab_size=64):
-    return get_proposer("draft_model", model=tiny_model("llama", vocab_size=draft_vocab_size),
-                        tokenizer=word_tokenizer(draft_words, "tiny-draft"),
-                        target_tokenizer=word_tokenizer(WORDS, "tiny-target"),
-                        max_num_seqs=1, max_model_len=16)
+    return build_proposer("draft_model", target_context(),
+                          model=tiny_model("llama", vocab_size=draft_vocab_size),
+                          tokenizer=word_tokenizer(draft_words, "tiny-draft"))
 
 
 def test_same_vocabulary_is_accepted():
@@ -45,7 +39,5 @@ def test_draft_narrower_than_its_tokenizer_is_refused():
 
 
 def test_loaded_draft_without_tokenizer_is_refused():
-    with pytest.raises(ValueError, match="tokenizer"):
-        get_proposer("draft_model", model=tiny_model("llama", vocab_size=64),
-                     target_tokenizer=word_tokenizer(WORDS, "tiny-target"),
-                     max_num_seqs=1, max_model_len=16)
+    with pytest.raises(ValueError, match="SpeculativeConfig.tokenizer=None"):
+        build_proposer("draft_model", target_context(), model=tiny_model("llama", vocab_size=64))

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import SamplingTensors, SpecDecodeMetadata
+from samplers.sampling_params import SamplingParams
 
 P_VALUE_FLOOR = 1e-6  # a correct sampler passes above it; the biased control must fall below
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import (
     GreedySampler,
     RejectionSampler,
@@ -14,6 +13,7 @@ from samplers import (
     TypicalAcceptanceSampler,
     get_sampler,
 )
+from samplers.sampling_params import SamplingParams
 
 NEG = float("-inf")
 V = 10

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import SamplingTensors, logits_to_probs, process_logits
+from samplers.sampling_params import SamplingParams
 
 NEG = float("-inf")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import RejectionSampler
+from samplers.sampling_params import SamplingParams
 from tests.samplers.helpers import (
     P_VALUE_FLOOR,
     biased,

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from samplers import RejectionSampler, TypicalAcceptanceSampler, greedy_match, speculative_sampling
+from samplers import (
+    RejectionSampler,
+    TypicalAcceptanceSampler,
+    greedy_match,
+    speculative_sampling,
+    verify_dense,
+)
 
 V = 6
 
@@ -48,8 +54,8 @@ def test_dense_rejection_sampler_uses_the_given_bonus() -> None:
     # request 1 rejects its first draft (target has no mass there) -> recovered 4, then -1.
     target = torch.stack([_point([1, 2, 0]), _point([4, 5, 0])])  # [2, 3, V]
     draft_probs = torch.stack([_point([1, 2]), _point([3, 5])])  # [2, 2, V]
-    out = RejectionSampler()(target, torch.tensor([[5], [5]]), draft_probs,
-                             torch.tensor([[1, 2], [3, 5]]))
+    out = verify_dense(RejectionSampler(), target, torch.tensor([[5], [5]]), draft_probs,
+                       torch.tensor([[1, 2], [3, 5]]))
     assert out.tolist() == [[1, 2, 5], [4, -1, -1]]
 
 
@@ -57,6 +63,6 @@ def test_dense_typical_sampler() -> None:
     flat = torch.full((V,), 1.0 / V)
     peaked = torch.tensor([0.96, 0.01, 0.01, 0.01, 0.005, 0.005])
     target = torch.stack([torch.stack([flat, flat, flat]), torch.stack([flat, peaked, flat])])
-    out = TypicalAcceptanceSampler()(target, torch.tensor([[3], [3]]), None,
-                                     torch.tensor([[1, 2], [4, 5]]))
+    out = verify_dense(TypicalAcceptanceSampler(), target, torch.tensor([[3], [3]]), None,
+                       torch.tensor([[1, 2], [4, 5]]))
     assert out.tolist() == [[1, 2, 3], [4, 0, -1]]

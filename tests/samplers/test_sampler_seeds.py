@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
-from samplers import SamplingTensors, SpecDecodeMetadata, get_sampler, sample
+from samplers import (
+    SamplingParams,
+    SamplingTensors,
+    SpecDecodeMetadata,
+    get_sampler,
+    logits_to_probs,
+)
 
 V = 50
 
@@ -55,10 +60,25 @@ def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
     assert not torch.equal(a, c)
 
 
+def _plain_sample(logits: torch.Tensor, params: list[SamplingParams],
+                  generators: list[torch.Generator]) -> list[int]:
+    """Plain sampling written out: the argmax for greedy rows, else the exponential race
+    ``argmax(p / q)`` with ``q ~ Exp(1)`` over the vocabulary from the request's generator."""
+    probs = logits_to_probs(logits, SamplingTensors.from_params(params), [1] * len(params))
+    tokens = []
+    for row, p, g, prob in zip(logits, params, generators, probs, strict=True):
+        if p.temperature == 0.0:
+            tokens.append(int(row.argmax()))
+        else:
+            q = torch.empty(V).exponential_(generator=g)
+            tokens.append(int((prob / q).argmax()))
+    return tokens
+
+
 @pytest.mark.parametrize("name", ["rejection", "typical", "greedy"])
 def test_k0_verification_is_plain_sampling(name: str) -> None:
-    """With no drafts, verification gives the tokens of sample() and leaves each generator in the
-    same state, step after step."""
+    """With no drafts, verification gives the tokens of plain sampling and leaves each generator
+    in the same state, step after step."""
     params = [SamplingParams(temperature=0.7, seed=1), SamplingParams(temperature=0.0, seed=2),
               SamplingParams(top_p=0.8, seed=3), SamplingParams(min_p=0.1, seed=4)]
     if name == "greedy":
@@ -68,11 +88,11 @@ def test_k0_verification_is_plain_sampling(name: str) -> None:
     metadata = SpecDecodeMetadata.no_drafts(len(params))
     for step in range(5):
         logits = _logits(len(params), seed=step)
-        plain = sample(logits, SamplingTensors.from_params(params, gen_a))
+        plain = _plain_sample(logits, params, gen_a)
         verified = get_sampler(name).verify(logits, metadata,
                                             SamplingTensors.from_params(params, gen_b))
         assert verified.shape == (len(params), 1)
-        assert verified[:, 0].tolist() == plain.tolist()
+        assert verified[:, 0].tolist() == plain
         for a, b in zip(gen_a, gen_b, strict=True):
             assert torch.equal(a.get_state(), b.get_state())
 
@@ -86,13 +106,19 @@ def test_greedy_requests_consume_no_random_numbers() -> None:
     assert torch.equal(gen.get_state(), state)
 
 
-def test_sample_is_argmax_for_greedy_and_follows_probs_otherwise() -> None:
+def _sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
+    metadata = SpecDecodeMetadata.no_drafts(logits.shape[0])
+    return get_sampler("rejection").verify(logits, metadata, tensors)[:, 0]
+
+
+def test_no_draft_verification_is_argmax_for_greedy_and_follows_probs_otherwise() -> None:
     logits = _logits(2, seed=4)
     tensors = SamplingTensors.from_params([SamplingParams(temperature=0.0)] * 2)
-    assert sample(logits, tensors).tolist() == logits.argmax(dim=1).tolist()
+    assert _sample(logits, tensors).tolist() == logits.argmax(dim=1).tolist()
     probs = torch.tensor([0.7, 0.2, 0.1])
     rows = probs.log().repeat(60_000, 1)  # [60000, 3]
-    torch.manual_seed(0)
-    tokens = sample(rows, SamplingTensors.from_params([SamplingParams()] * 60_000))
+    generator = torch.Generator().manual_seed(0)
+    tokens = _sample(rows, SamplingTensors.from_params([SamplingParams()] * 60_000,
+                                                       default_generator=generator))
     freq = torch.bincount(tokens, minlength=3).double() / 60_000
     assert torch.allclose(freq, probs.double(), atol=0.01)

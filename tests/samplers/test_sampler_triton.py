@@ -11,7 +11,6 @@ import os
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import (
     GreedySampler,
     RejectionSampler,
@@ -20,6 +19,7 @@ from samplers import (
     TypicalAcceptanceSampler,
     parse_output,
 )
+from samplers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",

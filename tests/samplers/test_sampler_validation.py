@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
 from samplers import (
     MAX_SPEC_LEN,
     RejectionSampler,
@@ -14,7 +13,9 @@ from samplers import (
     TypicalAcceptanceSampler,
     greedy_match,
     speculative_sampling,
+    verify_dense,
 )
+from samplers.sampling_params import SamplingParams
 
 V = 16
 
@@ -113,9 +114,8 @@ def test_seed_api_shapes() -> None:
         greedy_match(target, torch.tensor([1]))
     with pytest.raises(ValueError, match="proposal_dists has shape"):
         speculative_sampling(target, torch.rand(3, V), torch.tensor([1, 2]))
-    sampler = RejectionSampler()
     with pytest.raises(ValueError, match="draft_token_ids has shape"):
-        sampler(target[None], torch.zeros(1, 1, dtype=torch.long), target[None, :2],
-                torch.zeros(1, 3, dtype=torch.long))
+        verify_dense(RejectionSampler(), target[None], torch.zeros(1, 1, dtype=torch.long),
+                     target[None, :2], torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="posterior_threshold=0.0 is invalid"):
         TypicalAcceptanceSampler(posterior_threshold=0.0)

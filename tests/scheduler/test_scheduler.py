@@ -2,17 +2,17 @@
 
 import pytest
 
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from scheduler import Scheduler
+from engine.sequence import Sequence
+from samplers import SamplingParams
+from scheduler import Scheduler, SequenceStatus
 
 
-def make(rid: str, prompt_len: int) -> Request:
-    return Request(rid, 0, None, list(range(3, 3 + prompt_len)), SamplingParams(), None,
-                   frozenset(), 0.0)
+def make(rid: str, prompt_len: int) -> Sequence:
+    return Sequence(rid, 0, None, list(range(3, 3 + prompt_len)), SamplingParams(), None,
+                    frozenset(), 0.0)
 
 
-def decode_ready(req: Request, num_output: int = 1) -> None:
+def decode_ready(req: Sequence, num_output: int = 1) -> None:
     """Pretend the prompt was prefilled and ``num_output`` tokens sampled."""
     for _ in range(num_output):
         req.append_token(5)
@@ -25,10 +25,10 @@ def test_admits_up_to_max_num_seqs_in_arrival_order():
     for r in reqs:
         sched.add(r)
     out = sched.schedule(lambda r: 0)
-    assert [s.request for s in out.scheduled] == reqs[:2]
+    assert [s.seq for s in out.scheduled] == reqs[:2]
     assert out.admitted == reqs[:2]
     assert all(s.num_context_tokens == 4 and s.samples for s in out.scheduled)
-    assert [r.status for r in reqs] == [RequestStatus.RUNNING] * 2 + [RequestStatus.WAITING]
+    assert [r.status for r in reqs] == [SequenceStatus.RUNNING] * 2 + [SequenceStatus.WAITING]
     assert list(sched.waiting) == [reqs[2]]
 
 
@@ -42,17 +42,17 @@ def test_long_prompt_is_chunked_while_others_decode():
     sched.add(long)
     out = sched.schedule(lambda r: 2)
     # the decoding request brings its newest token + 2 drafts; the long prompt gets the rest
-    assert [(s.request.request_id, s.num_context_tokens, s.num_spec_tokens, s.samples)
+    assert [(s.seq.request_id, s.num_context_tokens, s.num_spec_tokens, s.samples)
             for s in out.scheduled] == [("a", 1, 2, True), ("b", 5, 0, False)]
     assert out.num_tokens == 8
     long.num_computed_tokens += 5
     out = sched.schedule(lambda r: 2)
-    assert [(s.request.request_id, s.num_context_tokens) for s in out.scheduled] == [
+    assert [(s.seq.request_id, s.num_context_tokens) for s in out.scheduled] == [
         ("a", 1), ("b", 5)]
     long.num_computed_tokens = 17
     out = sched.schedule(lambda r: 2)
     # the last chunk (3 tokens) samples and may carry drafts within the budget: 8 - 3 - 3 = 2
-    assert [(s.request.request_id, s.num_context_tokens, s.num_spec_tokens, s.samples)
+    assert [(s.seq.request_id, s.num_context_tokens, s.num_spec_tokens, s.samples)
             for s in out.scheduled] == [("a", 1, 2, True), ("b", 3, 2, True)]
 
 
@@ -78,6 +78,24 @@ def test_free_kv_tokens_gates_admission():
     assert list(sched.waiting) == [b]
 
 
+def test_admission_leaves_room_for_the_running_tokens_of_the_step():
+    """Found in review: admission compared a newcomer's chunk with the whole free KV, so near a
+    full cache it admitted one that the step's forward could not hold (KVCacheFull, and the
+    newcomer preempted before it ever ran)."""
+    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 2), make("b", 3)
+    sched.add(a)
+    sched.schedule(lambda r: 0)
+    decode_ready(a)
+    sched.add(b)
+    # a brings its newest token and 4 drafts: 5 of the 7 free rows; b's 3 do not fit beside it
+    out = sched.schedule(lambda r: 4, free_kv_tokens=7)
+    assert [(s.seq, s.num_tokens) for s in out.scheduled] == [(a, 5)]
+    assert out.admitted == [] and list(sched.waiting) == [b]
+    out = sched.schedule(lambda r: 4, free_kv_tokens=8)  # now 5 + 3 fit
+    assert out.admitted == [b]
+
+
 def test_preempt_takes_the_most_recent_back_to_the_front():
     sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=100)
     reqs = [make(str(i), 3) for i in range(4)]
@@ -88,7 +106,7 @@ def test_preempt_takes_the_most_recent_back_to_the_front():
     decode_ready(reqs[2], num_output=2)
     victim = sched.preempt()
     assert victim is reqs[2]
-    assert victim.status == RequestStatus.WAITING
+    assert victim.status == SequenceStatus.WAITING
     assert victim.num_computed_tokens == 0 and victim.slot is None
     assert victim.metrics.num_preemptions == 1
     assert victim.output_token_ids == [5, 5]  # kept: recomputed as context later

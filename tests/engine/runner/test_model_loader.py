@@ -9,8 +9,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, T5Config
 
-from engine.attention_support import check_model_supported
-from engine.model_loader import load_model, write_atomically
+from engine.runner.attention_support import check_model_supported
+from engine.runner.loader import load_model, write_atomically
 from tests.conftest import tiny_config, tiny_model
 
 # Recorded once from transformers' own GGUF loading of SmolLM2-135M-Instruct.Q4_1.gguf (float32),

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from llm_helpers import EOS_ID, tiny_tokenizer
 
-from engine.logits_adjust import LogitsAdjuster
-from engine.sampling_params import SamplingParams
+from samplers.logits_adjust import LogitsAdjuster
+from samplers.sampling_params import SamplingParams
+from tests.engine.llm_helpers import EOS_ID, tiny_tokenizer
 
 TOK = tiny_tokenizer(8)
 EOS = frozenset({EOS_ID})

@@ -5,9 +5,9 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
 
 - ``position_ids [batch_size, num_new]``: each token's own position ``seq_len(slot) + t``
   (padding repeats the sequence's last position, so absolute position tables stay in range);
-- ``past_key_values``: a :class:`~engine.kv_cache.PagedKVCache`, whose ``update`` writes the new
-  keys and values into preallocated token pools and returns each sequence's cached tokens gathered
-  ``[batch_size, heads, kv_len, head_dim]`` in position order;
+- ``past_key_values``: a :class:`~engine.runner.kv_cache.PagedKVCache`, whose ``update`` writes the
+  new keys and values into preallocated token pools and returns each sequence's cached tokens
+  gathered ``[batch_size, heads, kv_len, head_dim]`` in position order;
 - ``attention_mask [batch_size, 1, num_new, kv_len]``: key column ``j`` is visible to a token at
   position ``p`` iff ``j <= p``. transformers passes a prepared 4-D mask through as is, so the
   mask covers causality, the columns past each sequence's length, and rows of other lengths.
@@ -19,20 +19,20 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
 Logits come from ``lm_head`` applied only to the rows asked for, never to padding. On CPU in
 float32 the head of several rows, and the decoder's linear maps in a step of a few rows (a
 verification, a small batch), run on packed copies of their weights
-(:mod:`engine.cpu_lm_head`, :mod:`engine.cpu_linears`): MKL repacks a weight on every small
-GEMM of 4 rows or more.
+(:mod:`engine.runner.cpu_lm_head`, :mod:`engine.runner.cpu_linears`): MKL repacks a weight on
+every small GEMM of 4 rows or more.
 
 Costs: a host-side step builds its index tensors from Python lists (O(batch_size * num_new)) and
 ships them in one host-to-device copy (through a persistent pinned buffer on CUDA); there is no
 device-to-host sync. Per layer the gather copies the batch's cached keys/values (as
 ``DynamicCache``'s ``torch.cat`` does), except for one sequence on an ascending run of pool rows,
-which is read as a view (see :mod:`engine.kv_cache`); a masked step on a GQA model also pays
+which is read as a view (see :mod:`engine.runner.kv_cache`); a masked step on a GQA model also pays
 ``repeat_kv`` in transformers' ``sdpa``. Shapes are static per (batch_size, num_new, kv_len):
 on CUDA, small steps replay a CUDA graph captured for their bucket of those sizes
-(:mod:`engine.cuda_graphs`), which turns the few hundred kernel launches of a decode step into one
-and leaves the host the plan and the copy. Rollback (:meth:`ModelRunner.truncate`) only moves pool
-rows back to the free list: no recomputation, no device work, and the memory in use tracks the
-tokens kept.
+(:mod:`engine.runner.cuda_graphs`), which turns the few hundred kernel launches of a decode step
+into one and leaves the host the plan and the copy. Rollback (:meth:`ModelRunner.truncate`) only
+moves pool rows back to the free list: no recomputation, no device work, and the memory in use
+tracks the tokens kept.
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.attention_backend import gqa_attention, without_cudnn_attention
-from engine.attention_support import check_model_supported
-from engine.cpu_linears import PackedLinears
-from engine.cpu_lm_head import output_head
-from engine.cuda_graphs import CudaGraphs
-from engine.kv_cache import KVCacheFull, PagedKVCache
+from engine.runner.attention_backend import gqa_attention, without_cudnn_attention
+from engine.runner.attention_support import check_model_supported
+from engine.runner.cpu_linears import PackedLinears
+from engine.runner.cpu_lm_head import output_head
+from engine.runner.cuda_graphs import CudaGraphs
+from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 
 __all__ = ["KVCacheFull", "ModelRunner"]
 
@@ -91,9 +91,9 @@ class ModelRunner:
     allocated once for that budget), at most ``max_model_len`` tokens per sequence. The model is
     put in eval mode. See the module docstring for the route and its costs.
     ``cuda_graph_max_new``: on one CUDA device, steps of at most this many new tokens per
-    sequence replay CUDA graphs (:mod:`engine.cuda_graphs`); 0 runs every step eager.
+    sequence replay CUDA graphs (:mod:`engine.runner.cuda_graphs`); 0 runs every step eager.
     ``pack_cpu_weights``: on CPU in float32, steps of a few rows run the decoder's linear maps
-    on MKL-packed weights (:mod:`engine.cpu_linears`; 717 MB more memory for the default
+    on MKL-packed weights (:mod:`engine.runner.cpu_linears`; 717 MB more memory for the default
     model).
     """
 
@@ -140,8 +140,8 @@ class ModelRunner:
 
     def use_graph_buckets(self, max_num_new: int, capture: bool = True) -> None:
         """Run steps of at most ``max_num_new`` new tokens per sequence through
-        :class:`~engine.cuda_graphs.CudaGraphs` (``capture=False``: their padded bucket layout
-        eagerly, to check it off-GPU)."""
+        :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded bucket
+        layout eagerly, to check it off-GPU)."""
         self.graphs = CudaGraphs(self._hidden, self._scratch_plan, self.max_num_seqs,
                                  _positive("max_num_new", max_num_new), self.max_model_len + 1,
                                  self.device, capture)
@@ -250,7 +250,7 @@ class ModelRunner:
         slots_t = inputs[4 * padded:]  # [batch_size]
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         mask = None if uniform else self._mask(positions, kv_len)
-        # (engine/attention_backend.py: no per-shape plan builds, no key/value head copies)
+        # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(), gqa_attention(self.model.config,
                                                       mask is not None or num_new > 1), \
                 self._linears.use(padded):

@@ -37,7 +37,7 @@ The verify cost is measured too (unless ``SpeculativeConfig.verify_cost_per_toke
 ``t = t0 + t_seq * sequences + t_any * [drafts > 0] + t_draft * drafts`` by least squares, where
 ``drafts`` counts the padded draft positions (sequences times the longest run of drafts).
 While the window holds steps with drafts but too few without, every ``PLAIN_STEP_EVERY``-th step
-(:mod:`engine.draft_policy`) drafts nothing, so that a batch started on the prior cost learns
+(:mod:`scheduler.spec_policy`) drafts nothing, so that a batch started on the prior cost learns
 what its drafts really cost.
 ``t_any`` is what a step pays once as soon as any request drafts (its sequences then have
 different lengths: the runner builds a mask and attention takes its masked path). At batch
@@ -79,10 +79,12 @@ MIN_FIT_STEPS = 8  # steps with drafts, and steps without, before the fit is tru
 REFIT_EVERY = 8  # decode steps recorded between two fits (a fit is a 256 x 4 least squares)
 MIN_DRAFT_SPREAD = 0.5  # the drafts-per-step standard deviation below which the fit is kept
 MAX_VERIFY_COST = 2.0
+DEFAULT_VERIFY_COST = 0.1  # verify_cost_per_token until the step times have measured it
 
 
-def expected_tokens(a: float, k: int) -> float:
-    """Mean tokens one step yields with ``k`` drafts each accepted with probability ``a``."""
+def expected_tokens(a: float, k: float) -> float:
+    """Mean tokens one step yields with ``k`` drafts each accepted with probability ``a``:
+    ``(1 - a^(k+1)) / (1 - a)`` (Leviathan et al., arXiv 2211.17192, eq. 1)."""
     if a >= 1.0:
         return k + 1.0
     return (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -230,16 +232,10 @@ class AdaptiveK:
         tracker.update(num_drafted, num_accepted)
         self.recent.update(num_drafted, num_accepted)
 
-    def choose(self, tracker: AcceptanceTracker, draft_cost_ratio: float,
-               verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:
-        """k for one request this step; ``verify_cost`` (measured) overrides
-        ``verify_cost_per_token``; ``fixed_cost`` is paid once by any k > 0."""
-        return self._choose([tracker.acceptance], tracker, draft_cost_ratio, verify_cost,
-                            fixed_cost)
-
     def choose_batch(self, trackers: list[AcceptanceTracker], draft_cost_ratio: float,
                      verify_cost: float | None = None, fixed_cost: float = 0.0) -> int:
-        """One k for all the sequences of a step (arguments as :meth:`choose`). The runner pads
+        """One k for all the sequences of a step; ``verify_cost`` (measured) overrides
+        ``verify_cost_per_token``; ``fixed_cost`` is paid once by any k > 0. The runner pads
         every sequence to the step's longest, so one sequence's k costs the whole batch: the k
         that pays is the one whose mean expected tokens over the batch beat the step's cost.
         Probes then come for the whole batch at once (:attr:`batch` keeps their clock)."""

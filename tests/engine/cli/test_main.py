@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from engine.cli_args import CliError, build_parser, merge_overrides, parse_args
-from engine.cli_prompts import read_prompts, read_prompts_file
+from engine.cli.args import CliError, build_parser, merge_overrides, parse_args
+from engine.cli.main import main
+from engine.cli.prompts import read_prompts, read_prompts_file
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.config_file import build_configs, load_config_file
-from engine.generate import main
-from engine.sampling_params import SamplingParams
-from tests.engine.cli_helpers import save_tiny_model
+from engine.presets import build_configs, load_config_file
+from samplers.sampling_params import SamplingParams
+from tests.engine.cli.cli_helpers import save_tiny_model
 
 
 def _merged(argv, config="default"):

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from engine.model_runner import ModelRunner
+from engine.runner.model_runner import ModelRunner
 
 PROMPTS = [
     "The capital of France is",

@@ -19,18 +19,26 @@ the values.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.sampling_params import SamplingParams
+from engine.config import EngineConfig, SpeculativeConfig, check_keys, field_names
+from samplers.sampling_params import SamplingParams
 
-# Where the shipped presets live (``--config early_exit`` finds ``configs/early_exit.yaml``).
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+def _presets_dir() -> Path:
+    """Where the shipped presets live (``--config early_exit`` finds ``early_exit.yaml``):
+    ``engine/configs/`` in an installed wheel (package data), the repository's ``configs/`` in a
+    source checkout."""
+    package = Path(__file__).resolve().parent  # engine/
+    installed = package / "configs"
+    return installed if installed.is_dir() else package.parent / "configs"
+
+
+PRESETS_DIR = _presets_dir()
 DEFAULT_PRESET = "default"
 SPECULATIVE_KEY = "speculative_config"
 SAMPLING_KEY = "sampling"
@@ -45,18 +53,6 @@ class Preset:
     # SamplingParams keyword arguments.
     sampling: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
-
-
-def field_names(cls: type) -> list[str]:
-    """The init fields of a dataclass, in declaration order."""
-    return [f.name for f in dataclasses.fields(cls) if f.init]
-
-
-def check_keys(where: str, data: dict[str, Any], allowed: list[str]) -> None:
-    """Raise ``ValueError`` naming the first key of ``data`` that is not in ``allowed``."""
-    for key in data:
-        if key not in allowed:
-            raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:

@@ -9,11 +9,11 @@ import copy
 import pytest
 import torch
 from conftest import tiny_model
-from llm_helpers import tiny_tokenizer
-from test_llm_greedy import VOCAB, noisy_copy, prompts, run_staggered, spec
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from tests.engine.llm_helpers import tiny_tokenizer
+from tests.engine.test_llm_greedy import VOCAB, noisy_copy, prompts, run_staggered, spec
 
 MAX_TOKENS = 24
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -61,7 +61,7 @@ def test_greedy_with_cuda_graphs_equals_hf(method):
 
 @needs_cuda
 def test_a_bucket_is_captured_when_it_comes_back():
-    from engine.model_runner import ModelRunner
+    from engine.runner.model_runner import ModelRunner
 
     model = tiny_model("llama", vocab_size=VOCAB, seed=0).cuda()
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=256, max_model_len=64,

@@ -1,4 +1,8 @@
-"""Builds what an engine runs on: target model + tokenizer, model runner, proposer, sampler."""
+"""Builds what an engine runs on: target model + tokenizer, model runner, proposer, sampler.
+
+The proposer and the sampler come from their registries by the names in the config
+(``proposers.get_proposer``, ``samplers.build_sampler``): nothing here names one of them.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.model_runner import ModelRunner
-from samplers import get_sampler
+from engine.config import EngineConfig
+from engine.runner.loader import load_model
+from engine.runner.model_runner import ModelRunner
+from proposers import Proposer, ProposerContext, get_proposer
+from samplers import MAX_SPEC_LEN, VerificationSampler, build_sampler, get_sampler
 
 # Default KV budget when kv_cache_tokens is not given: enough for max_num_seqs full sequences,
 # capped at this many tokens over all sequences (on CPU the cache lives in host memory: SmolLM2
@@ -22,15 +29,19 @@ class EngineComponents:
     model: Any
     tokenizer: Any
     runner: ModelRunner
-    proposer: Any
-    sampler: Any
+    proposer: Proposer | None
+    sampler: VerificationSampler
     # Used instead of ``sampler`` for steps where every request is greedy, when that is the same
-    # rule (rejection sampling at temperature 0 is the argmax match); None otherwise.
-    greedy_sampler: Any
+    # rule (a lossless sampler at temperature 0 is the argmax match); None otherwise.
+    greedy_sampler: VerificationSampler | None
     device: torch.device
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
+    # What sequences without a seed of their own draw from: the engine's own RNG, seeded with
+    # EngineConfig.seed, so that an engine never reseeds or consumes torch's global RNG (None
+    # when seed is None: the global RNG).
+    generator: torch.Generator | None
 
 
 def resolve_device(device: str) -> str:
@@ -42,8 +53,6 @@ def resolve_device(device: str) -> str:
 def load_target(config: EngineConfig) -> tuple[Any, Any]:
     """The target model and tokenizer: loaded by name, or the objects given."""
     if isinstance(config.model, str):
-        from engine.model_loader import load_model
-
         return load_model(config.model, dtype=config.dtype, device=resolve_device(config.device))
     if config.tokenizer is None:
         raise ValueError("EngineConfig.tokenizer=None is invalid: a tokenizer is required when "
@@ -74,26 +83,30 @@ def model_max_len(model: Any) -> int:
                      "pass max_model_len")
 
 
-def build_proposer(spec: SpeculativeConfig, model: Any, tokenizer: Any, config: EngineConfig,
-                   device: torch.device, vocab_size: int, max_model_len: int) -> Any:
-    """The configured proposer (``proposers.get_proposer``)."""
-    from proposers import get_proposer
+def kv_budget(config: EngineConfig, device: torch.device, max_model_len: int) -> int:
+    """Tokens the KV cache holds over all sequences: ``kv_cache_tokens``, else enough for
+    ``max_num_seqs`` full sequences up to the device's cap."""
+    cap = DEFAULT_KV_CAP["cuda" if device.type == "cuda" else "cpu"]
+    return config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, cap)
 
-    greedy = spec.draft_sample_method == "greedy"
-    common = dict(max_num_seqs=config.max_num_seqs, max_model_len=max_model_len, greedy=greedy,
-                  cuda_graph_max_new=graph_max_new(config))
-    if spec.method == "ngram":
-        return get_proposer("ngram", prompt_lookup_min=spec.prompt_lookup_min,
-                            prompt_lookup_max=spec.prompt_lookup_max)
-    if spec.method == "early_exit":
-        return get_proposer("early_exit", target_model=model,
-                            num_layers=spec.num_early_exit_layers, **common)
-    if not isinstance(spec.model, str) and spec.tokenizer is None:
-        raise ValueError("SpeculativeConfig.tokenizer=None is invalid: the draft model's "
-                         "tokenizer is required with an already-loaded draft model")
-    return get_proposer("draft_model", model=spec.model, tokenizer=spec.tokenizer,
-                        target_tokenizer=tokenizer, target_vocab_size=vocab_size,
-                        device=str(device), dtype=config.dtype, **common)
+
+def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, vocab_size: int,
+                     max_model_len: int, kv_tokens: int,
+                     generator: torch.Generator | None = None) -> ProposerContext:
+    """What a proposer factory gets: the target, the limits, and how the engine loads a model
+    and runs one. A draft's KV cache holds the target's tokens plus every sequence's drafts."""
+    device = model.get_input_embeddings().weight.device
+    draft_kv_tokens = kv_tokens + config.max_num_seqs * (MAX_SPEC_LEN + 1)
+
+    def make_runner(draft: nn.Module) -> ModelRunner:
+        return ModelRunner(draft, config.max_num_seqs, draft_kv_tokens, max_model_len,
+                           cuda_graph_max_new=graph_max_new(config))
+
+    def load(name: str) -> tuple[nn.Module, Any]:
+        return load_model(name, dtype=config.dtype, device=str(device))
+
+    return ProposerContext(model, tokenizer, vocab_size, device, config.dtype,
+                           config.max_num_seqs, max_model_len, load, make_runner, generator)
 
 
 def graph_max_new(config: EngineConfig) -> int:
@@ -111,24 +124,21 @@ def build_components(config: EngineConfig) -> EngineComponents:
     vocab_size = model.get_output_embeddings().weight.shape[0]
     own_len = model_max_len(model)
     max_model_len = min(config.max_model_len or own_len, own_len)
-    cap = DEFAULT_KV_CAP["cuda" if device.type == "cuda" else "cpu"]
-    kv_tokens = config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, cap)
+    kv_tokens = kv_budget(config, device, max_model_len)
     max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config))
+    generator = None
+    if config.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(config.seed)
     spec = config.speculative_config
     proposer = None
     if spec is not None and spec.num_speculative_tokens > 0:
-        proposer = build_proposer(spec, model, tokenizer, config, device, vocab_size,
-                                  max_model_len)
-    if spec is None:
-        sampler = get_sampler("rejection")
-    elif spec.sampler_name == "typical":
-        sampler = get_sampler("typical", posterior_threshold=spec.posterior_threshold,
-                              posterior_alpha=spec.posterior_alpha)
-    else:
-        sampler = get_sampler(spec.sampler_name)
-    lossless = spec is None or spec.sampler_name in ("rejection", "greedy")
-    greedy_sampler = get_sampler("greedy") if lossless else None
+        ctx = proposer_context(config, model, tokenizer, vocab_size, max_model_len, kv_tokens,
+                               generator)
+        proposer = get_proposer(spec.method, spec, ctx)
+    sampler = get_sampler("rejection") if spec is None else build_sampler(
+        spec.acceptance_method, spec)
+    greedy_sampler = get_sampler("greedy") if sampler.lossless else None
     return EngineComponents(model, tokenizer, runner, proposer, sampler, greedy_sampler, device,
-                            vocab_size, max_model_len, eos_token_ids(model, tokenizer))
+                            vocab_size, max_model_len, eos_token_ids(model, tokenizer), generator)

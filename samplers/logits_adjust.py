@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from samplers.sampling_params import SamplingParams
 
 
 def tokenize_bad_words(tokenizer: Any, words: list[str]) -> list[list[int]]:

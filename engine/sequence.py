@@ -1,25 +1,19 @@
-"""Per-sample state: one ``Request`` per sequence the engine decodes (a prompt with ``n`` samples
+"""Per-sample state: one ``Sequence`` per sample the engine decodes (a request with ``n`` samples
 becomes ``n`` of them, sharing ``request_id`` and told apart by ``index``)."""
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from typing import Any
 
 import torch
 
-from engine.adaptive_k import AcceptanceTracker
 from engine.detokenizer import IncrementalDetokenizer
-from engine.logits_adjust import LogitsAdjuster
 from engine.outputs import CompletionOutput, RequestMetrics
-from engine.sampling_params import SamplingParams
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+from samplers.logits_adjust import LogitsAdjuster
+from samplers.sampling_params import SamplingParams
+from scheduler import SequenceStatus
+from scheduler.adaptive_k import AcceptanceTracker
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -28,8 +22,8 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-class Request:
-    """One sequence: prompt, output so far, its cache slot, stop state and metrics.
+class Sequence:
+    """One sample of a request: prompt, output so far, its cache slot, stop state and metrics.
 
     ``num_computed_tokens`` counts the tokens whose keys and values sit in the target's KV cache
     (``slot``). The newest output token is never cached yet: it is fed at the next step.
@@ -48,7 +42,7 @@ class Request:
         self.params = params
         self.seed = None if params.seed is None else (
             params.seed if index == 0 else derive_seed(params.seed, index))
-        self.status = RequestStatus.WAITING
+        self.status = SequenceStatus.WAITING
         self.output_token_ids: list[int] = []
         # prompt + output, kept in step with output_token_ids by append_token (no copy per step)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
@@ -103,7 +97,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status == SequenceStatus.FINISHED
 
     def step_seed(self) -> int | None:
         """The seed of this step's random stream: a function of the sample's seed and its output
@@ -136,14 +130,14 @@ class Request:
 
     def reset_for_recompute(self) -> None:
         """Preempted: the cache is gone; prompt + output are prefilled again later."""
-        self.status = RequestStatus.WAITING
+        self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.slot = None
         self.metrics.num_preemptions += 1
 
     def finish(self, reason: str, stop_reason: str | int | None = None,
                error: str | None = None) -> None:
-        self.status = RequestStatus.FINISHED
+        self.status = SequenceStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason
         self.error = error

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.config_file import PRESETS_DIR, build_configs, load_config_file, resolve_config_path
-from engine.sampling_params import SamplingParams
+from engine.presets import PRESETS_DIR, build_configs, load_config_file, resolve_config_path
+from samplers.sampling_params import SamplingParams
 
 PRESETS = sorted(PRESETS_DIR.glob("*.yaml"))
 

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from engine.attention_support import check_model_supported
+from engine.runner.attention_support import check_model_supported
 
 DEFAULT_MODEL = "smollm2-135m"
 # alias -> (package holding the file, file name, install command)

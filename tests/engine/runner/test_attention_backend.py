@@ -4,14 +4,14 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from engine.attention_backend import (
+from engine.runner.attention_backend import (
     GQA_SDPA,
     folded_gqa_sdpa,
     gqa_attention,
     gqa_sdpa_attention,
 )
-from engine.cpu_lm_head import output_head
-from engine.model_runner import ModelRunner
+from engine.runner.cpu_lm_head import output_head
+from engine.runner.model_runner import ModelRunner
 from tests.conftest import tiny_model
 
 

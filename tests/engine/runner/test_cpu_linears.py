@@ -1,5 +1,5 @@
-"""The decoder's linear maps on MKL-packed weights (engine/cpu_linears.py): the same numbers as
-``nn.Linear`` up to float32 rounding, used exactly for steps of MIN_ROWS..MAX_ROWS rows, removed
+"""The decoder's linear maps on MKL-packed weights (engine/runner/cpu_linears.py): the same numbers
+as ``nn.Linear`` up to float32 rounding, used exactly for steps of MIN_ROWS..MAX_ROWS rows, removed
 after every forward, shared between runners over the same weights."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from engine import cpu_linears
-from engine.cpu_linears import MAX_ROWS, MIN_ROWS, PackedLinears
-from engine.model_runner import ModelRunner
+from engine.runner import cpu_linears
+from engine.runner.cpu_linears import MAX_ROWS, MIN_ROWS, PackedLinears
+from engine.runner.model_runner import ModelRunner
 from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.skipif(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.model_runner import KVCacheFull, ModelRunner
+from engine.runner.model_runner import KVCacheFull, ModelRunner
 from tests.conftest import TINY_FAMILIES, tiny_model
 
 ATOL = 1e-5

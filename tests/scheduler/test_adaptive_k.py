@@ -4,9 +4,8 @@ import random
 
 import pytest
 
-from engine.adaptive_k import (
+from scheduler.adaptive_k import (
     COST_WINDOW,
-    MAX_PROBE_BACKOFF,
     MIN_FIT_STEPS,
     AcceptanceTracker,
     AdaptiveK,
@@ -59,38 +58,21 @@ def test_tracker_counts_tested_drafts():
 def test_low_acceptance_switches_off_then_probes():
     adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.1, probe_interval=3)
     t = AcceptanceTracker()
-    assert adaptive.choose(t, 0.0) == 4  # the prior starts at full speed
+    assert adaptive.choose_batch([t], 0.0) == 4  # the prior starts at full speed
     for _ in range(20):
         t.update(4, 0)
-    ks = [adaptive.choose(t, 0.0) for _ in range(40)]
+    ks = [adaptive.choose_batch([t], 0.0) for _ in range(40)]
     # probes after 3, then 6, 12 and at most 24 steps while they fail
     assert [i + 1 for i, k in enumerate(ks) if k] == [3, 9, 21]
     for _ in range(10):
         t.update(1, 1)
-    assert adaptive.choose(t, 0.0) == 4
-
-
-def test_probes_of_requests_waiting_as_long_fall_in_one_step():
-    adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.1, probe_interval=2)
-    early, late = AcceptanceTracker(0.0, 10.0), AcceptanceTracker(0.0, 10.0)
-    probes: dict[str, list[int]] = {"early": [], "late": []}
-    for step in range(1, 200):
-        adaptive.tick()
-        for name, t in (("early", early), ("late", late)):
-            if name == "late" and step < 7:
-                continue  # admitted 6 steps later
-            if adaptive.choose(t, 0.0):
-                probes[name].append(step)
-    wait = 2 * MAX_PROBE_BACKOFF  # failed probes back off to the slowest rate
-    later = [step for step in probes["early"] if step > 100]
-    assert len(later) >= 5 and later == [step for step in probes["late"] if step > 100]
-    assert all(step % wait == 0 for step in later)
+    assert adaptive.choose_batch([t], 0.0) == 4
 
 
 def test_one_k_for_a_batch_weighs_every_sequence():
     adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.3, probe_interval=3)
     good, bad = AcceptanceTracker(8.0, 10.0), AcceptanceTracker(0.0, 10.0)
-    assert adaptive.choose(good, 0.0) > 0 and adaptive.choose(bad, 0.0) == 0
+    assert adaptive.choose_batch([good], 0.0) > 0 and adaptive.choose_batch([bad], 0.0) == 0
     # one copying request among 7 that never accept: the batch pays for the padding of all
     assert adaptive.choose_batch([good] + [bad] * 7, 0.0) == 0
     assert adaptive.choose_batch([good] * 7 + [bad], 0.0) > 0
@@ -116,7 +98,7 @@ def test_cost_fit_asks_for_plain_steps_when_every_step_drafts():
 
 def test_disabled_keeps_k():
     t = AcceptanceTracker(accepted=0.0, tested=10.0)
-    assert AdaptiveK(3, 0.1, 8, enabled=False).choose(t, 0.0) == 3
+    assert AdaptiveK(3, 0.1, 8, enabled=False).choose_batch([t], 0.0) == 3
 
 
 def test_step_cost_model_recovers_the_costs():
@@ -179,14 +161,14 @@ def test_a_fixed_cost_of_drafting_raises_the_bar():
 def test_costly_verification_switches_off_without_probes():
     adaptive = AdaptiveK(max_k=4, verify_cost_per_token=0.1, probe_interval=3)
     t = AcceptanceTracker()  # the prior acceptance (0.8) pays at v = 0.1 but not at v = 1
-    assert adaptive.choose(t, 0.0, verify_cost=0.1) == 4
+    assert adaptive.choose_batch([t], 0.0, verify_cost=0.1) == 4
     # at v = 1 even perfect acceptance gains at most 1.0: nothing to probe for
-    assert not any(adaptive.choose(t, 0.0, verify_cost=1.0) for _ in range(200))
+    assert not any(adaptive.choose_batch([t], 0.0, verify_cost=1.0) for _ in range(200))
     # a draft model nearly as slow as the target: at most 5 / (1 + 4 * 0.9) = 1.09 < 1.1
-    assert not any(adaptive.choose(t, 0.8, verify_cost=0.1) for _ in range(200))
+    assert not any(adaptive.choose_batch([t], 0.8, verify_cost=0.1) for _ in range(200))
     for _ in range(20):  # the costs fall again, acceptance measured low: probes resume
         t.update(4, 0)
-    assert any(adaptive.choose(t, 0.0, verify_cost=0.1) for _ in range(200))
+    assert any(adaptive.choose_batch([t], 0.0, verify_cost=0.1) for _ in range(200))
 
 
 def test_new_requests_start_from_the_engines_recent_acceptance():
@@ -196,4 +178,4 @@ def test_new_requests_start_from_the_engines_recent_acceptance():
         adaptive.update(AcceptanceTracker(), 4, 0)
     fresh = adaptive.new_tracker()
     assert fresh.acceptance < 0.05
-    assert adaptive.choose(fresh, 0.0) == 0  # no opening burst of rejected drafts
+    assert adaptive.choose_batch([fresh], 0.0) == 0  # no opening burst of rejected drafts

@@ -1,12 +1,12 @@
 """Which models the model runner serves exactly, and the checks that refuse the others.
 
-The runner (``engine.model_runner``) hands every decoder layer a cache object of its own and a
-4-D mask ``[batch_size, 1, num_new, kv_len]`` built from per-sequence lengths. That is exact only
-for families whose attention (a) goes through ``past_key_values.update(k, v, layer_idx)``,
-(b) passes a prepared 4-D mask through ``transformers.masking_utils`` unchanged, (c) takes
-explicit ``position_ids`` for its rotary or absolute position embeddings, and (d) computes logits
-as ``lm_head(last_hidden_state)`` with nothing after it. The families below were checked against
-that list in transformers 5.17 and 5.23 and are tested token for token in
+The runner (``engine.runner.model_runner``) hands every decoder layer a cache object of its own
+and a 4-D mask ``[batch_size, 1, num_new, kv_len]`` built from per-sequence lengths. That is
+exact only for families whose attention (a) goes through ``past_key_values.update(k, v,
+layer_idx)``, (b) passes a prepared 4-D mask through ``transformers.masking_utils`` unchanged, (c)
+takes explicit ``position_ids`` for its rotary or absolute position embeddings, and (d) computes
+logits as ``lm_head(last_hidden_state)`` with nothing after it. The families below were checked
+against that list in transformers 5.17 and 5.23 and are tested token for token in
 ``tests/engine/test_model_runner.py``; anything else is refused rather than served wrongly.
 """
 

@@ -1,8 +1,10 @@
-"""Command-line flags for ``python -m engine.generate``, generated from the config dataclasses.
+"""Command-line flags of the CLI, generated from the config dataclasses.
 
 Every field of ``EngineConfig``, ``SpeculativeConfig`` and ``SamplingParams`` gets a flag named
 after it (``max_tokens`` -> ``--max-tokens``), so a new field cannot be forgotten. Flags default to
-"not given": only the flags on the command line override the preset (``--config``).
+"not given": only the flags on the command line override the preset (``--config``). The choices
+of ``--method`` and ``--acceptance-method`` are the registered proposers and samplers, those a
+user script registered before calling :func:`engine.cli.main.main` included.
 """
 
 from __future__ import annotations
@@ -15,16 +17,10 @@ import typing
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NoReturn
 
-from engine.config import (
-    ACCEPTANCE_METHODS,
-    DRAFT_SAMPLE_METHODS,
-    DTYPES,
-    METHODS,
-    EngineConfig,
-    SpeculativeConfig,
-)
-from engine.config_file import SPECULATIVE_KEY, Preset
-from engine.sampling_params import SamplingParams
+from engine.config import DRAFT_SAMPLE_METHODS, DTYPES, EngineConfig, SpeculativeConfig
+from engine.presets import SPECULATIVE_KEY, Preset
+from proposers import available_proposers
+from samplers import SamplingParams, available_samplers
 
 # Fields whose flag is not simply ``--field-name``.
 SPEC_RENAMES = {"model": "draft-model", "tokenizer": "draft-tokenizer"}
@@ -32,8 +28,13 @@ SAMPLING_RENAMES = {"seed": "request-seed"}  # ``--seed`` is the engine seed
 ENGINE_SKIP = {"speculative_config"}
 NO_SPECULATION = "none"
 SHORT_FLAGS = {"num_speculative_tokens": "-k"}
-CHOICES = {"method": (*METHODS, NO_SPECULATION), "acceptance_method": ACCEPTANCE_METHODS,
-           "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": DTYPES}
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The allowed values of the fields that take a name (read when the parser is built)."""
+    return {"method": (*available_proposers(), NO_SPECULATION),
+            "acceptance_method": tuple(available_samplers()),
+            "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": tuple(DTYPES)}
 
 
 class CliError(Exception):
@@ -121,6 +122,7 @@ def _json_dict(flag: str):
 def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, name: str,
                     tp: Any, default: Any, flag_name: str) -> FlagSpec:
     flag = f"--{flag_name}"
+    choices = _choices()
     dest = f"{section}__{name}"
     names = [flag] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
     base, optional = _unwrap_optional(tp)
@@ -130,8 +132,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, nam
     item = _is_list(base)
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
-    elif name in CHOICES:
-        kwargs["choices"] = CHOICES[name]
+    elif name in choices:
+        kwargs["choices"] = choices[name]
     elif item is int:
         kwargs.update(action="extend", type=_int_list(flag), metavar="ID[,ID...]")
     elif item is str:
@@ -165,7 +167,7 @@ def _add_dataclass_flags(group: argparse._ArgumentGroup, section: str, cls: type
 def build_parser() -> tuple[OneLineParser, list[FlagSpec]]:
     """The parser and the list of generated dataclass flags."""
     parser = OneLineParser(
-        prog="python -m engine.generate",
+        prog="specdec",
         description="Generate text with speculative decoding. With no arguments: the embedded "
                     "default model (smollm2-135m), n-gram speculation, on a built-in demo prompt.",
         argument_default=argparse.SUPPRESS)

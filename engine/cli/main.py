@@ -1,0 +1,161 @@
+"""The CLI: ``specdec`` (console script), ``python -m engine.cli`` or ``python -m engine.generate``.
+
+argparse -> preset (``configs/default.yaml`` unless ``--config``) with the flags on top ->
+``EngineConfig`` / ``SamplingParams`` -> ``LLM.generate`` -> text and a summary (tokens/s,
+acceptance rate, mean accepted length). With no arguments it runs the embedded default model with
+n-gram speculation on a built-in, copy-heavy demo prompt. Errors are one ``error: ...`` line on
+stderr and a non-zero exit code (set ``SPECDEC_DEBUG=1`` for the traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict, fields
+from typing import Any, TextIO
+
+from engine.cli.args import CliError, merge_overrides, parse_args
+from engine.cli.prompts import DEMO_PROMPT, PromptItem, read_prompts, render_prompts
+from engine.outputs import EngineMetrics, RequestOutput
+from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def _print_outputs(outputs: list[RequestOutput], items: list[PromptItem], out: TextIO) -> None:
+    for i, (request, item) in enumerate(zip(outputs, items, strict=True)):
+        if len(outputs) > 1:
+            print(f"=== prompt {i}: {item.preview()}", file=out)
+        if request.error is not None:
+            print(f"[request failed: {request.error}]", file=out)
+        for sample in request.outputs:
+            if len(request.outputs) > 1:
+                print(f"--- sample {sample.index}", file=out)
+            print(sample.text, file=out)
+            print(f"[{len(sample.token_ids)} tokens, finish_reason={sample.finish_reason}]",
+                  file=out)
+
+
+def _stream(llm: Any, prompts: list[Any], params: Any, out: TextIO) -> list[dict[str, Any]]:
+    """Print each delta as it comes (several samples: labelled at each switch); return every
+    sample's text, tokens and finish reason, assembled from the deltas."""
+    labelled = len(prompts) > 1 or params.n > 1
+    samples: dict[tuple[str, int], dict[str, Any]] = {}
+    current = None
+    for delta in llm.generate_stream(prompts, params):
+        key = (delta.request_id, delta.index)
+        if labelled and key != current:
+            print(f"\n[{delta.request_id}.{delta.index}] ", end="", file=out)
+        current = key
+        print(delta.text, end="", file=out, flush=True)
+        sample = samples.setdefault(key, {"request_id": delta.request_id, "index": delta.index,
+                                          "text": "", "token_ids": []})
+        sample["text"] += delta.text
+        sample["token_ids"] += delta.token_ids
+        if delta.finished:
+            sample.update(finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+            if not labelled:
+                print(f"\n[finish_reason={delta.finish_reason}]", end="", file=out)
+    print(file=out)
+    return list(samples.values())
+
+
+def summary_line(metrics: EngineMetrics, speculating: bool) -> str:
+    """One line: throughput and, when speculating, acceptance."""
+    line = (f"{metrics.num_generated} tokens in {metrics.elapsed_s:.2f} s: "
+            f"{metrics.tokens_per_s:.1f} tokens/s")
+    if not speculating:
+        return line + " (no speculation)"
+    return (line + f" | acceptance rate {metrics.acceptance_rate:.2f} "
+            f"({metrics.num_accepted}/{metrics.num_drafted} drafts)"
+            f" | mean accepted length {metrics.mean_accepted_length:.2f} tokens/step")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def write_json(path: str, preset_dict: dict, items: list[PromptItem],
+               outputs: list[RequestOutput] | None, streamed: list[dict[str, Any]] | None,
+               metrics: EngineMetrics) -> None:
+    """Outputs (or, after ``--stream``, the streamed samples), metrics and the effective
+    configuration as one JSON document."""
+    doc = {
+        "config": preset_dict,
+        "streamed": streamed,
+        "outputs": None if outputs is None else [
+            {**asdict(o), "input": item.source,
+             "acceptance_rate": o.metrics.acceptance_rate,
+             "mean_accepted_length": o.metrics.mean_accepted_length}
+            for o, item in zip(outputs, items, strict=True)],
+        "metrics": asdict(metrics),
+    }
+    text = json.dumps(_jsonable(doc), indent=2)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """The whole job; raises on errors (``main`` turns them into one line)."""
+    args, overrides = parse_args(argv)
+    preset = merge_overrides(load_config_file(getattr(args, "config", DEFAULT_PRESET)), overrides)
+    engine_config, sampling = build_configs(preset)  # validate before loading any weights
+    items = read_prompts(getattr(args, "prompt", None), getattr(args, "prompts_file", None))
+    if not items:
+        items = [DEMO_PROMPT]
+    json_path = getattr(args, "json", None)
+    out = sys.stderr if json_path == "-" else sys.stdout
+
+    from engine.llm import LLM  # heavy import (torch, transformers) after the cheap checks
+
+    llm = LLM(**{f.name: getattr(engine_config, f.name) for f in fields(engine_config)})
+    prompts = render_prompts(items, llm, chat=getattr(args, "chat", False))
+    stream = getattr(args, "stream", False)
+    outputs = streamed = None
+    if stream:
+        streamed = _stream(llm, prompts, sampling, out)
+    else:
+        use_tqdm = len(prompts) > 1 and not getattr(args, "no_progress", False)
+        outputs = llm.generate(prompts, sampling, use_tqdm=use_tqdm)
+        _print_outputs(outputs, items, out)
+    metrics = llm.get_metrics()
+    print(summary_line(metrics, engine_config.speculative_config is not None), file=out)
+    if json_path is not None:
+        write_json(json_path, {"engine": preset.engine, "sampling": asdict(sampling)}, items,
+                   outputs, streamed, metrics)
+    failed = outputs is not None and any(o.error is not None for o in outputs)
+    return EXIT_FAILED if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: one ``error:`` line and a non-zero exit code instead of a traceback."""
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, FileNotFoundError) as exc:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, no traceback
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
