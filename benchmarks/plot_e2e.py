@@ -1,7 +1,7 @@
 """Bar chart of end-to-end tokens/s from ``benchmarks/e2e.py --json`` files, one panel per file.
 
-    python benchmarks/plot_e2e.py docs/perf/e2e_h200_llama1b.json docs/perf/e2e_h200_llama8b.json \
-        --kind copy --out docs/img/e2e_h200.png
+    python benchmarks/plot_e2e.py docs/perf/e2e_h200_llama1b_594b852.json \
+        docs/perf/e2e_h200_llama8b_9679cdb.json --kind copy --out docs/img/e2e_h200.png
 """
 
 from __future__ import annotations

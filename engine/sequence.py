@@ -66,10 +66,6 @@ class Sequence:
 
     # ------------------------------------------------------------------ derived values
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 

@@ -63,10 +63,9 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
 def default_num_layers(num_target_layers: int) -> int:
     """The default depth of the self-draft: four fifths of the target's layers (at least 1).
 
-    Measured on the default model (30 layers, greedy, teacher-forced agreement with the target's
-    own tokens, 4 prompts): N <= 16 agrees on at most 10% of tokens, N = 20 on 4-17%, N = 24 on
-    31-38%, N = 28 on 46-67%. Only deep drafts guess usefully there, and none pays for itself on
-    a model not trained for early exit (see docs/performance.md).
+    On the default model only deep drafts guess usefully, and none pays for itself on a model not
+    trained for early exit (docs/design.md, "Measured reasons behind the runner's choices";
+    docs/performance.md).
     """
     return max(1, round(num_target_layers * 0.8))
 

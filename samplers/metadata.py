@@ -87,13 +87,3 @@ class SpecDecodeMetadata:
             cu_num_draft_tokens=host_to_device(cumulative, torch.int32, device),
             max_spec_len=max(num_draft_tokens, default=0),
         )
-
-    @classmethod
-    def no_drafts(cls, batch_size: int, device: torch.device | str = "cpu") -> SpecDecodeMetadata:
-        """Metadata of a step where no request has drafts (plain sampling)."""
-        return cls(
-            draft_token_ids=torch.empty(0, dtype=torch.int64, device=device),
-            num_draft_tokens=[0] * batch_size,
-            cu_num_draft_tokens=torch.zeros(batch_size, dtype=torch.int32, device=device),
-            max_spec_len=0,
-        )

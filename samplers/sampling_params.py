@@ -136,10 +136,6 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
-    def uses_top_k(self) -> bool:
-        return self.top_k > 0
-
-    @property
     def needs_penalties(self) -> bool:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)

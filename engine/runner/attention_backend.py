@@ -1,33 +1,37 @@
 """Attention-backend choice for the runner's forwards.
 
-On Hopper (sm_90) and sm_100 with a recent cuDNN, PyTorch tries its cuDNN SDPA backend first.
-That backend caches one execution plan per exact set of sizes and strides (batch, heads, query
-and key lengths), and every miss builds a plan on the host: tens of milliseconds. A speculative
-engine's key length grows every step, so nearly every forward would miss: on an H200 the 4-layer
-self-draft measured 170-280 ms per proposal step with cuDNN against 25-43 ms once the same shapes
-were planned. The flash and memory-efficient kernels need no per-shape build, so the runner's
-forwards run with cuDNN SDPA off (the other backends stay as the user set them).
+On Hopper (sm_90) and sm_100 with a recent cuDNN, PyTorch tries its cuDNN SDPA backend first. That
+backend caches one execution plan per exact set of sizes and strides (batch, heads, query and key
+lengths), and every miss builds a plan on the host: tens of milliseconds. A speculative engine's
+key length grows every step, so nearly every forward would miss (docs/design.md, "Measured reasons
+behind the runner's choices"). The flash and memory-efficient kernels need no per-shape build, so
+the runner's forwards on CUDA run with cuDNN SDPA off (the other backends stay as the user set
+them).
 
 Grouped-query models (fewer key/value heads than query heads) with a mask: transformers' SDPA
 path copies every key and value head ``num_key_value_groups`` times per layer (``repeat_kv``)
 whenever it is given a mask, and the runner gives one to every verification step and to every
-step of sequences of different lengths. The runner's forwards use :func:`gqa_sdpa_attention`
-instead, which reads the shared heads in place:
+step of sequences of different lengths. A runner points an ``sdpa`` model at
+:func:`gqa_sdpa_attention` once (:func:`install_gqa_attention`); inside the runner's own forwards
+(:func:`gqa_attention`, a context variable: no other thread, task or caller sees it) it reads the
+shared heads in place, and everywhere else it is transformers' ``sdpa`` unchanged:
 
 - on CPU, SDPA with ``enable_gqa=True``: PyTorch's CPU flash kernel takes masked GQA directly
-  and returns the same values bit for bit. On the default model (9 query heads, 3 key/value
-  heads, context 305) the copies were 5.5 of the 97 ms of a 5-token forward;
+  and returns the same values bit for bit;
 - on CUDA, where the kernels that take a mask (memory-efficient, math) do not all take
   ``enable_gqa``, the query heads of one group are folded into the query rows: ``[batch,
   heads, n, d]`` becomes ``[batch, kv_heads, groups * n, d]`` against the unrepeated keys, with
-  the mask's rows repeated per group. On an H200 the copies were 22% of the GPU time of the 8B
-  model's batch-32 decoding (0.22 of 1.01 s, ``benchmarks/profile_engine.py``).
+  the mask's rows repeated per group.
+
+What the copies and the cuDNN plans cost: docs/design.md, "Measured reasons behind the runner's
+choices".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +43,21 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 GQA_SDPA = "specdec_gqa_sdpa"
 
 
+# True inside a runner forward that wants the shared heads read in place (this thread or task
+# only: a ContextVar, never a process-wide switch).
+_GQA_ACTIVE: ContextVar[bool] = ContextVar("specdec_gqa_active", default=False)
+
+
 @contextmanager
-def without_cudnn_attention() -> Iterator[None]:
-    """cuDNN SDPA off for the block, then restored to its previous (process-wide) setting."""
+def without_cudnn_attention(device: torch.device) -> Iterator[None]:
+    """cuDNN SDPA off for a forward on ``device``, then restored to the caller's setting.
+
+    PyTorch exposes its SDPA backend choice only as a process-wide flag, so on CUDA this is the
+    one setting a runner forward changes for its duration; off CUDA the flag is never read and
+    nothing is touched."""
+    if device.type != "cuda":
+        yield
+        return
     enabled = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)
     try:
@@ -62,8 +78,9 @@ def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     batch, heads, num_new, head_dim = query.shape
     kv_heads = key.shape[1]
     on_cpu = query.device.type == "cpu"
-    if (attention_mask is None or kv_heads == heads or attention_mask.shape[1] != 1
-            or (on_cpu and num_new == 1)  # (one CPU query token: transformers folds it itself)
+    # (one CPU query token: transformers folds it itself)
+    if (not _GQA_ACTIVE.get() or attention_mask is None or kv_heads == heads
+            or attention_mask.shape[1] != 1 or (on_cpu and num_new == 1)
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
@@ -95,18 +112,22 @@ AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
 AttentionMaskInterface.register(GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
+def install_gqa_attention(config: PretrainedConfig) -> None:
+    """Point an ``sdpa`` model at :func:`gqa_sdpa_attention` once, when a runner takes it. Outside
+    a runner forward (:func:`gqa_attention`) that function *is* transformers' ``sdpa`` (the same
+    call, the same mask function), so the model behaves as before everywhere else, Hugging Face
+    ``generate`` included; other implementations are left alone."""
+    if config._attn_implementation == "sdpa":
+        config._attn_implementation = GQA_SDPA
+
+
 @contextmanager
-def gqa_attention(config: PretrainedConfig, enabled: bool = True) -> Iterator[None]:
-    """A model loaded with ``attn_implementation="sdpa"`` runs the block with
-    :func:`gqa_sdpa_attention`; its config is restored after (so the same model object, run by
-    Hugging Face ``generate``, is left as it was). Other implementations, and ``enabled=False``
-    (a step without a mask and with one new token, which transformers serves without copies),
-    are left alone."""
-    if not enabled or config._attn_implementation != "sdpa":
-        yield
-        return
-    config._attn_implementation = GQA_SDPA
+def gqa_attention(enabled: bool = True) -> Iterator[None]:
+    """Read the shared key/value heads in place for the attention calls of this block, in this
+    thread or task only. ``enabled=False`` (a step without a mask and with one new token, which
+    transformers serves without copies) leaves transformers' own path."""
+    token = _GQA_ACTIVE.set(enabled)
     try:
         yield
     finally:
-        config._attn_implementation = "sdpa"
+        _GQA_ACTIVE.reset(token)

@@ -7,12 +7,14 @@ layer_idx)``, (b) passes a prepared 4-D mask through ``transformers.masking_util
 takes explicit ``position_ids`` for its rotary or absolute position embeddings, and (d) computes
 logits as ``lm_head(last_hidden_state)`` with nothing after it. The families below were checked
 against that list in transformers 5.17 and 5.23 and are tested token for token in
-``tests/engine/test_model_runner.py``; anything else is refused rather than served wrongly.
+``tests/engine/runner/test_model_runner.py``; anything else is refused rather than served wrongly.
 """
 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
+
+from engine.runner.attention_backend import GQA_SDPA
 
 # model_type -> why it is servable (kept short; the tests are the proof).
 SUPPORTED_MODEL_TYPES = {
@@ -23,8 +25,9 @@ SUPPORTED_MODEL_TYPES = {
     "gpt2": "absolute position embeddings (wpe), fused c_attn",
 }
 
-# Attention implementations that honour a custom 4-D mask.
-MASKED_ATTENTION = ("sdpa", "eager")
+# Attention implementations that honour a custom 4-D mask (GQA_SDPA: ``sdpa`` once a runner has
+# taken the model, see engine.runner.attention_backend).
+MASKED_ATTENTION = ("sdpa", "eager", GQA_SDPA)
 
 
 def check_model_supported(config: PretrainedConfig, max_model_len: int | None = None) -> None:

@@ -2,22 +2,15 @@
 a few rows.
 
 A verification step at batch 1 runs every linear map of the model on k + 1 rows. MKL's float32 GEMM
-(what ``nn.Linear`` runs) handles 4 rows or more by repacking the weight on every call: on the
-project's 2-core Xeon a forward of the default model cost 1.31x a decode step at 4 rows and 1.40x
-at 5, against 1.06x at 2 and 1.13x at 3. With each weight packed once (``cblas_sgemm_pack``,
-reached through ``torch.ops.mkl``), single maps of the default model's shapes took 0.64-0.95x the
-time of ``nn.Linear`` at 4-16 rows, 0.82-1.06x at 64 and 0.97-1.21x at 256. In whole forwards
-(runners with and without packing alternating in one process, 15 rounds, medians) 4 rows cost
-0.92x, 5 rows 0.89x, 4 sequences of one token 0.90x and 8 of them 0.85x (1-3 rows, which never take
-this path, read 0.95-0.98: the A/B's noise); an earlier A/B had 32, 64 and 160 rows at 0.99x. So a
-forward of ``MIN_ROWS`` to ``MAX_ROWS`` rows (batch size x new tokens) runs every decoder
-``nn.Linear`` on the packed weight, and any other forward runs the model unchanged.
+(what ``nn.Linear`` runs) handles 4 rows or more by repacking the weight on every call. With each
+weight packed once (``cblas_sgemm_pack``, reached through ``torch.ops.mkl``) a forward of
+``MIN_ROWS`` to ``MAX_ROWS`` rows (batch size x new tokens) runs every decoder ``nn.Linear`` on
+the packed weight, and any other forward runs the model unchanged.
 
 The packed format is MKL's, for the weight as it was when packed (weights changed afterwards are
-not seen). It costs memory: a runner over the default model held 717 MB more than one without
-packing (its weights are 540 MB), as MKL pads the small maps' packed copies (2.2x the weight for
-576 x 576, 5.2x for 192 x 576, 1.0x for the MLP's). Packing the MLP's maps alone would cost half of
-that but keep less than half of the gain (5 rows at 0.94x, against 0.81x for all, in the same A/B).
+not seen). It costs memory: MKL pads the small maps' packed copies, so a runner holds more than
+its weights again. Packing only the MLP's maps would cost less memory but keep less than half of
+the gain. The measurements: docs/design.md, "Measured reasons behind the runner's choices".
 One packed copy serves every row count (``_mkl_linear`` is told the true row count, so it never
 falls back to the plain weight); the results differ from ``nn.Linear``'s by float32 rounding only,
 as those of one row and of several already do. Runners over the same weights (the early-exit draft

@@ -2,16 +2,14 @@
 
 A verification step scores k + 1 positions, so its ``lm_head`` is a GEMM with k + 1 rows against
 the whole vocabulary. MKL's float32 GEMM (what ``nn.Linear`` runs) streams the weight well for one
-row but not for a few: on the project's 2-core Xeon, the default model's 576 x 49152 head took
-8.1 ms for 1 row and 18.0 ms for 5, cold (weights out of cache, as in a forward). The same product
-through oneDNN with the weight reordered once took 8.0 and 8.4 ms (3 rows 8.6, 8 rows 9.1): the
-weight is read once, whatever the number of rows. One row keeps ``nn.Linear`` (the same
-speed, and the decode path as before: an in-process A/B of the default model's decoding had
-it 1.6% slower with every row packed). Logits differ from ``nn.Linear``'s by float32
-rounding only (the order of the sums), as those of one row and of several already do.
+row but not for a few; through oneDNN with the weight reordered once, the weight is read once
+whatever the number of rows. One row keeps ``nn.Linear`` (as fast, and the decode path as
+before). Logits differ from ``nn.Linear``'s by float32 rounding only (the order of the sums), as
+those of one row and of several already do. The measurements: docs/design.md, "Measured reasons
+behind the runner's choices".
 
-The packed copy costs the head's size in memory again (113 MB for the default model) and is taken
-when the runner is built: weights changed afterwards are not seen. Elsewhere (GPU, other dtypes,
+The packed copy costs the head's size in memory again and is taken when the runner is built:
+weights changed afterwards are not seen. Elsewhere (GPU, other dtypes,
 a PyTorch without oneDNN, a head that is not an ``nn.Linear``) the model's own head runs.
 """
 

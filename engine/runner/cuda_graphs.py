@@ -1,7 +1,7 @@
 """CUDA graphs of the runner's small forwards (decode and verification steps).
 
 Why. At batch 1-32 a decode step of a 1B model is mostly host work: Python and one kernel launch
-per op, a few hundred per step, while the GPU waits (DESIGN.md: "Where GPU time goes today").
+per op, a few hundred per step, while the GPU waits (docs/performance.md, end to end on the GPU).
 A CUDA graph records the step's kernels once and replays them with one launch.
 
 Static shapes. A graph replays fixed shapes at fixed addresses, so each one is captured for a
@@ -12,8 +12,7 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   that counts);
 - ``num_new``: 1 (decode), else ``max_num_new`` (the engine's k + 1): every verification step
   shares one bucket, its sequences padded with scratch tokens. Exact buckets per k would make
-  most adaptive-k probes a bucket's first, eager, step, about 3x a replay; the padding costs
-  less (on an H200 at batch 32, 5 new tokens cost 1.06x (1B) and 1.11x (8B) what 2 do).
+  most adaptive-k probes a bucket's first, eager, step, which costs more than the padding.
   Longer steps (prefills) run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
@@ -23,15 +22,15 @@ Every graph reads its inputs from one static long tensor laid out as the runner'
 (input ids, positions, pool rows, slot-table cells, slots) and writes the last hidden states
 ``[batch_size * num_new, hidden_size]`` into a static output; ``lm_head`` runs after the replay on
 the rows asked for only. Graphs are captured lazily, the *second* time a bucket is met, and share
-one memory pool. A capture (one warm-up forward plus the capture) cost 26 ms for the 1B model
-and 90 ms for the 8B at batch 32 on an H200, about three eager steps. A decode bucket's capture
+one memory pool. A capture (one warm-up forward plus the capture) costs about three eager steps.
+A decode bucket's capture
 also captures its verification twin (same batch and key length, ``max_num_new`` tokens): decode
 steps come back every step while adaptive-k probes are rare, so a probe would otherwise meet its
 bucket cold (an eager step, then a capture inside a later step) long after the decode graph is
-warm. Each graph also keeps memory of its own (measured on an H200: 40-90 MB per graph for the
-1B model at batch 1 to 2); capturing every bucket of an 8B model at batch 32 up front ran out
-of 139 GiB, which is why nothing is captured before its decode bucket is met twice. Replays run
-in stream order, so sharing is safe; each graph's output stays alive as long as the graph.
+warm. Each graph also keeps memory of its own; capturing every bucket of an 8B model at batch 32 up
+front ran out of memory, which is why nothing is captured before its decode bucket is met twice
+(the measurements: docs/design.md, "Measured reasons behind the runner's choices"). Replays run in
+stream order, so sharing is safe; each graph's output stays alive as long as the graph.
 """
 
 from __future__ import annotations

@@ -42,7 +42,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.runner.attention_backend import gqa_attention, without_cudnn_attention
+from engine.runner.attention_backend import (
+    gqa_attention,
+    install_gqa_attention,
+    without_cudnn_attention,
+)
 from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
@@ -93,8 +97,7 @@ class ModelRunner:
     ``cuda_graph_max_new``: on one CUDA device, steps of at most this many new tokens per
     sequence replay CUDA graphs (:mod:`engine.runner.cuda_graphs`); 0 runs every step eager.
     ``pack_cpu_weights``: on CPU in float32, steps of a few rows run the decoder's linear maps
-    on MKL-packed weights (:mod:`engine.runner.cpu_linears`; 717 MB more memory for the default
-    model).
+    on MKL-packed weights (:mod:`engine.runner.cpu_linears`, at a cost in memory).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
@@ -104,6 +107,7 @@ class ModelRunner:
         self.max_model_len = _positive("max_model_len", max_model_len)
         config = model.config
         check_model_supported(config, max_model_len)
+        install_gqa_attention(config)
         max_positions = getattr(config, "n_positions", None)  # absolute position tables (GPT-2)
         if config.model_type == "gpt2" and max_model_len > max_positions:
             raise ValueError(f"max_model_len must be <= n_positions={max_positions} for "
@@ -155,10 +159,6 @@ class ModelRunner:
     @property
     def num_cached_tokens(self) -> int:
         return self.max_num_tokens - len(self._free_rows)
-
-    @property
-    def num_free_slots(self) -> int:
-        return len(self._free_slots)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -251,8 +251,7 @@ class ModelRunner:
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         mask = None if uniform else self._mask(positions, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
-        with without_cudnn_attention(), gqa_attention(self.model.config,
-                                                      mask is not None or num_new > 1), \
+        with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
                 self._linears.use(padded):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,

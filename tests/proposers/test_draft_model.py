@@ -193,28 +193,6 @@ def test_full_draft_cache_stops_drafting_safely():
     assert proposal.draft_token_ids == [hf_greedy(model, context, 3)]  # 8 + 2 cached tokens fit
 
 
-@pytest.mark.parametrize("cudnn_before", [True, False])
-def test_draft_forwards_run_without_cudnn_attention(cudnn_before):
-    """cuDNN SDPA builds a plan per new key length: every draft forward (through the runner) sees
-    it off, and the caller's setting comes back afterwards (also when drafting stops on a full
-    cache)."""
-    model = tiny_model("llama", vocab_size=VOCAB, seed=8)
-    seen = []
-    hook = model.base_model.register_forward_pre_hook(
-        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
-    proposer = draft_proposer(model, 1, 32, max_num_tokens=10, greedy=True)
-    torch.backends.cuda.enable_cudnn_sdp(cudnn_before)
-    try:
-        proposer.propose([ProposeRequest(0, [1, 2, 3], 4, GREEDY)])  # 4 forwards
-        proposer.propose([ProposeRequest(0, [1, 2, 3, 4, 5, 6, 7, 8], 4, GREEDY)])  # stops at 10
-        after = torch.backends.cuda.cudnn_sdp_enabled()
-    finally:
-        hook.remove()
-        torch.backends.cuda.enable_cudnn_sdp(True)
-    assert len(seen) > 4 and not any(seen)  # every forward of both calls
-    assert after is cudnn_before
-
-
 @pytest.mark.parametrize("width", [0, -3, 2.5, True])
 def test_bad_target_vocab_size(width):
     with pytest.raises(ValueError, match="target_vocab_size"):

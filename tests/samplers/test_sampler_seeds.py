@@ -85,7 +85,7 @@ def test_k0_verification_is_plain_sampling(name: str) -> None:
         params = [SamplingParams(temperature=0.0, seed=i) for i in range(4)]
     gen_a = [torch.Generator().manual_seed(p.seed) for p in params]
     gen_b = [torch.Generator().manual_seed(p.seed) for p in params]
-    metadata = SpecDecodeMetadata.no_drafts(len(params))
+    metadata = SpecDecodeMetadata.from_lists([[]] * len(params))
     for step in range(5):
         logits = _logits(len(params), seed=step)
         plain = _plain_sample(logits, params, gen_a)
@@ -107,7 +107,7 @@ def test_greedy_requests_consume_no_random_numbers() -> None:
 
 
 def _sample(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
-    metadata = SpecDecodeMetadata.no_drafts(logits.shape[0])
+    metadata = SpecDecodeMetadata.from_lists([[]] * logits.shape[0])
     return get_sampler("rejection").verify(logits, metadata, tensors)[:, 0]
 
 

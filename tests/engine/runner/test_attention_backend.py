@@ -4,11 +4,14 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from engine.runner import attention_backend
 from engine.runner.attention_backend import (
     GQA_SDPA,
     folded_gqa_sdpa,
     gqa_attention,
     gqa_sdpa_attention,
+    install_gqa_attention,
+    without_cudnn_attention,
 )
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.model_runner import ModelRunner
@@ -58,17 +61,48 @@ def test_folded_gqa_equals_repeated_heads(num_new, kv_len):
     torch.testing.assert_close(shared, want, rtol=1e-6, atol=1e-6)
 
 
-def test_the_switch_is_scoped_to_sdpa_models():
+def test_the_switch_is_scoped_to_sdpa_models_and_to_the_runners_forwards():
+    """Found in review: every forward flipped the model's attention implementation (and the
+    cuDNN flag on CPU too). A runner now points an sdpa model at its function once, and the
+    function reads the shared heads in place only inside the runner's own forwards."""
     model = tiny_model("llama")
-    with gqa_attention(model.config):
-        assert model.config._attn_implementation == GQA_SDPA
-    assert model.config._attn_implementation == "sdpa"
-    with pytest.raises(RuntimeError), gqa_attention(model.config):
-        raise RuntimeError("a failing forward")
-    assert model.config._attn_implementation == "sdpa"
+    install_gqa_attention(model.config)
+    assert model.config._attn_implementation == GQA_SDPA
+    query, key, value, mask = attention_inputs(5, 40)
+    with pytest.MonkeyPatch.context() as patch:
+        calls = []
+        patch.setattr(attention_backend, "sdpa_attention_forward",
+                      lambda *a, **k: calls.append(1) or sdpa_attention_forward(*a, **k))
+        gqa_sdpa_attention(Module(), query, key, value, mask)  # outside: transformers' sdpa
+        assert calls == [1]
+        with gqa_attention():
+            gqa_sdpa_attention(Module(), query, key, value, mask)  # inside: heads in place
+        assert calls == [1]
+        with pytest.raises(RuntimeError), gqa_attention():
+            raise RuntimeError("a failing forward")
+        gqa_sdpa_attention(Module(), query, key, value, mask)  # the switch did not leak
+        assert calls == [1, 1]
     eager = tiny_model("llama", attn_implementation="eager")
-    with gqa_attention(eager.config):
-        assert eager.config._attn_implementation == "eager"
+    install_gqa_attention(eager.config)
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_a_cpu_forward_leaves_the_cudnn_flag_alone(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp",
+                        lambda _: pytest.fail("the flag was written on a CPU forward"))
+    with without_cudnn_attention(torch.device("cpu")):
+        pass
+
+
+def test_hf_generate_on_a_model_a_runner_took_is_unchanged():
+    model = tiny_model("llama", vocab_size=256)
+    prompt = torch.tensor([[5, 9, 3, 7, 1, 2]])
+    kwargs = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        before = model.generate(prompt, **kwargs)
+        ModelRunner(model, max_num_seqs=1, max_num_tokens=64, max_model_len=64)
+        assert model.config._attn_implementation == GQA_SDPA
+        assert torch.equal(model.generate(prompt, **kwargs), before)
 
 
 def test_runner_scores_like_the_model_with_grouped_query_attention():
@@ -85,7 +119,6 @@ def test_runner_scores_like_the_model_with_grouped_query_attention():
         for row, (prompt, step) in zip((0, 5), zip(prompts, steps, strict=True), strict=True):
             want = model(torch.tensor([prompt + step])).logits[0, len(prompt):]
             torch.testing.assert_close(got[row:row + len(step)], want, rtol=1e-4, atol=1e-4)
-    assert model.config._attn_implementation == "sdpa"
 
 
 def test_packed_head_matches_the_linear_head():

@@ -280,11 +280,15 @@ def test_unmasked_and_view_paths_match_full_forward(family, attn):
     assert runner.cache._run is None  # a's rows now interleave with b's
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="the flag matters on CUDA"))])
 @pytest.mark.parametrize("cudnn_before", [True, False])
-def test_forwards_run_without_cudnn_attention(cudnn_before):
-    """cuDNN SDPA builds a plan per new key length (tens of ms each on Hopper): every forward
-    runs with it off, and the caller's setting is restored afterwards."""
-    model = tiny_model("llama", seed=3)
+def test_forwards_run_without_cudnn_attention(cudnn_before, device):
+    """cuDNN SDPA builds a plan per new key length (tens of ms each on Hopper): every CUDA
+    forward runs with it off, and the caller's setting is restored afterwards; a CPU forward
+    leaves the process-wide flag alone."""
+    model = tiny_model("llama", seed=3).to(device)
     seen = []
     hook = model.base_model.register_forward_pre_hook(
         lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
@@ -298,5 +302,5 @@ def test_forwards_run_without_cudnn_attention(cudnn_before):
     finally:
         hook.remove()
         torch.backends.cuda.enable_cudnn_sdp(True)
-    assert seen == [False, False]
+    assert seen == ([False, False] if device == "cuda" else [cudnn_before, cudnn_before])
     assert after is cudnn_before
