@@ -42,6 +42,8 @@ class EngineComponents:
     # EngineConfig.seed, so that an engine never reseeds or consumes torch's global RNG (None
     # when seed is None: the global RNG).
     generator: torch.Generator | None
+    # which setting sets max_model_len, for errors ("kv_cache_tokens=64", ...)
+    max_model_len_source: str
 
 
 def resolve_device(device: str) -> str:
@@ -124,8 +126,13 @@ def build_components(config: EngineConfig) -> EngineComponents:
     vocab_size = model.get_output_embeddings().weight.shape[0]
     own_len = model_max_len(model)
     max_model_len = min(config.max_model_len or own_len, own_len)
+    source = (f"max_model_len={config.max_model_len}" if max_model_len != own_len
+              else f"the model's context length {own_len}")
     kv_tokens = kv_budget(config, device, max_model_len)
-    max_model_len = min(max_model_len, kv_tokens)
+    if kv_tokens < max_model_len:
+        max_model_len = kv_tokens
+        source = (f"kv_cache_tokens={kv_tokens}" if config.kv_cache_tokens else
+                  f"the default KV cache of {kv_tokens} tokens; raise kv_cache_tokens")
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config))
     generator = None
@@ -141,4 +148,5 @@ def build_components(config: EngineConfig) -> EngineComponents:
         spec.acceptance_method, spec)
     greedy_sampler = get_sampler("greedy") if sampler.lossless else None
     return EngineComponents(model, tokenizer, runner, proposer, sampler, greedy_sampler, device,
-                            vocab_size, max_model_len, eos_token_ids(model, tokenizer), generator)
+                            vocab_size, max_model_len, eos_token_ids(model, tokenizer), generator,
+                            source)

@@ -9,20 +9,18 @@
 from __future__ import annotations
 
 import itertools
-from collections import abc
+from collections import abc, deque
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from engine.config import EngineConfig, SpeculativeConfig
+from engine.inputs import Messages, Prompt, normalize_conversations, normalize_prompts
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput, StreamDelta
 from engine.sequence import Sequence
 from samplers.sampling_params import SamplingParams
-
-Prompt = str | abc.Sequence[int] | dict[str, Any]  # text, token ids, or vLLM's dict forms
-Messages = list[dict[str, str]]
 
 
 class LLM:
@@ -45,6 +43,8 @@ class LLM:
         self.engine = LLMEngine(self.config)
         self.default_sampling_params = SamplingParams()
         self._ids = itertools.count()
+        # request id -> the inbox of the open call (generate, a stream) that owns the request
+        self._inboxes: dict[str, deque[Sequence]] = {}
 
     @classmethod
     def from_config_file(cls, path: str | Path, **overrides: Any) -> LLM:
@@ -68,22 +68,20 @@ class LLM:
 
         ``prompts``: a string, a list of strings, or token id lists (or vLLM's dicts
         ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``). ``sampling_params``: one for
-        all prompts or one per prompt. Invalid parameters raise ``ValueError`` before any work; a
-        request that cannot run (empty prompt, prompt longer than the context) comes back with
-        ``finish_reason='error'`` and ``error`` set while the others complete.
+        all prompts or one per prompt. Invalid prompts and parameters raise ``TypeError`` /
+        ``ValueError`` before any work; a request that cannot run (empty prompt, prompt longer
+        than the context) comes back with ``finish_reason='error'`` and ``error`` set while the
+        others complete.
         """
-        ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        try:
-            pending = _Pending(self.engine, ids)
-            with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
-                while pending:
-                    for seq in self.engine.step():
-                        if pending.finished(seq):
-                            bar.update(1)
-            return [self._output(rid) for rid in ids]
-        finally:  # (raised mid-flight: the engine keeps nothing of this call)
-            for rid in ids:
-                self.engine.discard_request(rid)
+        ids = self._add(normalize_prompts(prompts, self.engine.tokenizer), sampling_params)
+        outputs: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
+            for seq, last in self._updates(ids, self._inboxes[ids[0]] if ids else deque()):
+                if last:
+                    outputs[seq.request_id] = build_output(
+                        self.engine.pop_request(seq.request_id))
+                    bar.update(1)
+        return [outputs[rid] for rid in ids]
 
     def chat(self, messages: Messages | abc.Sequence[Messages],
              sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
@@ -96,14 +94,13 @@ class LLM:
     def chat_prompts(self, messages: Messages | abc.Sequence[Messages],
                      add_generation_prompt: bool = True) -> list[list[int]]:
         """Token ids of each conversation after the chat template."""
+        conversations = normalize_conversations(messages)
         tokenizer = self.engine.tokenizer
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("this model's tokenizer has no chat template; use generate()")
-        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
-            messages = [messages]
         prompts = []
-        for conversation in messages:
-            text = tokenizer.apply_chat_template(list(conversation), tokenize=False,
+        for conversation in conversations:
+            text = tokenizer.apply_chat_template(conversation, tokenize=False,
                                                  add_generation_prompt=add_generation_prompt)
             prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
         return prompts
@@ -113,27 +110,63 @@ class LLM:
             sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
     ) -> abc.Iterator[StreamDelta]:
         """Yield text deltas as tokens are accepted, for every sample of every prompt; the last
-        delta of a sample has ``finish_reason`` set. Text that could still be the start of a stop
-        string is held back until it is not (or the sample finishes)."""
-        ids = self._add(self._normalize_prompts(prompts), sampling_params)
-        try:
-            pending = _Pending(self.engine, ids)
-            while pending:
-                for seq in self.engine.step():
-                    if seq.request_id not in pending.remaining:
-                        continue
-                    delta = self._delta(seq)
-                    if pending.finished(seq):  # before yielding: the caller may abort meanwhile
-                        self.engine.pop_request(seq.request_id)
-                    if delta is not None:
-                        yield delta
-        finally:  # (the consumer stopped early or raised: the engine keeps nothing of this call)
-            for rid in ids:
-                self.engine.discard_request(rid)
+        delta of a sample has ``finish_reason`` set (and ``error`` when it failed). Text that
+        could still be the start of a stop string is held back until it is not (or the sample
+        finishes). Several streams (and ``generate`` calls) may be open at once: each sees
+        exactly its own requests' deltas."""
+        ids = self._add(normalize_prompts(prompts, self.engine.tokenizer), sampling_params)
+        return _Stream(self, ids)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request now; it finishes with ``finish_reason='abort'`` and its output so far."""
-        self.engine.abort_request(request_id)
+    def _stream(self, ids: list[str]) -> abc.Iterator[StreamDelta]:
+        for seq, last in self._updates(ids, self._inboxes[ids[0]] if ids else deque()):
+            delta = seq.take_delta()
+            if last:  # before yielding: the caller may abort meanwhile
+                self.engine.pop_request(seq.request_id)
+            if delta is not None:
+                yield delta
+
+    def _updates(self, ids: list[str],
+                 inbox: deque[Sequence]) -> abc.Iterator[tuple[Sequence, bool]]:
+        """This call's sequences as the steps update them (through ``inbox``, registered when
+        the requests were added), with True for a request's last sample to finish, until every
+        request finished. Steps run here route other open calls' updates to their inboxes.
+        However the call ends (finished, an exception, a consumer that stops reading), its
+        requests leave the engine."""
+        pending = _Pending(self.engine, ids)
+        try:
+            while pending.remaining:
+                if not inbox:
+                    if not self.engine.has_work():
+                        raise RuntimeError(f"requests {sorted(pending.remaining)} cannot finish: "
+                                           "the engine has nothing left to run")
+                    self._step()
+                while inbox:
+                    seq = inbox.popleft()
+                    if seq.request_id in pending.remaining:
+                        yield seq, pending.finished(seq)
+        finally:
+            self._release(ids)
+
+    def _release(self, ids: list[str]) -> None:
+        """A call ended: its requests leave the engine and nothing more is routed to it."""
+        for rid in ids:
+            self._inboxes.pop(rid, None)
+            self.engine.discard_request(rid)
+
+    def _step(self) -> None:
+        """One engine step; each updated sequence goes to the inbox of the call that owns it."""
+        for seq in self.engine.step():
+            inbox = self._inboxes.get(seq.request_id)
+            if inbox is not None:
+                inbox.append(seq)
+
+    def abort(self, request_id: str | int) -> None:
+        """Stop a request now; it finishes with ``finish_reason='abort'`` and its output so far.
+        An id the engine does not hold (finished and returned already) is ignored, as in vLLM."""
+        if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
+            raise TypeError(f"request_id must be a string (or an int), got "
+                            f"{type(request_id).__name__} {request_id!r}")
+        self.engine.abort_request(str(request_id))
 
     # ------------------------------------------------------------------ metrics
     def get_metrics(self, baseline_tokens_per_s: float | None = None) -> EngineMetrics:
@@ -144,47 +177,16 @@ class LLM:
         self.engine.metrics.reset()
 
     # ------------------------------------------------------------------ helpers
-    def _normalize_prompts(self, prompts: Prompt | abc.Sequence[Prompt]) -> list[tuple[str | None,
-                                                                                   list[int]]]:
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, (list, tuple)) and prompts
-                and all(isinstance(t, int) for t in prompts)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a list of strings or a list of token id "
-                             f"lists, got {type(prompts).__name__}")
-        return [self._one_prompt(prompt) for prompt in prompts]
-
-    def _one_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) of a string, a token id list, or vLLM's dict forms
-        ``{"prompt": text}`` and ``{"prompt_token_ids": ids}``."""
-        if isinstance(prompt, dict):
-            keys = set(prompt)
-            if keys == {"prompt"} and isinstance(prompt["prompt"], str):
-                prompt = prompt["prompt"]
-            elif keys == {"prompt_token_ids"}:
-                prompt = prompt["prompt_token_ids"]
-                if not isinstance(prompt, (list, tuple)):
-                    raise ValueError("prompt_token_ids must be a list of token ids, got "
-                                     f"{type(prompt).__name__}")
-            else:
-                raise ValueError(f"a prompt dict must have exactly one key, 'prompt' (a string) "
-                                 f"or 'prompt_token_ids' (token ids), got keys {sorted(keys)}")
-        if isinstance(prompt, str):
-            ids = self.engine.tokenizer(prompt)["input_ids"] if prompt else []
-            return prompt, list(ids)
-        if isinstance(prompt, (list, tuple)) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
-        raise ValueError(f"each prompt must be a string or a list of token ids (or a dict with "
-                         f"'prompt' or 'prompt_token_ids'), got {type(prompt).__name__}")
-
     def _add(self, prompts: list[tuple[str | None, list[int]]],
              sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None) -> list[str]:
         if sampling_params is None:
             sampling_params = self.default_sampling_params
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
+        elif not isinstance(sampling_params, (list, tuple)):
+            raise TypeError("sampling_params must be a SamplingParams or a list of them (one per "
+                            f"prompt), got {type(sampling_params).__name__} "
+                            f"{sampling_params!r:.60}")
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
@@ -192,34 +194,39 @@ class LLM:
                                  "prompts: give one, or one per prompt")
         for p in params:
             if not isinstance(p, SamplingParams):
-                raise ValueError(f"sampling_params entries must be SamplingParams, got "
-                                 f"{type(p).__name__}")
+                raise TypeError("sampling_params must be a SamplingParams or a list of them (one "
+                                f"per prompt), got {type(p).__name__} {p!r:.60}")
             self.engine.check_params(p)
-        ids = []
-        for (text, token_ids), p in zip(prompts, params, strict=True):
-            rid = str(next(self._ids))
-            self.engine.add_request(rid, text, token_ids, p)
-            ids.append(rid)
+        ids: list[str] = []
+        inbox: deque[Sequence] = deque()  # this call's: the steps route its updates here
+        try:
+            for (text, token_ids), p in zip(prompts, params, strict=True):
+                ids.append(str(next(self._ids)))
+                self._inboxes[ids[-1]] = inbox
+                self.engine.add_request(ids[-1], text, token_ids, p)
+        except BaseException:
+            self._release(ids)
+            raise
         return ids
 
-    def _output(self, request_id: str) -> RequestOutput:
-        seqs = self.engine.pop_request(request_id)
-        return build_output(seqs)
 
-    @staticmethod
-    def _delta(seq: Sequence) -> StreamDelta | None:
-        text = seq.text
-        if not seq.is_finished and seq.params.stop:
-            hold = max(len(s) for s in seq.params.stop) - 1
-            text = text[:max(len(text) - hold, seq.num_streamed_chars)]
-        new_text = text[seq.num_streamed_chars:]
-        new_tokens = seq.output_token_ids[seq.num_streamed_tokens:]
-        if not new_text and not new_tokens and not seq.is_finished:
-            return None
-        seq.num_streamed_chars = len(text)
-        seq.num_streamed_tokens = seq.num_output_tokens
-        return StreamDelta(seq.request_id, seq.index, new_text, new_tokens, seq.finish_reason,
-                           seq.stop_reason)
+class _Stream(abc.Iterator[StreamDelta]):
+    """The iterator ``LLM.generate_stream`` returns. Its requests are in the engine from the
+    call on; closing it (or dropping it, even unstarted) takes them out."""
+
+    def __init__(self, llm: LLM, ids: list[str]) -> None:
+        self._llm, self._ids = llm, ids
+        self._deltas = llm._stream(ids)
+
+    def __next__(self) -> StreamDelta:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        self._deltas.close()  # (runs the generator's cleanup if it started)
+        self._llm._release(self._ids)  # (and covers one that never started)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class _Pending:
@@ -229,12 +236,6 @@ class _Pending:
         self.engine = engine
         self.remaining = {rid: len(engine.requests[rid]) for rid in request_ids}
         self._done: set[str] = set()
-
-    def __bool__(self) -> bool:
-        if self.remaining and not self.engine.has_work():
-            raise RuntimeError(f"requests {sorted(self.remaining)} cannot finish: the engine has "
-                               "nothing left to run")
-        return bool(self.remaining)
 
     def finished(self, seq: Sequence) -> bool:
         """Count a sample that finished; True when it was its request's last one."""

@@ -35,6 +35,7 @@ from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop
 from proposers import ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
+from samplers.logits_adjust import tokenize_bad_words
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import ScheduledSequence, Scheduler, SpeculationPolicy
@@ -92,6 +93,7 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.eos_token_ids = parts.eos_token_ids
         self.generator = parts.generator
+        self.max_model_len_source = parts.max_model_len_source
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
@@ -105,8 +107,13 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
-        """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary."""
+        """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, or a bad
+        word that the tokenizer turns into no tokens (it could never be banned)."""
         params.verify_vocab(self.vocab_size)
+        for word in params.bad_words or []:
+            if not tokenize_bad_words(self.tokenizer, [word]):
+                raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no "
+                                 "tokens: it cannot ban anything")
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams) -> list[Sequence]:
@@ -138,8 +145,9 @@ class LLMEngine:
         if len(prompt_token_ids) == 0:
             return "the prompt is empty: at least one token is needed"
         if len(prompt_token_ids) >= self.max_model_len:
-            return (f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is "
-                    f"{self.max_model_len}, which leaves no room for output")
+            return (f"the prompt has {len(prompt_token_ids)} tokens; this engine holds at most "
+                    f"{self.max_model_len} tokens per sequence (set by "
+                    f"{self.max_model_len_source}), which leaves no room for output")
         bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"

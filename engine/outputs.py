@@ -84,7 +84,8 @@ class StreamDelta:
     """New text of one sample since the previous delta (``generate_stream``).
 
     Text is held back while it could still be the start of a stop string, so no character past a
-    stop is ever streamed. The last delta of a sample has ``finish_reason`` set.
+    stop is ever streamed. The last delta of a sample has ``finish_reason`` set, and ``error``
+    says why when that is ``error``.
     """
 
     request_id: str
@@ -93,6 +94,7 @@ class StreamDelta:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

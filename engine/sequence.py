@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.outputs import CompletionOutput, RequestMetrics
+from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
 from scheduler import SequenceStatus
@@ -55,6 +55,7 @@ class Sequence:
         self._untexted: list[int] = []  # output tokens whose text is not in _text yet
         self.num_streamed_chars = 0
         self.num_streamed_tokens = 0
+        self.final_streamed = False  # the delta with the finish reason went out
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
         self.finish_reason: str | None = None
@@ -137,6 +138,26 @@ class Sequence:
         self.finish_reason = reason
         self.stop_reason = stop_reason
         self.error = error
+
+    def take_delta(self) -> StreamDelta | None:
+        """What is new since the last delta (None: nothing yet). Text that could still be the
+        start of a stop string is held back until it is not; the finished sample's last delta
+        carries ``finish_reason`` (and ``error``) exactly once."""
+        if self.final_streamed:
+            return None
+        text = self.text
+        if not self.is_finished and self.params.stop:
+            hold = max(len(s) for s in self.params.stop) - 1
+            text = text[:max(len(text) - hold, self.num_streamed_chars)]
+        new_text = text[self.num_streamed_chars:]
+        new_tokens = self.output_token_ids[self.num_streamed_tokens:]
+        if not new_text and not new_tokens and not self.is_finished:
+            return None
+        self.num_streamed_chars = len(text)
+        self.num_streamed_tokens = self.num_output_tokens
+        self.final_streamed = self.is_finished
+        return StreamDelta(self.request_id, self.index, new_text, new_tokens, self.finish_reason,
+                           self.stop_reason, self.error)
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(

@@ -34,6 +34,23 @@ def _check_int(name: str, value: object, lo: int, allowed: str) -> None:
         _fail(name, value, allowed)
 
 
+def _type_fail(name: str, value: object, allowed: str) -> None:
+    raise TypeError(f"SamplingParams.{name}={value!r} has type {type(value).__name__}: "
+                    f"allowed {allowed}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        _type_fail(name, value, "True or False")
+
+
+def _as_list(name: str, value: object, allowed: str) -> list:
+    """``value`` as a list; a string, a mapping or a scalar is a TypeError naming the field."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, (list, tuple)):
+        _type_fail(name, value, allowed)
+    return list(value)
+
+
 def _check_token_ids(name: str, ids: list[int]) -> None:
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
@@ -88,8 +105,11 @@ class SamplingParams:
         if self.stop_token_ids is None:
             self.stop_token_ids = []
         else:
-            self.stop_token_ids = list(self.stop_token_ids)
+            self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
+                                           "None or a list of token ids")
             _check_token_ids("stop_token_ids", self.stop_token_ids)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            _check_bool(name, getattr(self, name))
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, "None or an integer >= 1")
         _check_int("min_tokens", self.min_tokens, 0, "an integer >= 0")
@@ -98,6 +118,8 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, "None or an integer >= 0")
         if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                _type_fail("logit_bias", self.logit_bias, "None or a dict of token id -> bias")
             bias = {}
             for tok, val in dict(self.logit_bias).items():
                 tok = int(tok) if isinstance(tok, str) and tok.lstrip("-").isdigit() else tok
@@ -107,12 +129,14 @@ class SamplingParams:
                 bias[tok] = float(val)
             self.logit_bias = bias
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids,
+                                              "None or a list of token ids")
             if not self.allowed_token_ids:
                 _fail("allowed_token_ids", [], "None or a non-empty list of token ids")
             _check_token_ids("allowed_token_ids", self.allowed_token_ids)
         if self.bad_words is not None:
-            self.bad_words = list(self.bad_words)
+            self.bad_words = _as_list("bad_words", self.bad_words,
+                                      "None or a list of strings (one per word)")
             if any(not isinstance(w, str) or not w for w in self.bad_words):
                 _fail("bad_words", self.bad_words, "a list of non-empty strings")
         if self.temperature < SAMPLING_EPS:
@@ -126,7 +150,7 @@ class SamplingParams:
             return []
         if isinstance(stop, str):
             stop = [stop]
-        stop = list(stop)
+        stop = _as_list("stop", stop, "None, a string or a list of strings")
         if any(not isinstance(s, str) or not s for s in stop):
             _fail("stop", stop, "a string or a list of non-empty strings")
         return stop

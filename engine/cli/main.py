@@ -55,7 +55,8 @@ def _stream(llm: Any, prompts: list[Any], params: Any, out: TextIO) -> list[dict
         sample["text"] += delta.text
         sample["token_ids"] += delta.token_ids
         if delta.finished:
-            sample.update(finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+            sample.update(finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
+                          error=delta.error)
             if not labelled:
                 print(f"\n[finish_reason={delta.finish_reason}]", end="", file=out)
     print(file=out)
@@ -117,8 +118,11 @@ def run(argv: list[str] | None = None) -> int:
     json_path = getattr(args, "json", None)
     out = sys.stderr if json_path == "-" else sys.stdout
 
+    from transformers.utils import logging as hf_logging
+
     from engine.llm import LLM  # heavy import (torch, transformers) after the cheap checks
 
+    hf_logging.disable_progress_bar()  # stderr is for errors (and our own progress) only
     llm = LLM(**{f.name: getattr(engine_config, f.name) for f in fields(engine_config)})
     prompts = render_prompts(items, llm, chat=getattr(args, "chat", False))
     stream = getattr(args, "stream", False)
@@ -134,8 +138,19 @@ def run(argv: list[str] | None = None) -> int:
     if json_path is not None:
         write_json(json_path, {"engine": preset.engine, "sampling": asdict(sampling)}, items,
                    outputs, streamed, metrics)
-    failed = outputs is not None and any(o.error is not None for o in outputs)
+    failed = _report_failures(outputs, streamed)
     return EXIT_FAILED if failed else 0
+
+
+def _report_failures(outputs: list[RequestOutput] | None,
+                     streamed: list[dict[str, Any]] | None) -> int:
+    """One ``error:`` line on stderr per request that failed; returns how many did."""
+    errors = ([(o.request_id, o.error) for o in outputs if o.error is not None] if outputs
+              else [(s["request_id"], s.get("error")) for s in streamed or []
+                    if s.get("finish_reason") == "error"])
+    for request_id, error in errors:
+        print(f"error: request {request_id}: {' '.join(str(error).split())}", file=sys.stderr)
+    return len(errors)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except (CliError, ValueError, FileNotFoundError) as exc:
+    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -56,11 +56,18 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
         source, extra = _embedded_model_dir(model, cache_dir), {"local_files_only": True}
     else:
         source, extra = _resolve(model)
+    local = extra.get("local_files_only", False) or "gguf_file" in extra
     try:
         loaded = AutoModelForCausalLM.from_pretrained(source, **kwargs, **extra)
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
-    except OSError as err:
-        raise ValueError(f"model {model!r} could not be loaded: {err}") from err
+    except Exception as err:  # noqa: BLE001 - a broken file fails in many ways; name the file
+        if not local and not isinstance(err, OSError):
+            raise
+        what = (f"{Path(source) / extra['gguf_file']} is not a readable GGUF file" if "gguf_file"
+                in extra else f"{source} does not hold a readable checkpoint" if local else
+                f"model {model!r} could not be loaded")
+        detail = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise ValueError(f"{what} ({detail})") from err
     check_model_supported(loaded.config)
     return loaded.eval(), tokenizer
 
@@ -88,6 +95,7 @@ def _resolve(model: str) -> tuple[str, dict]:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ValueError(f"model {model!r}: no such .gguf file")
+        check_gguf_header(path)
         return str(path.parent), {"gguf_file": path.name, "local_files_only": True}
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -96,6 +104,17 @@ def _resolve(model: str) -> tuple[str, dict]:
     if model.startswith(("/", ".", "~")) or model.count("/") > 1 or path.exists():
         raise ValueError(f"model {model!r}: no such local directory or .gguf file")
     return model, _hub_kwargs(model)
+
+
+def check_gguf_header(path: Path) -> None:
+    """Raise ValueError naming ``path`` unless it starts like a GGUF file (magic ``GGUF``)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        raise ValueError(f"{path} is empty: not a readable GGUF file")
+    if head != b"GGUF":
+        raise ValueError(f"{path} is not a readable GGUF file (it does not start with the GGUF "
+                         f"magic bytes, got {head!r})")
 
 
 def _hub_kwargs(model_id: str) -> dict:

@@ -26,7 +26,8 @@ def llm(target):
 @pytest.mark.parametrize("bad, message", [
     ([], "prompt is empty"),
     ("", "prompt is empty"),
-    (list(range(3, 31)) + [3, 4, 5, 6], "32 tokens; max_model_len is 32"),
+    (list(range(3, 31)) + [3, 4, 5, 6],
+     "32 tokens; this engine holds at most 32 tokens per sequence (set by max_model_len=32)"),
     ([5, 99], "outside the vocabulary [0, 32)"),
 ])
 def test_a_bad_prompt_fails_alone(llm, target, bad, message):
@@ -61,7 +62,7 @@ def test_params_that_ban_every_token_fail_alone(llm, target):
 def test_sampling_params_count_must_match(llm):
     with pytest.raises(ValueError, match="2 entries for 3 prompts"):
         llm.generate([GOOD] * 3, [GREEDY, GREEDY], use_tqdm=False)
-    with pytest.raises(ValueError, match="string or a list of token ids"):
+    with pytest.raises(TypeError, match="prompt 1 must be a string, a list of token ids"):
         llm.generate([GOOD, 3.5], GREEDY, use_tqdm=False)
 
 

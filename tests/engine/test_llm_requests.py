@@ -136,9 +136,10 @@ def test_vllm_dict_prompts(target):
     assert ids(out) == [[hf_greedy(target, p, 6)] for p in PROMPTS[:2]]
     single = llm.generate({"prompt_token_ids": PROMPTS[2]}, params, use_tqdm=False)
     assert ids(single) == [[hf_greedy(target, PROMPTS[2], 6)]]
-    for bad in ({"text": "w5"}, {"prompt": "w5", "prompt_token_ids": [5]},
-                {"prompt_token_ids": "w5"}):
-        with pytest.raises(ValueError, match="prompt"):
+    for bad, error in (({"text": "w5"}, ValueError), ({"prompt": "w5", "prompt_token_ids": [5]},
+                                                      ValueError),
+                       ({"prompt_token_ids": "w5"}, TypeError)):
+        with pytest.raises(error, match="prompt 0"):
             llm.generate([bad], params, use_tqdm=False)
 
 

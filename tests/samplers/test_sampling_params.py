@@ -95,3 +95,24 @@ def test_verify_vocab_rejects_ids_outside_the_vocabulary(kwargs, field):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.*\[0, 100"):
         params.verify_vocab(100)
     SamplingParams(**kwargs).verify_vocab(1000)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"ignore_eos": "no"}, "ignore_eos"),  # was accepted (a truthy string: EOS ignored)
+    ({"skip_special_tokens": "false"}, "skip_special_tokens"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+    ({"bad_words": "t7 t8"}, "bad_words"),  # was split into characters
+    ({"stop": 5}, "stop"),  # was "TypeError: 'int' object is not iterable"
+    ({"stop_token_ids": 5}, "stop_token_ids"),
+    ({"allowed_token_ids": "5"}, "allowed_token_ids"),
+    ({"logit_bias": [(5, 1.0)]}, "logit_bias"),
+])
+def test_wrong_types_are_type_errors_naming_the_field(kwargs, field):
+    with pytest.raises(TypeError, match=rf"SamplingParams\.{field}=.* has type"):
+        SamplingParams(**kwargs)
+
+
+def test_right_types_still_pass():
+    p = SamplingParams(ignore_eos=True, stop="x", stop_token_ids=(3, 4), bad_words=["a b"],
+                       allowed_token_ids=(1, 2), logit_bias={1: 0.5})
+    assert (p.stop, p.stop_token_ids, p.allowed_token_ids) == (["x"], [3, 4], [1, 2])

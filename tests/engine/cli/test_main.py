@@ -217,3 +217,18 @@ def test_default_command_runs_the_embedded_model(capsys):
     printed = capsys.readouterr().out
     assert "finish_reason=" in printed
     assert "acceptance rate" in printed and "mean accepted length" in printed
+
+
+def test_a_failed_request_is_one_error_line_on_stderr(tiny_model_dir):
+    """Found by the misuse run: the failure went to stdout only (exit code 1, nothing on
+    stderr) after the 'Loading weights' bar. stderr now holds the error line and nothing else."""
+    long_prompt = " ".join(f"w{4 + i % 100}" for i in range(40))
+    proc = subprocess.run(
+        [sys.executable, "-m", "engine.generate", "--model", str(tiny_model_dir), "--device",
+         "cpu", "--max-model-len", "32", "--prompt", "w5 w6 w7", "--prompt", long_prompt,
+         "--max-tokens", "4", "--no-progress"],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: request 1: the prompt has 40 tokens")
+    assert "[4 tokens, finish_reason=length]" in proc.stdout  # the good request ran

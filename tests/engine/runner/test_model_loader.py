@@ -125,3 +125,33 @@ def test_default_model_cache(default_model, specdec_cache_dir):
     torch.testing.assert_close(logits[-1, :5], torch.tensor(HELLO_LAST5), atol=1e-3, rtol=0)
     bf16, _ = load_model("smollm2-135m", dtype="bfloat16", cache_dir=specdec_cache_dir)
     assert bf16.dtype == torch.bfloat16
+
+
+def test_corrupt_model_files_name_the_file(tmp_path):
+    """Found by the misuse run: a truncated .gguf raised struct.error, an empty one 'cannot mmap
+    an empty file', a garbage config 'not a valid JSON file', none naming the file."""
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"this is not a model" * 10)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + b"\x07\x00")  # header cut short
+    cases = [(empty, "is empty: not a readable GGUF file"),
+             (garbage, "is not a readable GGUF file .*magic"),
+             (truncated, "is not a readable GGUF file")]
+    for path, message in cases:
+        with pytest.raises(ValueError, match=message) as info:
+            load_model(str(path))
+        assert str(path) in str(info.value)
+    broken = tmp_path / "broken"
+    save_tiny(broken, "llama")
+    (broken / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="does not hold a readable checkpoint") as info:
+        load_model(str(broken))
+    assert str(broken) in str(info.value)
+    weights = tmp_path / "weights"
+    save_tiny(weights, "llama")
+    (weights / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="does not hold a readable checkpoint") as info:
+        load_model(str(weights))
+    assert str(weights) in str(info.value)
