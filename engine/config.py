@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from engine.logprobs import LOGPROBS_MODES
 from engine.runner.loader import DTYPES
 from proposers import available_proposers
 from proposers.ngram_table import MAX_N
@@ -143,9 +144,18 @@ class EngineConfig:
     ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode).
     ``max_model_len``: prompt + output limit; None = the model's own.
     ``kv_cache_tokens``: tokens the KV cache holds over all sequences; None = enough for
-    ``max_num_seqs`` full-length sequences, capped at 65536 on CUDA and 16384 on CPU
-    (preemption starts when it is full).
-    ``seed``: seeds the global RNG used by requests without a seed of their own.
+    ``max_num_seqs`` full-length sequences, capped on CUDA by ``gpu_memory_utilization`` and on
+    CPU at 16384 tokens (preemption starts when it is full).
+    ``gpu_memory_utilization`` (vLLM's): the share of the GPU's memory the engine may fill, the
+    weights included; the KV cache gets what is left of it after the weights and a reserve for
+    activations and CUDA graphs.
+    ``seed``: seeds the engine's own random generator, used by requests without a seed of their
+    own (torch's global RNG is never touched; None: use it).
+    ``logprobs_mode`` (vLLM's): what ``logprobs`` hold: ``raw_logprobs`` (the model's, before
+    any processing), ``processed_logprobs`` (the sampled distribution), or ``raw_logits`` /
+    ``processed_logits`` (see :mod:`engine.logprobs`).
+    ``trust_remote_code`` (vLLM's, Hugging Face's): allow a hub model's own modelling code.
+    ``tensor_parallel_size`` (vLLM's): 1; more GPUs are not served yet.
     ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
     decode and verification forwards of the target and of a draft model replay CUDA graphs
     (:mod:`engine.runner.cuda_graphs`); prefills always run eager.
@@ -162,6 +172,10 @@ class EngineConfig:
     seed: int | None = 0
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
     enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    logprobs_mode: str = "raw_logprobs"
+    trust_remote_code: bool = False
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -181,8 +195,17 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
-        if not isinstance(self.enforce_eager, bool):
-            _fail(name, "enforce_eager", self.enforce_eager, "true or false")
+        for field in ("enforce_eager", "trust_remote_code"):
+            if not isinstance(getattr(self, field), bool):
+                _fail(name, field, getattr(self, field), "true or false")
+        u = self.gpu_memory_utilization
+        if not _is_number(u) or not 0 < u <= 1:
+            _fail(name, "gpu_memory_utilization", u, "a number in (0, 1]")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            _fail(name, "logprobs_mode", self.logprobs_mode, " | ".join(LOGPROBS_MODES))
+        if self.tensor_parallel_size != 1:
+            _fail(name, "tensor_parallel_size", self.tensor_parallel_size,
+                  "1 (one GPU; tensor parallelism over several GPUs is not served yet)")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):

@@ -24,9 +24,13 @@ class IncrementalDetokenizer:
     """The text of one sample's output tokens, extended one token at a time."""
 
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int],
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        # (slow tokenizers only: fast ones take no such option)
+        self._extra = ({} if spaces_between_special_tokens or getattr(tokenizer, "is_fast", True)
+                       else {"spaces_between_special_tokens": False})
         # The prompt's tail gives the first output tokens their left context.
         self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -34,7 +38,7 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+                                     clean_up_tokenization_spaces=False, **self._extra)
 
     def add_token(self, token_id: int) -> str:
         """Append one token; return the text it completes (may be empty)."""

@@ -37,18 +37,7 @@ def one_prompt(prompt: Prompt, tokenizer: Any, index: int = 0) -> tuple[str | No
     """``(text or None, token ids)`` of one prompt (``index``: its place, for errors)."""
     where = f"prompt {index}"
     if isinstance(prompt, dict):
-        keys = set(prompt)
-        if keys == {"prompt"} and isinstance(prompt["prompt"], str):
-            prompt = prompt["prompt"]
-        elif keys == {"prompt_token_ids"}:
-            prompt = prompt["prompt_token_ids"]
-            if not isinstance(prompt, (list, tuple)):
-                raise TypeError(f"{where}: prompt_token_ids must be a list of token ids, got "
-                                f"{type(prompt).__name__}")
-        else:
-            raise ValueError(f"{where}: a prompt dict must have exactly one key, 'prompt' (a "
-                             f"string) or 'prompt_token_ids' (token ids), got keys "
-                             f"{sorted(keys)}")
+        return _prompt_dict(prompt, tokenizer, where)
     if isinstance(prompt, str):
         ids = tokenizer(prompt)["input_ids"] if prompt else []
         return prompt, list(ids)
@@ -59,6 +48,39 @@ def one_prompt(prompt: Prompt, tokenizer: Any, index: int = 0) -> tuple[str | No
         raise TypeError(f"{where}: a token id list must hold integers only; element {bad} is "
                         f"{type(prompt[bad]).__name__} {prompt[bad]!r}")
     raise TypeError(f"{where} must be {PROMPT_FORMS}, got {type(prompt).__name__}")
+
+
+# vLLM's TextPrompt / TokensPrompt keys: what each means here.
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")
+UNSERVED_PROMPT_KEYS = {"multi_modal_data": "this engine serves text-only models",
+                        "mm_processor_kwargs": "this engine serves text-only models",
+                        "token_type_ids": "decoder-only models take no token type ids"}
+
+
+def _prompt_dict(prompt: dict[str, Any], tokenizer: Any,
+                 where: str) -> tuple[str | None, list[int]]:
+    """vLLM's dict prompts: ``{"prompt": text}``, ``{"prompt_token_ids": ids}`` (with an
+    optional ``"prompt"``: the text those ids stand for, reported as the output's prompt);
+    ``cache_salt`` is accepted and has no effect (there is no prefix cache to salt)."""
+    for key in prompt:
+        if key in UNSERVED_PROMPT_KEYS:
+            raise ValueError(f"{where}: {key!r} is not served: {UNSERVED_PROMPT_KEYS[key]}")
+        if key not in PROMPT_KEYS:
+            raise ValueError(f"{where}: unknown prompt dict key {key!r}; allowed: "
+                             f"{', '.join(PROMPT_KEYS)}")
+    text = prompt.get("prompt")
+    if text is not None and not isinstance(text, str):
+        raise TypeError(f"{where}: 'prompt' must be a string, got {type(text).__name__}")
+    if "prompt_token_ids" not in prompt:
+        if text is None:
+            raise ValueError(f"{where}: a prompt dict needs 'prompt' (a string) or "
+                             "'prompt_token_ids' (token ids)")
+        return one_prompt(text, tokenizer)
+    ids = prompt["prompt_token_ids"]
+    if not isinstance(ids, (list, tuple)):
+        raise TypeError(f"{where}: prompt_token_ids must be a list of token ids, got "
+                        f"{type(ids).__name__}")
+    return text, one_prompt(list(ids), tokenizer)[1]
 
 
 def normalize_conversations(messages: Messages | abc.Sequence[Messages]) -> list[Messages]:

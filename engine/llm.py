@@ -9,18 +9,23 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import abc, deque
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig, SpeculativeConfig, field_names
 from engine.inputs import Messages, Prompt, normalize_conversations, normalize_prompts
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput, StreamDelta
 from engine.sequence import Sequence
 from samplers.sampling_params import SamplingParams
+
+# A request that fails alone (its output has finish_reason='error') is also logged here, so that
+# a loop written for vLLM, which raises for such prompts, does not print empty text unnoticed.
+logger = logging.getLogger("specdec")
 
 
 class LLM:
@@ -30,13 +35,16 @@ class LLM:
     already-loaded HF causal LM together with ``tokenizer``. ``speculative_config``: None (plain
     decoding), a dict or a :class:`SpeculativeConfig`. Other keyword arguments are
     :class:`EngineConfig` fields (``max_num_batched_tokens``, ``max_model_len``,
-    ``kv_cache_tokens``).
+    ``kv_cache_tokens``, and vLLM's ``gpu_memory_utilization``, ``logprobs_mode``,
+    ``trust_remote_code``, ``tensor_parallel_size``); vLLM keywords that mean nothing here are
+    a ``ValueError`` naming them (:data:`VLLM_ONLY_KEYWORDS`).
     """
 
     def __init__(self, model: Any = "smollm2-135m",
                  speculative_config: SpeculativeConfig | dict[str, Any] | None = None,
                  tokenizer: Any = None, dtype: str = "auto", device: str = "auto",
                  max_num_seqs: int = 32, seed: int | None = 0, **engine_kwargs: Any) -> None:
+        check_engine_keywords(engine_kwargs)
         self.config = EngineConfig(model=model, tokenizer=tokenizer, dtype=dtype, device=device,
                                    max_num_seqs=max_num_seqs, seed=seed,
                                    speculative_config=speculative_config, **engine_kwargs)
@@ -60,6 +68,11 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name for :attr:`engine`."""
+        return self.engine
+
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Prompt | abc.Sequence[Prompt],
                  sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
@@ -73,37 +86,60 @@ class LLM:
         than the context) comes back with ``finish_reason='error'`` and ``error`` set while the
         others complete.
         """
-        ids = self._add(normalize_prompts(prompts, self.engine.tokenizer), sampling_params)
+        return self._generate(normalize_prompts(prompts, self.engine.tokenizer), sampling_params,
+                              use_tqdm)
+
+    def _generate(self, inputs: list[tuple[str | None, list[int]]],
+                  sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None,
+                  use_tqdm: bool) -> list[RequestOutput]:
+        ids = self._add(inputs, sampling_params)
         outputs: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
             for seq, last in self._updates(ids, self._inboxes[ids[0]] if ids else deque()):
                 if last:
                     outputs[seq.request_id] = build_output(
                         self.engine.pop_request(seq.request_id))
+                    if outputs[seq.request_id].error is not None:
+                        logger.error("request %s failed: %s", seq.request_id,
+                                     outputs[seq.request_id].error)
                     bar.update(1)
         return [outputs[rid] for rid in ids]
 
     def chat(self, messages: Messages | abc.Sequence[Messages],
              sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation (a list of
-        ``{"role", "content"}`` dicts) or to a list of them, then :meth:`generate`."""
-        return self.generate(self.chat_prompts(messages, add_generation_prompt),
-                             sampling_params, use_tqdm)
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """Apply the chat template (the tokenizer's, or ``chat_template``) to one conversation (a
+        list of ``{"role", "content"}`` dicts) or to a list of them, then generate. The outputs'
+        ``prompt`` is the formatted text. ``continue_final_message``: the last (assistant)
+        message is left open for the model to continue, instead of a new turn."""
+        inputs = self.chat_inputs(messages, chat_template, add_generation_prompt,
+                                  continue_final_message, chat_template_kwargs, tools)
+        return self._generate(inputs, sampling_params, use_tqdm)
 
-    def chat_prompts(self, messages: Messages | abc.Sequence[Messages],
-                     add_generation_prompt: bool = True) -> list[list[int]]:
-        """Token ids of each conversation after the chat template."""
+    def chat_inputs(self, messages: Messages | abc.Sequence[Messages],
+                    chat_template: str | None = None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False,
+                    chat_template_kwargs: dict[str, Any] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[tuple[str, list[int]]]:
+        """``(formatted text, token ids)`` of each conversation after the chat template."""
         conversations = normalize_conversations(messages)
         tokenizer = self.engine.tokenizer
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("this model's tokenizer has no chat template; use generate()")
-        prompts = []
+        if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("this model's tokenizer has no chat template; pass chat_template= "
+                             "or use generate()")
+        if continue_final_message and add_generation_prompt:
+            add_generation_prompt = False  # (vLLM: the two cannot both hold; continuing wins)
+        inputs = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
-            prompts.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
-        return prompts
+            text = tokenizer.apply_chat_template(
+                conversation, chat_template=chat_template, tools=tools, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+            inputs.append((text, list(tokenizer(text, add_special_tokens=False)["input_ids"])))
+        return inputs
 
     def generate_stream(
             self, prompts: Prompt | abc.Sequence[Prompt],
@@ -201,6 +237,8 @@ class LLM:
         inbox: deque[Sequence] = deque()  # this call's: the steps route its updates here
         try:
             for (text, token_ids), p in zip(prompts, params, strict=True):
+                if p.truncate_prompt_tokens is not None:
+                    token_ids = token_ids[-p.truncate_prompt_tokens:]  # (vLLM: keep the end)
                 ids.append(str(next(self._ids)))
                 self._inboxes[ids[-1]] = inbox
                 self.engine.add_request(ids[-1], text, token_ids, p)
@@ -208,6 +246,43 @@ class LLM:
             self._release(ids)
             raise
         return ids
+
+
+# vLLM keywords of LLM(...) that have no meaning in this engine, and why (a ValueError names them).
+VLLM_ONLY_KEYWORDS = {
+    "pipeline_parallel_size": "one GPU is served",
+    "quantization": "weights run in the dtype they load in",
+    "kv_cache_dtype": "the KV cache is in the model's dtype",
+    "enable_prefix_caching": "there is no prefix cache",
+    "swap_space": "preemption recomputes, it does not swap",
+    "cpu_offload_gb": "there is no CPU offload",
+    "block_size": "the KV cache is paged per token",
+    "enable_lora": "LoRA adapters are not served",
+    "tokenizer_mode": "the model's own Hugging Face tokenizer is used",
+    "skip_tokenizer_init": "the tokenizer is needed for stop strings and text",
+    "hf_overrides": "the model's config is used as it is",
+    "compilation_config": "CUDA graphs are captured without torch.compile",
+    "max_seq_len_to_capture": "graphs are captured per bucket (engine.runner.cuda_graphs)",
+    "distributed_executor_backend": "one process serves",
+    "load_format": "weights load through transformers",
+    "revision": "models load from local files or the local Hugging Face cache",
+}
+# vLLM keywords accepted as no-ops: what they ask for is what happens here anyway.
+VLLM_NOOP_KEYWORDS = ("disable_log_stats", "enable_chunked_prefill")
+
+
+def check_engine_keywords(kwargs: dict[str, Any]) -> None:
+    """Drop vLLM's no-op keywords; raise ValueError for vLLM-only and unknown ones."""
+    for key in VLLM_NOOP_KEYWORDS:
+        kwargs.pop(key, None)
+    allowed = field_names(EngineConfig)
+    for key in kwargs:
+        if key in VLLM_ONLY_KEYWORDS:
+            raise ValueError(f"LLM({key}=...) is a vLLM keyword with no meaning here: "
+                             f"{VLLM_ONLY_KEYWORDS[key]}; remove it")
+        if key not in allowed:
+            raise ValueError(f"unknown key {key!r} for LLM / EngineConfig; allowed: "
+                             f"{', '.join(allowed)}")
 
 
 class _Stream(abc.Iterator[StreamDelta]):
@@ -260,8 +335,11 @@ def build_output(seqs: list[Sequence]) -> RequestOutput:
     if all(s.metrics.finished_time is not None for s in seqs):
         metrics.finished_time = max(s.metrics.finished_time for s in seqs)
     errors = [s.error for s in seqs if s.error]
+    prompt_logprobs = next((s.prompt_logprobs for s in seqs if s.prompt_logprobs is not None
+                            and len(s.prompt_logprobs) == len(s.prompt_token_ids)), None)
     return RequestOutput(request_id=first.request_id, prompt=first.prompt,
                          prompt_token_ids=list(first.prompt_token_ids),
                          outputs=[s.completion() for s in seqs],
                          finished=all(s.is_finished for s in seqs), metrics=metrics,
-                         error=errors[0] if errors else None)
+                         error=errors[0] if errors else None,
+                         prompt_logprobs=None if prompt_logprobs is None else list(prompt_logprobs))

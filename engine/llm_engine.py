@@ -29,6 +29,7 @@ import torch
 
 from engine.builder import EngineComponents, build_components
 from engine.config import EngineConfig
+from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -61,6 +62,10 @@ class _StepBatch:
     probs: list[torch.Tensor | None] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)  # sampling indices whose logits are unusable
     verified: list[_Verified] = field(default_factory=list)  # [num sampling items]
+    # [num_rows, vocab_size] the logits logprobs are taken from (raw or adjusted), when asked
+    logprob_logits: torch.Tensor | None = None
+    # (item index, rows) of the prompt-logprob rows planned after the kept ones
+    prompt_rows: list[tuple[int, int]] = field(default_factory=list)
     propose_s: float = 0.0
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
@@ -266,18 +271,7 @@ class LLMEngine:
         preemption emptied the batch. Prefill chunks are cached either way."""
         batch.target_start = time.perf_counter()
         while batch.items:
-            slots, tokens, logits_indices = [], [], []
-            offset = 0
-            for item, drafts in zip(batch.items, batch.drafts, strict=True):
-                seq = item.seq
-                start = seq.num_computed_tokens
-                new = seq.all_token_ids[start:start + item.num_context_tokens] + drafts
-                slots.append(seq.slot)
-                tokens.append(new)
-                if item.samples:
-                    logits_indices.extend(range(offset + len(new) - len(drafts) - 1,
-                                                offset + len(new)))
-                offset += len(new)
+            slots, tokens, logits_indices, num_kept = self._plan_forward(batch)
             try:
                 logits = self.runner.forward(slots, tokens, logits_indices)
             except KVCacheFull:
@@ -286,8 +280,44 @@ class LLMEngine:
             for item in batch.items:
                 if not item.samples:
                     item.seq.num_computed_tokens += item.num_context_tokens
-            return logits if batch.sampling else None
+            if batch.prompt_rows:
+                self._record_prompt_logprobs(batch, logits[num_kept:])
+            return logits[:num_kept] if batch.sampling else None
         return None
+
+    def _plan_forward(self, batch: _StepBatch) -> tuple[list[int], list[list[int]], list[int],
+                                                         int]:
+        """Each sequence's slot and new tokens (uncached context, then drafts), the rows whose
+        logits are kept (each sampling sequence's last context position and its drafts), and
+        after them the rows of prompt positions whose logprobs were asked for; with the number
+        of kept rows."""
+        slots, tokens, kept, prompt = [], [], [], []
+        batch.prompt_rows = []
+        offset = 0
+        for i, (item, drafts) in enumerate(zip(batch.items, batch.drafts, strict=True)):
+            seq = item.seq
+            start = seq.num_computed_tokens
+            new = seq.all_token_ids[start:start + item.num_context_tokens] + drafts
+            slots.append(seq.slot)
+            tokens.append(new)
+            if item.samples:
+                kept.extend(range(offset + len(new) - len(drafts) - 1, offset + len(new)))
+            first = seq.next_prompt_logprob_position  # (None: nothing asked, or all there)
+            if first is not None and start <= first < start + item.num_context_tokens:
+                last = min(start + item.num_context_tokens, seq.num_prompt_tokens - 1)
+                prompt.extend(range(offset + first - start, offset + last - start))
+                batch.prompt_rows.append((i, last - first))
+            offset += len(new)
+        return slots, tokens, kept + prompt, len(kept)
+
+    def _record_prompt_logprobs(self, batch: _StepBatch, logits: torch.Tensor) -> None:
+        """``logits [rows, vocab_size]``: the prompt positions planned in :meth:`_plan_forward`
+        (raw values, as vLLM's prompt logprobs)."""
+        row = 0
+        for i, count in batch.prompt_rows:
+            batch.items[i].seq.add_prompt_logprobs(to_values(logits[row:row + count],
+                                                             "raw_logprobs"))
+            row += count
 
     def _preempt_one(self, batch: _StepBatch) -> None:
         """Preempt the most recently admitted sequence (recomputed later); a sequence that does
@@ -308,7 +338,11 @@ class LLMEngine:
 
     def _adjust(self, batch: _StepBatch, logits: torch.Tensor) -> None:
         """4. Per-position penalties, bias, allowed ids and bad words, in place; rows that are
-        not usable (NaN, +inf, nothing finite) fail their sequence alone."""
+        not usable (NaN, +inf, nothing finite) fail their sequence alone. Raw logprobs are taken
+        from a copy made before."""
+        if self.config.logprobs_mode.startswith("raw") and any(
+                batch.items[i].seq.params.logprobs is not None for i in batch.sampling):
+            batch.logprob_logits = logits.clone()  # [num_rows, vocab_size]
         row = 0
         for i in batch.sampling:
             seq, drafts = batch.items[i].seq, batch.drafts[i]
@@ -343,7 +377,7 @@ class LLMEngine:
                 logits: torch.Tensor) -> tuple[list[list[int]], torch.Tensor | None]:
         """5. Verify every sampling sequence's drafts at once. Returns each one's tokens
         (``[max_spec_len + 1]`` with placeholders) and, when a sequence asked for logprobs, the
-        log-probabilities of the processed target rows ``[num_rows, vocab_size]``."""
+        rows' values in ``EngineConfig.logprobs_mode`` ``[num_rows, vocab_size]``."""
         seqs = [batch.items[i].seq for i in batch.sampling]
         drafts = [batch.drafts[i] for i in batch.sampling]
         metadata = SpecDecodeMetadata.from_lists(drafts, self.device)
@@ -354,18 +388,18 @@ class LLMEngine:
         draft_probs = None
         if any(p is not None for p in probs):
             draft_probs = torch.cat(probs)  # [num_tokens, vocab_size]
-        need_logprobs = any(s.params.logprobs is not None for s in seqs)
-        logprob_logits = logits.clone() if need_logprobs else None
+        mode = self.config.logprobs_mode
+        if mode.startswith("processed") and any(s.params.logprobs is not None for s in seqs):
+            batch.logprob_logits = logits.clone()  # [num_rows, vocab_size], adjusted
         sampler = self.sampler
         if self.greedy_sampler is not None and sampling.all_greedy:
             sampler = self.greedy_sampler  # the argmax match, without the probability work
         tokens = sampler.verify(logits, metadata, sampling, draft_probs).tolist()
         batch.verified_at = time.perf_counter()  # forward + verify done (synchronised)
-        logprob_rows = None
-        if need_logprobs:
-            logprob_rows = torch.log_softmax(process_logits(
-                logprob_logits, sampling, [len(d) + 1 for d in drafts]), dim=-1)
-        return tokens, logprob_rows
+        values = batch.logprob_logits
+        if values is not None and mode.startswith("processed"):
+            values = process_logits(values, sampling, [len(d) + 1 for d in drafts])
+        return tokens, None if values is None else to_values(values, mode)
 
     def _append_and_stop(self, batch: _StepBatch, tokens: list[list[int]],
                          logprob_rows: torch.Tensor | None) -> list[Sequence]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import Logprob
+
 
 @dataclass
 class RequestMetrics:
@@ -49,8 +51,9 @@ class CompletionOutput:
     ``finish_reason``: ``stop`` (EOS, a stop token or a stop string), ``length`` (``max_tokens``
     or the context length), ``abort`` or ``error``; None while running. ``stop_reason``: the stop
     string or stop token id that ended it (None for EOS or length). ``logprobs``: one dict per
-    token, ``{token_id: logprob}`` holding the sampled token and the top ``logprobs`` ones, from the
-    target's processed distribution; None when not requested.
+    token, ``{token_id: Logprob}`` holding the chosen token and the top ``logprobs`` ones (what
+    the values are: ``EngineConfig.logprobs_mode``, :mod:`engine.logprobs`); None when not
+    requested. ``text`` is empty with ``SamplingParams(detokenize=False)``.
     """
 
     index: int
@@ -58,7 +61,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float | None = None
 
     @property
@@ -68,7 +71,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """A request's prompt and its ``n`` samples; ``error`` says why a request failed alone."""
+    """A request's prompt and its ``n`` samples; ``error`` says why a request failed alone.
+    ``prompt_logprobs``: with ``SamplingParams(prompt_logprobs=n)``, None for the first prompt
+    token then one ``{token_id: Logprob}`` per prompt token (raw model values)."""
 
     request_id: str
     prompt: str | None
@@ -77,6 +82,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: str | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass

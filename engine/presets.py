@@ -56,13 +56,15 @@ class Preset:
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """A path to a YAML file, or the name of a shipped preset (``early_exit``)."""
+    """A path to a YAML file, or a shipped preset by its name (``early_exit``) or by its path
+    in the repository (``configs/early_exit.yaml``), the same from any working directory."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    preset = PRESETS_DIR / f"{name_or_path}.yaml"
-    if path.suffix == "" and preset.is_file():
-        return preset
+    shipped = {"": f"{path}.yaml", ".yaml": path.name if path.parent.name == "configs" else ""}
+    name = shipped.get(path.suffix, "")
+    if name and "/" not in name.removesuffix(".yaml") and (PRESETS_DIR / name).is_file():
+        return PRESETS_DIR / name
     names = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
     raise ValueError(f"config file {str(name_or_path)!r} not found (shipped presets: {names})")
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
@@ -50,14 +51,19 @@ class Sequence:
         self.slot: int | None = None
         self.generator: torch.Generator | None = None
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_token_ids,
-                                                  params.skip_special_tokens)
+                                                  params.skip_special_tokens,
+                                                  params.spaces_between_special_tokens)
         self._text = ""
         self._untexted: list[int] = []  # output tokens whose text is not in _text yet
         self.num_streamed_chars = 0
         self.num_streamed_tokens = 0
         self.final_streamed = False  # the delta with the finish reason went out
-        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.tokenizer = tokenizer
+        self.logprobs: list[PositionLogprobs] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0 if params.logprobs is not None else None
+        # [None] then one entry per prompt token after the first, filled as the prompt prefills
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
@@ -66,6 +72,10 @@ class Sequence:
         self.acceptance = AcceptanceTracker()
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
@@ -110,20 +120,31 @@ class Sequence:
         out of the text (a stop token whose text is dropped)."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        if with_text:
+        if with_text and self.params.detokenize:
             self._untexted.append(token_id)
 
-    def add_logprobs(self, rows: torch.Tensor, token_ids: list[int]) -> None:
-        """``rows [len(token_ids), vocab_size]``: log-probabilities of the processed target at the
-        positions of ``token_ids``; keeps the sampled token's and the top ``logprobs`` ones."""
-        top_n = self.params.logprobs
-        for row, token in zip(rows, token_ids, strict=True):
-            entry = {token: float(row[token])}
-            if top_n:
-                values, ids = torch.topk(row, top_n)
-                entry.update(zip(ids.tolist(), values.tolist(), strict=True))
+    def add_logprobs(self, values: torch.Tensor, token_ids: list[int]) -> None:
+        """``values [len(token_ids), vocab_size]`` (see :mod:`engine.logprobs`) at the positions
+        of the appended ``token_ids``: keeps each one's and the top ``logprobs`` ones."""
+        for entry, token in zip(position_entries(values, token_ids, self.params.logprobs,
+                                                 self.tokenizer), token_ids, strict=True):
             self.logprobs.append(entry)
-            self.cumulative_logprob += entry[token]
+            self.cumulative_logprob += entry[token].logprob
+
+    @property
+    def next_prompt_logprob_position(self) -> int | None:
+        """The prompt position whose logits give the next missing prompt logprob (None: all
+        there, or none asked for)."""
+        if self.prompt_logprobs is None or len(self.prompt_logprobs) >= len(self.prompt_token_ids):
+            return None
+        return len(self.prompt_logprobs) - 1
+
+    def add_prompt_logprobs(self, values: torch.Tensor) -> None:
+        """``values [n, vocab_size]``: the next ``n`` prompt positions' raw values."""
+        start = len(self.prompt_logprobs)
+        tokens = self.prompt_token_ids[start:start + values.shape[0]]
+        self.prompt_logprobs += position_entries(values, tokens, self.params.prompt_logprobs,
+                                                 self.tokenizer)
 
     def reset_for_recompute(self) -> None:
         """Preempted: the cache is gone; prompt + output are prefilled again later."""

@@ -6,7 +6,12 @@ one (:mod:`proposers.registry`); see :mod:`proposers.base` for the interface the
 
 from proposers import draft_model, early_exit, ngram  # noqa: F401 (they register themselves)
 from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
-from proposers.registry import available_proposers, get_proposer, register_proposer
+from proposers.registry import (
+    available_proposers,
+    get_proposer,
+    proposer_needs_kv_cache,
+    register_proposer,
+)
 
 __all__ = ["DraftRunner", "Proposal", "ProposeRequest", "Proposer", "ProposerContext",
-           "available_proposers", "get_proposer", "register_proposer"]
+           "available_proposers", "get_proposer", "proposer_needs_kv_cache", "register_proposer"]

@@ -179,7 +179,7 @@ def _common_prefix(cached: list[int], context: Sequence[int], limit: int) -> int
     return int(differ[0])
 
 
-@register_proposer("draft_model")
+@register_proposer("draft_model", needs_kv_cache=True)
 def build_draft_model(config: Any, ctx: ProposerContext) -> DraftModelProposer:
     """``SpeculativeConfig.model`` (a name or path, or a loaded model with ``tokenizer``), which
     must share the target's vocabulary; ``draft_sample_method``."""

@@ -70,7 +70,7 @@ def default_num_layers(num_target_layers: int) -> int:
     return max(1, round(num_target_layers * 0.8))
 
 
-@register_proposer("early_exit")
+@register_proposer("early_exit", needs_kv_cache=True)
 def build_early_exit(config: Any, ctx: ProposerContext) -> DraftModelProposer:
     """``SpeculativeConfig.num_early_exit_layers`` (None: :func:`default_num_layers`) and
     ``draft_sample_method``."""

@@ -28,10 +28,14 @@ from proposers.base import Proposer, ProposerContext
 ProposerFactory = Callable[[Any, ProposerContext], Proposer]
 
 _FACTORIES: dict[str, ProposerFactory] = {}
+_NEEDS_KV_CACHE: set[str] = set()
 
 
-def register_proposer(name: str) -> Callable[[ProposerFactory], ProposerFactory]:
-    """Decorator: make ``factory(config, ctx) -> Proposer`` the proposer called ``name``."""
+def register_proposer(name: str, needs_kv_cache: bool = False,
+                      ) -> Callable[[ProposerFactory], ProposerFactory]:
+    """Decorator: make ``factory(config, ctx) -> Proposer`` the proposer called ``name``.
+    ``needs_kv_cache``: it runs a model over a KV cache of its own (``ctx.make_runner``), which
+    the engine leaves GPU memory for."""
     if not isinstance(name, str) or not name or name == "none":
         raise ValueError(f"proposer name {name!r} is invalid: allowed a non-empty string other "
                          "than 'none' (the CLI's 'no speculation')")
@@ -41,6 +45,8 @@ def register_proposer(name: str) -> Callable[[ProposerFactory], ProposerFactory]
             raise ValueError(f"proposer name {name!r} is already registered by "
                              f"{_FACTORIES[name].__module__}.{_FACTORIES[name].__qualname__}")
         _FACTORIES[name] = factory
+        if needs_kv_cache:
+            _NEEDS_KV_CACHE.add(name)
         return factory
 
     return wrap
@@ -52,6 +58,11 @@ def get_proposer(method: str, config: Any, ctx: ProposerContext) -> Proposer:
         raise ValueError(f"method={method!r} is invalid: allowed "
                          f"{' | '.join(available_proposers())}")
     return _FACTORIES[method](config, ctx)
+
+
+def proposer_needs_kv_cache(method: str) -> bool:
+    """Whether the proposer ``method`` registered as running a model over its own KV cache."""
+    return method in _NEEDS_KV_CACHE
 
 
 def available_proposers() -> list[str]:

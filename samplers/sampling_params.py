@@ -7,6 +7,7 @@ run in :meth:`SamplingParams.verify_vocab`, which the engine calls when a reques
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 # Below this a temperature is treated as 0 (greedy), as in vLLM.
@@ -85,6 +86,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    best_of: int | None = None
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, "an integer >= 1")
@@ -108,8 +114,21 @@ class SamplingParams:
             self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
                                            "None or a list of token ids")
             _check_token_ids("stop_token_ids", self.stop_token_ids)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "detokenize", "spaces_between_special_tokens"):
             _check_bool(name, getattr(self, name))
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, "None or an integer >= 0")
+        if self.best_of is not None:
+            _check_int("best_of", self.best_of, 1, "None or an integer >= 1")
+            if self.best_of != self.n:
+                _fail("best_of", self.best_of, f"None or n={self.n}: returning the best of more "
+                      "samples than n is not supported (nor in vLLM's V1 engine)")
+        if self.truncate_prompt_tokens is not None:
+            _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1,
+                       "None or an integer >= 1 (keep the prompt's last tokens)")
+        if self.stop and not self.detokenize:
+            _fail("detokenize", False, "True when stop strings are given (they match the text)")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, 1, "None or an integer >= 1")
         _check_int("min_tokens", self.min_tokens, 0, "an integer >= 0")
@@ -155,6 +174,10 @@ class SamplingParams:
             _fail("stop", stop, "a string or a list of non-empty strings")
         return stop
 
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's ``SamplingParams.clone``)."""
+        return copy.deepcopy(self)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
@@ -173,5 +196,7 @@ class SamplingParams:
                 _fail(name, ids, allowed)
         if self.logit_bias and any(t >= vocab_size for t in self.logit_bias):
             _fail("logit_bias", self.logit_bias, allowed)
-        if self.logprobs is not None and self.logprobs > vocab_size:
-            _fail("logprobs", self.logprobs, f"[0, {vocab_size}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > vocab_size:
+                _fail(name, value, f"[0, {vocab_size}]")

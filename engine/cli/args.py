@@ -120,15 +120,18 @@ def _json_dict(flag: str):
 
 
 def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, name: str,
-                    tp: Any, default: Any, flag_name: str) -> FlagSpec:
+                    tp: Any, default: Any, flag_name: str, preset: dict[str, Any] | None,
+                    preset_name: str) -> FlagSpec:
     flag = f"--{flag_name}"
     choices = _choices()
     dest = f"{section}__{name}"
     names = [flag] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
     base, optional = _unwrap_optional(tp)
-    shown = "" if default is MISSING else f", else {default!r}"
-    kwargs: dict[str, Any] = {"dest": dest,
-                              "help": f"{cls.__name__}.{name} (default: the preset's{shown})"}
+    if preset is not None and name in preset:  # what a run gets: the preset's value
+        shown = f"{preset[name]!r}, from {preset_name}"
+    else:
+        shown = "none" if default is MISSING else f"{default!r}"
+    kwargs: dict[str, Any] = {"dest": dest, "help": f"{cls.__name__}.{name} (default: {shown})"}
     item = _is_list(base)
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -152,7 +155,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, nam
 
 
 def _add_dataclass_flags(group: argparse._ArgumentGroup, section: str, cls: type,
-                         renames: dict[str, str], skip: set[str]) -> list[FlagSpec]:
+                         renames: dict[str, str], skip: set[str],
+                         preset: dict[str, Any] | None, preset_name: str) -> list[FlagSpec]:
     hints = typing.get_type_hints(cls)
     specs = []
     for f in fields(cls):
@@ -160,12 +164,18 @@ def _add_dataclass_flags(group: argparse._ArgumentGroup, section: str, cls: type
             continue
         flag_name = renames.get(f.name, f.name.replace("_", "-"))
         specs.append(_add_field_flag(group, section, cls, f.name, hints[f.name], f.default,
-                                     flag_name))
+                                     flag_name, preset, preset_name))
     return specs
 
 
-def build_parser() -> tuple[OneLineParser, list[FlagSpec]]:
-    """The parser and the list of generated dataclass flags."""
+def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[FlagSpec]]:
+    """The parser and the list of generated dataclass flags; ``--help`` shows each flag's
+    value in ``preset`` (what a run gets without the flag), else the dataclass default."""
+    name = "no preset" if preset is None else (
+        preset.path.name if preset.path is not None else "the preset")
+    engine = None if preset is None else preset.engine
+    spec = None if preset is None else (preset.engine.get(SPECULATIVE_KEY) or {})
+    sampling = None if preset is None else preset.sampling
     parser = OneLineParser(
         prog="specdec",
         description="Generate text with speculative decoding. With no arguments: the embedded "
@@ -177,25 +187,49 @@ def build_parser() -> tuple[OneLineParser, list[FlagSpec]]:
     io.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     io.add_argument("--prompts-file", help="one prompt per line, or .jsonl with "
                     '{"prompt": ...} or {"messages": [...]} per line; run as one batch')
-    io.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    io.add_argument("--chat", action=argparse.BooleanOptionalAction,
+                    help="apply the chat template to --prompt / plain-text prompts (default: "
+                    "when the tokenizer has one, as instruct models do; --no-chat: raw "
+                    "completion)")
     io.add_argument("--stream", action="store_true", help="print text as tokens are accepted")
     io.add_argument("--json", metavar="PATH", help="write outputs and metrics as JSON ('-': "
                     "stdout, the text and summary then go to stderr)")
     io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",
-                                 EngineConfig, {}, ENGINE_SKIP)
+                                 EngineConfig, {}, ENGINE_SKIP, engine, name)
     spec_group = parser.add_argument_group(
         "speculation (SpeculativeConfig); --method none turns it off")
-    specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set())
+    specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set(),
+                                  spec, name)
     specs += _add_dataclass_flags(parser.add_argument_group("sampling (SamplingParams)"),
-                                  "sampling", SamplingParams, SAMPLING_RENAMES, set())
+                                  "sampling", SamplingParams, SAMPLING_RENAMES, set(), sampling,
+                                  name)
     return parser, specs
+
+
+def _preset_for_help(argv: list[str]) -> Preset | None:
+    """The preset ``argv`` names (``--config``, else the default one), read only so that
+    ``--help`` can show what a run gets; None when it cannot be read (the run will say why)."""
+    from engine.presets import DEFAULT_PRESET, load_config_file
+
+    name = DEFAULT_PRESET
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--config="):
+            name = arg.split("=", 1)[1]
+    try:
+        return load_config_file(name)
+    except (ValueError, OSError):
+        return None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[str, dict]]:
     """Parse ``argv``; returns the namespace and the given dataclass overrides per section."""
-    parser, specs = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser, specs = build_parser(_preset_for_help(argv) if "-h" in argv or "--help" in argv
+                                 else None)
+    args = parser.parse_args(argv)
     overrides: dict[str, dict[str, Any]] = {"engine": {}, "spec": {}, "sampling": {}}
     for spec in specs:
         if hasattr(args, spec.dest):

@@ -10,6 +10,7 @@ stderr and a non-zero exit code (set ``SPECDEC_DEBUG=1`` for the traceback).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from dataclasses import asdict, fields
@@ -39,27 +40,30 @@ def _print_outputs(outputs: list[RequestOutput], items: list[PromptItem], out: T
 
 
 def _stream(llm: Any, prompts: list[Any], params: Any, out: TextIO) -> list[dict[str, Any]]:
-    """Print each delta as it comes (several samples: labelled at each switch); return every
-    sample's text, tokens and finish reason, assembled from the deltas."""
-    labelled = len(prompts) > 1 or params.n > 1
+    """Print the text as it comes; return every sample's text, tokens and finish reason,
+    assembled from the deltas. One sample streams live; several (more prompts, ``n > 1``) are
+    printed each as a block, labelled, when it finishes, so they do not interleave token by
+    token."""
+    live = len(prompts) == 1 and params.n == 1
     samples: dict[tuple[str, int], dict[str, Any]] = {}
-    current = None
     for delta in llm.generate_stream(prompts, params):
         key = (delta.request_id, delta.index)
-        if labelled and key != current:
-            print(f"\n[{delta.request_id}.{delta.index}] ", end="", file=out)
-        current = key
-        print(delta.text, end="", file=out, flush=True)
         sample = samples.setdefault(key, {"request_id": delta.request_id, "index": delta.index,
                                           "text": "", "token_ids": []})
         sample["text"] += delta.text
         sample["token_ids"] += delta.token_ids
+        if live:
+            print(delta.text, end="", file=out, flush=True)
         if delta.finished:
             sample.update(finish_reason=delta.finish_reason, stop_reason=delta.stop_reason,
                           error=delta.error)
-            if not labelled:
-                print(f"\n[finish_reason={delta.finish_reason}]", end="", file=out)
-    print(file=out)
+            if not live:
+                print(f"--- request {delta.request_id}, sample {delta.index}", file=out)
+                print(sample["text"], file=out)
+            else:
+                print(file=out)
+            print(f"[{len(sample['token_ids'])} tokens, finish_reason={delta.finish_reason}]",
+                  file=out, flush=True)
     return list(samples.values())
 
 
@@ -69,6 +73,8 @@ def summary_line(metrics: EngineMetrics, speculating: bool) -> str:
             f"{metrics.tokens_per_s:.1f} tokens/s")
     if not speculating:
         return line + " (no speculation)"
+    if metrics.num_drafted == 0:
+        return line + " | no drafts were verified (nothing worth drafting was found)"
     return (line + f" | acceptance rate {metrics.acceptance_rate:.2f} "
             f"({metrics.num_accepted}/{metrics.num_drafted} drafts)"
             f" | mean accepted length {metrics.mean_accepted_length:.2f} tokens/step")
@@ -123,8 +129,10 @@ def run(argv: list[str] | None = None) -> int:
     from engine.llm import LLM  # heavy import (torch, transformers) after the cheap checks
 
     hf_logging.disable_progress_bar()  # stderr is for errors (and our own progress) only
+    # (a request that fails alone is an "error: request ..." line below, not the API's log line)
+    logging.getLogger("specdec").addHandler(logging.NullHandler())
     llm = LLM(**{f.name: getattr(engine_config, f.name) for f in fields(engine_config)})
-    prompts = render_prompts(items, llm, chat=getattr(args, "chat", False))
+    prompts = render_prompts(items, llm, chat=getattr(args, "chat", None))
     stream = getattr(args, "stream", False)
     outputs = streamed = None
     if stream:

@@ -96,21 +96,23 @@ def read_prompts(prompts: list[str] | None, prompts_file: str | None) -> list[Pr
     return items
 
 
-def render_prompts(items: list[PromptItem], llm: Any, chat: bool) -> list[str] | list[list[int]]:
-    """What ``LLM.generate`` takes: strings, or token ids when a chat template is applied.
+def render_prompts(items: list[PromptItem], llm: Any,
+                   chat: bool | None) -> list[str | dict[str, Any]]:
+    """What ``LLM.generate`` takes: the text of a plain prompt, or vLLM's
+    ``{"prompt": formatted text, "prompt_token_ids": ids}`` of a templated one.
 
-    ``chat`` applies the template to plain prompts too (as one user message); ``messages``
-    prompts always get it. When any prompt is templated, all are passed as token ids so that the
-    batch stays one ``generate`` call.
+    ``chat``: True applies the chat template to plain prompts too (as one user message), False
+    never, None (the default) when the tokenizer has a template (an instruct model);
+    ``messages`` prompts always get it.
     """
-    if not chat and all(item.messages is None for item in items):
-        return [item.text for item in items]
-    tokenizer = llm.get_tokenizer()
-    token_ids = []
+    if chat is None:
+        chat = getattr(llm.get_tokenizer(), "chat_template", None) is not None
+    rendered: list[str | dict[str, Any]] = []
     for item in items:
         if item.messages is None and not chat:
-            token_ids.append(list(tokenizer(item.text)["input_ids"]))
+            rendered.append(item.text)
         else:
             messages = item.messages or [{"role": "user", "content": item.text}]
-            token_ids += llm.chat_prompts([messages])
-    return token_ids
+            ((text, ids),) = llm.chat_inputs([messages])
+            rendered.append({"prompt": text, "prompt_token_ids": ids})
+    return rendered

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -39,6 +40,7 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
 
 def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
                device: str = "cpu", cache_dir: str | os.PathLike | None = None,
+               trust_remote_code: bool = False,
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``model`` (alias, hub id, local directory or ``.gguf`` file) in eval mode.
 
@@ -48,7 +50,7 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
     path, and for a family the model runner cannot serve exactly.
     """
     kwargs = {"dtype": _torch_dtype(dtype), "device_map": _device_map(device),
-              "attn_implementation": "sdpa"}
+              "attn_implementation": "sdpa", "trust_remote_code": trust_remote_code}
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -59,7 +61,8 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
     local = extra.get("local_files_only", False) or "gguf_file" in extra
     try:
         loaded = AutoModelForCausalLM.from_pretrained(source, **kwargs, **extra)
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
+                                                  **extra)
     except Exception as err:  # noqa: BLE001 - a broken file fails in many ways; name the file
         if not local and not isinstance(err, OSError):
             raise
@@ -70,6 +73,18 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
         raise ValueError(f"{what} ({detail})") from err
     check_model_supported(loaded.config)
     return loaded.eval(), tokenizer
+
+
+def load_tokenizer(name: str | os.PathLike, trust_remote_code: bool = False) -> Any:
+    """A tokenizer from a local directory or the local Hugging Face cache (vLLM's
+    ``tokenizer=<name or path>``); ValueError naming it when it cannot be read."""
+    source, extra = _resolve(os.fspath(name))
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
+                                             **extra)
+    except Exception as err:  # noqa: BLE001 - name what could not be read
+        raise ValueError(f"tokenizer {os.fspath(name)!r} could not be loaded ("
+                         f"{' '.join(f'{type(err).__name__}: {err}'.split())[:300]})") from err
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> str | torch.dtype:

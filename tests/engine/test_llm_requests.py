@@ -78,11 +78,56 @@ def test_logprobs_are_the_targets(target):
     total = 0.0
     for j, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
         row = full[len(PROMPTS[2]) - 1 + j]
-        assert entry[token] == pytest.approx(float(row[token]), abs=1e-4)
+        assert entry[token].logprob == pytest.approx(float(row[token]), abs=1e-4)
+        assert entry[token].rank == int((row > row[token]).sum()) + 1
+        assert entry[token].decoded_token == f"w{token}"
         top = torch.topk(row, 3).indices.tolist()
         assert set(entry) == set(top) | {token}
-        total += entry[token]
+        assert [entry[t].rank for t in top] == [1, 2, 3]
+        total += entry[token].logprob
     assert out.cumulative_logprob == pytest.approx(total, abs=1e-4)
+
+
+def test_logprobs_are_raw_by_default_and_processed_on_request(target):
+    """vLLM's default: the model's own log-probabilities, whatever the temperature and top-p;
+    'processed_logprobs': those of the sampled distribution, with no -inf entries listed."""
+    params = SamplingParams(temperature=0.5, top_p=0.3, seed=3, max_tokens=6, logprobs=8,
+                            ignore_eos=True)
+    for mode in ("raw_logprobs", "processed_logprobs"):
+        llm = make_llm(target, logprobs_mode=mode)
+        out = llm.generate([PROMPTS[1]], params, use_tqdm=False)[0].outputs[0]
+        context = PROMPTS[1] + out.token_ids
+        with torch.inference_mode():
+            logits = target(torch.tensor([context])).logits[0].double()  # [len, vocab]
+        for j, (token, entry) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+            raw = logits[len(PROMPTS[1]) - 1 + j]
+            if mode == "raw_logprobs":
+                want = torch.log_softmax(raw, dim=-1)
+                assert len(entry) >= 8
+            else:  # temperature 0.5 then top-p 0.3 of that
+                probs = torch.softmax(raw / 0.5, dim=-1)
+                order = probs.argsort(descending=True)
+                keep = order[:int((probs[order].cumsum(0) - probs[order] < 0.3).sum())]
+                want = torch.full_like(raw, float("-inf"))
+                want[keep] = torch.log(probs[keep] / probs[keep].sum())
+                assert set(entry) == set(keep.tolist()) | {token}  # no -inf padding
+            for tid, lp in entry.items():
+                assert lp.logprob == pytest.approx(float(want[tid]), abs=1e-4)
+
+
+def test_prompt_logprobs_are_the_models_own(target):
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=2)
+    for kv in (None, 8):  # (8 KV rows: the prompt is prefilled in several preempted tries)
+        llm = make_llm(target, max_num_batched_tokens=3) if kv is None else make_llm(target)
+        out = llm.generate([PROMPTS[2]], params, use_tqdm=False)[0]
+        with torch.inference_mode():
+            full = torch.log_softmax(target(torch.tensor([PROMPTS[2]])).logits[0].double(), -1)
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(PROMPTS[2])
+        for pos in range(1, len(PROMPTS[2])):
+            entry, token = out.prompt_logprobs[pos], PROMPTS[2][pos]
+            assert entry[token].logprob == pytest.approx(float(full[pos - 1, token]), abs=1e-4)
+            top = torch.topk(full[pos - 1], 2).indices.tolist()
+            assert set(entry) == set(top) | {token}
 
 
 def test_stream_deltas_add_up_and_never_pass_a_stop(target):
@@ -136,9 +181,12 @@ def test_vllm_dict_prompts(target):
     assert ids(out) == [[hf_greedy(target, p, 6)] for p in PROMPTS[:2]]
     single = llm.generate({"prompt_token_ids": PROMPTS[2]}, params, use_tqdm=False)
     assert ids(single) == [[hf_greedy(target, PROMPTS[2], 6)]]
-    for bad, error in (({"text": "w5"}, ValueError), ({"prompt": "w5", "prompt_token_ids": [5]},
-                                                      ValueError),
-                       ({"prompt_token_ids": "w5"}, TypeError)):
+    # vLLM's TokensPrompt with the text it stands for, and a cache_salt (no prefix cache here)
+    both = llm.generate({"prompt_token_ids": PROMPTS[0], "prompt": "five six", "cache_salt": "x"},
+                        params, use_tqdm=False)[0]
+    assert both.prompt == "five six" and both.prompt_token_ids == PROMPTS[0]
+    for bad, error in (({"text": "w5"}, ValueError), ({"multi_modal_data": {}}, ValueError),
+                       ({"prompt_token_ids": "w5"}, TypeError), ({"prompt": 5}, TypeError)):
         with pytest.raises(error, match="prompt 0"):
             llm.generate([bad], params, use_tqdm=False)
 

@@ -88,3 +88,13 @@ def test_preset_names_resolve_to_shipped_files():
     assert resolve_config_path("early_exit") == PRESETS_DIR / "early_exit.yaml"
     with pytest.raises(ValueError, match="not found .*shipped presets: .*default"):
         resolve_config_path("no_such_preset")
+
+
+def test_shipped_presets_resolve_from_any_directory(tmp_path, monkeypatch):
+    """Found by the porting run: LLM.from_config_file('configs/early_exit.yaml'), the README's
+    example, only worked from the repository root."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("configs/early_exit.yaml", "early_exit"):
+        assert resolve_config_path(name) == PRESETS_DIR / "early_exit.yaml"
+    with pytest.raises(ValueError, match="not found"):
+        resolve_config_path("elsewhere/early_exit.yaml")

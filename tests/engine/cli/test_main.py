@@ -177,10 +177,12 @@ def test_cli_end_to_end_matches_hf_greedy(tiny_model_dir, tmp_path, capsys):
     doc = json.loads(out.read_text())
     results = doc["outputs"]
     assert len(results) == 3
-    # ``--prompt`` comes first, then the file; the chat prompt went through the template.
-    assert results[0]["prompt_token_ids"] == [40, 41, 42]
-    assert results[1]["prompt_token_ids"] == [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
-    assert results[2]["prompt_token_ids"] == [2, 9, 10, 9, 10, 3]  # <user> ... <bot>
+    # ``--prompt`` comes first, then the file; the tokenizer has a chat template, so every
+    # prompt went through it (<user> ... <bot>), and the outputs keep the formatted text
+    assert results[0]["prompt_token_ids"] == [2, 40, 41, 42, 3]
+    assert results[0]["prompt"] == "<user> w40 w41 w42 <bot> "
+    assert results[1]["prompt_token_ids"] == [2, 5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 3]
+    assert results[2]["prompt_token_ids"] == [2, 9, 10, 9, 10, 3]
     for result in results:
         sample = result["outputs"][0]
         assert sample["token_ids"] == _hf_greedy(tiny_model_dir, result["prompt_token_ids"], 12)
@@ -203,7 +205,7 @@ def test_cli_stream_and_no_speculation(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "stream.json"
     assert main(argv + ["--stream", "--json", str(out)]) == 0
     streamed = capsys.readouterr().out
-    assert streamed.startswith(expected["text"] + "\n[finish_reason=length]\n")
+    assert streamed.startswith(expected["text"] + "\n[8 tokens, finish_reason=length]\n")
     (sample,) = json.loads(out.read_text())["streamed"]
     assert sample["text"] == expected["text"]
     assert sample["token_ids"] == expected["token_ids"]
@@ -226,9 +228,48 @@ def test_a_failed_request_is_one_error_line_on_stderr(tiny_model_dir):
     proc = subprocess.run(
         [sys.executable, "-m", "engine.generate", "--model", str(tiny_model_dir), "--device",
          "cpu", "--max-model-len", "32", "--prompt", "w5 w6 w7", "--prompt", long_prompt,
-         "--max-tokens", "4", "--no-progress"],
+         "--max-tokens", "4", "--no-progress", "--no-chat"],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: request 1: the prompt has 40 tokens")
     assert "[4 tokens, finish_reason=length]" in proc.stdout  # the good request ran
+
+
+def test_no_chat_sends_the_raw_prompt(tiny_model_dir, tmp_path):
+    out = tmp_path / "raw.json"
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w40 w41 w42",
+            "--max-tokens", "3", "--ignore-eos", "--no-chat", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())["outputs"][0]
+    assert result["prompt_token_ids"] == [40, 41, 42] and result["prompt"] == "w40 w41 w42"
+
+
+def test_streamed_samples_print_as_blocks(tiny_model_dir, capsys):
+    """Found by the porting run: --stream --n 2 interleaved the samples one token per line."""
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w5 w6 w7 w5 w6",
+            "--max-tokens", "6", "--ignore-eos", "--stream", "--n", "2", "--temperature", "0.8",
+            "--request-seed", "3", "--no-chat"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("--- request 0, sample")]
+    assert len(heads) == 2
+    for i in heads:  # each block: its label, its text on one line, its finish line
+        assert len(lines[i + 1].split()) == 6 and lines[i + 2] == "[6 tokens, finish_reason=length]"
+
+
+def test_help_shows_what_a_run_gets(capsys):
+    with pytest.raises(SystemExit):
+        main(["--config", "typical", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "SpeculativeConfig.acceptance_method (default: 'typical_acceptance_sampler', from " \
+           "typical.yaml)" in text
+    assert "SamplingParams.top_k (default: 0)" in text
+
+
+def test_a_run_with_no_drafts_says_so():
+    from engine.cli.main import summary_line
+    from engine.outputs import EngineMetrics
+
+    line = summary_line(EngineMetrics(num_generated=5, elapsed_s=1.0, tokens_per_s=5.0), True)
+    assert "no drafts were verified" in line and "0.00" not in line

@@ -1,0 +1,69 @@
+"""Log-probabilities as vLLM returns them: per position a ``dict[token_id, Logprob]`` holding the
+chosen token and the ``n`` most likely ones, each with its rank and text.
+
+What the values are (``EngineConfig.logprobs_mode``, vLLM's names):
+
+- ``raw_logprobs`` (the default, as in vLLM): ``log_softmax`` of the model's own logits, before
+  penalties, bias, temperature and the top-k / top-p / min-p filters;
+- ``processed_logprobs``: ``log_softmax`` of the distribution the token is sampled from (after
+  all of them); tokens a filter removed have ``-inf`` and are never listed among the top ``n``;
+- ``raw_logits`` / ``processed_logits``: the same two, as logits instead of log-probabilities.
+
+``rank`` is 1 for the most likely token (1 + the number of tokens strictly more likely).
+Prompt log-probabilities (``SamplingParams.prompt_logprobs``) are always raw: the first prompt
+token has none (``None``), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+
+
+@dataclass
+class Logprob:
+    """One token's value at one position (vLLM's ``Logprob``)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PositionLogprobs = dict[int, Logprob]
+
+
+def to_values(logits: torch.Tensor, mode: str) -> torch.Tensor:
+    """``logits [num_rows, vocab_size]`` as the mode's values (log-probabilities or logits)."""
+    logits = logits.float()
+    return logits if mode.endswith("_logits") else torch.log_softmax(logits, dim=-1)
+
+
+def position_entries(values: torch.Tensor, token_ids: list[int], top_n: int,
+                     tokenizer: Any) -> list[PositionLogprobs]:
+    """``values [len(token_ids), vocab_size]``: for each row, the chosen token and the ``top_n``
+    best (``-inf`` never among them), with ranks and decoded text."""
+    entries = []
+    k = min(top_n, values.shape[-1])
+    top_values, top_ids = torch.topk(values, k, dim=-1) if k else (None, None)
+    chosen = values.gather(1, torch.tensor(token_ids, device=values.device)[:, None])[:, 0]
+    ranks = (values > chosen[:, None]).sum(dim=-1) + 1  # [num_rows]
+    chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
+    for row, token in enumerate(token_ids):
+        entry = {token: Logprob(chosen_l[row], ranks_l[row], _text(tokenizer, token))}
+        if k:
+            for rank, (value, tid) in enumerate(zip(top_values[row].tolist(),
+                                                    top_ids[row].tolist(), strict=True), start=1):
+                if value == float("-inf"):
+                    break
+                if tid not in entry:
+                    entry[tid] = Logprob(value, rank, _text(tokenizer, tid))
+        entries.append(entry)
+    return entries
+
+
+def _text(tokenizer: Any, token_id: int) -> str | None:
+    return None if tokenizer is None else tokenizer.decode([token_id])
