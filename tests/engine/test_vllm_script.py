@@ -30,7 +30,8 @@ def test_a_vllm_offline_script(default_model):
         assert output.prompt == prompt and len(output.outputs) == 2
         ids = output.prompt_token_ids
         with torch.inference_mode():
-            prompt_rows = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+            logits = model(torch.tensor([ids], device=model.device)).logits[0]
+            prompt_rows = torch.log_softmax(logits.double(), -1).cpu()
         assert output.prompt_logprobs[0] is None and len(output.prompt_logprobs) == len(ids)
         for pos in range(1, len(ids)):
             entry = output.prompt_logprobs[pos]
@@ -42,7 +43,8 @@ def test_a_vllm_offline_script(default_model):
             assert len(sample.logprobs) == len(sample.token_ids) <= 16
             context = ids + sample.token_ids
             with torch.inference_mode():
-                rows = torch.log_softmax(model(torch.tensor([context])).logits[0].double(), -1)
+                logits = model(torch.tensor([context], device=model.device)).logits[0]
+                rows = torch.log_softmax(logits.double(), -1).cpu()
             total = 0.0
             for j, (token, entry) in enumerate(zip(sample.token_ids, sample.logprobs,
                                                    strict=True)):
@@ -55,7 +57,8 @@ def test_a_vllm_offline_script(default_model):
             assert sample.cumulative_logprob == pytest.approx(total, abs=1e-3)
     for output in greedy:
         with torch.inference_mode():
-            want = model.generate(torch.tensor([output.prompt_token_ids]), do_sample=False,
+            want = model.generate(torch.tensor([output.prompt_token_ids], device=model.device),
+                                  do_sample=False,
                                   max_new_tokens=8)[0, len(output.prompt_token_ids):].tolist()
         assert output.outputs[0].token_ids == want[:len(output.outputs[0].token_ids)]
     assert chat[0].prompt.startswith("<|im_start|>") and "Say hello." in chat[0].prompt
