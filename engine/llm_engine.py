@@ -121,9 +121,15 @@ class LLMEngine:
                                  "tokens: it cannot ban anything")
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[Sequence]:
+                    params: SamplingParams,
+                    max_spec_tokens: int | None = None) -> list[Sequence]:
         """Queue the ``params.n`` samples of one prompt. A request that cannot run (empty prompt,
-        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set."""
+        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set.
+        ``max_spec_tokens``: this request's cap on drafts per step (0: no speculation)."""
+        if max_spec_tokens is not None and (isinstance(max_spec_tokens, bool) or not isinstance(
+                max_spec_tokens, int) or max_spec_tokens < 0):
+            raise ValueError(f"num_speculative_tokens={max_spec_tokens!r} is invalid: allowed "
+                             "None or an integer >= 0 (0: no speculation for this request)")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter()
@@ -131,6 +137,7 @@ class LLMEngine:
                          self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
             seq.acceptance = self.spec_policy.new_tracker()
+            seq.max_spec_tokens = max_spec_tokens
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)

@@ -70,6 +70,7 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.adjuster = LogitsAdjuster(params, self.prompt_token_ids, eos_token_ids, tokenizer)
         self.acceptance = AcceptanceTracker()
+        self.max_spec_tokens: int | None = None  # the request's cap on drafts per step
 
     # ------------------------------------------------------------------ derived values
     @property

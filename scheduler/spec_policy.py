@@ -36,6 +36,7 @@ class SpeculatingSequence(Protocol):
     acceptance: AcceptanceTracker
     num_tokens: int
     num_output_tokens: int
+    max_spec_tokens: int | None  # the request's own cap on its drafts per step (None: none)
 
 
 # While the cost fit lacks steps without drafts, every this many steps drafts nothing.
@@ -101,8 +102,11 @@ class SpeculationPolicy:
         return max(0, min(k, self.draft_room(seq)))
 
     def draft_room(self, seq: SpeculatingSequence) -> int:
-        """Drafts that can still become output (context length and max_tokens)."""
+        """Drafts that can still become output (context length and max_tokens), at most the
+        request's own cap."""
         room = self.max_model_len - seq.num_tokens - 1
+        if seq.max_spec_tokens is not None:
+            room = min(room, seq.max_spec_tokens)
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
         return room

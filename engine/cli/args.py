@@ -173,8 +173,6 @@ def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[Flag
     value in ``preset`` (what a run gets without the flag), else the dataclass default."""
     name = "no preset" if preset is None else (
         preset.path.name if preset.path is not None else "the preset")
-    engine = None if preset is None else preset.engine
-    spec = None if preset is None else (preset.engine.get(SPECULATIVE_KEY) or {})
     sampling = None if preset is None else preset.sampling
     parser = OneLineParser(
         prog="specdec",
@@ -195,19 +193,41 @@ def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[Flag
     io.add_argument("--json", metavar="PATH", help="write outputs and metrics as JSON ('-': "
                     "stdout, the text and summary then go to stderr)")
     io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-    specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",
-                                 EngineConfig, {}, ENGINE_SKIP, engine, name)
-    spec_group = parser.add_argument_group(
-        "speculation (SpeculativeConfig); --method none turns it off")
-    specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set(),
-                                  spec, name)
+    specs = add_engine_flags(parser, preset)
     specs += _add_dataclass_flags(parser.add_argument_group("sampling (SamplingParams)"),
                                   "sampling", SamplingParams, SAMPLING_RENAMES, set(), sampling,
                                   name)
     return parser, specs
 
 
-def _preset_for_help(argv: list[str]) -> Preset | None:
+def add_engine_flags(parser: argparse.ArgumentParser,
+                     preset: Preset | None = None) -> list[FlagSpec]:
+    """The ``EngineConfig`` and ``SpeculativeConfig`` flags (the server takes these too)."""
+    name = "no preset" if preset is None else (
+        preset.path.name if preset.path is not None else "the preset")
+    engine = None if preset is None else preset.engine
+    spec = None if preset is None else (preset.engine.get(SPECULATIVE_KEY) or {})
+    specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",
+                                 EngineConfig, {}, ENGINE_SKIP, engine, name)
+    spec_group = parser.add_argument_group(
+        "speculation (SpeculativeConfig); --method none turns it off")
+    specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set(),
+                                  spec, name)
+    return specs
+
+
+def split_overrides(args: argparse.Namespace,
+                    specs: list[FlagSpec]) -> dict[str, dict[str, Any]]:
+    """The dataclass values given on the command line, per section (taken out of ``args``)."""
+    overrides: dict[str, dict[str, Any]] = {"engine": {}, "spec": {}, "sampling": {}}
+    for spec in specs:
+        if hasattr(args, spec.dest):
+            overrides[spec.section][spec.field] = getattr(args, spec.dest)
+            delattr(args, spec.dest)
+    return overrides
+
+
+def preset_for_help(argv: list[str]) -> Preset | None:
     """The preset ``argv`` names (``--config``, else the default one), read only so that
     ``--help`` can show what a run gets; None when it cannot be read (the run will say why)."""
     from engine.presets import DEFAULT_PRESET, load_config_file
@@ -227,15 +247,10 @@ def _preset_for_help(argv: list[str]) -> Preset | None:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, dict[str, dict]]:
     """Parse ``argv``; returns the namespace and the given dataclass overrides per section."""
     argv = sys.argv[1:] if argv is None else argv
-    parser, specs = build_parser(_preset_for_help(argv) if "-h" in argv or "--help" in argv
+    parser, specs = build_parser(preset_for_help(argv) if "-h" in argv or "--help" in argv
                                  else None)
     args = parser.parse_args(argv)
-    overrides: dict[str, dict[str, Any]] = {"engine": {}, "spec": {}, "sampling": {}}
-    for spec in specs:
-        if hasattr(args, spec.dest):
-            overrides[spec.section][spec.field] = getattr(args, spec.dest)
-            delattr(args, spec.dest)
-    return args, overrides
+    return args, split_overrides(args, specs)
 
 
 # Speculation keys that only make sense for one method: dropped when ``--method`` changes it.

@@ -162,7 +162,13 @@ def _report_failures(outputs: list[RequestOutput] | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: one ``error:`` line and a non-zero exit code instead of a traceback."""
+    """Console entry point: one ``error:`` line and a non-zero exit code instead of a traceback.
+    ``specdec serve ...`` runs the server (:mod:`engine.cli.serve`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from engine.cli.serve import main as serve
+
+        return serve(argv[1:])
     try:
         return run(argv)
     except KeyboardInterrupt:

@@ -1,0 +1,90 @@
+"""``python -m engine.serve`` / ``specdec serve``: the OpenAI-compatible server.
+
+Takes the engine and speculation flags of the CLI (``--model``, ``--method``, ``-k``, ...) on top
+of a preset (``--config``, default ``configs/default.yaml``; its sampling section is not used:
+each request brings its own), plus ``--host``, ``--port``, ``--served-model-name`` and
+``--max-pending`` (requests held at once before new ones get 429). With no arguments it serves
+the embedded default model with n-gram speculation on 127.0.0.1:8000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.cli.args import (
+    CliError,
+    OneLineParser,
+    add_engine_flags,
+    merge_overrides,
+    preset_for_help,
+    split_overrides,
+)
+from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
+
+EXIT_BAD_INPUT = 2
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
+    parser = OneLineParser(prog="specdec serve", argument_default=argparse.SUPPRESS,
+                           description="An OpenAI-compatible server (/v1/completions, "
+                                       "/v1/chat/completions, /v1/models, /health, /metrics).")
+    server = parser.add_argument_group("server")
+    server.add_argument("--config", help="a YAML preset: a path or a shipped name (default: "
+                        "default)")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--served-model-name", help="the model id clients use (default: the "
+                        "--model value)")
+    server.add_argument("--max-pending", type=int, default=256, help="requests queued or "
+                        "running at once; more get 429 with Retry-After (default: 256)")
+    specs = add_engine_flags(parser, preset_for_help(argv) if "-h" in argv or "--help" in argv
+                             else None)
+    args = parser.parse_args(argv)
+    overrides = split_overrides(args, specs)
+    preset = merge_overrides(load_config_file(getattr(args, "config", DEFAULT_PRESET)),
+                             overrides)
+    engine_config, _ = build_configs(preset)
+    return args, engine_config
+
+
+def run(argv: list[str] | None = None) -> int:
+    import uvicorn
+    from transformers.utils import logging as hf_logging
+
+    from engine.llm_engine import LLMEngine
+    from engine.serving.app import build_app
+    from engine.serving.async_engine import AsyncEngine
+    from engine.serving.metrics import ServerMetrics
+
+    args, engine_config = parse(sys.argv[1:] if argv is None else argv)
+    hf_logging.disable_progress_bar()
+    engine = LLMEngine(engine_config)
+    spec = engine_config.speculative_config
+    metrics_holder: list[ServerMetrics] = []
+    async_engine = AsyncEngine(engine, args.max_pending,
+                               on_step=lambda: metrics_holder[0].on_step(),
+                               on_finish=lambda *a: metrics_holder[0].on_finish(*a))
+    metrics_holder.append(ServerMetrics(async_engine, spec.num_speculative_tokens
+                                        if spec is not None and engine.proposer else 0))
+    name = getattr(args, "served_model_name", None) or (
+        engine_config.model if isinstance(engine_config.model, str) else "model")
+    app = build_app(async_engine, name, metrics_holder[0])
+    print(f"specdec: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr,
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        return 130
+    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+

@@ -1,0 +1,290 @@
+"""The HTTP routes (FastAPI): OpenAI's completions, chat completions and models, plus /health
+and /metrics.
+
+Streaming answers are server-sent events, one ``data: {json}`` per delta and ``data: [DONE]``
+at the end. A client that disconnects cancels its handler, which aborts the request (its KV rows
+are freed at the engine's next step). A bad request is a 400 with OpenAI's error body, naming
+the field in ``param``; a full queue a 429 with ``Retry-After``; the other requests run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from engine.inputs import normalize_conversations, normalize_prompts
+from engine.outputs import RequestOutput, StreamDelta
+from engine.serving import protocol as p
+from engine.serving.async_engine import AsyncEngine, QueueFull
+from engine.serving.metrics import ServerMetrics
+from samplers import SamplingParams
+
+RETRY_AFTER_S = 1
+_PARAM = re.compile(r"SamplingParams\.(\w+)=|^(num_speculative_tokens)=|(prompt)\b")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> FastAPI:
+    """The server's FastAPI app over a (not yet started) :class:`AsyncEngine`."""
+    tokenizer = engine.engine.tokenizer
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start(asyncio.get_running_loop())
+        yield
+        engine.stop()
+
+    app = FastAPI(title="specdec", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        loc = [str(x) for x in first.get("loc", ())[1:]]
+        param = loc[0] if loc else None  # the request's field (the rest: where inside it)
+        return _error(400, f"{'.'.join(loc)}: {first.get('msg')}", "invalid_request_error",
+                      param)
+
+    @app.exception_handler(BadRequest)
+    async def bad(request: Request, exc: BadRequest) -> JSONResponse:
+        return _error(400, str(exc), "invalid_request_error", exc.param)
+
+    @app.exception_handler(QueueFull)
+    async def full(request: Request, exc: QueueFull) -> JSONResponse:
+        return _error(429, f"the server is busy: {exc}; retry later", "rate_limit_error",
+                      headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.error is not None:
+            return _error(503, f"the engine stopped: {engine.error}", "server_error")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        metrics.render_ready()
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": p.now(), "owned_by": "specdec"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: p.CompletionRequest, request: Request) -> Response:
+        if body.suffix is not None:
+            raise BadRequest("suffix is not supported", "suffix")
+        params = _params(body, SamplingParams(max_tokens=16))
+        try:
+            prompts = normalize_prompts(body.prompt, tokenizer)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(str(exc), "prompt") from None
+        runs = [_submit(engine, text, ids, params, body.num_speculative_tokens)
+                for text, ids in prompts]
+        rid = p.new_id("cmpl")
+        if body.stream:
+            return _sse(_completion_chunks(engine, rid, model_name, runs, params.n,
+                                           _include_usage(body)))
+        outputs = await _collect(engine, runs, request)
+        if outputs is None:
+            return Response(status_code=499)
+        return JSONResponse(_completion_body(rid, model_name, outputs, body, tokenizer))
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: p.ChatRequest, request: Request) -> Response:
+        params = _params(body, SamplingParams(max_tokens=None))
+        messages = [m.model_dump() for m in body.messages]
+        try:
+            (conversation,) = normalize_conversations(messages)
+            text = tokenizer.apply_chat_template(
+                conversation, chat_template=body.chat_template, tokenize=False,
+                add_generation_prompt=body.add_generation_prompt and not
+                body.continue_final_message, continue_final_message=body.continue_final_message)
+        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+            raise BadRequest(f"messages: {exc}", "messages") from None
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        runs = [_submit(engine, text, ids, params, body.num_speculative_tokens)]
+        rid = p.new_id("chatcmpl")
+        if body.stream:
+            return _sse(_chat_chunks(engine, rid, model_name, runs[0], _include_usage(body)))
+        outputs = await _collect(engine, runs, request)
+        if outputs is None:
+            return Response(status_code=499)
+        return JSONResponse(_chat_body(rid, model_name, outputs[0], body))
+
+    return app
+
+
+def _params(body: p.CompletionRequest | p.ChatRequest, defaults: SamplingParams) -> SamplingParams:
+    try:
+        return p.sampling_params(body, defaults)
+    except (TypeError, ValueError) as exc:
+        match = _PARAM.search(str(exc))
+        raise BadRequest(str(exc), next((g for g in match.groups() if g), None)
+                         if match else None) from None
+
+
+def _submit(engine: AsyncEngine, text: str | None, ids: list[int], params: SamplingParams,
+            max_spec_tokens: int | None) -> tuple[str, asyncio.Queue]:
+    if max_spec_tokens is not None and max_spec_tokens < 0:
+        raise BadRequest(f"num_speculative_tokens={max_spec_tokens} is invalid: allowed >= 0",
+                         "num_speculative_tokens")
+    engine.engine.check_params(params)  # ids outside the vocabulary: before any work
+    return engine.add(text, ids, params, max_spec_tokens)
+
+
+async def _collect(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
+                   request: Request) -> list[RequestOutput] | None:
+    """Every run's final output; None (and every run aborted) if the client went away."""
+
+    async def one(run: tuple[str, asyncio.Queue]) -> RequestOutput | None:
+        final = None
+        async for item in engine.results(*run):
+            if isinstance(item, RequestOutput):
+                final = item
+        return final
+
+    task = asyncio.gather(*(one(r) for r in runs))
+    while not task.done():
+        await asyncio.wait([task], timeout=0.5)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()  # (each run's generator aborts its request)
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            return None
+    outputs = task.result()
+    failed = next((o for o in outputs if o is None or o.error is not None), None)
+    if failed is not None and len(outputs) == 1:
+        raise BadRequest(failed.error if failed is not None else "the request was aborted",
+                         "prompt")
+    return outputs
+
+
+def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _merged(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
+                  ) -> AsyncIterator[tuple[int, StreamDelta | RequestOutput]]:
+    """Every run's items as they come, tagged with the run's index."""
+    out: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, run: tuple[str, asyncio.Queue]) -> None:
+        async for item in engine.results(*run):
+            await out.put((i, item))
+        await out.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(runs)]
+    try:
+        remaining = len(runs)
+        while remaining:
+            i, item = await out.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield i, item
+    finally:  # (a client that went away: cancelling the pumps aborts the requests)
+        for task in tasks:
+            task.cancel()
+
+
+def _include_usage(body: p.CompletionRequest | p.ChatRequest) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+async def _completion_chunks(engine: AsyncEngine, rid: str, model: str,
+                             runs: list[tuple[str, asyncio.Queue]], n: int,
+                             include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    created = p.now()
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    async for i, item in _merged(engine, runs):
+        if isinstance(item, RequestOutput):
+            if item.error is not None:
+                yield {"error": {"message": item.error, "type": "invalid_request_error",
+                                 "param": "prompt", "code": None}}
+            for key, value in p.usage(item).items():
+                total[key] += value
+            continue
+        yield {"id": rid, "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": i * n + item.index, "text": item.text, "logprobs": None,
+                            "finish_reason": item.finish_reason}]}
+    if include_usage:  # (OpenAI's stream_options: one last chunk with the usage, no choices)
+        yield {"id": rid, "object": "text_completion", "created": created, "model": model,
+               "choices": [], "usage": total}
+
+
+async def _chat_chunks(engine: AsyncEngine, rid: str, model: str, run: tuple[str, asyncio.Queue],
+                       include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    created = p.now()
+    started: set[int] = set()
+    final = None
+    async for _, item in _merged(engine, [run]):
+        if isinstance(item, RequestOutput):
+            if item.error is not None:
+                yield {"error": {"message": item.error, "type": "invalid_request_error",
+                                 "param": "messages", "code": None}}
+            final = item
+            continue
+        delta: dict[str, Any] = {"content": item.text}
+        if item.index not in started:
+            started.add(item.index)
+            delta["role"] = "assistant"
+        yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [{"index": item.index, "delta": delta, "logprobs": None,
+                            "finish_reason": item.finish_reason}]}
+    if include_usage and final is not None:
+        yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+               "choices": [], "usage": p.usage(final)}
+
+
+def _completion_body(rid: str, model: str, outputs: list[RequestOutput],
+                     body: p.CompletionRequest, tokenizer: Any) -> dict[str, Any]:
+    choices = []
+    for i, output in enumerate(outputs):
+        for c in output.outputs:
+            text = (output.prompt or "") + c.text if body.echo else c.text
+            choices.append({"index": i * len(output.outputs) + c.index, "text": text,
+                            "logprobs": p.completion_logprobs(c.token_ids, c.logprobs, tokenizer),
+                            "finish_reason": c.finish_reason})
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for output in outputs:
+        for key, value in p.usage(output).items():
+            total[key] += value
+    return {"id": rid, "object": "text_completion", "created": p.now(), "model": model,
+            "choices": choices, "usage": total}
+
+
+def _chat_body(rid: str, model: str, output: RequestOutput,
+               body: p.ChatRequest) -> dict[str, Any]:
+    top = body.top_logprobs or 0
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": p.chat_logprobs(c.token_ids, c.logprobs, top) if body.logprobs
+                else None, "finish_reason": c.finish_reason} for c in output.outputs]
+    return {"id": rid, "object": "chat.completion", "created": p.now(), "model": model,
+            "choices": choices, "usage": p.usage(output)}

@@ -1,0 +1,218 @@
+"""The engine loop for a server: requests arrive while others run.
+
+One thread owns the :class:`~engine.llm_engine.LLMEngine` and is the only one that touches it.
+The event loop hands it commands (add, abort) through a thread-safe queue; the thread takes all
+that are waiting before each step, so a request that arrives joins the running batch at the next
+step, and it sleeps on the queue when nothing runs. After each step it turns every updated
+sample into a :class:`~engine.outputs.StreamDelta` and posts it to that request's
+``asyncio.Queue`` on the event loop; when a request's last sample finishes it posts the request's
+final :class:`~engine.outputs.RequestOutput` and forgets it. An abort (a client that
+disconnected) takes the request out at the next step and frees its KV rows at once.
+
+The number of requests held (waiting or running) is bounded: :meth:`AsyncEngine.add` raises
+:class:`QueueFull` beyond ``max_pending``, which the server answers with 429 and ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from engine.llm import build_output
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput, StreamDelta
+from samplers import SamplingParams
+
+
+class QueueFull(Exception):
+    """The engine holds ``max_pending`` requests already."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    out: asyncio.Queue  # StreamDelta, then the final RequestOutput, then None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+
+
+@dataclass
+class EngineStats:
+    """What the server's /metrics reads (updated by the engine thread)."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    num_free_kv_tokens: int = 0
+    steps: int = 0
+
+
+class AsyncEngine:
+    """Runs ``engine`` on a thread of its own; ``add`` / ``abort`` from the event loop."""
+
+    def __init__(self, engine: LLMEngine, max_pending: int = 256,
+                 on_step: Callable[[], None] | None = None,
+                 on_finish: Callable[[RequestOutput, float, float | None, float], None]
+                 | None = None) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending={max_pending} is invalid: allowed an integer >= 1")
+        self.engine = engine
+        self.max_pending = max_pending
+        self.on_step = on_step  # called on the engine thread after every step (metrics)
+        # on_finish(output, arrival, first token time or None, finish time): engine thread
+        self.on_finish = on_finish
+        self.stats = EngineStats(num_free_kv_tokens=engine.runner.num_free_tokens)
+        self._commands: queue.Queue = queue.Queue()
+        self._requests: dict[str, _Request] = {}  # engine thread only
+        self._num_pending = 0  # added and not yet finished (event loop side)
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.error: BaseException | None = None  # what stopped the engine thread, if anything
+
+    # ------------------------------------------------------------------ event loop side
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    @property
+    def num_pending(self) -> int:
+        return self._num_pending
+
+    def add(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+            max_spec_tokens: int | None = None) -> tuple[str, asyncio.Queue]:
+        """Queue one request; returns its id and the queue its deltas and output arrive on.
+        Raises :class:`QueueFull` when ``max_pending`` requests are held already."""
+        if self.error is not None:
+            raise RuntimeError(f"the engine stopped: {self.error}")
+        with self._lock:
+            if self._num_pending >= self.max_pending:
+                raise QueueFull(f"{self._num_pending} requests are queued or running "
+                                f"(max_pending={self.max_pending})")
+            self._num_pending += 1
+        request_id = f"req-{next(self._ids)}"
+        out: asyncio.Queue = asyncio.Queue()
+        self._commands.put(("add", _Request(request_id, out), prompt, prompt_token_ids, params,
+                            max_spec_tokens))
+        return request_id, out
+
+    def abort(self, request_id: str) -> None:
+        """Take the request out at the next step (a client that went away)."""
+        self._commands.put(("abort", request_id))
+
+    async def results(self, request_id: str,
+                      out: asyncio.Queue) -> AsyncIterator[StreamDelta | RequestOutput]:
+        """The request's deltas, then its final output. Leaving early (a disconnect: the task is
+        cancelled) aborts the request."""
+        finished = False
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    finished = True
+                    return
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                block = not self.engine.has_work()
+                if not self._take_commands(block):
+                    return
+                if self.engine.has_work():
+                    self._step()
+        except BaseException as exc:  # noqa: BLE001 - every waiting client must hear of it
+            self.error = exc
+            for request in list(self._requests.values()):
+                self._post(request, None)
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply every command waiting (block for the first when idle); False on stop."""
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if command[0] == "stop":
+                return False
+            if command[0] == "add":
+                self._add(*command[1:])
+            else:
+                self._abort(command[1])
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, request: _Request, prompt: str | None, prompt_token_ids: list[int],
+             params: SamplingParams, max_spec_tokens: int | None) -> None:
+        self._requests[request.request_id] = request
+        self.engine.add_request(request.request_id, prompt, prompt_token_ids, params,
+                                max_spec_tokens)
+
+    def _abort(self, request_id: str) -> None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return  # finished meanwhile
+        self.engine.discard_request(request_id)  # frees its KV rows now
+        self._finished(request)
+        self._post(request, None)
+        self._update_stats()
+
+    def _step(self) -> None:
+        updated = self.engine.step()
+        now = time.perf_counter()
+        done: set[str] = set()
+        for seq in updated:
+            request = self._requests.get(seq.request_id)
+            if request is None:
+                continue
+            delta = seq.take_delta()
+            if delta is not None:
+                if request.first_token is None and delta.token_ids:
+                    request.first_token = now
+                self._post(request, delta)
+            if all(s.is_finished for s in self.engine.requests[seq.request_id]):
+                done.add(seq.request_id)
+        for request_id in done:
+            request = self._requests.pop(request_id)
+            output = build_output(self.engine.pop_request(request_id))
+            self._finished(request)
+            if self.on_finish is not None:
+                self.on_finish(output, request.arrival, request.first_token, now)
+            self._post(request, output)
+            self._post(request, None)
+        self.stats.steps += 1
+        self._update_stats()
+        if self.on_step is not None:
+            self.on_step()
+
+    def _update_stats(self) -> None:
+        scheduler = self.engine.scheduler
+        self.stats.num_waiting, self.stats.num_running = (len(scheduler.waiting),
+                                                          len(scheduler.running))
+        self.stats.num_free_kv_tokens = self.engine.runner.num_free_tokens
+
+    def _finished(self, request: _Request) -> None:
+        with self._lock:
+            self._num_pending -= 1
+
+    def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
+        self._loop.call_soon_threadsafe(request.out.put_nowait, item)

@@ -1,0 +1,158 @@
+"""OpenAI's request and response shapes for ``/v1/completions`` and ``/v1/chat/completions``.
+
+Requests are pydantic models with OpenAI's fields and names, plus vLLM's extra sampling fields
+(``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
+``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``,
+``allowed_token_ids``, ``bad_words``, ``prompt_logprobs``) and a per-request speculation control,
+``num_speculative_tokens`` (at most this many drafts per step; 0 turns speculation off for the
+request). Unknown fields are refused (OpenAI clients send only known ones; a typo should not be
+silently dropped). :func:`sampling_params` turns a request into :class:`SamplingParams`, whose
+own checks name the field of a bad value.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.logprobs import Logprob
+from engine.outputs import RequestOutput
+from samplers import SamplingParams
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = None
+    # vLLM's extra sampling fields
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    # this engine's per-request speculation control
+    num_speculative_tokens: int | None = Field(default=None, ge=0)
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str
+
+
+class ChatRequest(_Request):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    chat_template: str | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+_PASSED = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
+           "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
+           "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
+           "prompt_logprobs")
+
+
+def sampling_params(request: CompletionRequest | ChatRequest,
+                    defaults: SamplingParams) -> SamplingParams:
+    """The request's :class:`SamplingParams`: its fields over the server's defaults."""
+    values = {name: getattr(request, name) for name in _PASSED
+              if getattr(request, name) is not None}
+    max_tokens = request.max_tokens
+    if isinstance(request, ChatRequest):
+        max_tokens = request.max_completion_tokens or max_tokens
+        if request.logprobs:
+            values["logprobs"] = request.top_logprobs or 0
+    elif request.logprobs is not None:
+        values["logprobs"] = request.logprobs
+        if request.best_of is not None:
+            values["best_of"] = request.best_of
+    if max_tokens is not None:
+        values["max_tokens"] = max_tokens
+    if request.logit_bias is not None:
+        values["logit_bias"] = request.logit_bias
+    base = {name: getattr(defaults, name) for name in ("max_tokens", "temperature")}
+    return SamplingParams(**{**base, **values})
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(output: RequestOutput) -> dict[str, int]:
+    completion = sum(len(c.token_ids) for c in output.outputs)
+    prompt = len(output.prompt_token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]] | None,
+                        tokenizer: Any) -> dict[str, Any] | None:
+    """OpenAI's legacy completions ``logprobs`` object."""
+    if entries is None:
+        return None
+    tokens = [tokenizer.decode([t]) for t in token_ids]
+    offsets, offset = [], 0
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens,
+            "token_logprobs": [e[t].logprob for e, t in zip(entries, token_ids, strict=True)],
+            "top_logprobs": [{lp.decoded_token: lp.logprob for lp in e.values()}
+                             for e in entries],
+            "text_offset": offsets}
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]] | None,
+                  top_n: int) -> dict[str, Any] | None:
+    """OpenAI's chat ``logprobs`` object: ``{"content": [{token, logprob, bytes,
+    top_logprobs}]}``."""
+    if entries is None:
+        return None
+    content = []
+    for entry, token in zip(entries, token_ids, strict=True):
+        chosen = entry[token]
+        best = sorted(entry.values(), key=lambda lp: lp.rank or 0)[:top_n]
+        content.append({"token": chosen.decoded_token, "logprob": chosen.logprob,
+                         "bytes": list((chosen.decoded_token or "").encode()),
+                         "top_logprobs": [{"token": lp.decoded_token, "logprob": lp.logprob,
+                                           "bytes": list((lp.decoded_token or "").encode())}
+                                          for lp in best]})
+    return {"content": content}
+
+
+def now() -> int:
+    return int(time.time())

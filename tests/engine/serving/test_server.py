@@ -1,0 +1,186 @@
+"""The OpenAI-compatible server, as a real process on a tiny model, through the official `openai`
+client (and httpx for what a client library hides: disconnects, metrics, raw errors)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.engine.cli.cli_helpers import save_tiny_model
+
+MAX_PENDING = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_server"))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu",
+         "--port", str(port), "--served-model-name", "tiny", "--max-pending", str(MAX_PENDING),
+         "--kv-cache-tokens", "512", "--max-num-seqs", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(120):
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stderr.read()}")
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """``LLM.generate`` on the same model: what the server must give for greedy requests."""
+    llm = LLM(str(model_dir), device="cpu")
+
+    def run(prompts: list[str], max_tokens: int) -> list[str]:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        return [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    return run
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(match.group(1))
+
+
+def wait_idle(base: str, free_at_start: float) -> None:
+    for _ in range(100):
+        if (metric(base, "specdec_queue_depth") == 0
+                and metric(base, "specdec_kv_cache_free_tokens") == free_at_start):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the server still holds requests or KV rows")
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(f"{server}/health").status_code == 200
+
+
+def test_completions_equal_llm_generate(client, reference):
+    prompts = ["w5 w6 w7 w5 w6", "w40 w41 w42"]
+    out = client.completions.create(model="tiny", prompt=prompts, max_tokens=8, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert [c.text for c in sorted(out.choices, key=lambda c: c.index)] == reference(prompts, 8)
+    assert out.usage.completion_tokens == 16 and out.usage.prompt_tokens == 8
+    stream = client.completions.create(model="tiny", prompt=prompts[0], max_tokens=8,
+                                       temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == reference(prompts[:1], 8)[0]
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_n_samples_stop_and_logprobs(client):
+    messages = [{"role": "user", "content": "w9 w10 w9 w10"}]
+    out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, n=3,
+                                         temperature=0.9, seed=5, logprobs=True, top_logprobs=2)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    for choice in out.choices:
+        assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+        assert len(choice.logprobs.content) >= 1
+        assert all(len(t.top_logprobs) <= 2 for t in choice.logprobs.content)
+    greedy = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                            temperature=0).choices[0].message.content
+    stop_word = greedy.split()[1]
+    stopped = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                             temperature=0, stop=[stop_word])
+    assert stopped.choices[0].finish_reason == "stop" and stop_word not in \
+        stopped.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == greedy
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"top_p": 2.0}, "top_p"),
+    ({"extra_body": {"temprature": 0.5}}, "temprature"),  # a typo is not silently dropped
+    ({"extra_body": {"bad_words": "w5 w6"}}, "bad_words"),
+    ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
+    ({"prompt": "w5 " * 300}, "prompt"),  # longer than the context
+    ({"prompt": [["w5"]]}, "prompt"),
+])
+def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
+    args = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(**args)
+    assert info.value.status_code == 400 and info.value.body["param"] == param
+    # ... and the next request is served
+    assert client.completions.create(model="tiny", prompt="w5", max_tokens=2).choices
+
+
+def test_a_disconnect_aborts_the_request_and_frees_its_kv(server, client):
+    wait_idle(server, 512)
+    with httpx.stream("POST", f"{server}/v1/completions", json={
+            "model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True}, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    wait_idle(server, 512)  # aborted at once, not run to its 200 tokens
+    assert metric(server, "specdec_generation_tokens_total") >= 0
+
+
+def test_concurrent_clients_get_what_generate_gives(client, reference):
+    prompts = [f"w{5 + i} w{6 + i} w{7 + i} w{5 + i}" for i in range(6)]
+
+    def one(prompt: str) -> str:
+        return client.completions.create(model="tiny", prompt=prompt, max_tokens=10,
+                                         temperature=0, extra_body={"ignore_eos": True}
+                                         ).choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        texts = list(pool.map(one, prompts))
+    assert texts == reference(prompts, 10)
+
+
+def test_a_full_queue_answers_429_with_retry_after(server, client):
+    wait_idle(server, 512)
+    body = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 60, "ignore_eos": True}
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(f"{server}/v1/completions", json=body, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(3 * MAX_PENDING) as pool:
+        responses = list(pool.map(post, range(3 * MAX_PENDING)))
+    codes = [r.status_code for r in responses]
+    assert codes.count(200) >= MAX_PENDING and 429 in codes
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    wait_idle(server, 512)
