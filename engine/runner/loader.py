@@ -141,7 +141,25 @@ def _hub_kwargs(model_id: str) -> dict:
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         raise ValueError(f"model {model_id!r} is not in the local Hugging Face cache and "
                          "HF_HUB_OFFLINE is set")
+    if not hub_reachable():
+        raise ValueError(f"model {model_id!r} is not in the local Hugging Face cache and the hub "
+                         f"({HUB_HOST}) cannot be reached; give a local path or download it first")
     return {}
+
+
+HUB_HOST = "huggingface.co"
+
+
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the hub answers a connection within ``timeout_s`` (an offline machine otherwise
+    spends tens of seconds in the download library's retries before failing)."""
+    import socket
+
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
 
 def default_cache_dir() -> Path:

@@ -155,3 +155,23 @@ def test_corrupt_model_files_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="does not hold a readable checkpoint") as info:
         load_model(str(weights))
     assert str(weights) in str(info.value)
+
+
+def test_an_uncached_hub_id_fails_fast_when_the_hub_is_unreachable(monkeypatch):
+    """Found by the porting run: `--model gpt2` on a machine without network took 27 s to fail."""
+    import socket
+
+    from engine.runner import loader
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    def no_download(*args, **kwargs):
+        pytest.fail("the download library was called for an unreachable hub")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(loader.AutoModelForCausalLM, "from_pretrained", no_download)
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache and the hub"):
+        load_model("no-such-owner/no-such-model-3f9a")
