@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NoReturn
 
@@ -39,6 +41,31 @@ def _choices() -> dict[str, tuple[str, ...]]:
 
 class CliError(Exception):
     """A bad command line: printed as one ``error: ...`` line, exit code 2."""
+
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def one_line_errors(run: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``run(argv)`` with the command line's promise: bad input is one ``error:`` line and exit
+    code 2, any other failure one ``error: Type: message`` line and exit code 1, never a
+    traceback (``SPECDEC_DEBUG=1`` shows it)."""
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, no traceback
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 class OneLineParser(argparse.ArgumentParser):

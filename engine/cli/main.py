@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from dataclasses import asdict, fields
 from typing import Any, TextIO
 
-from engine.cli.args import CliError, merge_overrides, parse_args
+from engine.cli.args import EXIT_FAILED, merge_overrides, one_line_errors, parse_args
 from engine.cli.prompts import DEMO_PROMPT, PromptItem, read_prompts, render_prompts
 from engine.outputs import EngineMetrics, RequestOutput
 from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
-
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
 
 
 def _print_outputs(outputs: list[RequestOutput], items: list[PromptItem], out: TextIO) -> None:
@@ -169,21 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.cli.serve import main as serve
 
         return serve(argv[1:])
-    try:
-        return run(argv)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
-        if os.environ.get("SPECDEC_DEBUG"):
-            raise
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except Exception as exc:  # noqa: BLE001 - the CLI's promise: one line, no traceback
-        if os.environ.get("SPECDEC_DEBUG"):
-            raise
-        print(f"error: {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_FAILED
+    return one_line_errors(run, argv)
 
 
 if __name__ == "__main__":

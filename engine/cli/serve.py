@@ -10,20 +10,17 @@ the embedded default model with n-gram speculation on 127.0.0.1:8000.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from engine.cli.args import (
-    CliError,
     OneLineParser,
     add_engine_flags,
     merge_overrides,
+    one_line_errors,
     preset_for_help,
     split_overrides,
 )
 from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
-
-EXIT_BAD_INPUT = 2
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
@@ -78,13 +75,5 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except KeyboardInterrupt:
-        return 130
-    except (CliError, ValueError, TypeError, FileNotFoundError) as exc:
-        if os.environ.get("SPECDEC_DEBUG"):
-            raise
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return one_line_errors(run, argv)
 
