@@ -111,6 +111,8 @@ def kv_budget(config: EngineConfig, model: nn.Module, max_model_len: int) -> int
     if device.type != "cuda":
         return min(want, CPU_KV_CAP)
     free, total = torch.cuda.mem_get_info(device)
+    # blocks torch's allocator holds but no tensor uses (an earlier engine's) are free for us
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     budget = total * config.gpu_memory_utilization - (total - free)
     budget -= max(GPU_RESERVE_BYTES, GPU_RESERVE_SHARE * total)  # activations, CUDA graphs
     spec = config.speculative_config

@@ -47,8 +47,12 @@ sequence's share of a plain step) and ``f = t_any / plain``, and the gain become
 nearly free (small ``v``, full k); a compute-bound forward (a CPU at batch 32) pays for every
 token it scores (``v`` near 1), and there no acceptance short of perfect makes drafting pay, so
 k goes to 0, and while even perfect acceptance would gain less than ``MIN_PROBE_GAIN`` (there,
-or a draft model nearly as slow as the target) nothing probes either: the fit keeps its last
-costs, and probes resume when the costs at the current batch size allow a gain.
+or a draft model nearly as slow as the target) probes come at the slowest rate only. They never
+stop altogether: costs measured at one batch size, or acceptance measured on one stretch of text,
+must not switch drafting off for good (exploration that cannot starve: the wait is at most
+``adaptive_probe_interval * MAX_PROBE_BACKOFF`` steps). With drafts that cost nothing (n-gram) a
+probe verifies all ``num_speculative_tokens`` of them, so that one probe shows acceptance that
+came back.
 
 A request that samples with a ``seed`` keeps the configured k: its k would otherwise follow the
 measured times, and a different k draws different (equally distributed) tokens, so the same
@@ -69,8 +73,8 @@ import numpy as np
 DECAY = 0.8
 PRIOR_ACCEPTANCE = 0.8
 PRIOR_TESTED = 2.0
-RECENT_DECAY = 0.99  # the engine-wide tracker: one update per request step
-MAX_PROBE_BACKOFF = 8
+RECENT_DECAY = 0.95  # the engine-wide tracker: one update per request step
+MAX_PROBE_BACKOFF = 4
 # No probes while even perfect acceptance would gain less than this (a probe of a draft model
 # also pays the draft's catch-up over every token since the last one).
 MIN_PROBE_GAIN = 1.1
@@ -209,8 +213,11 @@ class AdaptiveK:
     """Chooses each request's k from its :class:`AcceptanceTracker` (see module docstring)."""
 
     def __init__(self, max_k: int, verify_cost_per_token: float, probe_interval: int,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, probe_k: int = 1) -> None:
         self.max_k = max_k
+        # drafts of a probe: 1, or all of them when drafts are free (more evidence per probe,
+        # so acceptance that came back is seen within a probe or two)
+        self.probe_k = min(probe_k, max_k)
         self.verify_cost_per_token = verify_cost_per_token
         self.probe_interval = probe_interval
         self.enabled = enabled
@@ -254,13 +261,14 @@ class AdaptiveK:
             tracker.steps_at_zero, tracker.backoff = 0, 1
             return k
         best_case = max((j + 1) / (1 + fixed_cost + j * cost) for j in range(1, self.max_k + 1))
-        if best_case < MIN_PROBE_GAIN:  # even perfect acceptance could hardly pay: no probes
-            tracker.steps_at_zero, tracker.backoff = 0, MAX_PROBE_BACKOFF
-            return 0
+        if best_case < MIN_PROBE_GAIN:
+            # even perfect acceptance could hardly pay at the costs measured: probe at the
+            # slowest rate only, so that costs that changed (another batch size) are seen
+            tracker.backoff = MAX_PROBE_BACKOFF
         tracker.steps_at_zero += 1
         wait = self.probe_interval * tracker.backoff
         if tracker.steps_at_zero >= wait and self.clock % wait == 0:
             tracker.steps_at_zero = 0
             tracker.backoff = min(2 * tracker.backoff, MAX_PROBE_BACKOFF)
-            return 1
+            return self.probe_k
         return 0

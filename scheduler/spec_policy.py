@@ -58,7 +58,8 @@ class SpeculationPolicy:
         fixed_v = spec.verify_cost_per_token if spec is not None else None
         self.adaptive = AdaptiveK(max_k, DEFAULT_VERIFY_COST if fixed_v is None else fixed_v,
                                   spec.adaptive_probe_interval if spec else 1,
-                                  enabled=bool(spec and spec.adaptive_k))
+                                  enabled=bool(spec and spec.adaptive_k),
+                                  probe_k=max_k if drafts_are_free else 1)
         self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
         self._verify_cost: float | None = None  # this step's measured v (None: fixed)
         self._fixed_cost = 0.0  # this step's measured once-per-step cost of drafting

@@ -1,0 +1,203 @@
+"""How much of the ideal speedup the engine keeps: an oracle proposer of set acceptance.
+
+The oracle (``examples/custom_proposer.py``) drafts the target's own greedy continuation, computed
+first by the engine without speculation, each draft right with probability alpha and wrong
+otherwise, for free. Then for each (batch, alpha, policy):
+
+- speedup: tokens/s over the engine without speculation, same prompts, same run;
+- ideal: expected tokens per step ``E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)`` over the
+  step-cost ratio ``c(k)`` that alpha = 0 measures (every draft rejected: one token per step of
+  k + 1 scored tokens, so ``c(k)`` = plain tokens/s over alpha-0 tokens/s); for the adaptive
+  policy, the best k's ideal;
+- efficiency = speedup / ideal.
+
+Policies: every fixed k (``--ks``) and the default adaptive policy (``adaptive``, at most the
+largest k). ``--drift``: one engine with the adaptive policy serves requests at alpha = 0, then at
+alpha = 0.9; its speedup then is compared with a fresh engine's at 0.9.
+
+A random target's greedy output flips between kernel shapes in bf16 (near-tied logits), and the
+oracle would lose sync; so random targets are made *decisive* at the same cost: the output head
+becomes a permutation of the token embeddings and every layer's output projections are zeroed
+(same bytes and FLOPs). Every run's output is checked token for token against the plain engine's.
+
+    python benchmarks/efficiency.py --model tiny --batch-sizes 1,8 --alphas 0.5,0.9 --ks 1,2,4
+    python benchmarks/efficiency.py --device cuda --model random-llama-1b --batch-sizes 1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "benchmarks")]
+
+from custom_proposer import OracleProposer  # noqa: E402
+from e2e_workloads import RANDOM_LLAMAS, build_model, word_tokenizer  # noqa: E402
+
+from engine import LLM, SamplingParams  # noqa: E402
+from proposers import register_proposer  # noqa: E402
+from scheduler.adaptive_k import expected_tokens  # noqa: E402
+
+STATE: dict = {"references": [], "alpha": 0.0, "last": None}
+
+
+@register_proposer("oracle_bench")
+def _oracle(config, ctx) -> OracleProposer:
+    STATE["last"] = OracleProposer(STATE["references"], STATE["alpha"], ctx.vocab_size)
+    return STATE["last"]
+
+
+def decisive(model: torch.nn.Module) -> torch.nn.Module:
+    """The same shapes and costs, with greedy margins far above bf16 noise."""
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        perm = torch.randperm(emb.shape[0], generator=torch.Generator().manual_seed(0))
+        model.get_output_embeddings().weight.copy_(emb[perm.to(emb.device)] * 8)
+        for layer in model.base_model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return model
+
+
+def build(args: argparse.Namespace):
+    if args.model == "tiny":
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                             max_position_embeddings=1024, eos_token_id=None, bos_token_id=None)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        return decisive(model.to(args.device)), word_tokenizer(512)
+    model, tokenizer = build_model(args.model, args.device, args.dtype)
+    return (decisive(model) if args.model in RANDOM_LLAMAS else model), tokenizer
+
+
+def prompts_for(batch: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return [torch.randint(3, vocab, (32,), generator=g).tolist() for _ in range(batch)]
+
+
+def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
+          repeats: int) -> tuple[float, list[list[int]]]:
+    for _ in range(2):  # warm-up: a CUDA-graph bucket is captured the second time it is met
+        llm.generate(prompts, params, use_tqdm=False)
+    start, tokens = time.perf_counter(), 0
+    for _ in range(repeats):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens / (time.perf_counter() - start), [o.outputs[0].token_ids for o in outs]
+
+
+def release(llm: LLM) -> None:
+    """Give an engine's KV cache and graphs back before the next one is built."""
+    del llm.engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def engine(model, tokenizer, args, k: int | None, adaptive: bool = False) -> LLM:
+    spec = None if k is None else {"method": "oracle_bench", "num_speculative_tokens": k,
+                                   "adaptive_k": adaptive}
+    return LLM(model, tokenizer=tokenizer, device=args.device, max_num_seqs=max(args.batches),
+               speculative_config=spec)
+
+
+def run(args: argparse.Namespace) -> dict:
+    model, tokenizer = build(args)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    plain = engine(model, tokenizer, args, None)
+    rows, drift = [], []
+    for batch in args.batches:
+        prompts = prompts_for(batch, vocab)
+        base_tps, want = timed(plain, prompts, params, args.repeats)
+        STATE["references"] = [p + w for p, w in zip(prompts, want, strict=True)]
+        cost = {}
+        for alpha in [0.0, *args.alphas]:
+            STATE["alpha"] = alpha
+            # the plain engine again beside each group: on a noisy machine a ratio holds only
+            # between runs close in time
+            base_tps = (base_tps + timed(plain, prompts, params, args.repeats)[0]) / 2
+            for k in [*args.ks, None]:
+                policy = "adaptive" if k is None else f"k={k}"
+                llm = engine(model, tokenizer, args, max(args.ks) if k is None else k,
+                             adaptive=k is None)
+                tps, got = timed(llm, prompts, params, args.repeats)
+                release(llm)
+                if got != want:
+                    raise AssertionError(f"batch {batch}, alpha {alpha}, {policy}: the output "
+                                         "differs from the plain engine's")
+                if alpha == 0.0 and k is not None:
+                    cost[k] = base_tps / tps  # a step of k drafts over a plain step
+                ideal = (max(expected_tokens(alpha, j) / cost[j] for j in args.ks) if k is None
+                         else expected_tokens(alpha, k) / cost[k])
+                speedup = tps / base_tps
+                rows.append(dict(batch=batch, alpha=alpha, policy=policy, tokens_per_s=tps,
+                                 speedup=speedup, ideal=ideal, efficiency=speedup / ideal))
+                print(f"batch {batch:3d} alpha {alpha:4.2f} {policy:9s} {tps:9.1f} tok/s  "
+                      f"speedup {speedup:5.2f}  ideal {ideal:5.2f}  "
+                      f"efficiency {speedup / ideal:5.2f}", flush=True)
+        if args.drift:
+            drift.append(run_drift(model, tokenizer, args, prompts, params, base_tps, batch))
+    return {"args": vars(args), "rows": rows, "drift": drift}
+
+
+def run_drift(model, tokenizer, args, prompts, params, base_tps, batch) -> dict:
+    """alpha 0 for 8 requests, then 0.9 on the same engine, against a fresh engine at 0.9."""
+    STATE["alpha"] = 0.9
+    fresh = engine(model, tokenizer, args, max(args.ks), True)
+    fresh_tps, _ = timed(fresh, prompts, params, args.repeats)
+    release(fresh)
+    STATE["alpha"] = 0.0
+    llm = engine(model, tokenizer, args, max(args.ks), True)
+    for _ in range(2):
+        llm.generate(prompts, params, use_tqdm=False)  # (warm: the drift, not the graphs)
+    llm.generate((prompts * 8)[:8], params, use_tqdm=False)
+    STATE["last"].alpha = 0.9  # the text became predictable
+    start = time.perf_counter()
+    out = llm.generate(prompts, params, use_tqdm=False)
+    after_tps = sum(len(o.outputs[0].token_ids) for o in out) / (time.perf_counter() - start)
+    release(llm)
+    result = dict(batch=batch, fresh_speedup=fresh_tps / base_tps,
+                  after_drift_speedup=after_tps / base_tps, ratio=after_tps / fresh_tps)
+    print(f"batch {batch:3d} drift: fresh {result['fresh_speedup']:.2f}x, after 8 requests at "
+          f"alpha 0: {result['after_drift_speedup']:.2f}x ({result['ratio']:.2f} of fresh)",
+          flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny",
+                        help=f"tiny, smollm2-135m, a path, or one of {sorted(RANDOM_LLAMAS)}")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bf16 on CUDA")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--alphas", default="0.5,0.9")
+    parser.add_argument("--ks", default="1,2,4")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--drift", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    args.batches = [int(b) for b in args.batch_sizes.split(",")]
+    args.alphas = [float(a) for a in args.alphas.split(",")]
+    args.ks = [int(k) for k in args.ks.split(",")]
+    result = run(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
