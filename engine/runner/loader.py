@@ -78,7 +78,14 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
 def load_tokenizer(name: str | os.PathLike, trust_remote_code: bool = False) -> Any:
     """A tokenizer from a local directory or the local Hugging Face cache (vLLM's
     ``tokenizer=<name or path>``); ValueError naming it when it cannot be read."""
-    source, extra = _resolve(os.fspath(name))
+    source = os.fspath(name)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        source, extra = str(path), {"local_files_only": True}
+    elif source.startswith(("/", ".", "~")) or source.count("/") > 1 or path.exists():
+        raise ValueError(f"tokenizer {source!r}: no such local directory")
+    else:
+        extra = _hub_kwargs(source)
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code,
                                              **extra)

@@ -108,3 +108,13 @@ def test_prompt_logprobs_come_back_with_generate(target):
     assert [set(e) for e in out.prompt_logprobs[1:]] == [{t} for t in PROMPT[1:]]
     assert [e[t].logprob for e, t in zip(out.prompt_logprobs[1:], PROMPT[1:], strict=True)] == \
         pytest.approx([float(full[i, t]) for i, t in enumerate(PROMPT[1:])], abs=1e-4)
+
+
+def test_tokenizer_by_path_as_in_vllm(target, tmp_path):
+    tiny_tokenizer(VOCAB).save_pretrained(tmp_path)
+    llm = LLM(model=target, tokenizer=str(tmp_path))
+    out = llm.generate(["w5 w6 w7 w5 w6"], GREEDY, use_tqdm=False)[0]
+    assert out.prompt_token_ids == PROMPT and out.outputs[0].token_ids == hf_greedy(target,
+                                                                                    PROMPT, 6)
+    with pytest.raises(ValueError, match="no such local directory"):
+        LLM(model=target, tokenizer=str(tmp_path / "missing"))
