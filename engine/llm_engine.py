@@ -210,6 +210,16 @@ class LLMEngine:
         """Run one engine step; return the sequences that got tokens or finished."""
         start = time.perf_counter()
         updated, self._finished_outside_step = self._finished_outside_step, []
+        try:
+            return updated + self._run_step(start)
+        except BaseException:
+            # (a step that raised must not lose what finished outside it: the next reports it)
+            self._finished_outside_step = updated + self._finished_outside_step
+            raise
+
+    def _run_step(self, start: float) -> list[Sequence]:
+        """The stages of :meth:`step`, in order; returns the sequences they updated."""
+        updated: list[Sequence] = []
         batch = self._schedule()
         if batch is None:
             return updated + self._fail_unschedulable()

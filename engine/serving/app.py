@@ -32,6 +32,10 @@ RETRY_AFTER_S = 1
 _PARAM = re.compile(r"SamplingParams\.(\w+)=|^(num_speculative_tokens)=|(prompt)\b")
 
 
+class EngineStopped(Exception):
+    """The engine loop stopped (its error is the message): the server cannot serve."""
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -68,6 +72,10 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
     async def bad(request: Request, exc: BadRequest) -> JSONResponse:
         return _error(400, str(exc), "invalid_request_error", exc.param)
 
+    @app.exception_handler(EngineStopped)
+    async def stopped(request: Request, exc: EngineStopped) -> JSONResponse:
+        return _error(503, f"the engine stopped: {exc}", "server_error")
+
     @app.exception_handler(QueueFull)
     async def full(request: Request, exc: QueueFull) -> JSONResponse:
         return _error(429, f"the server is busy: {exc}; retry later", "rate_limit_error",
@@ -98,8 +106,9 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
             prompts = normalize_prompts(body.prompt, tokenizer)
         except (TypeError, ValueError) as exc:
             raise BadRequest(str(exc), "prompt") from None
-        runs = [_submit(engine, text, ids, params, body.num_speculative_tokens)
-                for text, ids in prompts]
+        if not prompts:
+            raise BadRequest("prompt: at least one prompt is needed", "prompt")
+        runs = _submit_all(engine, prompts, params, body.num_speculative_tokens)
         rid = p.new_id("cmpl")
         if body.stream:
             return _sse(_completion_chunks(engine, rid, model_name, runs, params.n,
@@ -122,7 +131,7 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
             raise BadRequest(f"messages: {exc}", "messages") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        runs = [_submit(engine, text, ids, params, body.num_speculative_tokens)]
+        runs = _submit_all(engine, [(text, ids)], params, body.num_speculative_tokens)
         rid = p.new_id("chatcmpl")
         if body.stream:
             return _sse(_chat_chunks(engine, rid, model_name, runs[0], _include_usage(body)))
@@ -143,13 +152,27 @@ def _params(body: p.CompletionRequest | p.ChatRequest, defaults: SamplingParams)
                          if match else None) from None
 
 
-def _submit(engine: AsyncEngine, text: str | None, ids: list[int], params: SamplingParams,
-            max_spec_tokens: int | None) -> tuple[str, asyncio.Queue]:
-    if max_spec_tokens is not None and max_spec_tokens < 0:
-        raise BadRequest(f"num_speculative_tokens={max_spec_tokens} is invalid: allowed >= 0",
-                         "num_speculative_tokens")
-    engine.engine.check_params(params)  # ids outside the vocabulary: before any work
-    return engine.add(text, ids, params, max_spec_tokens)
+def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]],
+                params: SamplingParams,
+                max_spec_tokens: int | None) -> list[tuple[str, asyncio.Queue]]:
+    """Queue every prompt of a request, or none: a full queue part-way aborts those added."""
+    if engine.error is not None:
+        raise EngineStopped(str(engine.error))
+    try:
+        engine.engine.check_params(params)  # ids outside the vocabulary: before any work
+    except (TypeError, ValueError) as exc:
+        match = _PARAM.search(str(exc))
+        raise BadRequest(str(exc), next((g for g in match.groups() if g), None)
+                         if match else None) from None
+    runs: list[tuple[str, asyncio.Queue]] = []
+    try:
+        for text, ids in prompts:
+            runs.append(engine.add(text, ids, params, max_spec_tokens))
+    except QueueFull:
+        for request_id, _ in runs:
+            engine.abort(request_id)
+        raise
+    return runs
 
 
 async def _collect(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
@@ -174,10 +197,11 @@ async def _collect(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
                 pass
             return None
     outputs = task.result()
-    failed = next((o for o in outputs if o is None or o.error is not None), None)
+    if any(o is None for o in outputs):  # (ended without an output: the engine loop stopped)
+        raise EngineStopped(str(engine.error or "the request ended without an output"))
+    failed = next((o for o in outputs if o.error is not None), None)
     if failed is not None and len(outputs) == 1:
-        raise BadRequest(failed.error if failed is not None else "the request was aborted",
-                         "prompt")
+        raise BadRequest(failed.error, "prompt")
     return outputs
 
 

@@ -107,6 +107,8 @@ class AsyncEngine:
         out: asyncio.Queue = asyncio.Queue()
         self._commands.put(("add", _Request(request_id, out), prompt, prompt_token_ids, params,
                             max_spec_tokens))
+        if self.error is not None:  # (the engine thread stopped meanwhile: it will not read it)
+            out.put_nowait(None)
         return request_id, out
 
     def abort(self, request_id: str) -> None:
@@ -142,6 +144,13 @@ class AsyncEngine:
             self.error = exc
             for request in list(self._requests.values()):
                 self._post(request, None)
+            while True:  # and the requests still queued for the thread
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if command[0] == "add":
+                    self._post(command[1], None)
 
     def _take_commands(self, block: bool) -> bool:
         """Apply every command waiting (block for the first when idle); False on stop."""
@@ -215,4 +224,5 @@ class AsyncEngine:
             self._num_pending -= 1
 
     def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
-        self._loop.call_soon_threadsafe(request.out.put_nowait, item)
+        if not self._loop.is_closed():  # (a server shutting down: nobody reads any more)
+            self._loop.call_soon_threadsafe(request.out.put_nowait, item)

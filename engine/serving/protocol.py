@@ -93,11 +93,13 @@ def sampling_params(request: CompletionRequest | ChatRequest,
               if getattr(request, name) is not None}
     max_tokens = request.max_tokens
     if isinstance(request, ChatRequest):
-        max_tokens = request.max_completion_tokens or max_tokens
+        if request.max_completion_tokens is not None:
+            max_tokens = request.max_completion_tokens
         if request.logprobs:
             values["logprobs"] = request.top_logprobs or 0
-    elif request.logprobs is not None:
-        values["logprobs"] = request.logprobs
+    else:
+        if request.logprobs is not None:
+            values["logprobs"] = request.logprobs
         if request.best_of is not None:
             values["best_of"] = request.best_of
     if max_tokens is not None:

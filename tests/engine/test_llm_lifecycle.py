@@ -153,3 +153,22 @@ def test_a_stream_dropped_before_it_started_leaves_nothing(target):
     del stream
     gc.collect()
     assert_clean(llm)
+
+
+def test_a_step_that_raises_loses_no_other_calls_report(target, monkeypatch):
+    """Found in review: a failing step dropped what had finished outside it (an abort, a request
+    that failed at add), and an open stream then ended in 'cannot finish'."""
+    llm = make_llm(target, max_model_len=16)
+    stream = llm.generate_stream([list(range(3, 20))], GREEDY)  # fails alone at add
+    forward = llm.engine.runner.forward
+
+    def failing(*args, **kwargs):
+        raise MemoryError("out of memory")
+
+    monkeypatch.setattr(llm.engine.runner, "forward", failing)
+    with pytest.raises(MemoryError):
+        llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False)
+    monkeypatch.setattr(llm.engine.runner, "forward", forward)
+    (delta,) = list(stream)
+    assert delta.finish_reason == "error" and "holds at most 16 tokens" in delta.error
+    assert_clean(llm)

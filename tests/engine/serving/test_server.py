@@ -135,6 +135,10 @@ def test_chat_n_samples_stop_and_logprobs(client):
     ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
     ({"prompt": "w5 " * 300}, "prompt"),  # longer than the context
     ({"prompt": [["w5"]]}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"logit_bias": {"999": 1}}, "logit_bias"),  # outside the vocabulary: was a 500
+    ({"extra_body": {"prompt_logprobs": 1000}}, "prompt_logprobs"),
+    ({"best_of": 3}, "best_of"),  # was ignored without logprobs
 ])
 def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
     args = {"model": "tiny", "prompt": "w5 w6", "max_tokens": 4, **kwargs}
@@ -167,6 +171,15 @@ def test_concurrent_clients_get_what_generate_gives(client, reference):
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         texts = list(pool.map(one, prompts))
     assert texts == reference(prompts, 10)
+
+
+def test_a_request_of_more_prompts_than_the_queue_holds_leaves_nothing(server, client):
+    """Found in review: a 429 part-way through a list of prompts left the earlier ones running."""
+    wait_idle(server, 512)
+    with pytest.raises(openai.RateLimitError):
+        client.completions.create(model="tiny", prompt=["w5 w6"] * (MAX_PENDING + 2),
+                                  max_tokens=40, extra_body={"ignore_eos": True})
+    wait_idle(server, 512)
 
 
 def test_a_full_queue_answers_429_with_retry_after(server, client):
