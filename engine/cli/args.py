@@ -198,8 +198,7 @@ def _add_dataclass_flags(group: argparse._ArgumentGroup, section: str, cls: type
 def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[FlagSpec]]:
     """The parser and the list of generated dataclass flags; ``--help`` shows each flag's
     value in ``preset`` (what a run gets without the flag), else the dataclass default."""
-    name = "no preset" if preset is None else (
-        preset.path.name if preset.path is not None else "the preset")
+    name = _preset_label(preset)
     sampling = None if preset is None else preset.sampling
     parser = OneLineParser(
         prog="specdec",
@@ -227,11 +226,17 @@ def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[Flag
     return parser, specs
 
 
+def _preset_label(preset: Preset | None) -> str:
+    """How ``--help`` names where a default comes from."""
+    if preset is None:
+        return "no preset"
+    return preset.path.name if preset.path is not None else "the preset"
+
+
 def add_engine_flags(parser: argparse.ArgumentParser,
                      preset: Preset | None = None) -> list[FlagSpec]:
     """The ``EngineConfig`` and ``SpeculativeConfig`` flags (the server takes these too)."""
-    name = "no preset" if preset is None else (
-        preset.path.name if preset.path is not None else "the preset")
+    name = _preset_label(preset)
     engine = None if preset is None else preset.engine
     spec = None if preset is None else (preset.engine.get(SPECULATIVE_KEY) or {})
     specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",

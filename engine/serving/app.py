@@ -143,13 +143,17 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
     return app
 
 
+def _bad_request(exc: Exception) -> BadRequest:
+    """A 400 for a TypeError/ValueError of the parameters, ``param`` read from its message."""
+    match = _PARAM.search(str(exc))
+    return BadRequest(str(exc), next((g for g in match.groups() if g), None) if match else None)
+
+
 def _params(body: p.CompletionRequest | p.ChatRequest, defaults: SamplingParams) -> SamplingParams:
     try:
         return p.sampling_params(body, defaults)
     except (TypeError, ValueError) as exc:
-        match = _PARAM.search(str(exc))
-        raise BadRequest(str(exc), next((g for g in match.groups() if g), None)
-                         if match else None) from None
+        raise _bad_request(exc) from None
 
 
 def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]],
@@ -161,9 +165,7 @@ def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]]
     try:
         engine.engine.check_params(params)  # ids outside the vocabulary: before any work
     except (TypeError, ValueError) as exc:
-        match = _PARAM.search(str(exc))
-        raise BadRequest(str(exc), next((g for g in match.groups() if g), None)
-                         if match else None) from None
+        raise _bad_request(exc) from None
     runs: list[tuple[str, asyncio.Queue]] = []
     try:
         for text, ids in prompts:
