@@ -43,7 +43,7 @@ from e2e_workloads import RANDOM_LLAMAS, build_model, word_tokenizer  # noqa: E4
 
 from engine import LLM, SamplingParams  # noqa: E402
 from proposers import register_proposer  # noqa: E402
-from scheduler.adaptive_k import expected_tokens  # noqa: E402
+from scheduler import expected_tokens  # noqa: E402
 
 STATE: dict = {"references": [], "alpha": 0.0, "last": None}
 

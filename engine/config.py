@@ -3,7 +3,7 @@
 ``SpeculativeConfig`` takes vLLM's names (``method``, ``num_speculative_tokens``,
 ``prompt_lookup_min`` / ``prompt_lookup_max``, ``acceptance_method``, ``posterior_threshold``,
 ``posterior_alpha``, ``draft_sample_method``) plus the adaptive-k knobs described in
-:mod:`scheduler.adaptive_k`. Every bad value raises ``ValueError`` naming the field, the value
+:mod:`scheduler.goodput`. Every bad value raises ``ValueError`` naming the field, the value
 and the allowed range; ``from_dict`` rejects unknown keys. ``method`` and ``acceptance_method``
 accept every name registered in :mod:`proposers.registry` and :mod:`samplers.registry`.
 """
@@ -56,16 +56,18 @@ class SpeculativeConfig:
     first ``num_early_exit_layers`` layers).
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
-    ``adaptive_k``: shrink the step's k (down to 0) when the batch's measured acceptance makes
-    drafting a loss, and grow it back when it pays (rule in :mod:`scheduler.adaptive_k`); seeded
-    sampling requests keep ``num_speculative_tokens``, so that their output does not depend on
-    timings.
-    ``verify_cost_per_token``: the cost of scoring one more token in the target's forward,
-    as a fraction of one sequence's share of a decode step (adaptive-k cost model); None =
-    measured online from the step times (starting at ``DEFAULT_VERIFY_COST``).
-    ``draft_cost_ratio``: cost of one draft step / one target step; None = measured online.
-    ``adaptive_probe_interval``: a request whose k dropped to 0 drafts again (k = 1) every this
-    many steps, to re-measure its acceptance.
+    ``adaptive_k``: the goodput controller chooses each step's drafts (0 up to
+    ``num_speculative_tokens``) for the most expected tokens per second, from measured step
+    costs and each request's acceptance (:mod:`scheduler.goodput`); off: every step drafts
+    ``num_speculative_tokens``. Seeded sampling requests keep ``num_speculative_tokens`` either
+    way, so that their output does not depend on timings.
+    ``verify_cost_per_token``: fixes the cost of scoring one more token per sequence, as a
+    fraction of a plain decode step, instead of measuring it (None: measured per batch size).
+    ``draft_cost_ratio``: fixes the cost of one draft step / one plain target step (None:
+    measured).
+    ``adaptive_probe_interval``: the longest wait, in steps, between two probes while drafting
+    does not pay (a probe drafts anyway, to see whether acceptance came back; cheap probes come
+    sooner).
     """
 
     method: str = "ngram"
@@ -82,7 +84,7 @@ class SpeculativeConfig:
     adaptive_k: bool = True
     verify_cost_per_token: float | None = None
     draft_cost_ratio: float | None = None
-    adaptive_probe_interval: int = 8
+    adaptive_probe_interval: int = 16
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"

@@ -49,6 +49,7 @@ class _Verified:
     num_drafted: int
     num_accepted: int  # drafts the sampler accepted (before stop checks)
     num_tokens_before: int  # the sequence's tokens before this step's append
+    num_backed: int | None = None  # drafts the proposer's evidence backed (None: all)
     kept: int = 0  # tokens appended (the stop checks may cut the accepted run)
 
 
@@ -60,6 +61,9 @@ class _StepBatch:
     drafts: list[list[int]] = field(default_factory=list)  # [batch_size] draft ids per item
     # [batch_size] per item: [len(drafts[i]), vocab_size] draft probabilities, or None (one-hot)
     probs: list[torch.Tensor | None] = field(default_factory=list)
+    # [batch_size] per item: how many of its drafts the proposer's evidence backs (None: all)
+    backed: list[int | None] = field(default_factory=list)
+    free_kv_tokens: int | None = None  # the KV cache's free rows before this step
     failed: set[int] = field(default_factory=set)  # sampling indices whose logits are unusable
     verified: list[_Verified] = field(default_factory=list)  # [num sampling items]
     # [num_rows, vocab_size] the logits logprobs are taken from (raw or adjusted), when asked
@@ -67,6 +71,7 @@ class _StepBatch:
     # (item index, rows) of the prompt-logprob rows planned after the kept ones
     prompt_rows: list[tuple[int, int]] = field(default_factory=list)
     propose_s: float = 0.0
+    first_proposal: bool = False  # a sequence's first (the proposer reads its prompt: slow)
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
@@ -82,6 +87,7 @@ class _StepBatch:
         self.items = [self.items[i] for i in keep]
         self.drafts = [self.drafts[i] for i in keep]
         self.probs = [self.probs[i] for i in keep]
+        self.backed = [self.backed[i] for i in keep]
 
 
 class LLMEngine:
@@ -121,15 +127,9 @@ class LLMEngine:
                                  "tokens: it cannot ban anything")
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams,
-                    max_spec_tokens: int | None = None) -> list[Sequence]:
+                    params: SamplingParams) -> list[Sequence]:
         """Queue the ``params.n`` samples of one prompt. A request that cannot run (empty prompt,
-        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set.
-        ``max_spec_tokens``: this request's cap on drafts per step (0: no speculation)."""
-        if max_spec_tokens is not None and (isinstance(max_spec_tokens, bool) or not isinstance(
-                max_spec_tokens, int) or max_spec_tokens < 0):
-            raise ValueError(f"num_speculative_tokens={max_spec_tokens!r} is invalid: allowed "
-                             "None or an integer >= 0 (0: no speculation for this request)")
+        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter()
@@ -137,7 +137,6 @@ class LLMEngine:
                          self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
             seq.acceptance = self.spec_policy.new_tracker()
-            seq.max_spec_tokens = max_spec_tokens
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -242,8 +241,7 @@ class LLMEngine:
             seq.slot = self.runner.allocate_slot()
         if not plan.scheduled:
             return None
-        self.spec_policy.fill_padding(plan.scheduled, free_kv_tokens)
-        return _StepBatch(plan.scheduled)
+        return _StepBatch(plan.scheduled, free_kv_tokens=free_kv_tokens)
 
     def _fail_unschedulable(self) -> list[Sequence]:
         """Nothing runs and the next waiting sequence does not fit the KV cache: fail it."""
@@ -261,9 +259,11 @@ class LLMEngine:
                 item.seq.generator.manual_seed(item.seq.step_seed())
         batch.drafts = [[] for _ in batch.items]
         batch.probs = [None for _ in batch.items]
+        batch.backed = [None for _ in batch.items]
         wanted = [i for i, item in enumerate(batch.items) if item.num_spec_tokens > 0]
         if not wanted or self.proposer is None:
             return
+        batch.first_proposal = any(batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
@@ -271,10 +271,14 @@ class LLMEngine:
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None)
             for i in wanted for seq in [batch.items[i].seq]])
         keep = self.spec_policy.kept_drafts([batch.items[i] for i in wanted],
-                                            proposal.draft_token_ids, proposal.num_backed)
+                                            proposal.draft_token_ids, proposal.num_backed,
+                                            batch.free_kv_tokens)
         offset = 0
-        for i, proposed, k in zip(wanted, proposal.draft_token_ids, keep, strict=True):
+        for j, (i, proposed, k) in enumerate(zip(wanted, proposal.draft_token_ids, keep,
+                                                 strict=True)):
             batch.drafts[i] = list(proposed)[:k]
+            if proposal.num_backed is not None:
+                batch.backed[i] = min(proposal.num_backed[j], k)
             if proposal.draft_probs is not None:
                 batch.probs[i] = proposal.draft_probs[offset:offset + len(batch.drafts[i])]
             offset += len(proposed)
@@ -426,7 +430,8 @@ class LLMEngine:
             seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
             first, row = row, row + num_drafted + 1  # this sequence's logits rows
             new_tokens = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
-            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens)
+            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens,
+                               batch.backed[i])
             batch.verified.append(result)
             if j in batch.failed or (out and out[0] == INVALID_TOKEN_ID):
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
@@ -467,14 +472,18 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.spec_policy.update(seq, result.num_drafted, result.num_accepted)
+        self.spec_policy.update(seq, result.num_drafted, result.num_accepted, result.num_backed)
         self.metrics.record_request_step(result.num_drafted, result.num_accepted, result.kept)
 
     def _record(self, batch: _StepBatch, start: float) -> None:
-        """The step's timings, for the metrics and the speculation policy's cost model."""
-        target_s = time.perf_counter() - batch.target_start
-        if batch.verified_at:
+        """The step's timings, for the metrics and the speculation controller's step costs
+        (decode steps only, timed like the steps after them: see
+        ``ModelRunner.last_step_steady``)."""
+        end = time.perf_counter()
+        if (batch.verified_at and self.runner.last_step_steady
+                and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.drafts,
-                                         batch.verified_at - batch.target_start)
-        self.metrics.record_step(time.perf_counter() - start, batch.propose_s, target_s,
+                                         end - start - batch.propose_s,
+                                         None if batch.first_proposal else batch.propose_s)
+        self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
                                  batch.num_draft_steps)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine.outputs import EngineMetrics
-from scheduler.adaptive_k import expected_tokens
+from scheduler import expected_tokens
 
 # Weight of the newest sample in the running draft/target cost-ratio estimate.
 _COST_EMA = 0.1

@@ -13,8 +13,7 @@ from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
-from scheduler import SequenceStatus
-from scheduler.adaptive_k import AcceptanceTracker
+from scheduler import RequestAcceptance, SequenceStatus
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -69,8 +68,7 @@ class Sequence:
         self.error: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.adjuster = LogitsAdjuster(params, self.prompt_token_ids, eos_token_ids, tokenizer)
-        self.acceptance = AcceptanceTracker()
-        self.max_spec_tokens: int | None = None  # the request's cap on drafts per step
+        self.acceptance: RequestAcceptance | None = None  # set by the engine's policy
 
     # ------------------------------------------------------------------ derived values
     @property

@@ -64,6 +64,8 @@ class SamplingParams:
 
     ``temperature=0`` means greedy decoding (top-k, top-p and min-p are then ignored).
     ``top_k`` of 0 or -1 turns top-k off. ``max_tokens=None`` runs to the context length.
+    ``num_speculative_tokens`` (not in vLLM): this request verifies at most this many drafts per
+    step, within the engine's own setting; 0 turns speculation off for it; None: the engine's.
     """
 
     n: int = 1
@@ -91,6 +93,7 @@ class SamplingParams:
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     spaces_between_special_tokens: bool = True
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, "an integer >= 1")
@@ -124,6 +127,10 @@ class SamplingParams:
             if self.best_of != self.n:
                 _fail("best_of", self.best_of, f"None or n={self.n}: returning the best of more "
                       "samples than n is not supported (nor in vLLM's V1 engine)")
+        if self.num_speculative_tokens is not None:
+            _check_int("num_speculative_tokens", self.num_speculative_tokens, 0,
+                       "None (the engine's) or an integer >= 0 (0: this request does not "
+                       "speculate)")
         if self.truncate_prompt_tokens is not None:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1,
                        "None or an integer >= 1 (keep the prompt's last tokens)")

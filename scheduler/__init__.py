@@ -1,6 +1,7 @@
 """Scheduling: waiting / running queues, token budget, preemption, and how many drafts each
 sequence gets this step (the speculation policy)."""
 
+from scheduler.acceptance import RequestAcceptance, expected_tokens
 from scheduler.scheduler import (
     SchedulableSequence,
     ScheduledSequence,
@@ -10,5 +11,5 @@ from scheduler.scheduler import (
 )
 from scheduler.spec_policy import SpeculationPolicy
 
-__all__ = ["SchedulableSequence", "ScheduledSequence", "Scheduler", "SchedulerOutput",
-           "SequenceStatus", "SpeculationPolicy"]
+__all__ = ["RequestAcceptance", "SchedulableSequence", "ScheduledSequence", "Scheduler",
+           "SchedulerOutput", "SequenceStatus", "SpeculationPolicy", "expected_tokens"]

@@ -1,13 +1,17 @@
-"""How many drafts each sequence of an engine step gets.
+"""How many drafts each sequence of an engine step gets: the engine's side of the controller.
 
-One k for the step (:meth:`AdaptiveK.choose_batch`, rule in :mod:`scheduler.adaptive_k`),
-because the target pads every sequence to the step's longest; seeded sampling sequences keep the
-configured k (their output must not depend on timings); nobody drafts past ``max_tokens`` or the
-context. With n-gram drafts, which cost next to nothing, every decoding sequence also gets drafts
-up to the step's padded length (:meth:`DraftPolicy.fill_padding`). The verify cost comes from the
-measured step times (:class:`~scheduler.adaptive_k.StepCostModel`) unless the config fixes it;
-while that fit has too few steps without drafts, every ``PLAIN_STEP_EVERY``-th step drafts nothing
-so that it can compare.
+Each sequence has a *cap*: the configured ``num_speculative_tokens``, its request's own
+``SamplingParams.num_speculative_tokens`` (0: this request does not speculate), and the drafts
+that can still become output (``max_tokens``, the context length). Within the caps the goodput
+controller (:mod:`scheduler.goodput`) decides; with ``adaptive_k`` off every sequence verifies
+its cap. A seeded sample keeps its cap either way: its drafts must not depend on timings (a
+different k draws different, equally distributed, tokens), so the same seed gives the same text.
+
+The engine calls, per step: :meth:`SpeculationPolicy.begin_step` (before scheduling),
+:meth:`~SpeculationPolicy.num_spec_tokens` (drafts to ask for, per sequence),
+:meth:`~SpeculationPolicy.kept_drafts` (after proposing: how many to verify, within the KV
+cache's room), :meth:`~SpeculationPolicy.update` (per verified sequence) and
+:meth:`~SpeculationPolicy.record_step` (the step's times).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from samplers.sampling_params import SamplingParams
-from scheduler.adaptive_k import DEFAULT_VERIFY_COST, AcceptanceTracker, AdaptiveK, StepCostModel
+from scheduler.acceptance import RequestAcceptance
+from scheduler.goodput import GoodputController
 from scheduler.scheduler import ScheduledSequence
 
 
@@ -33,131 +38,105 @@ class SpeculatingSequence(Protocol):
     """What the policy reads of a sequence (``engine.sequence.Sequence``)."""
 
     params: SamplingParams
-    acceptance: AcceptanceTracker
+    acceptance: RequestAcceptance
     num_tokens: int
     num_output_tokens: int
-    max_spec_tokens: int | None  # the request's own cap on its drafts per step (None: none)
-
-
-# While the cost fit lacks steps without drafts, every this many steps drafts nothing.
-PLAIN_STEP_EVERY = 2
 
 
 class SpeculationPolicy:
-    """The engine's choice of k, step by step (see the module docstring). ``max_k`` is 0 when
-    nothing proposes; ``drafts_are_free``: the proposer's drafts cost next to nothing (n-gram);
-    ``measured_draft_cost()`` gives the measured draft/target step-cost ratio."""
+    """The engine's choice of drafts, step by step (see the module docstring). ``max_k`` is 0
+    when nothing proposes; ``drafts_are_free``: the proposer's drafts cost next to nothing
+    (n-gram); ``measured_draft_cost()``: the measured draft/target step-cost ratio, the prior
+    of a costly proposer's cost until its proposals are timed."""
 
     def __init__(self, spec: SpeculationOptions | None, max_k: int, max_model_len: int,
                  drafts_are_free: bool, measured_draft_cost: Callable[[], float]) -> None:
         self.max_k = max_k
         self.max_model_len = max_model_len
         self.measured_draft_cost = measured_draft_cost
-        self.free_drafts = bool(max_k and drafts_are_free and spec.adaptive_k)
-        self.fixed_draft_cost = spec.draft_cost_ratio if spec is not None else None
-        fixed_v = spec.verify_cost_per_token if spec is not None else None
-        self.adaptive = AdaptiveK(max_k, DEFAULT_VERIFY_COST if fixed_v is None else fixed_v,
-                                  spec.adaptive_probe_interval if spec else 1,
-                                  enabled=bool(spec and spec.adaptive_k),
-                                  probe_k=max_k if drafts_are_free else 1)
-        self.step_costs = StepCostModel(DEFAULT_VERIFY_COST) if fixed_v is None else None
-        self._verify_cost: float | None = None  # this step's measured v (None: fixed)
-        self._fixed_cost = 0.0  # this step's measured once-per-step cost of drafting
-        self._step_k = 0  # this step's k for the sequences without a fixed k
+        self.adaptive = bool(spec is not None and spec.adaptive_k and max_k)
+        self.free = drafts_are_free
+        self.controller = GoodputController(
+            max_k, drafts_are_free, spec.adaptive_probe_interval if spec else 1,
+            spec.verify_cost_per_token if spec else None, spec.draft_cost_ratio if spec else None)
+        self._step_k = 0  # drafts asked for this step by the sequences the controller steers
 
-    def new_tracker(self) -> AcceptanceTracker:
-        return self.adaptive.new_tracker()
+    def new_tracker(self) -> RequestAcceptance:
+        return self.controller.acceptance.new_request()
 
     @staticmethod
     def fixed_k(seq: SpeculatingSequence) -> bool:
-        """A seeded sample must not depend on timings: the measured costs steer adaptive k, and
-        a different k draws different (equally distributed) tokens. It keeps the configured k."""
+        """A seeded sample keeps its cap (see the module docstring)."""
         return seq.params.seed is not None and not seq.params.greedy
 
-    def begin_step(self, running: list[SpeculatingSequence]) -> None:
-        """Fix this step's k from the running sequences' acceptance and the measured costs."""
-        self.adaptive.tick()
-        if self.max_k == 0:
-            return
-        if not running:  # (only admissions: their prefills draft nothing, and a choice made
-            self._step_k = 0  # for no one must not reset the batch's probing backoff)
-            return
-        if self.step_costs is not None:
-            self._verify_cost, self._fixed_cost = self.step_costs.costs(len(running))
-        cost = (self.fixed_draft_cost if self.fixed_draft_cost is not None
-                else self.measured_draft_cost())
-        if (self.step_costs is not None and self.adaptive.enabled
-                and self.adaptive.clock % PLAIN_STEP_EVERY == 0
-                and self.step_costs.wants_plain_step()):
-            self._step_k = 0  # a step without drafts, for the cost fit
-            return
-        trackers = [seq.acceptance for seq in running if not self.fixed_k(seq)]
-        self._step_k = self.adaptive.choose_batch(trackers, cost, self._verify_cost,
-                                                  self._fixed_cost)
-
-    def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
-        """The drafts ``seq`` asks for this step."""
-        k = self.max_k if self.fixed_k(seq) else self._step_k
-        if k == 0:  # (the usual answer when drafting does not pay: keep it cheap)
-            return 0
-        return max(0, min(k, self.draft_room(seq)))
-
-    def draft_room(self, seq: SpeculatingSequence) -> int:
-        """Drafts that can still become output (context length and max_tokens), at most the
-        request's own cap."""
-        room = self.max_model_len - seq.num_tokens - 1
-        if seq.max_spec_tokens is not None:
-            room = min(room, seq.max_spec_tokens)
+    def cap(self, seq: SpeculatingSequence) -> int:
+        """The most drafts ``seq`` may verify this step: the configured k, its request's own
+        cap, and the drafts that can still become output (context length and max_tokens)."""
+        room = min(self.max_k, self.max_model_len - seq.num_tokens - 1)
+        if seq.params.num_speculative_tokens is not None:
+            room = min(room, seq.params.num_speculative_tokens)
         if seq.params.max_tokens is not None:
             room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return room
+        return max(room, 0)
 
-    def fill_padding(self, items: list[ScheduledSequence], free_kv_tokens: int | None) -> None:
-        """The target pads every sequence to the step's longest: up to that length, drafts cost
-        the target forward nothing, and n-gram drafts next to nothing. Give them to every
-        decoding sequence (seeded sampling keeps its k), as far as the KV cache holds them."""
-        if not self.free_drafts or not items:
+    def begin_step(self, running: list[SpeculatingSequence]) -> None:
+        """Decide this step's drafts for the running sequences (newcomers' prefills draft
+        nothing that the decision would change)."""
+        if self.max_k == 0 or not running:
+            self._step_k = 0
             return
-        longest = min(max(item.num_tokens for item in items), 1 + self.max_k)
-        if longest == 1:
+        if not self.adaptive:
+            self._step_k = self.max_k
             return
-        spare = 0
-        if free_kv_tokens is not None:
-            spare = free_kv_tokens - sum(item.num_tokens for item in items)
-        for item in items:
-            seq = item.seq
-            gap = longest - item.num_tokens
-            if gap <= 0 or item.num_context_tokens != 1 or self.fixed_k(seq):
-                continue
-            extra = min(gap, self.draft_room(seq) - item.num_spec_tokens, spare)
-            if extra > 0:
-                item.num_spec_tokens += extra
-                spare -= extra
+        steered = [seq for seq in running if not self.fixed_k(seq)]
+        min_width = max((self.cap(seq) for seq in running if self.fixed_k(seq)), default=0)
+        self._step_k = self.controller.plan([seq.acceptance for seq in steered],
+                                            [self.cap(seq) for seq in steered], min_width,
+                                            self.measured_draft_cost())
+
+    def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
+        """The drafts ``seq`` asks the proposer for this step."""
+        if self.fixed_k(seq):
+            return self.cap(seq)
+        return min(self._step_k, self.cap(seq)) if self._step_k else 0
 
     def kept_drafts(self, items: list[ScheduledSequence], draft_token_ids: list[list[int]],
-                    num_backed: list[int] | None) -> list[int]:
-        """How many of each item's drafts to verify: its scheduled k, and with adaptive k no
-        more than the step's longest *backed* run (``num_backed``, see
-        :attr:`proposers.Proposal.num_backed`). Past that the
-        drafts would lengthen the padded forward for guesses the proposer does not stand by;
-        up to it they ride in the padding for free. Seeded sampling keeps its k."""
-        keep = [item.num_spec_tokens for item in items]
-        backed = num_backed
-        if backed is None or not self.adaptive.enabled:
-            return keep
-        fixed = [self.fixed_k(item.seq) for item in items]
-        width = max((min(k, len(d)) if f else min(k, b) for k, d, b, f in zip(
-            keep, draft_token_ids, backed, fixed, strict=True)), default=0)
-        return [k if f else min(k, width) for k, f in zip(keep, fixed, strict=True)]
+                    num_backed: list[int] | None, free_kv_tokens: int | None) -> list[int]:
+        """How many of each item's drafts to verify. A free proposer was asked for each cap:
+        the controller now picks the step's width with the proposer's evidence (``num_backed``,
+        see :attr:`proposers.Proposal.num_backed`), and every steered sequence verifies its
+        drafts up to it; seeded sampling keeps its k. Drafts past the KV cache's spare rows
+        (``free_kv_tokens`` less the step's tokens) are cut, so a full cache preempts no one."""
+        got = [min(item.num_spec_tokens, len(d)) for item, d in zip(items, draft_token_ids,
+                                                                        strict=True)]
+        if self.adaptive and self.free:
+            fixed = [self.fixed_k(item.seq) for item in items]
+            steered = [i for i, f in enumerate(fixed) if not f]
+            min_width = max((g for g, f in zip(got, fixed, strict=True) if f), default=0)
+            backed = None if num_backed is None else [min(num_backed[i], got[i])
+                                                      for i in steered]
+            width = self.controller.choose_width([items[i].seq.acceptance for i in steered],
+                                                 [got[i] for i in steered], backed, min_width)
+            got = [g if f else min(g, width) for g, f in zip(got, fixed, strict=True)]
+        if free_kv_tokens is not None:
+            spare = free_kv_tokens - sum(item.num_context_tokens for item in items)
+            for i, g in enumerate(got):
+                got[i] = max(0, min(g, spare))
+                spare -= got[i]
+        return got
 
     def record_step(self, items: list[ScheduledSequence], drafts: list[list[int]],
-                    seconds: float) -> None:
-        """A verified step's forward + verify time, for the cost fit (decode steps only)."""
-        if self.step_costs is None or not all(item.num_context_tokens == 1 for item in items):
+                    step_s: float, propose_s: float | None) -> None:
+        """A steady decode step's time (the engine leaves out prefills and steps whose graph
+        bucket ran eager or was captured): ``step_s`` without the proposal, ``propose_s`` (None:
+        not typical, e.g. the proposer's first look at a prompt)."""
+        if not self.adaptive or not items:
             return
-        # the forward pads every sequence to the longest: that is what the step paid for
-        self.step_costs.record(len(items), len(items) * max(map(len, drafts)), seconds)
+        width = 1 + max(map(len, drafts))
+        asked = 0 if propose_s is None else max(item.num_spec_tokens for item in items)
+        self.controller.record(len(items), width, step_s, asked, propose_s or 0.0)
 
-    def update(self, seq: SpeculatingSequence, num_drafted: int, num_accepted: int) -> None:
-        """A sequence's verified step: its acceptance and the engine's recent one."""
-        self.adaptive.update(seq.acceptance, num_drafted, num_accepted)
+    def update(self, seq: SpeculatingSequence, num_drafted: int, num_accepted: int,
+               num_backed: int | None) -> None:
+        """A sequence's verified step."""
+        self.controller.acceptance.update(seq.acceptance, num_drafted, num_accepted, num_backed)

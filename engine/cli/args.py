@@ -26,10 +26,11 @@ from samplers import SamplingParams, available_samplers
 
 # Fields whose flag is not simply ``--field-name``.
 SPEC_RENAMES = {"model": "draft-model", "tokenizer": "draft-tokenizer"}
-SAMPLING_RENAMES = {"seed": "request-seed"}  # ``--seed`` is the engine seed
+SAMPLING_RENAMES = {"seed": "request-seed",  # ``--seed`` is the engine seed
+                    "num_speculative_tokens": "request-num-speculative-tokens"}  # -k: engine
 ENGINE_SKIP = {"speculative_config"}
 NO_SPECULATION = "none"
-SHORT_FLAGS = {"num_speculative_tokens": "-k"}
+SHORT_FLAGS = {("spec", "num_speculative_tokens"): "-k"}  # (section, field): flag
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
@@ -152,7 +153,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, nam
     flag = f"--{flag_name}"
     choices = _choices()
     dest = f"{section}__{name}"
-    names = [flag] + ([SHORT_FLAGS[name]] if name in SHORT_FLAGS else [])
+    short = SHORT_FLAGS.get((section, name))
+    names = [flag] + ([short] if short else [])
     base, optional = _unwrap_optional(tp)
     if preset is not None and name in preset:  # what a run gets: the preset's value
         shown = f"{preset[name]!r}, from {preset_name}"

@@ -93,6 +93,7 @@ class CudaGraphs:
         self._side: torch.cuda.Stream | None = None  # the captures' warm-up stream
         self._seen: set[tuple[int, int, int]] = set()  # buckets met once, run eager
         self.num_replays = 0  # steps run through a bucket
+        self.steady = True  # the last step replayed its graph (or nothing is captured)
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
 
     @property
@@ -111,6 +112,8 @@ class CudaGraphs:
         hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay."""
         self.num_replays += 1
         graph = self._graph(key) if self._capture_graphs else None
+        # a bucket's first step runs eager and its second captures: neither times like the rest
+        self.steady = graph is not None or not self._capture_graphs
         if graph is None:  # (a bucket's first step, or no capture off-GPU)
             return self._body(inputs, *key)
         graph.inputs.copy_(inputs)

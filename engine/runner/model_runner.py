@@ -137,6 +137,9 @@ class ModelRunner:
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
         self._ascending: dict[int, bool] = {}  # slot -> its rows are one ascending run
         self.graphs: CudaGraphs | None = None
+        # the last forward timed like the steps after it (not a graph bucket's eager first step
+        # or its capture): what the speculation controller's step costs may record
+        self.last_step_steady = True
         if not isinstance(cuda_graph_max_new, int) or cuda_graph_max_new < 0:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
         if cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device:
@@ -228,6 +231,7 @@ class ModelRunner:
         rows_t = meta[len(host):]  # [num_logits] padded index of each kept row
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
+        self.last_step_steady = bucket is None or self.graphs.steady
         if bucket is not None:
             hidden = self.graphs.replay(bucket, meta[:len(host)])
         else:

@@ -29,7 +29,7 @@ from engine.serving.metrics import ServerMetrics
 from samplers import SamplingParams
 
 RETRY_AFTER_S = 1
-_PARAM = re.compile(r"SamplingParams\.(\w+)=|^(num_speculative_tokens)=|(prompt)\b")
+_PARAM = re.compile(r"SamplingParams\.(\w+)=|(prompt)\b")
 
 
 class EngineStopped(Exception):
@@ -108,7 +108,7 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
             raise BadRequest(str(exc), "prompt") from None
         if not prompts:
             raise BadRequest("prompt: at least one prompt is needed", "prompt")
-        runs = _submit_all(engine, prompts, params, body.num_speculative_tokens)
+        runs = _submit_all(engine, prompts, params)
         rid = p.new_id("cmpl")
         if body.stream:
             return _sse(_completion_chunks(engine, rid, model_name, runs, params.n,
@@ -131,7 +131,7 @@ def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> F
         except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
             raise BadRequest(f"messages: {exc}", "messages") from None
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        runs = _submit_all(engine, [(text, ids)], params, body.num_speculative_tokens)
+        runs = _submit_all(engine, [(text, ids)], params)
         rid = p.new_id("chatcmpl")
         if body.stream:
             return _sse(_chat_chunks(engine, rid, model_name, runs[0], _include_usage(body)))
@@ -157,8 +157,7 @@ def _params(body: p.CompletionRequest | p.ChatRequest, defaults: SamplingParams)
 
 
 def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]],
-                params: SamplingParams,
-                max_spec_tokens: int | None) -> list[tuple[str, asyncio.Queue]]:
+                params: SamplingParams) -> list[tuple[str, asyncio.Queue]]:
     """Queue every prompt of a request, or none: a full queue part-way aborts those added."""
     if engine.error is not None:
         raise EngineStopped(str(engine.error))
@@ -169,7 +168,7 @@ def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]]
     runs: list[tuple[str, asyncio.Queue]] = []
     try:
         for text, ids in prompts:
-            runs.append(engine.add(text, ids, params, max_spec_tokens))
+            runs.append(engine.add(text, ids, params))
     except QueueFull:
         for request_id, _ in runs:
             engine.abort(request_id)

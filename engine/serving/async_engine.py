@@ -92,8 +92,8 @@ class AsyncEngine:
     def num_pending(self) -> int:
         return self._num_pending
 
-    def add(self, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-            max_spec_tokens: int | None = None) -> tuple[str, asyncio.Queue]:
+    def add(self, prompt: str | None, prompt_token_ids: list[int],
+            params: SamplingParams) -> tuple[str, asyncio.Queue]:
         """Queue one request; returns its id and the queue its deltas and output arrive on.
         Raises :class:`QueueFull` when ``max_pending`` requests are held already."""
         if self.error is not None:
@@ -105,8 +105,7 @@ class AsyncEngine:
             self._num_pending += 1
         request_id = f"req-{next(self._ids)}"
         out: asyncio.Queue = asyncio.Queue()
-        self._commands.put(("add", _Request(request_id, out), prompt, prompt_token_ids, params,
-                            max_spec_tokens))
+        self._commands.put(("add", _Request(request_id, out), prompt, prompt_token_ids, params))
         if self.error is not None:  # (the engine thread stopped meanwhile: it will not read it)
             out.put_nowait(None)
         return request_id, out
@@ -171,10 +170,9 @@ class AsyncEngine:
                 return True
 
     def _add(self, request: _Request, prompt: str | None, prompt_token_ids: list[int],
-             params: SamplingParams, max_spec_tokens: int | None) -> None:
+             params: SamplingParams) -> None:
         self._requests[request.request_id] = request
-        self.engine.add_request(request.request_id, prompt, prompt_token_ids, params,
-                                max_spec_tokens)
+        self.engine.add_request(request.request_id, prompt, prompt_token_ids, params)
 
     def _abort(self, request_id: str) -> None:
         request = self._requests.pop(request_id, None)

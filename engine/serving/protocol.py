@@ -4,10 +4,10 @@ Requests are pydantic models with OpenAI's fields and names, plus vLLM's extra s
 (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``,
 ``allowed_token_ids``, ``bad_words``, ``prompt_logprobs``) and a per-request speculation control,
-``num_speculative_tokens`` (at most this many drafts per step; 0 turns speculation off for the
-request). Unknown fields are refused (OpenAI clients send only known ones; a typo should not be
-silently dropped). :func:`sampling_params` turns a request into :class:`SamplingParams`, whose
-own checks name the field of a bad value.
+``num_speculative_tokens`` (``SamplingParams.num_speculative_tokens``: at most this many
+drafts per step; 0 turns speculation off for the request). Unknown fields are refused (OpenAI
+clients send only known ones; a typo should not be silently dropped). :func:`sampling_params`
+turns a request into :class:`SamplingParams`, whose own checks name the field of a bad value.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from engine.logprobs import Logprob
 from engine.outputs import RequestOutput
@@ -52,7 +52,7 @@ class _Request(BaseModel):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     # this engine's per-request speculation control
-    num_speculative_tokens: int | None = Field(default=None, ge=0)
+    num_speculative_tokens: int | None = None
 
 
 class CompletionRequest(_Request):
@@ -83,7 +83,7 @@ class ChatRequest(_Request):
 _PASSED = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
            "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
            "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
-           "prompt_logprobs")
+           "prompt_logprobs", "num_speculative_tokens")
 
 
 def sampling_params(request: CompletionRequest | ChatRequest,

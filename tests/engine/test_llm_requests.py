@@ -208,8 +208,9 @@ def test_from_config_file_uses_the_presets_sampling(target, tmp_path):
 
 
 def test_seeded_samples_keep_the_configured_k(target):
-    """Drafting priced out (a fixed verify cost of 2): greedy and unseeded requests stop
-    drafting, a seeded sampling request keeps k (its output must not depend on timings)."""
+    """Drafting priced out (a fixed verify cost of 2): greedy and unseeded requests draft only
+    in the controller's probes (at most one in 24 steps: its longest wait is 16 steps), a
+    seeded sampling request keeps k (its output must not depend on timings)."""
     spec = dict(NGRAM, verify_cost_per_token=2.0)
     drafted = {}
     for name, extra in [("greedy", {"temperature": 0}), ("unseeded", {"temperature": 1.0}),
@@ -217,8 +218,8 @@ def test_seeded_samples_keep_the_configured_k(target):
         params = SamplingParams(max_tokens=24, ignore_eos=True, **extra)
         out = make_llm(target, spec).generate([PROMPTS[0]], params, use_tqdm=False)[0]
         drafted[name] = out.metrics.num_drafted
-    assert drafted["greedy"] == drafted["unseeded"] == 0
-    assert drafted["seeded"] > 0
+    assert drafted["greedy"] <= 3 and drafted["unseeded"] <= 3  # one probe of k = 3 at most
+    assert drafted["seeded"] > 3
 
 
 def test_an_abandoned_stream_leaves_nothing_in_the_engine(target):

@@ -66,28 +66,18 @@ def test_other_acceptance_methods_run(target, acceptance):
     assert llm.get_metrics().num_accepted > 0
 
 
-def test_ngram_drafts_fill_the_steps_padding(target):
-    """The forward pads every sequence to the step's longest: n-gram drafts up to that length
-    are given to every decoding sequence, except seeded sampling ones (fixed k), within each
-    one's max_tokens and the free KV cache."""
-    from scheduler import ScheduledSequence
-
-    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
-              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
-    engine = llm.engine
-    params = [GREEDY, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
-              SamplingParams(temperature=1.0, seed=7, max_tokens=40), GREEDY]
-    seqs = [engine.add_request(f"r{i}", None, PROMPTS[i % 3], p)[0]
-            for i, p in enumerate(params)]
-    policy, free = engine.spec_policy, 1000
-    items = [ScheduledSequence(seq, 1, True, k)
-             for seq, k in zip(seqs, [0, 0, 1, 2], strict=True)]
-    policy.fill_padding(items, free)
-    # longest 1 + 2; max_tokens=3 leaves room for 2 drafts; the seeded sample keeps its 1
-    assert [item.num_spec_tokens for item in items] == [2, 2, 1, 2]
-    items = [ScheduledSequence(seqs[0], 1, True, 0), ScheduledSequence(seqs[3], 40, False, 0)]
-    policy.fill_padding(items, free)  # a prefill chunk pads decodes to 1 + k at most
-    assert items[0].num_spec_tokens == 4
-    items = [ScheduledSequence(seqs[0], 1, True, 0), ScheduledSequence(seqs[3], 1, True, 4)]
-    policy.fill_padding(items, 8)  # the step needs 6 rows of 8 free: 2 drafts fit
-    assert items[0].num_spec_tokens == 2
+def test_sampling_params_cap_or_turn_off_a_requests_speculation(target):
+    """Per-request control: SamplingParams.num_speculative_tokens caps a request's drafts per
+    step (0: none); the others speculate as configured, and greedy output is unchanged."""
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "adaptive_k": False})
+    caps = [0, 1, None]
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                             num_speculative_tokens=c) for c in caps]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(target, p, 40) for p in PROMPTS]
+    drafted = [o.metrics.num_drafted for o in outs]
+    steps = [o.metrics.num_steps for o in outs]
+    assert drafted[0] == 0
+    assert 0 < drafted[1] <= steps[1]
+    assert drafted[2] > steps[2]  # more than one draft per step somewhere

@@ -1,4 +1,4 @@
-"""SpeculationPolicy.kept_drafts: how many drafts of each sequence a step verifies."""
+"""SpeculationPolicy: caps, per-request control, seeded samples and the drafts a step verifies."""
 
 from engine.config import SpeculativeConfig
 from engine.sequence import Sequence
@@ -6,53 +6,67 @@ from proposers import Proposal
 from samplers import SamplingParams
 from scheduler import ScheduledSequence, SpeculationPolicy
 
+GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
-def item(name, k, params=None):
-    seq = Sequence(name, 0, None, [1, 2, 3], params or SamplingParams(temperature=0), None,
-                   frozenset(), 0.0)
+
+def policy(adaptive=True, free=True):
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive_k=adaptive)
+    return SpeculationPolicy(spec, 4, 512, drafts_are_free=free, measured_draft_cost=lambda: 0.0)
+
+
+def item(policy, name, k, params=GREEDY):
+    seq = Sequence(name, 0, None, [1, 2, 3], params, None, frozenset(), 0.0)
+    seq.acceptance = policy.new_tracker()
     return ScheduledSequence(seq, 1, True, k)
 
 
-def policy(adaptive=True):
-    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive_k=adaptive)
-    return SpeculationPolicy(spec, 4, 512, drafts_are_free=True, measured_draft_cost=lambda: 0.0)
+def kept(policy, items, proposal, free_kv=None):
+    return policy.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed, free_kv)
 
 
-def kept(policy: SpeculationPolicy, items: list[ScheduledSequence], proposal: Proposal):
-    return policy.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed)
+def test_a_request_caps_or_turns_off_its_own_speculation():
+    drafts = policy(adaptive=False)
+    off = item(drafts, "off", 0, SamplingParams(temperature=0, num_speculative_tokens=0))
+    two = item(drafts, "two", 0, SamplingParams(temperature=0, num_speculative_tokens=2))
+    default = item(drafts, "default", 0)
+    near_end = item(drafts, "end", 0, SamplingParams(temperature=0, max_tokens=3))
+    drafts.begin_step([i.seq for i in (off, two, default, near_end)])
+    assert [drafts.num_spec_tokens(i.seq) for i in (off, two, default, near_end)] == [0, 2, 4, 2]
+    adaptive = policy()
+    off.seq.acceptance = adaptive.new_tracker()
+    adaptive.begin_step([off.seq])
+    assert adaptive.num_spec_tokens(off.seq) == 0  # nothing to decide: no drafts, no probes
 
 
-def test_the_step_verifies_up_to_its_longest_backed_run():
-    items = [item("a", 4), item("b", 4), item("c", 2)]
-    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]], None, [1, 3, 2])
-    # b backs 3 drafts: every sequence verifies up to 3 (free in the padded forward), c its 2
-    assert kept(policy(), items, proposal) == [3, 3, 2]
-    weak = Proposal([[1, 2, 3, 4], [5], []], None, [1, 1, 0])
-    assert kept(policy(), items, weak) == [1, 1, 1]
-    assert kept(policy(), items, Proposal([[], [], []], None, [0, 0, 0])) == [0, 0, 0]
-
-
-def test_without_backing_or_adaptive_k_every_scheduled_draft_is_verified():
-    items = [item("a", 4), item("b", 3)]
-    assert kept(policy(), items, Proposal([[1, 2, 3, 4], [5, 6, 7]], None)) == [4, 3]
-    backed = Proposal([[1, 2, 3, 4], [5, 6, 7]], None, [1, 0])
-    assert kept(policy(adaptive=False), items, backed) == [4, 3]
-
-
-def test_a_seeded_sample_keeps_its_k_and_sets_the_width():
-    seeded = SamplingParams(temperature=0.8, seed=3)
-    items = [item("seeded", 4, seeded), item("greedy", 4)]
-    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [1, 1])
-    assert kept(policy(), items, proposal) == [4, 4]
-    short = Proposal([[1, 2], [5, 6, 7, 8]], None, [1, 1])
-    assert kept(policy(), items, short) == [4, 2]
-
-
-def test_a_step_with_nothing_running_leaves_the_probing_clock_alone():
-    """Found on the CPU benchmark: the first step of every batch (only admissions) chose k from
-    the engine's recent acceptance and a one-sequence cost, and reset the probe backoff."""
+def test_a_free_proposers_drafts_are_verified_up_to_the_chosen_width():
     drafts = policy()
-    drafts.adaptive.batch.backoff = 8
-    drafts.begin_step([])
-    assert drafts.adaptive.batch.backoff == 8
-    assert drafts.num_spec_tokens(item("a", 0).seq) == 0
+    items = [item(drafts, n, 4) for n in "abc"]
+    for _ in range(30):  # two backed drafts pass, guesses after them fail
+        for i in items:
+            drafts.update(i.seq, 4, 2, 2)
+    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8], [9]], None, [2, 2, 1])
+    assert kept(drafts, items, proposal) == [2, 2, 1]
+    assert kept(policy(adaptive=False), items, proposal) == [4, 4, 1]
+
+
+def test_a_seeded_sample_keeps_its_k_and_sets_the_least_width():
+    drafts = policy()
+    seeded = item(drafts, "seeded", 4, SamplingParams(temperature=0.8, seed=3))
+    greedy = item(drafts, "greedy", 4)
+    for _ in range(30):
+        drafts.update(greedy.seq, 4, 0, 4)  # the greedy one's drafts all fail
+    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [4, 4])
+    # the seeded one's 4 drafts set the step's width: the other's ride in its padding
+    assert kept(drafts, [seeded, greedy], proposal) == [4, 4]
+    short = Proposal([[1], [5, 6, 7, 8]], None, [1, 4])
+    assert kept(drafts, [seeded, greedy], short) == [1, 1]  # no further: its drafts fail
+    drafts.begin_step([seeded.seq, greedy.seq])
+    assert drafts.num_spec_tokens(seeded.seq) == 4
+
+
+def test_drafts_past_the_kv_caches_spare_rows_are_cut():
+    drafts = policy(adaptive=False)
+    items = [item(drafts, n, 4) for n in "ab"]
+    proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None)
+    assert kept(drafts, items, proposal, free_kv=7) == [4, 1]  # 2 rows for the context
+    assert kept(drafts, items, proposal, free_kv=2) == [0, 0]

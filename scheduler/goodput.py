@@ -1,0 +1,197 @@
+"""The goodput controller: each step's drafts maximise expected tokens per second.
+
+A step of batch size ``b`` in which the longest sequence verifies ``w`` drafts costs
+``C(w)`` plain steps (measured: :mod:`scheduler.step_costs`; the runner pads every sequence to
+the step's longest, so up to ``w`` every sequence's drafts ride in the same forward) and yields
+``E(w) = sum_i (1 + a_i[1] + a_i[1] a_i[2] + ... )`` tokens over its sequences, each sum taken up
+to that sequence's own drafts (at most ``w``, at most its cap), with the conditional acceptance
+per request and position of :mod:`scheduler.acceptance`. The controller picks the ``w`` with the
+largest goodput ``E(w) / C(w)``; ``w = 0`` (plain decoding: ``b`` tokens for one plain step)
+wins unless drafting beats it by ``MARGIN``.
+
+When drafts are made:
+
+- a proposer whose drafts cost next to nothing (n-gram, ``Proposer.drafts_are_free``) is asked
+  for every sequence's full cap when calling it pays: its own measured time counted, and how
+  often it finds drafts it backs (a sequence without any gains nothing, and a step in which no
+  sequence has any stays plain). ``w`` is then chosen *after* it answered, with its evidence
+  (how many drafts its match backs) in the acceptance (:meth:`GoodputController.choose_width`);
+- a proposer that costs (a draft model, early exit) has ``k`` chosen before it runs, its measured
+  time for ``k`` drafts in the cost (:meth:`GoodputController.plan`).
+
+Exploration that cannot starve: while drafting does not pay, a *probe* step drafts anyway, at
+most ``max_wait`` steps after the last step that drafted, sooner when a probe is cheap: the wait
+is what keeps the probes' expected overhead at ``PROBE_BUDGET`` of the time (a probe that costs
+10% more than a plain step comes every 5 steps). A probe verifies the full cap of free drafts
+(all positions are measured at once) or one costly draft.
+
+Costs not measured yet are taken as ``1 + DEFAULT_VERIFY_COST * (w - 1)`` for the forward, and
+``draft_cost * k`` for a costly proposer: optimistic, so a width is tried, measured and then
+judged on its measured cost.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from scheduler.acceptance import AcceptanceModel, RequestAcceptance
+from scheduler.step_costs import StepCostTable
+
+DEFAULT_VERIFY_COST = 0.1  # one more scored token per sequence / a plain step, until measured
+MARGIN = 0.02  # drafting must beat plain decoding by this fraction of its goodput
+PROBE_BUDGET = 0.02  # the probes' expected overhead, as a fraction of plain decoding's time
+MIN_PROBE_WAIT = 2
+MIN_PLAIN_SAMPLES = 2  # plain steps measured at a batch size before its costs are relative
+PLAIN_EVERY = 4  # while a batch size lacks them, at most every this many steps is made plain
+
+
+def expected_by_width(rates: np.ndarray, avail: np.ndarray) -> np.ndarray:
+    """``E[w]`` for ``w = 0..max_k``: the expected tokens of the step's sequences when each
+    verifies ``min(w, avail[i])`` drafts. ``rates [n, max_k]``: conditional acceptance;
+    ``avail [n]``: drafts each sequence can verify."""
+    n, max_k = rates.shape
+    reach = np.cumprod(rates, axis=1)  # [n, max_k] P(drafts 1..j all accepted)
+    reach = reach * (np.arange(max_k)[None, :] < avail[:, None])
+    return n + np.concatenate([[0.0], np.cumsum(reach.sum(axis=0))])  # [max_k + 1]
+
+
+def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0) -> int:
+    """The ``w`` in ``min_width..max_k`` of largest ``tokens[w] / cost[w]``; a ``w > 0`` must
+    beat ``w = 0`` by ``MARGIN`` and a larger ``w`` must beat a smaller one (ties: smaller)."""
+    goodput = tokens / cost  # [max_k + 1]
+    best = min_width
+    for w in range(min_width + 1, len(goodput)):
+        bar = goodput[best] * (1.0 + MARGIN) if best == 0 else goodput[best] + 1e-12
+        if goodput[w] > bar:
+            best = w
+    return best
+
+
+def probe_wait(overhead: float, max_wait: int) -> int:
+    """Steps between probes that cost ``overhead`` plain steps more than a plain step each:
+    ``overhead / PROBE_BUDGET``, within ``[MIN_PROBE_WAIT, max_wait]``."""
+    wait = math.ceil(max(overhead, 0.0) / PROBE_BUDGET)
+    return max(MIN_PROBE_WAIT, min(wait, max_wait))
+
+
+class GoodputController:
+    """The decisions of one engine (see the module docstring). ``max_wait``: the longest wait
+    between probes; ``verify_cost`` / ``draft_cost``: fixed relative costs instead of the
+    measured ones (None: measured)."""
+
+    def __init__(self, max_k: int, drafts_are_free: bool, max_wait: int,
+                 verify_cost: float | None = None, draft_cost: float | None = None) -> None:
+        self.max_k = max_k
+        self.free = drafts_are_free
+        self.max_wait = max_wait
+        self.verify_cost = verify_cost
+        self.draft_cost = draft_cost
+        self.costs = StepCostTable()
+        self.acceptance = AcceptanceModel(max_k)
+        self.clock = 0  # steps planned
+        self.idle = 0  # steps since the last one that drafted
+        self.probing = False  # this step is a probe
+
+    # ---- costs --------------------------------------------------------------------------------
+    def step_cost(self, batch_size: int) -> np.ndarray:
+        """``[max_k + 2]``: ``C[w]``, a step verifying ``w - 1`` drafts (index ``w`` = tokens per
+        sequence; index 0 unused) over a plain step."""
+        cost = np.empty(self.max_k + 2)
+        cost[0] = cost[1] = 1.0
+        for w in range(2, self.max_k + 2):
+            measured = (None if self.verify_cost is not None
+                        else self.costs.relative("step", batch_size, w))
+            v = DEFAULT_VERIFY_COST if self.verify_cost is None else self.verify_cost
+            cost[w] = 1.0 + v * (w - 1) if measured is None else measured
+        return cost
+
+    def propose_cost(self, batch_size: int, k: int, measured_draft_cost: float) -> float:
+        """A proposal of ``k`` drafts over a plain step (0 for ``k = 0``)."""
+        if k == 0:
+            return 0.0
+        if self.draft_cost is not None:
+            return self.draft_cost * k
+        measured = self.costs.relative("propose", batch_size, k)
+        if measured is not None:
+            return measured
+        return 0.0 if self.free else measured_draft_cost * k
+
+    def wants_plain_step(self, batch_size: int) -> bool:
+        """Costs at this batch size are measured against its plain steps: while it lacks them
+        but has drafting steps, every ``PLAIN_EVERY``-th step is plain."""
+        if self.verify_cost is not None or self.clock % PLAIN_EVERY:
+            return False
+        if self.costs.count("step", batch_size, 1) >= MIN_PLAIN_SAMPLES:
+            return False
+        return any(self.costs.count("step", batch_size, w) >= MIN_PLAIN_SAMPLES
+                   for w in range(2, self.max_k + 2))
+
+    # ---- decisions ----------------------------------------------------------------------------
+    def plan(self, accs: list[RequestAcceptance], caps: list[int], min_width: int,
+             measured_draft_cost: float = 0.0) -> int:
+        """Before proposing: the drafts to ask for (0: none). ``accs``/``caps``: the running
+        sequences whose drafts the controller chooses, and the most each may verify;
+        ``min_width``: drafts some sequence verifies anyway (seeded sampling keeps its k). For a
+        free proposer the answer is 0 or ``max_k`` (each sequence then asks for its cap and
+        :meth:`choose_width` decides after)."""
+        self.clock += 1
+        self.acceptance.tick()
+        self.probing = False
+        b = len(accs)
+        if not accs or max(caps, default=0) == 0:
+            return 0
+        if min_width == 0 and self.wants_plain_step(b):
+            return 0
+        rates = self.acceptance.rates(accs)  # [n, max_k]
+        widened = 1.0  # the chance that the step verifies drafts at all
+        if self.free:  # a sequence gains only when the proposer finds drafts it backs
+            found = self.acceptance.found_rates(accs)  # [n]
+            rates = rates.copy()
+            rates[:, 0] *= found
+            widened = 1.0 - float(np.prod(1.0 - found))
+        tokens = expected_by_width(rates, np.asarray(caps))  # [max_k + 1]
+        step = self.step_cost(b)
+        cost = np.ones(self.max_k + 1)
+        for w in range(1, self.max_k + 1):
+            k = self.max_k if self.free else w
+            cost[w] = (1.0 + widened * (step[w + 1] - 1.0)
+                       + self.propose_cost(b, k, measured_draft_cost))
+        w = best_width(tokens, cost, min_width)
+        if w > 0:
+            self.idle = 0
+            return self.max_k if self.free else w
+        self.idle += 1
+        probe_k = self.max_k if self.free else 1
+        if self.idle >= probe_wait(cost[probe_k] - 1.0, self.max_wait):
+            self.idle, self.probing = 0, True
+            return self.max_k if self.free else 1
+        return 0
+
+    def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
+                     backed: list[int] | None, min_width: int) -> int:
+        """After a free proposer answered: how many drafts the step verifies at most.
+        ``avail[i]``: the drafts sequence ``i`` got (within its cap); ``backed``: how many of
+        them the proposer's evidence backs (None: all)."""
+        # (found: drafts the proposer stands by; guesses past its evidence do not count)
+        found = avail if backed is None else backed
+        for acc, n in zip(accs, found, strict=True):
+            self.acceptance.record_proposal(acc, n > 0)
+        if not accs:
+            return min_width
+        rates = self.acceptance.rates(accs, backed)  # [n, max_k]
+        tokens = expected_by_width(rates, np.asarray(avail))
+        cost = self.step_cost(len(accs))[1:]  # [max_k + 1]: the proposal is paid already
+        w = best_width(tokens, cost, min_width)
+        if self.probing:
+            w = max(w, max(avail) if backed is None else max(backed, default=0))
+        return w
+
+    def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
+               propose_s: float) -> None:
+        """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
+        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence."""
+        self.costs.record("step", batch_size, width, step_s)
+        if num_asked:
+            self.costs.record("propose", batch_size, num_asked, propose_s)

@@ -1,0 +1,62 @@
+"""Measured step costs: seconds of an engine step by batch size and tokens per sequence.
+
+The controller (:mod:`scheduler.goodput`) compares steps of one batch size ``b`` that score
+``w`` tokens per sequence (``w = 1``: plain decoding; ``w = k + 1``: k drafts, the runner pads
+every sequence to the step's longest). Nothing is fitted: each cell ``(kind, b, w)`` keeps the
+last ``SAMPLES`` measured times and answers their median, which shrugs off the odd slow step (a
+garbage collection, a page fault, a proposer's first look at a new prompt); until it holds
+``TRUSTED`` samples it answers the fastest, so that one slow first sample does not keep a choice
+from being tried again. Kinds: ``"step"``, the whole step less the proposer (schedule,
+forward, verification, appends, rollback: the host work of the speculative path is in it), and
+``"propose"``, the proposer's time for ``w`` requested drafts.
+
+Only steady steps are recorded (the engine leaves out a step whose CUDA-graph bucket ran eager
+or was captured, and steps with prefill chunks). Costs are relative: ``relative(kind, b, w)`` is
+the cell over the plain step ``("step", b, 1)`` of the same batch size; when a batch size lacks
+either, the nearest batch size (by ratio) that has both answers, and None when none has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+SAMPLES = 9  # recent measurements kept per cell
+TRUSTED = 3  # below this many a cell answers its fastest sample (optimism: it is tried again)
+
+
+class StepCostTable:
+    """Median recent seconds per ``(kind, batch_size, width)`` (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._samples: dict[tuple[str, int, int], deque[float]] = {}
+        self._median: dict[tuple[str, int, int], float] = {}
+        self._plain_batches: list[int] = []  # batch sizes with a measured plain step, sorted
+
+    def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
+        key = (kind, batch_size, width)
+        samples = self._samples.get(key)
+        if samples is None:
+            samples = self._samples[key] = deque(maxlen=SAMPLES)
+            if kind == "step" and width == 1:
+                self._plain_batches = sorted([*self._plain_batches, batch_size])
+        samples.append(seconds)
+        ordered = sorted(samples)
+        self._median[key] = ordered[len(ordered) // 2] if len(ordered) >= TRUSTED else ordered[0]
+
+    def count(self, kind: str, batch_size: int, width: int) -> int:
+        samples = self._samples.get((kind, batch_size, width))
+        return 0 if samples is None else len(samples)
+
+    def seconds(self, kind: str, batch_size: int, width: int) -> float | None:
+        return self._median.get((kind, batch_size, width))
+
+    def relative(self, kind: str, batch_size: int, width: int) -> float | None:
+        """The cell over the plain step of its batch size, from the nearest batch size that
+        has both (None: no batch size has both)."""
+        nearest = sorted(self._plain_batches, key=lambda b: abs(math.log(b / batch_size)))
+        for b in nearest:
+            cell = self._median.get((kind, b, width))
+            if cell is not None:
+                return cell / self._median[("step", b, 1)]
+        return None

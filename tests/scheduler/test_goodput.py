@@ -1,0 +1,177 @@
+"""The goodput controller's decisions on synthetic cost tables and acceptance streams."""
+
+import numpy as np
+import pytest
+
+from scheduler.acceptance import AcceptanceModel
+from scheduler.goodput import (
+    MIN_PROBE_WAIT,
+    GoodputController,
+    best_width,
+    expected_by_width,
+    probe_wait,
+)
+from scheduler.step_costs import StepCostTable
+
+
+def leviathan(a: float, k: int) -> float:
+    """Expected tokens of k drafts at acceptance a, written out term by term."""
+    return sum(a ** j for j in range(k + 1))
+
+
+def test_expected_tokens_by_width_sums_each_sequences_accepted_run():
+    rates = np.array([[0.5] * 4, [0.9] * 4])  # two sequences, 4 positions
+    got = expected_by_width(rates, np.array([4, 2]))  # the second can verify 2 drafts
+    for w in range(5):
+        want = leviathan(0.5, w) + leviathan(0.9, min(w, 2))
+        assert got[w] == pytest.approx(want)
+    per_position = expected_by_width(np.array([[0.9, 0.5, 0.0, 0.0]]), np.array([4]))
+    assert per_position.tolist() == pytest.approx([1.0, 1.9, 2.35, 2.35, 2.35])
+
+
+def table(cost_per_token: float, max_k: int = 4, batch: int = 8, plain_s: float = 0.01):
+    """A controller whose step costs were measured: a plain step of ``plain_s`` seconds and
+    ``cost_per_token`` of it per more token per sequence."""
+    ctl = GoodputController(max_k, drafts_are_free=True, max_wait=16)
+    for w in range(1, max_k + 2):
+        for _ in range(3):
+            ctl.costs.record("step", batch, w, plain_s * (1 + cost_per_token * (w - 1)))
+    return ctl
+
+
+def feed(ctl: GoodputController, accs, alpha_steps: int, accepted: int, drafted: int = 4):
+    for _ in range(alpha_steps):
+        for acc in accs:
+            ctl.acceptance.update(acc, drafted, accepted)
+
+
+def test_chooses_no_drafts_when_they_lose_and_the_best_k_when_they_pay():
+    cheap = table(0.05)  # a GPU at small batch: more tokens are nearly free
+    accs = [cheap.acceptance.new_request() for _ in range(8)]
+    feed(cheap, accs, 20, accepted=4)  # every draft accepted
+    assert cheap.plan(accs, [4] * 8, 0) == 4  # a free proposer is asked for all of them
+    assert cheap.choose_width(accs, [4] * 8, None, 0) == 4
+    feed(cheap, accs, 20, accepted=0)  # every first draft rejected
+    assert cheap.choose_width(accs, [4] * 8, None, 0) == 0
+    dear = table(1.0)  # a compute-bound forward: every token costs a plain step
+    accs = [dear.acceptance.new_request() for _ in range(8)]
+    feed(dear, accs, 20, accepted=1, drafted=2)  # acceptance about 0.5
+    assert dear.choose_width(accs, [4] * 8, None, 0) == 0
+
+
+def test_the_width_follows_per_position_acceptance_and_the_cost_table():
+    ctl = table(0.3)
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    feed(ctl, accs, 30, accepted=1, drafted=4)  # the first draft always, the second never
+    rates = ctl.acceptance.rates(accs)
+    assert rates[0, 0] > 0.9 and rates[0, 1] < 0.1
+    # one draft: 2 tokens for 1.3 plain steps beats 1 for 1; a second draft adds cost only
+    assert ctl.choose_width(accs, [4] * 8, None, 0) == 1
+
+
+def test_best_width_needs_a_margin_over_plain_decoding_and_prefers_the_smaller_on_ties():
+    tokens = np.array([8.0, 8.1, 8.15])
+    assert best_width(tokens, np.array([1.0, 1.0, 1.0])) == 0  # under 2% more: no drafts
+    assert best_width(np.array([8.0, 10.0, 10.0]), np.array([1.0, 1.0, 1.0])) == 1
+    assert best_width(np.array([8.0, 10.0, 10.0]), np.ones(3), min_width=2) == 2
+
+
+def test_evidence_separates_backed_drafts_from_guesses():
+    ctl = table(0.1)
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    for _ in range(20):  # matches back 2 drafts, which pass; the guesses after them fail
+        for acc in accs:
+            ctl.acceptance.update(acc, 4, 2, num_backed=2)
+    assert ctl.choose_width(accs, [4] * 8, [2] * 8, 0) == 2
+    assert ctl.choose_width(accs, [4] * 8, [0] * 8, 0) == 0  # nothing backed this step
+
+
+def test_probes_come_within_the_bound_and_their_overhead_is_budgeted():
+    assert probe_wait(0.1, 16) == 5  # a probe 10% dearer than a plain step: every 5 steps
+    assert probe_wait(0.001, 16) == MIN_PROBE_WAIT
+    assert probe_wait(5.0, 16) == 16  # never longer than the bound
+    ctl = table(1.0)  # probes cost a lot: the longest wait
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    feed(ctl, accs, 20, accepted=0)
+    probes = [step for step in range(200) if ctl.plan(accs, [4] * 8, 0)]
+    assert probes and np.diff(probes).max() <= 16 and probes[0] < 16
+
+
+@pytest.mark.parametrize("cost_per_token", [0.05, 0.3])
+def test_recovers_after_drift_within_its_bound(cost_per_token):
+    """Acceptance 0 for long enough that drafting stops, then every draft passes: within one
+    probe wait (at most 16 steps) and a few steps more, every step drafts again."""
+    ctl = table(cost_per_token)
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    widths = []
+    for _ in range(300):  # the zero-acceptance stretch, probes included
+        width = ctl.choose_width(accs, [4] * 8, None, 0) if ctl.plan(accs, [4] * 8, 0) else 0
+        feed(ctl, accs, 1, accepted=0, drafted=width)
+        widths.append(width)
+    assert sum(w > 0 for w in widths[-100:]) <= 100 // 5  # only probes draft
+    drafting = []
+    for _ in range(24):  # the text became predictable
+        width = ctl.choose_width(accs, [4] * 8, None, 0) if ctl.plan(accs, [4] * 8, 0) else 0
+        drafting.append(width)
+        feed(ctl, accs, 1, accepted=width, drafted=width)
+    first = next(i for i, w in enumerate(drafting) if w > 0)
+    assert first < 16  # the first probe
+    assert all(w == 4 for w in drafting[first:])  # one probe was enough
+
+
+def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
+    ctl = GoodputController(4, drafts_are_free=False, max_wait=16)
+    for w in range(1, 6):
+        for _ in range(3):
+            ctl.costs.record("step", 1, w, 0.01)  # scoring more tokens is free ...
+    for k in range(1, 5):
+        for _ in range(3):
+            ctl.costs.record("propose", 1, k, 0.004 * k)  # ... each draft costs 0.4 steps
+    acc = ctl.acceptance.new_request()
+    feed(ctl, [acc], 30, accepted=4)
+    # all accepted: (k + 1) / (1 + 0.4 k) grows with k: 4 drafts
+    assert ctl.plan([acc], [4], 0) == 4
+    feed(ctl, [acc], 30, accepted=1, drafted=2)  # about 0.5
+    assert ctl.plan([acc], [4], 0) == 1  # 1.5 / 1.4 pays; a second draft (1.75 / 1.8) does not
+    assert ctl.plan([acc], [0], 0) == 0  # capped at 0: nothing
+
+
+def test_a_batch_size_without_plain_steps_measures_some_before_trusting_its_costs():
+    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for _ in range(3):
+        ctl.costs.record("step", 4, 5, 0.01)
+    assert ctl.costs.relative("step", 4, 5) is None
+    accs = [ctl.acceptance.new_request() for _ in range(4)]
+    plans = [ctl.plan(accs, [4] * 4, 0) for _ in range(8)]
+    assert plans.count(0) == 2  # every 4th step, until two plain steps are measured
+    for _ in range(2):
+        ctl.costs.record("step", 4, 1, 0.008)
+    assert ctl.costs.relative("step", 4, 5) == pytest.approx(1.25)
+    assert 0 not in [ctl.plan(accs, [4] * 4, 0) for _ in range(8)]
+
+
+def test_step_costs_take_the_median_and_borrow_from_the_nearest_batch_size():
+    costs = StepCostTable()
+    for seconds in [0.010, 0.011, 0.500, 0.012]:  # one slow outlier (a capture, a GC)
+        costs.record("step", 8, 1, seconds)
+    for _ in range(2):
+        costs.record("step", 8, 5, 0.015)
+        costs.record("step", 32, 1, 0.02)
+        costs.record("step", 32, 5, 0.06)
+    assert costs.seconds("step", 8, 1) == pytest.approx(0.012)
+    assert costs.relative("step", 8, 5) == pytest.approx(1.25)
+    assert costs.relative("step", 10, 5) == pytest.approx(1.25)  # nearest: 8
+    assert costs.relative("step", 24, 5) == pytest.approx(3.0)  # nearest: 32
+    assert costs.relative("step", 8, 3) is None
+
+
+def test_acceptance_of_a_new_request_starts_at_the_engines_and_follows_its_own():
+    model = AcceptanceModel(4)
+    old, = [model.new_request()]
+    for _ in range(50):
+        model.update(old, 4, 0)  # the engine learns that drafts fail
+    new = model.new_request()
+    assert model.rates([new])[0, 0] < 0.05
+    for _ in range(5):
+        model.update(new, 4, 4)
+    assert model.rates([new])[0, 0] > 0.7  # its own evidence outweighs the prior
