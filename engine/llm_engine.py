@@ -31,6 +31,7 @@ from engine.builder import EngineComponents, build_components
 from engine.config import EngineConfig
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
+from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop
@@ -112,7 +113,8 @@ class LLMEngine:
         self.spec_policy = SpeculationPolicy(
             spec, max_k, self.max_model_len,
             drafts_are_free=bool(self.proposer and self.proposer.drafts_are_free),
-            measured_draft_cost=lambda: self.metrics.draft_cost_ratio)
+            measured_draft_cost=lambda: self.metrics.draft_cost_ratio,
+            batch_bucket=batch_bucket)  # (steps of one graph bucket cost the same)
         self.requests: dict[str, list[Sequence]] = {}
         self._finished_outside_step: list[Sequence] = []
 
@@ -144,6 +146,7 @@ class LLMEngine:
             error = seqs[0].adjuster.check_sampleable(self.vocab_size)
         for seq in seqs:
             if error is not None:
+                self.spec_policy.release(seq)
                 seq.finish("error", error=error)
                 self._finished_outside_step.append(seq)
                 continue
@@ -197,6 +200,7 @@ class LLMEngine:
     def _release(self, seq: Sequence) -> None:
         """Take a sequence out of the queues, the KV cache and the proposer."""
         self.scheduler.finish(seq)
+        self.spec_policy.release(seq)
         if seq.slot is not None:
             self.runner.free_slot(seq.slot)
             seq.slot = None
@@ -446,7 +450,19 @@ class LLMEngine:
             if seq.is_finished:
                 self._release(seq)
             updated.append(seq)
+        self._update_policy(batch)
         return updated
+
+    def _update_policy(self, batch: _StepBatch) -> None:
+        """The speculation controller learns the step's acceptance, all sequences at once."""
+        seqs = [batch.items[i].seq for i in batch.sampling]
+        done = [(seq, r) for seq, r in zip(seqs, batch.verified, strict=True)
+                if r.num_drafted and seq.finish_reason != "error"]
+        if done:
+            self.spec_policy.update([seq for seq, _ in done],
+                                    [r.num_drafted for _, r in done],
+                                    [r.num_accepted for _, r in done],
+                                    [r.num_backed for _, r in done])
 
     def _rollback(self, batch: _StepBatch) -> None:
         """7. Cut each running sequence's target cache back to its kept context (the newest
@@ -472,7 +488,6 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.spec_policy.update(seq, result.num_drafted, result.num_accepted, result.num_backed)
         self.metrics.record_request_step(result.num_drafted, result.num_accepted, result.kept)
 
     def _record(self, batch: _StepBatch, start: float) -> None:

@@ -43,92 +43,122 @@ def expected_tokens(a: float, k: float) -> float:
 
 
 class RequestAcceptance:
-    """One request's decayed counts (see the module docstring)."""
+    """A request's row in the :class:`AcceptanceModel`'s arrays (its counts live there, so that
+    a step reads and updates the whole batch in a few array operations)."""
 
-    __slots__ = ("accepted", "tested", "found", "asked", "stamp")
+    __slots__ = ("row",)
 
-    def __init__(self, max_k: int) -> None:
-        self.accepted = np.zeros((2, max(max_k, 1)))  # [2 (backed, unbacked), max_k]
-        self.tested = np.zeros((2, max(max_k, 1)))  # [2, max_k]
-        self.found = 0.0  # proposals that had drafts (decayed)
-        self.asked = 0.0  # proposals (decayed)
-        self.stamp = 0  # the engine step of the last update
+    def __init__(self, row: int) -> None:
+        self.row = row
 
 
 class AcceptanceModel:
-    """The engine's counts and every request's estimate."""
+    """The engine's counts and every live request's, in rows of shared arrays."""
 
-    def __init__(self, max_k: int) -> None:
+    def __init__(self, max_k: int, capacity: int = 64) -> None:
         self.max_k = max(max_k, 1)
-        self.accepted = np.full((2, self.max_k), START_ACCEPTANCE)  # [2, max_k]
-        self.tested = np.ones((2, self.max_k))  # [2, max_k]
-        self.found, self.asked = 1.0, 1.0
+        self.engine_accepted = np.full((2, self.max_k), START_ACCEPTANCE)  # [2, max_k]
+        self.engine_tested = np.ones((2, self.max_k))  # [2, max_k]
+        self.engine_found, self.engine_asked = 1.0, 1.0
         self.clock = 0  # engine steps (tick)
-        self.stamp = 0  # the engine step of the last update
+        self.stamp = 0  # the engine step of the engine counts' last update
+        self.version = 0  # bumped by every change of the counts
+        self.accepted = np.zeros((capacity, 2, self.max_k))  # [rows, 2, max_k] per request
+        self.tested = np.zeros((capacity, 2, self.max_k))  # [rows, 2, max_k]
+        self.found = np.zeros(capacity)  # [rows] proposals with drafts it backs (decayed)
+        self.asked = np.zeros(capacity)  # [rows] proposals (decayed)
+        self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last update
+        self._free = list(range(capacity - 1, -1, -1))
 
     def tick(self) -> None:
         """One engine step begins."""
         self.clock += 1
 
-    def _age(self, stamp: int) -> float:
-        """The extra decay of evidence last updated at engine step ``stamp``."""
-        gap = self.clock - stamp
-        return DECAY ** ((gap - 1) / IDLE_STEPS) if gap > 1 else 1.0
-
     def new_request(self) -> RequestAcceptance:
-        return RequestAcceptance(self.max_k)
+        if not self._free:
+            self._grow()
+        row = self._free.pop()
+        self.accepted[row] = 0.0
+        self.tested[row] = 0.0
+        self.found[row] = self.asked[row] = 0.0
+        self.stamps[row] = self.clock
+        return RequestAcceptance(row)
+
+    def release(self, req: RequestAcceptance) -> None:
+        """The request finished: its row is free for another."""
+        if req.row >= 0:
+            self._free.append(req.row)
+            req.row = -1
+
+    def _grow(self) -> None:
+        old = len(self.found)
+        for name in ("accepted", "tested", "found", "asked", "stamps"):
+            array = getattr(self, name)
+            setattr(self, name, np.concatenate([array, np.zeros_like(array)]))
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def _age(self, stamps: np.ndarray) -> np.ndarray:
+        """The extra decay of evidence last updated at engine steps ``stamps``."""
+        gap = np.maximum(self.clock - stamps - 1, 0)
+        return DECAY ** (gap / IDLE_STEPS)
 
     def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None) -> np.ndarray:
         """``[len(reqs), max_k]`` conditional acceptance of each request's draft positions;
-        positions past ``backed[i]`` read the unbacked counts (``backed=None``: all backed)."""
-        engine = self.accepted / self.tested  # [2, max_k]
-        acc = np.stack([r.accepted for r in reqs])  # [n, 2, max_k]
-        tested = np.stack([r.tested for r in reqs])  # [n, 2, max_k]
-        est = (acc[:, BACKED] + PRIOR_WEIGHT * engine[BACKED]) / (
-            tested[:, BACKED] + PRIOR_WEIGHT)  # [n, max_k]
+        positions past ``backed[i]`` read the pooled unbacked counts (None: all backed)."""
+        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        engine = self.engine_accepted[BACKED] / self.engine_tested[BACKED]  # [max_k]
+        acc, tested = self.accepted[rows], self.tested[rows]  # [n, 2, max_k]
+        est = (acc[:, BACKED] + PRIOR_WEIGHT * engine) / (tested[:, BACKED] + PRIOR_WEIGHT)
         if backed is None:
-            return est
-        pooled = self.accepted[UNBACKED].sum() / self.tested[UNBACKED].sum()
+            return est  # [n, max_k]
+        pooled = self.engine_accepted[UNBACKED].sum() / self.engine_tested[UNBACKED].sum()
         guess = (acc[:, UNBACKED].sum(1) + PRIOR_WEIGHT * pooled) / (
             tested[:, UNBACKED].sum(1) + PRIOR_WEIGHT)  # [n]
-        pos = np.arange(self.max_k)
-        unbacked = pos[None, :] >= np.asarray(backed)[:, None]  # [n, max_k]
+        unbacked = np.arange(self.max_k)[None, :] >= np.asarray(backed)[:, None]  # [n, max_k]
         return np.where(unbacked, guess[:, None], est)
 
     def found_rates(self, reqs: list[RequestAcceptance]) -> np.ndarray:
-        """``[len(reqs)]`` how often the proposer had drafts for each request."""
-        engine = self.found / self.asked
-        return np.array([(r.found + PRIOR_WEIGHT * engine) / (r.asked + PRIOR_WEIGHT)
-                         for r in reqs])
+        """``[len(reqs)]`` how often the proposer had drafts it backs for each request."""
+        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        engine = self.engine_found / self.engine_asked
+        return (self.found[rows] + PRIOR_WEIGHT * engine) / (self.asked[rows] + PRIOR_WEIGHT)
 
-    def record_proposal(self, req: RequestAcceptance, had_drafts: bool) -> None:
-        req.found = DECAY * req.found + had_drafts
-        req.asked = DECAY * req.asked + 1.0
-        self.found = ENGINE_DECAY * self.found + had_drafts
-        self.asked = ENGINE_DECAY * self.asked + 1.0
+    def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
+        """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs."""
+        self.version += 1
+        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        hits = np.asarray(found) > 0  # [n]
+        self.found[rows] = DECAY * self.found[rows] + hits
+        self.asked[rows] = DECAY * self.asked[rows] + 1.0
+        decay = ENGINE_DECAY ** len(reqs)
+        self.engine_found = decay * self.engine_found + float(hits.sum())
+        self.engine_asked = decay * self.engine_asked + len(reqs)
 
-    def update(self, req: RequestAcceptance, num_drafted: int, num_accepted: int,
-               num_backed: int | None = None) -> None:
-        """One verified step: drafts ``1..num_accepted`` were accepted and, when one was
-        rejected, draft ``num_accepted + 1`` was tested and failed; later ones were not tested.
-        Nothing happens when nothing was drafted."""
-        if num_drafted <= 0:
+    def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
+               num_accepted: list[int], num_backed: list[int | None]) -> None:
+        """One verified step of each of ``reqs``: drafts ``1..num_accepted`` were accepted and,
+        when one was rejected, draft ``num_accepted + 1`` was tested and failed; later ones were
+        not tested. Requests that drafted nothing are left alone."""
+        keep = [i for i, d in enumerate(num_drafted) if d > 0]
+        if not keep:
             return
-        tested_n = min(num_drafted, num_accepted + 1, self.max_k)
-        accepted_n = min(num_accepted, tested_n)
-        backed = num_drafted if num_backed is None else num_backed
-        decay = DECAY * self._age(req.stamp)
-        req.accepted *= decay
-        req.tested *= decay
-        req.stamp = self.clock
-        engine_decay = ENGINE_DECAY * self._age(self.stamp)
-        self.accepted *= engine_decay
-        self.tested *= engine_decay
+        self.version += 1
+        rows = np.array([reqs[i].row for i in keep], dtype=np.int64)  # [n]
+        drafted = np.array([num_drafted[i] for i in keep])  # [n]
+        accepted = np.minimum(np.array([num_accepted[i] for i in keep]), drafted)  # [n]
+        backed = np.array([drafted[j] if num_backed[i] is None else num_backed[i]
+                           for j, i in enumerate(keep)])  # [n]
+        pos = np.arange(self.max_k)[None, :]  # [1, max_k]
+        tested = pos < np.minimum(accepted + 1, drafted)[:, None]  # [n, max_k]
+        hit = pos < accepted[:, None]  # [n, max_k]
+        is_backed = pos < backed[:, None]  # [n, max_k]
+        add_tested = np.stack([tested & is_backed, tested & ~is_backed], axis=1)  # [n, 2, max_k]
+        add_hit = np.stack([hit & is_backed, hit & ~is_backed], axis=1)  # [n, 2, max_k]
+        decay = (DECAY * self._age(self.stamps[rows]))[:, None, None]  # [n, 1, 1]
+        self.accepted[rows] = decay * self.accepted[rows] + add_hit
+        self.tested[rows] = decay * self.tested[rows] + add_tested
+        self.stamps[rows] = self.clock
+        engine_decay = ENGINE_DECAY ** len(keep) * float(self._age(np.array(self.stamp)))
+        self.engine_accepted = engine_decay * self.engine_accepted + add_hit.sum(0)
+        self.engine_tested = engine_decay * self.engine_tested + add_tested.sum(0)
         self.stamp = self.clock
-        for j in range(tested_n):
-            row = BACKED if j < backed else UNBACKED
-            hit = 1.0 if j < accepted_n else 0.0
-            req.tested[row, j] += 1.0
-            req.accepted[row, j] += hit
-            self.tested[row, j] += 1.0
-            self.accepted[row, j] += hit

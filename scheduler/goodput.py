@@ -33,6 +33,7 @@ judged on its measured cost.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,14 +59,12 @@ def expected_by_width(rates: np.ndarray, avail: np.ndarray) -> np.ndarray:
 
 
 def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0) -> int:
-    """The ``w`` in ``min_width..max_k`` of largest ``tokens[w] / cost[w]``; a ``w > 0`` must
-    beat ``w = 0`` by ``MARGIN`` and a larger ``w`` must beat a smaller one (ties: smaller)."""
+    """The ``w`` in ``min_width..max_k`` of largest ``tokens[w] / cost[w]`` (ties: the
+    smaller); a ``w > 0`` must beat ``w = 0`` by ``MARGIN``."""
     goodput = tokens / cost  # [max_k + 1]
-    best = min_width
-    for w in range(min_width + 1, len(goodput)):
-        bar = goodput[best] * (1.0 + MARGIN) if best == 0 else goodput[best] + 1e-12
-        if goodput[w] > bar:
-            best = w
+    best = min_width + int(np.argmax(goodput[min_width:]))
+    if min_width == 0 and best > 0 and goodput[best] <= goodput[0] * (1.0 + MARGIN):
+        return 0
     return best
 
 
@@ -82,17 +81,20 @@ class GoodputController:
     measured ones (None: measured)."""
 
     def __init__(self, max_k: int, drafts_are_free: bool, max_wait: int,
-                 verify_cost: float | None = None, draft_cost: float | None = None) -> None:
+                 verify_cost: float | None = None, draft_cost: float | None = None,
+                 batch_bucket: Callable[[int], int] = int) -> None:
         self.max_k = max_k
         self.free = drafts_are_free
         self.max_wait = max_wait
         self.verify_cost = verify_cost
         self.draft_cost = draft_cost
-        self.costs = StepCostTable()
+        self.costs = StepCostTable(batch_bucket)
         self.acceptance = AcceptanceModel(max_k)
         self.clock = 0  # steps planned
         self.idle = 0  # steps since the last one that drafted
         self.probing = False  # this step is a probe
+        self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
+        self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
 
     # ---- costs --------------------------------------------------------------------------------
     def step_cost(self, batch_size: int) -> np.ndarray:
@@ -144,6 +146,11 @@ class GoodputController:
             return 0
         if min_width == 0 and self.wants_plain_step(b):
             return 0
+        # Nothing was drafted and nothing learnt since the last step of these sequences: the
+        # answer is still no drafts (save the host work; costs are looked at again each probe).
+        key = (tuple(a.row for a in accs), tuple(caps), min_width, self.acceptance.version)
+        if self._idle_key == key:
+            return self._idle_or_probe(self._probe_overhead)
         rates = self.acceptance.rates(accs)  # [n, max_k]
         widened = 1.0  # the chance that the step verifies drafts at all
         if self.free:  # a sequence gains only when the proposer finds drafts it backs
@@ -160,14 +167,18 @@ class GoodputController:
                        + self.propose_cost(b, k, measured_draft_cost))
         w = best_width(tokens, cost, min_width)
         if w > 0:
-            self.idle = 0
+            self.idle, self._idle_key = 0, None
             return self.max_k if self.free else w
+        self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
+        return self._idle_or_probe(self._probe_overhead)
+
+    def _idle_or_probe(self, overhead: float) -> int:
+        """A step where drafting does not pay: none, or a probe when its wait is over."""
         self.idle += 1
-        probe_k = self.max_k if self.free else 1
-        if self.idle >= probe_wait(cost[probe_k] - 1.0, self.max_wait):
-            self.idle, self.probing = 0, True
-            return self.max_k if self.free else 1
-        return 0
+        if self.idle < probe_wait(overhead, self.max_wait):
+            return 0
+        self.idle, self.probing, self._idle_key = 0, True, None
+        return self.max_k if self.free else 1
 
     def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
                      backed: list[int] | None, min_width: int) -> int:
@@ -175,9 +186,7 @@ class GoodputController:
         ``avail[i]``: the drafts sequence ``i`` got (within its cap); ``backed``: how many of
         them the proposer's evidence backs (None: all)."""
         # (found: drafts the proposer stands by; guesses past its evidence do not count)
-        found = avail if backed is None else backed
-        for acc, n in zip(accs, found, strict=True):
-            self.acceptance.record_proposal(acc, n > 0)
+        self.acceptance.record_proposals(accs, avail if backed is None else backed)
         if not accs:
             return min_width
         rates = self.acceptance.rates(accs, backed)  # [n, max_k]

@@ -50,7 +50,8 @@ class SpeculationPolicy:
     of a costly proposer's cost until its proposals are timed."""
 
     def __init__(self, spec: SpeculationOptions | None, max_k: int, max_model_len: int,
-                 drafts_are_free: bool, measured_draft_cost: Callable[[], float]) -> None:
+                 drafts_are_free: bool, measured_draft_cost: Callable[[], float],
+                 batch_bucket: Callable[[int], int] = int) -> None:
         self.max_k = max_k
         self.max_model_len = max_model_len
         self.measured_draft_cost = measured_draft_cost
@@ -58,7 +59,8 @@ class SpeculationPolicy:
         self.free = drafts_are_free
         self.controller = GoodputController(
             max_k, drafts_are_free, spec.adaptive_probe_interval if spec else 1,
-            spec.verify_cost_per_token if spec else None, spec.draft_cost_ratio if spec else None)
+            spec.verify_cost_per_token if spec else None, spec.draft_cost_ratio if spec else None,
+            batch_bucket)
         self._step_k = 0  # drafts asked for this step by the sequences the controller steers
 
     def new_tracker(self) -> RequestAcceptance:
@@ -136,7 +138,13 @@ class SpeculationPolicy:
         asked = 0 if propose_s is None else max(item.num_spec_tokens for item in items)
         self.controller.record(len(items), width, step_s, asked, propose_s or 0.0)
 
-    def update(self, seq: SpeculatingSequence, num_drafted: int, num_accepted: int,
-               num_backed: int | None) -> None:
-        """A sequence's verified step."""
-        self.controller.acceptance.update(seq.acceptance, num_drafted, num_accepted, num_backed)
+    def update(self, seqs: list[SpeculatingSequence], num_drafted: list[int],
+               num_accepted: list[int], num_backed: list[int | None]) -> None:
+        """The step's verified sequences, at once."""
+        if self.adaptive:
+            self.controller.acceptance.update([seq.acceptance for seq in seqs], num_drafted,
+                                              num_accepted, num_backed)
+
+    def release(self, seq: SpeculatingSequence) -> None:
+        """A sequence left the engine (finished, aborted): its acceptance row is free."""
+        self.controller.acceptance.release(seq.acceptance)

@@ -10,6 +10,9 @@ from being tried again. Kinds: ``"step"``, the whole step less the proposer (sch
 forward, verification, appends, rollback: the host work of the speculative path is in it), and
 ``"propose"``, the proposer's time for ``w`` requested drafts.
 
+Batch sizes are grouped by ``batch_bucket`` (the engine passes its runner's CUDA-graph buckets:
+steps of one bucket replay one graph and cost the same; the identity otherwise).
+
 Only steady steps are recorded (the engine leaves out a step whose CUDA-graph bucket ran eager
 or was captured, and steps with prefill chunks). Costs are relative: ``relative(kind, b, w)`` is
 the cell over the plain step ``("step", b, 1)`` of the same batch size; when a batch size lacks
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 SAMPLES = 9  # recent measurements kept per cell
 TRUSTED = 3  # below this many a cell answers its fastest sample (optimism: it is tried again)
@@ -28,33 +32,40 @@ TRUSTED = 3  # below this many a cell answers its fastest sample (optimism: it i
 class StepCostTable:
     """Median recent seconds per ``(kind, batch_size, width)`` (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_bucket: Callable[[int], int] = int) -> None:
+        self.batch_bucket = batch_bucket
         self._samples: dict[tuple[str, int, int], deque[float]] = {}
         self._median: dict[tuple[str, int, int], float] = {}
-        self._plain_batches: list[int] = []  # batch sizes with a measured plain step, sorted
+        self._plain_batches: list[int] = []  # buckets with a measured plain step
+        self._nearest: dict[int, list[int]] = {}  # bucket -> _plain_batches nearest first
 
     def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
-        key = (kind, batch_size, width)
+        key = (kind, self.batch_bucket(batch_size), width)
         samples = self._samples.get(key)
         if samples is None:
             samples = self._samples[key] = deque(maxlen=SAMPLES)
             if kind == "step" and width == 1:
-                self._plain_batches = sorted([*self._plain_batches, batch_size])
+                self._plain_batches.append(key[1])
+                self._nearest.clear()
         samples.append(seconds)
         ordered = sorted(samples)
         self._median[key] = ordered[len(ordered) // 2] if len(ordered) >= TRUSTED else ordered[0]
 
     def count(self, kind: str, batch_size: int, width: int) -> int:
-        samples = self._samples.get((kind, batch_size, width))
+        samples = self._samples.get((kind, self.batch_bucket(batch_size), width))
         return 0 if samples is None else len(samples)
 
     def seconds(self, kind: str, batch_size: int, width: int) -> float | None:
-        return self._median.get((kind, batch_size, width))
+        return self._median.get((kind, self.batch_bucket(batch_size), width))
 
     def relative(self, kind: str, batch_size: int, width: int) -> float | None:
         """The cell over the plain step of its batch size, from the nearest batch size that
         has both (None: no batch size has both)."""
-        nearest = sorted(self._plain_batches, key=lambda b: abs(math.log(b / batch_size)))
+        bucket = self.batch_bucket(batch_size)
+        nearest = self._nearest.get(bucket)
+        if nearest is None:
+            nearest = self._nearest[bucket] = sorted(
+                self._plain_batches, key=lambda b: abs(math.log(b / bucket)))
         for b in nearest:
             cell = self._median.get((kind, b, width))
             if cell is not None:

@@ -39,10 +39,13 @@ def table(cost_per_token: float, max_k: int = 4, batch: int = 8, plain_s: float 
     return ctl
 
 
-def feed(ctl: GoodputController, accs, alpha_steps: int, accepted: int, drafted: int = 4):
-    for _ in range(alpha_steps):
-        for acc in accs:
-            ctl.acceptance.update(acc, drafted, accepted)
+def feed(ctl: GoodputController, accs, steps: int, accepted: int, drafted: int = 4,
+         backed: int | None = None):
+    """``steps`` verified steps of every request in ``accs``, one engine step each."""
+    n = len(accs)
+    for _ in range(steps):
+        ctl.acceptance.tick()
+        ctl.acceptance.update(accs, [drafted] * n, [accepted] * n, [backed] * n)
 
 
 def test_chooses_no_drafts_when_they_lose_and_the_best_k_when_they_pay():
@@ -79,9 +82,8 @@ def test_best_width_needs_a_margin_over_plain_decoding_and_prefers_the_smaller_o
 def test_evidence_separates_backed_drafts_from_guesses():
     ctl = table(0.1)
     accs = [ctl.acceptance.new_request() for _ in range(8)]
-    for _ in range(20):  # matches back 2 drafts, which pass; the guesses after them fail
-        for acc in accs:
-            ctl.acceptance.update(acc, 4, 2, num_backed=2)
+    feed(ctl, accs, 20, accepted=2, backed=2)  # matches back 2 drafts, which pass; the
+    # guesses after them fail
     assert ctl.choose_width(accs, [4] * 8, [2] * 8, 0) == 2
     assert ctl.choose_width(accs, [4] * 8, [0] * 8, 0) == 0  # nothing backed this step
 
@@ -166,12 +168,17 @@ def test_step_costs_take_the_median_and_borrow_from_the_nearest_batch_size():
 
 
 def test_acceptance_of_a_new_request_starts_at_the_engines_and_follows_its_own():
-    model = AcceptanceModel(4)
-    old, = [model.new_request()]
+    model = AcceptanceModel(4, capacity=1)
+    old = model.new_request()
     for _ in range(50):
-        model.update(old, 4, 0)  # the engine learns that drafts fail
-    new = model.new_request()
+        model.tick()
+        model.update([old], [4], [0], [None])  # the engine learns that drafts fail
+    new = model.new_request()  # (the pool grows)
     assert model.rates([new])[0, 0] < 0.05
     for _ in range(5):
-        model.update(new, 4, 4)
+        model.tick()
+        model.update([new], [4], [4], [None])
     assert model.rates([new])[0, 0] > 0.7  # its own evidence outweighs the prior
+    row = old.row
+    model.release(old)
+    assert old.row == -1 and model.new_request().row == row  # the row is reused

@@ -42,8 +42,7 @@ def test_a_free_proposers_drafts_are_verified_up_to_the_chosen_width():
     drafts = policy()
     items = [item(drafts, n, 4) for n in "abc"]
     for _ in range(30):  # two backed drafts pass, guesses after them fail
-        for i in items:
-            drafts.update(i.seq, 4, 2, 2)
+        drafts.update([i.seq for i in items], [4] * 3, [2] * 3, [2] * 3)
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8], [9]], None, [2, 2, 1])
     assert kept(drafts, items, proposal) == [2, 2, 1]
     assert kept(policy(adaptive=False), items, proposal) == [4, 4, 1]
@@ -54,7 +53,7 @@ def test_a_seeded_sample_keeps_its_k_and_sets_the_least_width():
     seeded = item(drafts, "seeded", 4, SamplingParams(temperature=0.8, seed=3))
     greedy = item(drafts, "greedy", 4)
     for _ in range(30):
-        drafts.update(greedy.seq, 4, 0, 4)  # the greedy one's drafts all fail
+        drafts.update([greedy.seq], [4], [0], [4])  # the greedy one's drafts all fail
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [4, 4])
     # the seeded one's 4 drafts set the step's width: the other's ride in its padding
     assert kept(drafts, [seeded, greedy], proposal) == [4, 4]
