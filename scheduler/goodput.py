@@ -1,11 +1,11 @@
 """The goodput controller: each step's drafts maximise expected tokens per second.
 
-A step of batch size ``b`` in which the longest sequence verifies ``w`` drafts costs
-``C(w)`` plain steps (measured: :mod:`scheduler.step_costs`; the runner pads every sequence to
-the step's longest, so up to ``w`` every sequence's drafts ride in the same forward) and yields
-``E(w) = sum_i (1 + a_i[1] + a_i[1] a_i[2] + ... )`` tokens over its sequences, each sum taken up
-to that sequence's own drafts (at most ``w``, at most its cap), with the conditional acceptance
-per request and position of :mod:`scheduler.acceptance`. The controller picks the ``w`` with the
+A step of batch size ``b`` in which the longest sequence verifies ``w`` drafts costs ``C(w)``
+plain steps (measured: :mod:`scheduler.step_costs`; the runner pads every sequence to the step's
+longest, so up to ``w`` every sequence's drafts ride in the same forward) and yields ``E(w) =
+sum_i (1 + a_i[1] + a_i[1] a_i[2] + ... )`` tokens over its sequences, each sum taken up to that
+sequence's own drafts (at most ``w``, at most its cap), with the conditional acceptance per
+request and position of :mod:`scheduler.acceptance`. The controller picks the ``w`` with the
 largest goodput ``E(w) / C(w)``; ``w = 0`` (plain decoding: ``b`` tokens for one plain step)
 wins unless drafting beats it by ``MARGIN``.
 
@@ -20,10 +20,11 @@ When drafts are made:
   time for ``k`` drafts in the cost (:meth:`GoodputController.plan`).
 
 Exploration that cannot starve: while drafting does not pay, a *probe* step drafts anyway, at
-most ``max_wait`` steps after the last step that drafted, sooner when a probe is cheap: the wait
-is what keeps the probes' expected overhead at ``PROBE_BUDGET`` of the time (a probe that costs
-10% more than a plain step comes every 5 steps). A probe verifies the full cap of free drafts
-(all positions are measured at once) or one costly draft.
+most ``max_wait`` steps after the last step that drafted (times the probe's cost in plain steps
+when a probe costs more than one: an early-exit draft on a GPU), sooner when a probe is cheap:
+the wait is what keeps the probes' expected overhead at ``PROBE_BUDGET`` of the time (a probe
+that costs 10% more than a plain step comes every 5 steps). A probe verifies the full cap of
+free drafts (all positions are measured at once) or one costly draft.
 
 Costs not measured yet are taken as ``1 + DEFAULT_VERIFY_COST * (w - 1)`` for the forward, and
 ``draft_cost * k`` for a costly proposer: optimistic, so a width is tried, measured and then
@@ -70,9 +71,11 @@ def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0) -> int:
 
 def probe_wait(overhead: float, max_wait: int) -> int:
     """Steps between probes that cost ``overhead`` plain steps more than a plain step each:
-    ``overhead / PROBE_BUDGET``, within ``[MIN_PROBE_WAIT, max_wait]``."""
+    ``overhead / PROBE_BUDGET``, at least ``MIN_PROBE_WAIT`` and at most ``max_wait`` times the
+    probe's cost in whole plain steps (a probe dearer than a plain step waits longer, but never
+    without bound)."""
     wait = math.ceil(max(overhead, 0.0) / PROBE_BUDGET)
-    return max(MIN_PROBE_WAIT, min(wait, max_wait))
+    return max(MIN_PROBE_WAIT, min(wait, max_wait * max(1, math.ceil(overhead))))
 
 
 class GoodputController:

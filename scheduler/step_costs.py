@@ -6,9 +6,11 @@ every sequence to the step's longest). Nothing is fitted: each cell ``(kind, b, 
 last ``SAMPLES`` measured times and answers their median, which shrugs off the odd slow step (a
 garbage collection, a page fault, a proposer's first look at a new prompt); until it holds
 ``TRUSTED`` samples it answers the fastest, so that one slow first sample does not keep a choice
-from being tried again. Kinds: ``"step"``, the whole step less the proposer (schedule,
-forward, verification, appends, rollback: the host work of the speculative path is in it), and
-``"propose"``, the proposer's time for ``w`` requested drafts.
+from being tried again. The first step of every cell is not recorded at all: it pays one-time
+costs that no later step pays (a Triton kernel compiled for a new shape: 40 ms on an H100).
+Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
+rollback: the host work of the speculative path is in it), and ``"propose"``, the proposer's
+time for ``w`` requested drafts.
 
 Batch sizes are grouped by ``batch_bucket`` (the engine passes its runner's CUDA-graph buckets:
 steps of one bucket replay one graph and cost the same; the identity otherwise).
@@ -42,16 +44,18 @@ class StepCostTable:
     def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
         key = (kind, self.batch_bucket(batch_size), width)
         samples = self._samples.get(key)
-        if samples is None:
-            samples = self._samples[key] = deque(maxlen=SAMPLES)
-            if kind == "step" and width == 1:
-                self._plain_batches.append(key[1])
-                self._nearest.clear()
+        if samples is None:  # a cell's first step is a warm-up: not recorded (see above)
+            self._samples[key] = deque(maxlen=SAMPLES)
+            return
+        if not samples and kind == "step" and width == 1:
+            self._plain_batches.append(key[1])
+            self._nearest.clear()
         samples.append(seconds)
         ordered = sorted(samples)
         self._median[key] = ordered[len(ordered) // 2] if len(ordered) >= TRUSTED else ordered[0]
 
     def count(self, kind: str, batch_size: int, width: int) -> int:
+        """Samples the cell holds (its warm-up step not counted)."""
         samples = self._samples.get((kind, self.batch_bucket(batch_size), width))
         return 0 if samples is None else len(samples)
 
