@@ -11,8 +11,9 @@ otherwise, for free. Then for each (batch, alpha, policy):
   policy, the best k's ideal;
 - efficiency = speedup / ideal.
 
-Policies: every fixed k (``--ks``) and the default adaptive policy (``adaptive``, at most the
-largest k). ``--drift``: one engine with the adaptive policy serves requests at alpha = 0, then at
+Policies: every fixed k (``--ks``) and the default goodput controller (printed ``adaptive``: the
+``adaptive_k`` option; at most the largest k). ``--drift``: one engine with the controller serves
+requests at alpha = 0, then at
 alpha = 0.9; its speedup then is compared with a fresh engine's at 0.9.
 
 A random target's greedy output flips between kernel shapes in bf16 (near-tied logits), and the
