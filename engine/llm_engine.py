@@ -50,7 +50,6 @@ class _Verified:
     num_drafted: int
     num_accepted: int  # drafts the sampler accepted (before stop checks)
     num_tokens_before: int  # the sequence's tokens before this step's append
-    num_backed: int | None = None  # drafts the proposer's evidence backed (None: all)
     kept: int = 0  # tokens appended (the stop checks may cut the accepted run)
 
 
@@ -434,8 +433,7 @@ class LLMEngine:
             seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
             first, row = row, row + num_drafted + 1  # this sequence's logits rows
             new_tokens = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
-            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens,
-                               batch.backed[i])
+            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens)
             batch.verified.append(result)
             if j in batch.failed or (out and out[0] == INVALID_TOKEN_ID):
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
@@ -455,14 +453,12 @@ class LLMEngine:
 
     def _update_policy(self, batch: _StepBatch) -> None:
         """The speculation controller learns the step's acceptance, all sequences at once."""
-        seqs = [batch.items[i].seq for i in batch.sampling]
-        done = [(seq, r) for seq, r in zip(seqs, batch.verified, strict=True)
-                if r.num_drafted and seq.finish_reason != "error"]
-        if done:
-            self.spec_policy.update([seq for seq, _ in done],
-                                    [r.num_drafted for _, r in done],
-                                    [r.num_accepted for _, r in done],
-                                    [r.num_backed for _, r in done])
+        done = [(i, r) for i, r in zip(batch.sampling, batch.verified, strict=True)
+                if batch.items[i].seq.finish_reason != "error"]
+        self.spec_policy.update([batch.items[i].seq for i, _ in done],
+                                [r.num_drafted for _, r in done],
+                                [r.num_accepted for _, r in done],
+                                [batch.backed[i] for i, _ in done])
 
     def _rollback(self, batch: _StepBatch) -> None:
         """7. Cut each running sequence's target cache back to its kept context (the newest

@@ -102,10 +102,15 @@ class AcceptanceModel:
         gap = np.maximum(self.clock - stamps - 1, 0)
         return DECAY ** (gap / IDLE_STEPS)
 
+    @staticmethod
+    def _rows(reqs: list[RequestAcceptance]) -> np.ndarray:
+        """``[len(reqs)]`` the requests' rows."""
+        return np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+
     def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None) -> np.ndarray:
         """``[len(reqs), max_k]`` conditional acceptance of each request's draft positions;
         positions past ``backed[i]`` read the pooled unbacked counts (None: all backed)."""
-        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        rows = self._rows(reqs)
         engine = self.engine_accepted[BACKED] / self.engine_tested[BACKED]  # [max_k]
         acc, tested = self.accepted[rows], self.tested[rows]  # [n, 2, max_k]
         est = (acc[:, BACKED] + PRIOR_WEIGHT * engine) / (tested[:, BACKED] + PRIOR_WEIGHT)
@@ -119,14 +124,14 @@ class AcceptanceModel:
 
     def found_rates(self, reqs: list[RequestAcceptance]) -> np.ndarray:
         """``[len(reqs)]`` how often the proposer had drafts it backs for each request."""
-        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        rows = self._rows(reqs)
         engine = self.engine_found / self.engine_asked
         return (self.found[rows] + PRIOR_WEIGHT * engine) / (self.asked[rows] + PRIOR_WEIGHT)
 
     def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs."""
         self.version += 1
-        rows = np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        rows = self._rows(reqs)
         hits = np.asarray(found) > 0  # [n]
         self.found[rows] = DECAY * self.found[rows] + hits
         self.asked[rows] = DECAY * self.asked[rows] + 1.0

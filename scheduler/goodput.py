@@ -158,8 +158,7 @@ class GoodputController:
         widened = 1.0  # the chance that the step verifies drafts at all
         if self.free:  # a sequence gains only when the proposer finds drafts it backs
             found = self.acceptance.found_rates(accs)  # [n]
-            rates = rates.copy()
-            rates[:, 0] *= found
+            rates[:, 0] *= found  # (rates is a fresh array)
             widened = 1.0 - float(np.prod(1.0 - found))
         tokens = expected_by_width(rates, np.asarray(caps))  # [max_k + 1]
         step = self.step_cost(b)
