@@ -152,7 +152,10 @@ class EngineConfig:
     weights included; the KV cache gets what is left of it after the weights and a reserve for
     activations and CUDA graphs.
     ``seed``: seeds the engine's own random generator, used by requests without a seed of their
-    own (torch's global RNG is never touched; None: use it).
+    own (torch's global RNG is never touched; None: use it). Sampled output repeats from run to
+    run for a request with its own ``SamplingParams.seed`` (it keeps its k); from the engine seed
+    alone only with ``adaptive_k`` off, since the controller's k follows measured step times (as
+    in vLLM, where the per-request seed is what makes a sample reproducible).
     ``logprobs_mode`` (vLLM's): what ``logprobs`` hold: ``raw_logprobs`` (the model's, before
     any processing), ``processed_logprobs`` (the sampled distribution), or ``raw_logits`` /
     ``processed_logits`` (see :mod:`engine.logprobs`).

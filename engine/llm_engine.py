@@ -71,7 +71,9 @@ class _StepBatch:
     # (item index, rows) of the prompt-logprob rows planned after the kept ones
     prompt_rows: list[tuple[int, int]] = field(default_factory=list)
     propose_s: float = 0.0
-    first_proposal: bool = False  # a sequence's first (the proposer reads its prompt: slow)
+    first_proposal: bool = False  # a sequence's first, or the first after steps without one
+    # (the proposer reads what it missed: slow)
+    proposed: bool = False  # the proposer was asked for drafts
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
@@ -116,6 +118,7 @@ class LLMEngine:
             batch_bucket=batch_bucket)  # (steps of one graph bucket cost the same)
         self.requests: dict[str, list[Sequence]] = {}
         self._finished_outside_step: list[Sequence] = []
+        self._proposed_last_step = False  # (a proposal after a gap catches up: not timed)
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
@@ -137,7 +140,7 @@ class LLMEngine:
         seqs = [Sequence(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
                          self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
-            seq.acceptance = self.spec_policy.new_tracker()
+            seq.speculation = self.spec_policy.new_tracker(seq)
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -266,7 +269,9 @@ class LLMEngine:
         wanted = [i for i, item in enumerate(batch.items) if item.num_spec_tokens > 0]
         if not wanted or self.proposer is None:
             return
-        batch.first_proposal = any(batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
+        batch.proposed = True
+        batch.first_proposal = not self._proposed_last_step or any(
+            batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
@@ -452,7 +457,10 @@ class LLMEngine:
         return updated
 
     def _update_policy(self, batch: _StepBatch) -> None:
-        """The speculation controller learns the step's acceptance, all sequences at once."""
+        """The speculation controller learns the step's acceptance, all sequences at once (a
+        step without a proposal teaches it nothing)."""
+        if not batch.proposed:
+            return
         done = [(i, r) for i, r in zip(batch.sampling, batch.verified, strict=True)
                 if batch.items[i].seq.finish_reason != "error"]
         self.spec_policy.update([batch.items[i].seq for i, _ in done],
@@ -491,6 +499,7 @@ class LLMEngine:
         (decode steps only, timed like the steps after them: see
         ``ModelRunner.last_step_steady``)."""
         end = time.perf_counter()
+        self._proposed_last_step = batch.proposed
         if (batch.verified_at and self.runner.last_step_steady
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.drafts,

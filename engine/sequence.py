@@ -13,7 +13,7 @@ from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
-from scheduler import RequestAcceptance, SequenceStatus
+from scheduler import RequestSpeculation, SequenceStatus
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -68,7 +68,7 @@ class Sequence:
         self.error: str | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.adjuster = LogitsAdjuster(params, self.prompt_token_ids, eos_token_ids, tokenizer)
-        self.acceptance: RequestAcceptance | None = None  # set by the engine's policy
+        self.speculation: RequestSpeculation | None = None  # set by the engine's policy
 
     # ------------------------------------------------------------------ derived values
     @property

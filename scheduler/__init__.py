@@ -9,7 +9,7 @@ from scheduler.scheduler import (
     SchedulerOutput,
     SequenceStatus,
 )
-from scheduler.spec_policy import SpeculationPolicy
+from scheduler.spec_policy import RequestSpeculation, SpeculationPolicy
 
-__all__ = ["RequestAcceptance", "SchedulableSequence", "ScheduledSequence", "Scheduler",
-           "SchedulerOutput", "SequenceStatus", "SpeculationPolicy", "expected_tokens"]
+__all__ = ["RequestAcceptance", "RequestSpeculation", "SchedulableSequence", "ScheduledSequence",
+           "Scheduler", "SchedulerOutput", "SequenceStatus", "SpeculationPolicy", "expected_tokens"]

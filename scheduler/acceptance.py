@@ -19,10 +19,19 @@ past the proposer's evidence are pooled (one rate for every unbacked draft). A r
 estimate is its own counts plus ``PRIOR_WEIGHT`` tested drafts at the engine's *current* rate: a
 new request starts where the others are, and when a probe finds that drafts pay again, every
 request sees it at once. ``found``: how often the proposer had a draft that its evidence backs
-for the request (an n-gram proposer often has none), tracked the same way.
+for the request (an n-gram proposer often has none), tracked the same way, per proposal.
+
+Layout (host work is what a step of a small model on a GPU spends most of its 4 ms on, so a
+step reads and updates the batch in a few array operations): each request is a row of
+``counts [rows, 2, max_k + 2]`` (``HITS``/``TRIES``; columns ``0..max_k-1``: backed drafts by
+position, ``max_k``: unbacked drafts pooled, ``max_k + 1``: proposals that found backed drafts /
+proposals), the engine's counts are one more such ``[2, max_k + 2]``, and what one request's
+verified step adds is looked up in a table by its (found, drafted, accepted, backed) code.
 """
 
 from __future__ import annotations
+
+from operator import attrgetter
 
 import numpy as np
 
@@ -31,7 +40,9 @@ ENGINE_DECAY = 0.95  # per request step, engine-wide
 PRIOR_WEIGHT = 1.0  # tested drafts' worth of the engine's rate in a request's estimate
 START_ACCEPTANCE = 0.8  # the engine's rate before anything was verified (optimistic: it drafts)
 IDLE_STEPS = 4  # engine steps without an update that age the evidence like one update
-BACKED, UNBACKED = 0, 1  # rows of the counts
+EPSILON = 1e-6  # tested drafts' worth of START_ACCEPTANCE: a rate whose counts all decayed away
+HITS, TRIES = 0, 1  # the two rows of a count: accepted (found) and tested (asked)
+_row = attrgetter("row")
 
 
 def expected_tokens(a: float, k: float) -> float:
@@ -53,36 +64,62 @@ class RequestAcceptance:
 
 
 class AcceptanceModel:
-    """The engine's counts and every live request's, in rows of shared arrays."""
+    """The engine's counts and every live request's, in rows of shared arrays (see the module
+    docstring)."""
 
     def __init__(self, max_k: int, capacity: int = 64) -> None:
-        self.max_k = max(max_k, 1)
-        self.engine_accepted = np.full((2, self.max_k), START_ACCEPTANCE)  # [2, max_k]
-        self.engine_tested = np.ones((2, self.max_k))  # [2, max_k]
-        self.engine_found, self.engine_asked = 1.0, 1.0
+        self.max_k = k = max(max_k, 1)
+        self.engine = np.zeros((2, k + 2))  # [2, max_k + 2]
+        self.engine[HITS, :k + 1], self.engine[HITS, k + 1] = START_ACCEPTANCE, 1.0
+        self.engine[TRIES] = 1.0
         self.clock = 0  # engine steps (tick)
-        self.stamp = 0  # the engine step of the engine counts' last update
+        self.stamp = 0  # the engine step of the engine counts' last update with drafts
         self.version = 0  # bumped by every change of the counts
-        self.accepted = np.zeros((capacity, 2, self.max_k))  # [rows, 2, max_k] per request
-        self.tested = np.zeros((capacity, 2, self.max_k))  # [rows, 2, max_k]
-        self.found = np.zeros(capacity)  # [rows] proposals with drafts it backs (decayed)
-        self.asked = np.zeros(capacity)  # [rows] proposals (decayed)
-        self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last update
+        self.engine_rates = self._engine_rates()  # [max_k + 2] (kept with the counts)
+        self._estimated: tuple[tuple[int, ...], int, np.ndarray] | None = None  # the last
+        # estimates: (rows, version, values)
+        self.counts = np.zeros((capacity, 2, k + 2))  # [rows, 2, max_k + 2]
+        self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last drafts
+        self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
+        # 1 found backed drafts, 0 found none, -1 not asked
         self._free = list(range(capacity - 1, -1, -1))
+        self._tables()
+
+    def _tables(self) -> None:
+        """What a verified step adds, by ``code = ((found + 1) * K1 + d) * K1 + a) * K1 + b``
+        (``K1 = max_k + 1``; ``d`` drafted, ``a <= d`` accepted, ``b <= d`` backed)."""
+        k, k1 = self.max_k, self.max_k + 1
+        self._found_stride = k1 ** 3
+        codes = np.arange(3 * k1 ** 3)
+        found, d, a, b = codes // k1 ** 3 - 1, codes // k1 ** 2 % k1, codes // k1 % k1, codes % k1
+        pos = np.arange(k)[None, :]  # [1, max_k]
+        tested = pos < np.minimum(a + 1, d)[:, None]  # [codes, max_k]
+        hit = pos < a[:, None]  # [codes, max_k]
+        backed = pos < b[:, None]  # [codes, max_k]
+        add = np.zeros((len(codes), 2, k + 2))  # [codes, 2, max_k + 2]
+        add[:, HITS, :k], add[:, TRIES, :k] = hit & backed, tested & backed
+        add[:, HITS, k], add[:, TRIES, k] = (hit & ~backed).sum(1), (tested & ~backed).sum(1)
+        add[:, HITS, k + 1], add[:, TRIES, k + 1] = found == 1, found >= 0
+        self._add = add
+        self._drafted = d > 0  # [codes]
+        self._asked = found >= 0  # [codes]
 
     def tick(self) -> None:
         """One engine step begins."""
         self.clock += 1
 
     def new_request(self) -> RequestAcceptance:
+        return RequestAcceptance(self.new_row())
+
+    def new_row(self) -> int:
+        """A free row, cleared (for a request's :class:`RequestAcceptance`)."""
         if not self._free:
             self._grow()
         row = self._free.pop()
-        self.accepted[row] = 0.0
-        self.tested[row] = 0.0
-        self.found[row] = self.asked[row] = 0.0
+        self.counts[row] = 0.0
+        self.found[row] = -1
         self.stamps[row] = self.clock
-        return RequestAcceptance(row)
+        return row
 
     def release(self, req: RequestAcceptance) -> None:
         """The request finished: its row is free for another."""
@@ -91,79 +128,90 @@ class AcceptanceModel:
             req.row = -1
 
     def _grow(self) -> None:
-        old = len(self.found)
-        for name in ("accepted", "tested", "found", "asked", "stamps"):
-            array = getattr(self, name)
-            setattr(self, name, np.concatenate([array, np.zeros_like(array)]))
+        old = len(self.stamps)
+        self.counts = np.concatenate([self.counts, np.zeros_like(self.counts)])
+        self.stamps = np.concatenate([self.stamps, np.zeros_like(self.stamps)])
+        self.found = np.concatenate([self.found, np.full_like(self.found, -1)])
         self._free.extend(range(2 * old - 1, old - 1, -1))
-
-    def _age(self, stamps: np.ndarray) -> np.ndarray:
-        """The extra decay of evidence last updated at engine steps ``stamps``."""
-        gap = np.maximum(self.clock - stamps - 1, 0)
-        return DECAY ** (gap / IDLE_STEPS)
 
     @staticmethod
     def _rows(reqs: list[RequestAcceptance]) -> np.ndarray:
         """``[len(reqs)]`` the requests' rows."""
-        return np.fromiter((r.row for r in reqs), dtype=np.int64, count=len(reqs))
+        return np.fromiter(map(_row, reqs), dtype=np.int64, count=len(reqs))
 
-    def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None) -> np.ndarray:
+    def _engine_rates(self) -> np.ndarray:
+        """``[max_k + 2]`` the engine's current rates (columns as the counts')."""
+        return ((self.engine[HITS] + EPSILON * START_ACCEPTANCE)
+                / (self.engine[TRIES] + EPSILON))
+
+    def estimates(self, reqs: list[RequestAcceptance]) -> np.ndarray:
+        """``[len(reqs), max_k + 2]`` each request's rates, columns as the counts': its own
+        counts plus ``PRIOR_WEIGHT`` tries at the engine's rate. Read only: the same requests'
+        estimates are reused until the counts change (a step plans, then chooses its width)."""
+        rows = tuple(map(_row, reqs))
+        last = self._estimated
+        if last is not None and last[1] == self.version and last[0] == rows:
+            return last[2]
+        counts = self.counts[np.array(rows, dtype=np.int64)]  # [n, 2, max_k + 2]
+        values = ((counts[:, HITS] + PRIOR_WEIGHT * self.engine_rates)
+                  / (counts[:, TRIES] + PRIOR_WEIGHT))
+        self._estimated = (rows, self.version, values)
+        return values
+
+    def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None,
+              estimates: np.ndarray | None = None) -> np.ndarray:
         """``[len(reqs), max_k]`` conditional acceptance of each request's draft positions;
-        positions past ``backed[i]`` read the pooled unbacked counts (None: all backed)."""
-        rows = self._rows(reqs)
-        engine = self.engine_accepted[BACKED] / self.engine_tested[BACKED]  # [max_k]
-        acc, tested = self.accepted[rows], self.tested[rows]  # [n, 2, max_k]
-        est = (acc[:, BACKED] + PRIOR_WEIGHT * engine) / (tested[:, BACKED] + PRIOR_WEIGHT)
+        positions past ``backed[i]`` read the pooled unbacked rate (None: all backed).
+        ``estimates``: this step's :meth:`estimates` of ``reqs``, if taken already."""
+        est = self.estimates(reqs) if estimates is None else estimates
+        k = self.max_k
         if backed is None:
-            return est  # [n, max_k]
-        pooled = self.engine_accepted[UNBACKED].sum() / self.engine_tested[UNBACKED].sum()
-        guess = (acc[:, UNBACKED].sum(1) + PRIOR_WEIGHT * pooled) / (
-            tested[:, UNBACKED].sum(1) + PRIOR_WEIGHT)  # [n]
-        unbacked = np.arange(self.max_k)[None, :] >= np.asarray(backed)[:, None]  # [n, max_k]
-        return np.where(unbacked, guess[:, None], est)
+            return est[:, :k].copy()
+        unbacked = np.arange(k)[None, :] >= np.asarray(backed)[:, None]  # [n, max_k]
+        return np.where(unbacked, est[:, k:k + 1], est[:, :k])
 
     def found_rates(self, reqs: list[RequestAcceptance]) -> np.ndarray:
         """``[len(reqs)]`` how often the proposer had drafts it backs for each request."""
-        rows = self._rows(reqs)
-        engine = self.engine_found / self.engine_asked
-        return (self.found[rows] + PRIOR_WEIGHT * engine) / (self.asked[rows] + PRIOR_WEIGHT)
+        return self.estimates(reqs)[:, self.max_k + 1]
 
     def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
-        """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs."""
-        self.version += 1
-        rows = self._rows(reqs)
-        hits = np.asarray(found) > 0  # [n]
-        self.found[rows] = DECAY * self.found[rows] + hits
-        self.asked[rows] = DECAY * self.asked[rows] + 1.0
-        decay = ENGINE_DECAY ** len(reqs)
-        self.engine_found = decay * self.engine_found + float(hits.sum())
-        self.engine_asked = decay * self.engine_asked + len(reqs)
+        """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs (counted
+        with the step's :meth:`update`)."""
+        self.found[self._rows(reqs)] = np.asarray(found) > 0
 
     def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
                num_accepted: list[int], num_backed: list[int | None]) -> None:
         """One verified step of each of ``reqs``: drafts ``1..num_accepted`` were accepted and,
         when one was rejected, draft ``num_accepted + 1`` was tested and failed; later ones were
-        not tested. Requests that drafted nothing are left alone."""
-        keep = [i for i, d in enumerate(num_drafted) if d > 0]
-        if not keep:
+        not tested (``num_backed[i]`` None: all backed). The step's proposals
+        (:meth:`record_proposals`) are counted too. A request's acceptance counts decay only at
+        its steps with drafts."""
+        n, k1 = len(reqs), self.max_k + 1
+        rows = self._rows(reqs)
+        codes = np.fromiter(((d * k1 + min(a, d)) * k1 + (d if b is None else min(b, d))
+                             for d, a, b in zip(num_drafted, num_accepted, num_backed,
+                                                strict=True)), dtype=np.int64, count=n)
+        codes += (self.found[rows] + 1) * self._found_stride
+        self.found[rows] = -1
+        drafted, asked = self._drafted[codes], self._asked[codes]  # [n] each
+        num_drafting, num_asked = int(np.count_nonzero(drafted)), int(np.count_nonzero(asked))
+        if not num_drafting and not num_asked:
             return
         self.version += 1
-        rows = np.array([reqs[i].row for i in keep], dtype=np.int64)  # [n]
-        drafted = np.array([num_drafted[i] for i in keep])  # [n]
-        accepted = np.minimum(np.array([num_accepted[i] for i in keep]), drafted)  # [n]
-        backed = np.array([drafted[j] if num_backed[i] is None else num_backed[i]
-                           for j, i in enumerate(keep)])  # [n]
-        pos = np.arange(self.max_k)[None, :]  # [1, max_k]
-        tested = pos < np.minimum(accepted + 1, drafted)[:, None]  # [n, max_k]
-        hit = pos < accepted[:, None]  # [n, max_k]
-        is_backed = pos < backed[:, None]  # [n, max_k]
-        add_tested = np.stack([tested & is_backed, tested & ~is_backed], axis=1)  # [n, 2, max_k]
-        add_hit = np.stack([hit & is_backed, hit & ~is_backed], axis=1)  # [n, 2, max_k]
-        decay = (DECAY * self._age(self.stamps[rows]))[:, None, None]  # [n, 1, 1]
-        self.accepted[rows] = decay * self.accepted[rows] + add_hit
-        self.tested[rows] = decay * self.tested[rows] + add_tested
-        self.stamps[rows] = self.clock
-        engine_decay = ENGINE_DECAY ** len(keep) * float(self._age(np.array(self.stamp)))
-        self.engine_accepted = engine_decay * self.engine_accepted + add_hit.sum(0)
-        self.engine_tested = engine_decay * self.engine_tested + add_tested.sum(0)
-        self.stamp = self.clock
+        stamps = self.stamps[rows]  # [n]
+        age = DECAY ** (np.maximum(self.clock - stamps - 1, 0) / IDLE_STEPS)  # [n]
+        mult = np.empty((n, 1, k1 + 1))  # [n, 1, max_k + 2]
+        mult[:, 0, :k1] = np.where(drafted, DECAY * age, 1.0)[:, None]
+        mult[:, 0, k1] = np.where(asked, DECAY, 1.0)
+        add = self._add[codes]  # [n, 2, max_k + 2]
+        self.counts[rows] = self.counts[rows] * mult + add
+        self.stamps[rows] = np.where(drafted, self.clock, stamps)
+        engine_mult = np.empty(k1 + 1)  # [max_k + 2]
+        engine_mult[:k1] = 1.0
+        if num_drafting:
+            engine_age = DECAY ** (max(self.clock - self.stamp - 1, 0) / IDLE_STEPS)
+            engine_mult[:k1] = ENGINE_DECAY ** num_drafting * engine_age
+            self.stamp = self.clock
+        engine_mult[k1] = ENGINE_DECAY ** num_asked
+        self.engine = self.engine * engine_mult + add.sum(0)
+        self.engine_rates = self._engine_rates()

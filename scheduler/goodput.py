@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from operator import attrgetter
 
 import numpy as np
 
 from scheduler.acceptance import AcceptanceModel, RequestAcceptance
 from scheduler.step_costs import StepCostTable
 
+_row = attrgetter("row")
 DEFAULT_VERIFY_COST = 0.1  # one more scored token per sequence / a plain step, until measured
 MARGIN = 0.02  # drafting must beat plain decoding by this fraction of its goodput
 PROBE_BUDGET = 0.02  # the probes' expected overhead, as a fraction of plain decoding's time
@@ -49,14 +51,19 @@ MIN_PLAIN_SAMPLES = 2  # plain steps measured at a batch size before its costs a
 PLAIN_EVERY = 4  # while a batch size lacks them, at most every this many steps is made plain
 
 
-def expected_by_width(rates: np.ndarray, avail: np.ndarray) -> np.ndarray:
+def expected_by_width(rates: np.ndarray, avail: np.ndarray | list[int]) -> np.ndarray:
     """``E[w]`` for ``w = 0..max_k``: the expected tokens of the step's sequences when each
     verifies ``min(w, avail[i])`` drafts. ``rates [n, max_k]``: conditional acceptance;
     ``avail [n]``: drafts each sequence can verify."""
     n, max_k = rates.shape
     reach = np.cumprod(rates, axis=1)  # [n, max_k] P(drafts 1..j all accepted)
-    reach = reach * (np.arange(max_k)[None, :] < avail[:, None])
-    return n + np.concatenate([[0.0], np.cumsum(reach.sum(axis=0))])  # [max_k + 1]
+    if min(avail, default=max_k) < max_k:
+        reach *= np.arange(max_k)[None, :] < np.asarray(avail)[:, None]
+    tokens = np.empty(max_k + 1)  # [max_k + 1]
+    tokens[0] = 0.0
+    np.cumsum(reach.sum(axis=0), out=tokens[1:])
+    tokens += n
+    return tokens
 
 
 def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0) -> int:
@@ -98,11 +105,22 @@ class GoodputController:
         self.probing = False  # this step is a probe
         self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
+        self._keep_asking = False  # the last free proposal paid with its own cost counted
+        self._step_costs: dict[int, tuple[tuple[int, int], np.ndarray]] = {}  # batch size ->
+        # ((batch size, cost table version), step_cost)
 
     # ---- costs --------------------------------------------------------------------------------
     def step_cost(self, batch_size: int) -> np.ndarray:
         """``[max_k + 2]``: ``C[w]``, a step verifying ``w - 1`` drafts (index ``w`` = tokens per
-        sequence; index 0 unused) over a plain step."""
+        sequence; index 0 unused) over a plain step. Read only (kept until the table changes)."""
+        key = (batch_size, self.costs.version)
+        cached = self._step_costs.get(batch_size)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        cost = self._step_costs[batch_size] = (key, self._measured_step_cost(batch_size))
+        return cost[1]
+
+    def _measured_step_cost(self, batch_size: int) -> np.ndarray:
         cost = np.empty(self.max_k + 2)
         cost[0] = cost[1] = 1.0
         for w in range(2, self.max_k + 2):
@@ -149,24 +167,29 @@ class GoodputController:
             return 0
         if min_width == 0 and self.wants_plain_step(b):
             return 0
+        if self._keep_asking:  # the last proposal paid, its cost counted: ask again
+            self._keep_asking = False
+            return self.max_k
         # Nothing was drafted and nothing learnt since the last step of these sequences: the
         # answer is still no drafts (save the host work; costs are looked at again each probe).
-        key = (tuple(a.row for a in accs), tuple(caps), min_width, self.acceptance.version)
+        key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version)
         if self._idle_key == key:
             return self._idle_or_probe(self._probe_overhead)
-        rates = self.acceptance.rates(accs)  # [n, max_k]
+        estimates = self.acceptance.estimates(accs)  # [n, max_k + 2]
+        rates = self.acceptance.rates(accs, estimates=estimates)  # [n, max_k]
         widened = 1.0  # the chance that the step verifies drafts at all
         if self.free:  # a sequence gains only when the proposer finds drafts it backs
-            found = self.acceptance.found_rates(accs)  # [n]
+            found = estimates[:, self.max_k + 1]  # [n]
             rates[:, 0] *= found  # (rates is a fresh array)
             widened = 1.0 - float(np.prod(1.0 - found))
-        tokens = expected_by_width(rates, np.asarray(caps))  # [max_k + 1]
+        tokens = expected_by_width(rates, caps)  # [max_k + 1]
         step = self.step_cost(b)
         cost = np.ones(self.max_k + 1)
+        free_proposal = self.propose_cost(b, self.max_k, 0.0) if self.free else 0.0
         for w in range(1, self.max_k + 1):
-            k = self.max_k if self.free else w
-            cost[w] = (1.0 + widened * (step[w + 1] - 1.0)
-                       + self.propose_cost(b, k, measured_draft_cost))
+            proposal = free_proposal if self.free else self.propose_cost(b, w,
+                                                                         measured_draft_cost)
+            cost[w] = 1.0 + widened * (step[w + 1] - 1.0) + proposal
         w = best_width(tokens, cost, min_width)
         if w > 0:
             self.idle, self._idle_key = 0, None
@@ -192,9 +215,16 @@ class GoodputController:
         if not accs:
             return min_width
         rates = self.acceptance.rates(accs, backed)  # [n, max_k]
-        tokens = expected_by_width(rates, np.asarray(avail))
+        tokens = expected_by_width(rates, avail)
         cost = self.step_cost(len(accs))[1:]  # [max_k + 1]: the proposal is paid already
+        # (read only)
         w = best_width(tokens, cost, min_width)
+        # Would this step have paid with the proposal's cost too? Then the next step asks the
+        # proposer again without weighing it first (text that pays goes on paying; a step whose
+        # drafts stop paying chooses 0 here, and the next one plans in full).
+        proposal = self.propose_cost(len(accs), self.max_k, 0.0)
+        self._keep_asking = w > 0 and (tokens[w] / (cost[w] + proposal)
+                                       > tokens[0] * (1.0 + MARGIN))
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))
         return w

@@ -24,6 +24,22 @@ from scheduler.acceptance import RequestAcceptance
 from scheduler.goodput import GoodputController
 from scheduler.scheduler import ScheduledSequence
 
+NO_END = 1 << 62  # a request without max_tokens
+
+
+class RequestSpeculation(RequestAcceptance):
+    """One sequence's speculation state: its acceptance row, and what bounds its drafts (kept so
+    that a step's caps cost one subtraction per sequence). ``limit``: the configured k and the
+    request's own cap; ``end``: its last token's index at most (context length, max_tokens);
+    ``cap``: the drafts it may verify at engine step ``step``."""
+
+    __slots__ = ("fixed", "limit", "end", "cap", "step")
+
+    def __init__(self, row: int, fixed: bool, limit: int, end: int) -> None:
+        super().__init__(row)
+        self.fixed, self.limit, self.end = fixed, limit, end
+        self.cap, self.step = 0, -1
+
 
 class SpeculationOptions(Protocol):
     """The knobs of ``engine.config.SpeculativeConfig`` that the policy reads."""
@@ -38,9 +54,9 @@ class SpeculatingSequence(Protocol):
     """What the policy reads of a sequence (``engine.sequence.Sequence``)."""
 
     params: SamplingParams
-    acceptance: RequestAcceptance
+    speculation: RequestSpeculation
     num_tokens: int
-    num_output_tokens: int
+    num_prompt_tokens: int
 
 
 class SpeculationPolicy:
@@ -62,45 +78,65 @@ class SpeculationPolicy:
             spec.verify_cost_per_token if spec else None, spec.draft_cost_ratio if spec else None,
             batch_bucket)
         self._step_k = 0  # drafts asked for this step by the sequences the controller steers
+        self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
 
-    def new_tracker(self) -> RequestAcceptance:
-        return self.controller.acceptance.new_request()
+    def new_tracker(self, seq: SpeculatingSequence) -> RequestSpeculation:
+        """The state of a new sequence (the engine keeps it as ``seq.speculation``)."""
+        params = seq.params
+        limit = self.max_k
+        if params.num_speculative_tokens is not None:
+            limit = min(limit, params.num_speculative_tokens)
+        end = self.max_model_len
+        if params.max_tokens is not None:
+            end = min(end, seq.num_prompt_tokens + params.max_tokens)
+        return RequestSpeculation(self.controller.acceptance.new_row(), self.fixed_k(seq),
+                                  max(limit, 0), end - 1)
 
     @staticmethod
     def fixed_k(seq: SpeculatingSequence) -> bool:
         """A seeded sample keeps its cap (see the module docstring)."""
         return seq.params.seed is not None and not seq.params.greedy
 
-    def cap(self, seq: SpeculatingSequence) -> int:
+    @staticmethod
+    def cap(seq: SpeculatingSequence) -> int:
         """The most drafts ``seq`` may verify this step: the configured k, its request's own
         cap, and the drafts that can still become output (context length and max_tokens)."""
-        room = min(self.max_k, self.max_model_len - seq.num_tokens - 1)
-        if seq.params.num_speculative_tokens is not None:
-            room = min(room, seq.params.num_speculative_tokens)
-        if seq.params.max_tokens is not None:
-            room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return max(room, 0)
+        spec = seq.speculation
+        return max(0, min(spec.limit, spec.end - seq.num_tokens))
 
     def begin_step(self, running: list[SpeculatingSequence]) -> None:
         """Decide this step's drafts for the running sequences (newcomers' prefills draft
         nothing that the decision would change)."""
+        self._step += 1
         if self.max_k == 0 or not running:
             self._step_k = 0
             return
         if not self.adaptive:
             self._step_k = self.max_k
             return
-        steered = [seq for seq in running if not self.fixed_k(seq)]
-        min_width = max((self.cap(seq) for seq in running if self.fixed_k(seq)), default=0)
-        self._step_k = self.controller.plan([seq.acceptance for seq in steered],
-                                            [self.cap(seq) for seq in steered], min_width,
-                                            self.measured_draft_cost())
+        steered: list[RequestSpeculation] = []
+        caps: list[int] = []
+        min_width, step = 0, self._step
+        for seq in running:
+            spec = seq.speculation
+            room = spec.end - seq.num_tokens
+            spec.cap = cap = spec.limit if room >= spec.limit else max(room, 0)
+            spec.step = step
+            if spec.fixed:
+                min_width = max(min_width, cap)
+            else:
+                steered.append(spec)
+                caps.append(cap)
+        self._step_k = self.controller.plan(steered, caps, min_width, self.measured_draft_cost())
 
     def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
         """The drafts ``seq`` asks the proposer for this step."""
-        if self.fixed_k(seq):
-            return self.cap(seq)
-        return min(self._step_k, self.cap(seq)) if self._step_k else 0
+        spec = seq.speculation
+        if spec.step != self._step:  # (admitted this step, or no decision was made)
+            spec.cap, spec.step = self.cap(seq), self._step
+        if spec.fixed:
+            return spec.cap
+        return min(self._step_k, spec.cap) if self._step_k else 0
 
     def kept_drafts(self, items: list[ScheduledSequence], draft_token_ids: list[list[int]],
                     num_backed: list[int] | None, free_kv_tokens: int | None) -> list[int]:
@@ -112,14 +148,14 @@ class SpeculationPolicy:
         got = [min(item.num_spec_tokens, len(d)) for item, d in zip(items, draft_token_ids,
                                                                         strict=True)]
         if self.adaptive and self.free:
-            fixed = [self.fixed_k(item.seq) for item in items]
-            steered = [i for i, f in enumerate(fixed) if not f]
-            min_width = max((g for g, f in zip(got, fixed, strict=True) if f), default=0)
-            backed = None if num_backed is None else [min(num_backed[i], got[i])
-                                                      for i in steered]
-            width = self.controller.choose_width([items[i].seq.acceptance for i in steered],
-                                                 [got[i] for i in steered], backed, min_width)
-            got = [g if f else min(g, width) for g, f in zip(got, fixed, strict=True)]
+            specs = [item.seq.speculation for item in items]
+            min_width = max((g for g, s in zip(got, specs, strict=True) if s.fixed), default=0)
+            steered = [s for s in specs if not s.fixed]
+            avail = [g for g, s in zip(got, specs, strict=True) if not s.fixed]
+            backed = None if num_backed is None else [
+                min(b, g) for b, g, s in zip(num_backed, got, specs, strict=True) if not s.fixed]
+            width = self.controller.choose_width(steered, avail, backed, min_width)
+            got = [g if s.fixed else min(g, width) for g, s in zip(got, specs, strict=True)]
         if free_kv_tokens is not None:
             spare = free_kv_tokens - sum(item.num_context_tokens for item in items)
             for i, g in enumerate(got):
@@ -142,9 +178,9 @@ class SpeculationPolicy:
                num_accepted: list[int], num_backed: list[int | None]) -> None:
         """The step's verified sequences, at once."""
         if self.adaptive:
-            self.controller.acceptance.update([seq.acceptance for seq in seqs], num_drafted,
+            self.controller.acceptance.update([seq.speculation for seq in seqs], num_drafted,
                                               num_accepted, num_backed)
 
     def release(self, seq: SpeculatingSequence) -> None:
         """A sequence left the engine (finished, aborted): its acceptance row is free."""
-        self.controller.acceptance.release(seq.acceptance)
+        self.controller.acceptance.release(seq.speculation)

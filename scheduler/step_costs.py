@@ -40,6 +40,7 @@ class StepCostTable:
         self._median: dict[tuple[str, int, int], float] = {}
         self._plain_batches: list[int] = []  # buckets with a measured plain step
         self._nearest: dict[int, list[int]] = {}  # bucket -> _plain_batches nearest first
+        self.version = 0  # bumped when an answer may change (a median moved, a cell began)
 
     def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
         key = (kind, self.batch_bucket(batch_size), width)
@@ -52,7 +53,10 @@ class StepCostTable:
             self._nearest.clear()
         samples.append(seconds)
         ordered = sorted(samples)
-        self._median[key] = ordered[len(ordered) // 2] if len(ordered) >= TRUSTED else ordered[0]
+        median = ordered[len(ordered) // 2] if len(ordered) >= TRUSTED else ordered[0]
+        if self._median.get(key) != median:
+            self._median[key] = median
+            self.version += 1
 
     def count(self, kind: str, batch_size: int, width: int) -> int:
         """Samples the cell holds (its warm-up step not counted)."""

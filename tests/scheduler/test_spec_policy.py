@@ -16,7 +16,7 @@ def policy(adaptive=True, free=True):
 
 def item(policy, name, k, params=GREEDY):
     seq = Sequence(name, 0, None, [1, 2, 3], params, None, frozenset(), 0.0)
-    seq.acceptance = policy.new_tracker()
+    seq.speculation = policy.new_tracker(seq)
     return ScheduledSequence(seq, 1, True, k)
 
 
@@ -33,7 +33,7 @@ def test_a_request_caps_or_turns_off_its_own_speculation():
     drafts.begin_step([i.seq for i in (off, two, default, near_end)])
     assert [drafts.num_spec_tokens(i.seq) for i in (off, two, default, near_end)] == [0, 2, 4, 2]
     adaptive = policy()
-    off.seq.acceptance = adaptive.new_tracker()
+    off.seq.speculation = adaptive.new_tracker(off.seq)
     adaptive.begin_step([off.seq])
     assert adaptive.num_spec_tokens(off.seq) == 0  # nothing to decide: no drafts, no probes
 

@@ -1,0 +1,229 @@
+"""Where a run's time goes, step by step: each stage of ``LLMEngine.step``, the time between
+steps, and which steps the speculation controller measured.
+
+The controller decides from the steps it times (``SpeculationPolicy.record_step``); time it does
+not see (steps it leaves out, work outside ``step()``) is a loss it cannot weigh. This prints,
+for one warm ``LLM.generate`` per method over the benchmark's prompts: wall time, steps,
+milliseconds per step, the sum of the stages, the time outside ``step()``, and the steps the
+controller recorded (their count, mean time, and by width). On CUDA a stage's time is host time
+until the first synchronisation, which is verification (``.tolist()``).
+
+    python benchmarks/step_times.py --device cuda --kind open --batch-size 32 --methods none,ngram
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.e2e_runs import engine_generate  # noqa: E402
+from benchmarks.e2e_workloads import PROMPT_KINDS, build_model, build_prompts  # noqa: E402
+from engine import LLM  # noqa: E402
+from scheduler.goodput import expected_by_width  # noqa: E402
+
+STAGES = ("_schedule", "_propose", "_forward", "_adjust", "_verify", "_append_and_stop",
+          "_rollback", "_record")
+
+
+class StepClock:
+    """Times ``engine.step`` and its stages by wrapping them on the instance."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.stage_s: dict[str, float] = defaultdict(float)
+        self.steps: list[dict] = []  # per step: start, seconds, recorded width or None
+        self._recorded: tuple[int, float] | None = None
+        for name in STAGES:
+            setattr(engine, name, self._timed(name, getattr(engine, name)))
+        self._stage_record = engine._record
+        engine._record = self._on_stage_record
+        self._info: dict = {}
+        self._cur: dict[str, float] = {}  # this step's stage times
+        self._step = engine.step
+        engine.step = self._timed_step
+        policy = engine.spec_policy
+        self._record_step = policy.record_step
+        policy.record_step = self._on_record
+        # the controller's width choices: predicted token gain and cost against what came
+        self.decisions: list[dict] = []
+        ctl = policy.controller
+        self._choose_width, ctl.choose_width = ctl.choose_width, self._on_choose_width
+        self._update, policy.update = policy.update, self._on_update
+
+    def _timed(self, name, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - start
+                self.stage_s[name] += took
+                self._cur[name.strip("_")] = took
+        return run
+
+    def _on_choose_width(self, accs, avail, backed, min_width):
+        ctl = self.engine.spec_policy.controller
+        probing = ctl.probing
+        width = self._choose_width(accs, avail, backed, min_width)
+        if accs:
+            tokens = expected_by_width(ctl.acceptance.rates(accs, backed), avail)
+            cost = ctl.step_cost(len(accs))[1:]
+            self.decisions.append({"probe": probing, "width": width, "n": len(accs),
+                                   "predicted": float(tokens[width] / tokens[0]),
+                                   "cost": float(cost[width])})
+        return width
+
+    def _on_update(self, seqs, num_drafted, num_accepted, num_backed):
+        last = self.decisions[-1] if self.decisions else None
+        if last is not None and "real" not in last and any(num_drafted):
+            kept = sum(min(a, d) for a, d in zip(num_accepted, num_drafted, strict=True))
+            last["real"] = (len(seqs) + kept) / max(len(seqs), 1)
+        return self._update(seqs, num_drafted, num_accepted, num_backed)
+
+    def _on_record(self, items, drafts, step_s, propose_s):
+        self._recorded = (1 + max(map(len, drafts)), step_s)
+        return self._record_step(items, drafts, step_s, propose_s)
+
+    def _on_stage_record(self, batch, start):
+        """What decides whether the controller records the step (``LLMEngine._record``)."""
+        graphs = self.engine.runner.graphs
+        self._info = {
+            "items": len(batch.items), "width": 1 + max(map(len, batch.drafts), default=0),
+            "verified": bool(batch.verified_at), "steady": self.engine.runner.last_step_steady,
+            "decode_only": all(i.samples and i.num_context_tokens == 1 for i in batch.items),
+            "propose_ms": 1e3 * batch.propose_s, "first_proposal": batch.first_proposal,
+            "graphs": 0 if graphs is None else graphs.num_graphs}
+        return self._stage_record(batch, start)
+
+    def _timed_step(self):
+        self._recorded, self._info, self._cur = None, {}, {}
+        start = time.perf_counter()
+        out = self._step()
+        self.steps.append({"start": start, "s": time.perf_counter() - start,
+                           "recorded": self._recorded, "stages": self._cur, **self._info})
+        return out
+
+    def reset(self) -> None:
+        self.stage_s.clear()
+        self.steps.clear()
+        self.decisions.clear()
+
+
+def decision_summary(decisions: list[dict]) -> dict:
+    """Per kind of width choice (a probe, a step that chose drafts, one that chose none): how
+    many, and the mean predicted token gain, realised gain and relative cost."""
+    out = {}
+    for name, picked in (("probe", [d for d in decisions if d["probe"]]),
+                         ("drafted", [d for d in decisions if not d["probe"] and d["width"]]),
+                         ("declined", [d for d in decisions
+                                       if not d["probe"] and not d["width"]])):
+        real = [d["real"] for d in picked if "real" in d]
+        out[name] = {"n": len(picked),
+                     "predicted": round(float(sum(d["predicted"] for d in picked))
+                                        / max(len(picked), 1), 3),
+                     "real": round(sum(real) / max(len(real), 1), 3),
+                     "cost": round(sum(d["cost"] for d in picked) / max(len(picked), 1), 3)}
+    return out
+
+
+def summary(clock: StepClock, wall: float) -> dict:
+    steps = clock.steps
+    inside = sum(s["s"] for s in steps)
+    recorded = [s for s in steps if s["recorded"] is not None]
+    by_width: dict[int, list[float]] = defaultdict(list)
+    stages_by_width: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for s in recorded:
+        by_width[s["recorded"][0]].append(s["recorded"][1])
+        for name, took in s["stages"].items():
+            stages_by_width[s["recorded"][0]][name] += took
+    left_out = [s["s"] for s in steps if s["recorded"] is None]
+    return {
+        "wall_s": wall, "steps": len(steps), "ms_per_step": 1e3 * wall / max(len(steps), 1),
+        "inside_step_s": inside, "outside_step_s": wall - inside,
+        "stages_ms_per_step": {k.strip("_"): 1e3 * v / max(len(steps), 1)
+                               for k, v in clock.stage_s.items()},
+        "recorded_steps": len(recorded),
+        "recorded_ms_mean": 1e3 * sum(s["s"] for s in recorded) / max(len(recorded), 1),
+        "left_out_steps": len(left_out), "left_out_s": sum(left_out),
+        "left_out_ms_max": 1e3 * max(left_out, default=0.0),
+        "recorded_by_width": {w: {"n": len(v), "ms_median": 1e3 * sorted(v)[len(v) // 2],
+                                  "stages_ms_mean": {k: round(1e3 * t / len(v), 3) for k, t
+                                                     in stages_by_width[w].items()}}
+                              for w, v in sorted(by_width.items())},
+        "decisions": decision_summary(clock.decisions),
+        "left_out": [{**{k: v for k, v in s.items() if k not in ("start", "recorded",
+                                                                 "stages")},
+                      "index": i, "ms": 1e3 * s["s"]}
+                     for i, s in enumerate(steps) if s["recorded"] is None],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--methods", default="none,ngram",
+                   help="comma-separated: none, ngram, ngram-fixed (no controller), early_exit")
+    p.add_argument("-k", type=int, default=4)
+    p.add_argument("--kind", default="open", choices=PROMPT_KINDS)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--warmups", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per method, alternating")
+    p.add_argument("--json", default=None, help="write the summaries here")
+    args = p.parse_args(argv)
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    model, tokenizer = build_model(args.model, args.device, dtype)
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    prompts = build_prompts(args.kind, args.batch_size, args.model, tokenizer, vocab_size)
+    max_model_len = max(map(len, prompts)) + args.max_tokens + args.k + 8
+    engines = {}
+    for method in args.methods.split(","):
+        name, _, fixed = method.partition("-")  # "ngram-fixed": every step verifies k drafts
+        spec = None if name == "none" else {"method": name, "num_speculative_tokens": args.k,
+                                            "adaptive_k": fixed != "fixed"}
+        llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=dtype,
+                  speculative_config=spec, max_num_seqs=args.batch_size,
+                  max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len)
+        for _ in range(args.warmups):
+            engine_generate(llm, prompts, args.max_tokens)
+        engines[method] = (llm, StepClock(llm.engine))
+    results: dict[str, list[dict]] = defaultdict(list)
+    for _ in range(args.repeats):
+        for method, (llm, clock) in engines.items():
+            clock.reset()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine_generate(llm, prompts, args.max_tokens)
+            results[method].append(summary(clock, time.perf_counter() - start))
+    print(f"{args.model} {args.device} {dtype}, {args.kind} prompts, batch {args.batch_size}, "
+          f"{args.max_tokens} tokens, k {args.k}")
+    for method, runs in results.items():
+        for r in runs:
+            stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages_ms_per_step"].items())
+            print(f"{method:>10}: wall {r['wall_s'] * 1e3:.1f} ms, {r['steps']} steps, "
+                  f"{r['ms_per_step']:.2f} ms/step; outside step {r['outside_step_s'] * 1e3:.1f}"
+                  f" ms; recorded {r['recorded_steps']} (mean {r['recorded_ms_mean']:.2f} ms), "
+                  f"left out {r['left_out_steps']} ({r['left_out_s'] * 1e3:.1f} ms, max "
+                  f"{r['left_out_ms_max']:.1f})")
+            print(f"{'':>12}stages ms/step: {stages}")
+            print(f"{'':>12}by width: {r['recorded_by_width']}")
+            print(f"{'':>12}decisions: {r['decisions']}")
+            for lo in r["left_out"]:
+                print(f"{'':>12}left out: {lo}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
