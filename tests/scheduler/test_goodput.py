@@ -62,6 +62,28 @@ def test_chooses_no_drafts_when_they_lose_and_the_best_k_when_they_pay():
     assert dear.choose_width(accs, [4] * 8, None, 0) == 0
 
 
+def test_no_drafts_when_only_a_minority_of_the_sequences_gains():
+    """Two of eight sequences loop (every draft passes), six find nothing: the step's total
+    would pay (16 tokens for 1.2 plain steps), yet six of eight sequences would get slower."""
+    ctl = table(0.05)
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    looping, stuck = accs[:2], accs[2:]
+    for _ in range(20):
+        ctl.acceptance.tick()
+        ctl.acceptance.update(looping, [4, 4], [4, 4], [4, 4])
+        ctl.acceptance.update(stuck, [4] * 6, [0] * 6, [4] * 6)
+    assert ctl.choose_width(accs, [4] * 8, [4] * 8, 0) == 0
+    # a seeded sample verifies 2 drafts anyway: the step is paid, the best wider width wins
+    assert ctl.choose_width(accs, [4] * 8, [4] * 8, 2) == 4
+    more = accs[:5] + [ctl.acceptance.new_request() for _ in range(3)]
+    for _ in range(20):  # five of eight loop now
+        ctl.acceptance.tick()
+        ctl.acceptance.update(more[2:5], [4] * 3, [4] * 3, [4] * 3)
+        ctl.acceptance.update(looping, [4, 4], [4, 4], [4, 4])
+        ctl.acceptance.update(more[5:], [4] * 3, [0] * 3, [4] * 3)
+    assert ctl.choose_width(more, [4] * 8, [4] * 8, 0) == 4
+
+
 def test_the_width_follows_per_position_acceptance_and_the_cost_table():
     ctl = table(0.3)
     accs = [ctl.acceptance.new_request() for _ in range(8)]
