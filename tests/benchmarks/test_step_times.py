@@ -1,0 +1,36 @@
+"""Smoke tests of ``benchmarks/step_times.py`` and ``benchmarks/policy_cost.py``: they run on a
+tiny model (or none), and what they count adds up."""
+
+import json
+
+from benchmarks.policy_cost import policy_step_seconds
+from benchmarks.step_times import main
+from tests.engine.cli.cli_helpers import save_tiny_model
+
+
+def test_step_times_accounts_for_every_step(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "steps.json"
+    main(["--model", str(model_dir), "--device", "cpu", "--kind", "copy", "--batch-size", "2",
+          "--max-tokens", "8", "--warmups", "1", "--repeats", "1",
+          "--methods", "none,ngram,ngram-fixed", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"none", "ngram", "ngram-fixed"}
+    for method, (run,) in results.items():
+        assert run["steps"] > 0
+        assert run["recorded_steps"] + run["left_out_steps"] == run["steps"]
+        assert len(run["left_out"]) == run["left_out_steps"]
+        assert set(run["stages_ms_per_step"]) == {"schedule", "propose", "forward", "adjust",
+                                                  "verify", "append_and_stop", "rollback",
+                                                  "record"}
+        if method == "none":  # no proposer: no width choices and one token per step
+            assert all(d["n"] == 0 for d in run["decisions"].values())
+            assert run["steps"] == 8 and set(run["recorded_by_width"]) == {"1"}
+    # every fixed-k step after the prefill verifies drafts when the proposer has any
+    assert max(map(int, results["ngram-fixed"][0]["recorded_by_width"])) > 1
+
+
+def test_policy_cost_times_steps_that_draft():
+    seconds, drafted = policy_step_seconds(4, 4, number=5)
+    assert seconds > 0
+    assert drafted == 200  # measured costs where drafts pay: every warm-up step drafted
