@@ -454,7 +454,26 @@ class LLMEngine:
                 self._release(seq)
             updated.append(seq)
         self._update_policy(batch)
+        self._hand_features(batch)
         return updated
+
+    def _hand_features(self, batch: _StepBatch) -> None:
+        """A proposer that drafts from the target's features (a draft head) gets each running
+        sequence's final hidden state at its last verified position: the row whose logits gave
+        its newest token."""
+        if not getattr(self.proposer, "needs_features", False):
+            return
+        ids, rows, row = [], [], 0
+        for i, result in zip(batch.sampling, batch.verified, strict=True):
+            seq = batch.items[i].seq
+            if not seq.is_finished:
+                ids.append(seq.seq_id)
+                rows.append(row + min(result.num_accepted, result.num_drafted))
+            row += result.num_drafted + 1
+        hidden = self.runner.last_hidden  # [num_kept_rows (+ prompt rows), hidden_size]
+        if ids and hidden is not None:
+            index = torch.tensor(rows, device=hidden.device)
+            self.proposer.on_features(ids, hidden.index_select(0, index))
 
     def _update_policy(self, batch: _StepBatch) -> None:
         """The speculation controller learns the step's acceptance, all sequences at once (a

@@ -1,10 +1,16 @@
-"""Proposers: guess the next tokens of each request (n-gram lookup, draft model, early exit).
+"""Proposers: guess the next tokens of each request (n-gram lookup, draft model, early exit, a
+trained draft head on the target's features).
 
 ``get_proposer(method, config, ctx)`` builds one by name and ``register_proposer(name)`` adds
 one (:mod:`proposers.registry`); see :mod:`proposers.base` for the interface the engine calls.
 """
 
-from proposers import draft_model, early_exit, ngram  # noqa: F401 (they register themselves)
+from proposers import (  # noqa: F401 (they register themselves)
+    draft_head,
+    draft_model,
+    early_exit,
+    ngram,
+)
 from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.registry import (
     available_proposers,

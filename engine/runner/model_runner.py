@@ -140,6 +140,8 @@ class ModelRunner:
         # the last forward timed like the steps after it (not a graph bucket's eager first step
         # or its capture): what the speculation controller's step costs may record
         self.last_step_steady = True
+        # [num_logits, hidden_size] the last forward's final hidden states of its scored rows
+        self.last_hidden: torch.Tensor | None = None
         if not isinstance(cuda_graph_max_new, int) or cuda_graph_max_new < 0:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
         if cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device:
@@ -242,6 +244,7 @@ class ModelRunner:
                                   uniform, run)
         # (device_map="auto" may leave the last layer on another device than the embeddings)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
+        self.last_hidden = hidden  # (a draft head reads the target's features: no copy)
         return self._lm_head(hidden).float()
 
     def _hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
