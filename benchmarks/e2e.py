@@ -34,7 +34,7 @@ from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  
 from engine import LLM  # noqa: E402
 
 # "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
-METHODS = ("ngram", "early_exit", "draft_model", "eager")
+METHODS = ("ngram", "early_exit", "eagle", "draft_model", "eager")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma list of " + ",".join(METHODS))
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, dest="k")
     p.add_argument("--num-early-exit-layers", type=int, default=None)
+    p.add_argument("--eagle-head", default=None,
+                   help="draft head directory for method eagle (default: the shipped head)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
     p.add_argument("--kinds", default="copy,open")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
@@ -97,6 +99,8 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
         spec["num_early_exit_layers"] = args.num_early_exit_layers
     if method == "draft_model":
         spec["model"] = args.draft_model
+    if method == "eagle" and args.eagle_head:
+        spec["model"] = args.eagle_head
     return spec
 
 

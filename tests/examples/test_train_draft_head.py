@@ -1,0 +1,36 @@
+"""``examples/train_draft_head.py`` on a tiny model: it trains, saves a head the ``eagle``
+proposer loads, and the engine's greedy output with that head is Hugging Face's."""
+
+from examples.draft_head_prompts import TASKS, TOPICS, draft_head_prompts
+from examples.train_draft_head import main
+from proposers.draft_head import DraftHead
+from tests.engine.cli.cli_helpers import save_tiny_model
+
+
+def test_held_out_prompts_are_about_topics_no_training_prompt_has():
+    train, held = draft_head_prompts(200, held_out_fraction=0.1)
+    assert len(train) == 180 and len(held) == 20
+    held_topics = {t for t in TOPICS if any(task.format(t=t) in held for task in TASKS)}
+    assert held_topics and not any(task.format(t=t) in train
+                                   for t in held_topics for task in TASKS)
+
+
+def test_training_saves_a_head_that_the_engine_drafts_with(tmp_path):
+    from engine import LLM, SamplingParams
+    from tests.engine.llm_helpers import hf_greedy
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    card = main(["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
+                 "--epochs", "2", "--batch-windows", "128", "--out", str(tmp_path / "head")])
+    assert [h["epoch"] for h in card["history"]] == [1, 2]
+    assert all(0.0 <= h["first_draft"] <= 1.0 and h["positions"] > 0 for h in card["history"])
+    head = DraftHead.load(tmp_path / "head")
+    llm = LLM(model=str(model_dir), speculative_config={
+        "method": "eagle", "model": str(tmp_path / "head"), "num_speculative_tokens": 3,
+        "adaptive_k": False})
+    assert llm.engine.proposer.head.hidden_size == head.hidden_size
+    prompt = [3, 9, 27, 5]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(llm.engine.model, prompt, 12)
+    assert llm.get_metrics().num_drafted > 0
