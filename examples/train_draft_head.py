@@ -136,7 +136,7 @@ def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Te
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="default: the embedded default model")
+    p.add_argument("--model", default="smollm2-135m", help="default: the embedded default model")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--num-prompts", type=int, default=960)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{[round(x, 3) for x in acc['per_position']]}, mean accepted "
               f"{acc['mean_accepted']:.2f} of {DRAFTS} ({acc['positions']} positions)")
     elapsed = time.perf_counter() - started
-    card = {"target": args.model or "embedded default (SmolLM2-135M-Instruct)",
+    card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
             "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py), answered by "
                     f"the target greedily and at temperature 0.8, up to {args.max_tokens} "

@@ -33,7 +33,8 @@ def hf_reference(default_model):
 @pytest.mark.parametrize("spec", [
     {"method": "ngram", "num_speculative_tokens": 4},
     {"method": "early_exit", "num_speculative_tokens": 3, "draft_sample_method": "greedy"},
-], ids=["ngram", "early_exit"])
+    {"method": "eagle", "num_speculative_tokens": 3, "adaptive_k": False},  # the shipped head
+], ids=["ngram", "early_exit", "eagle"])
 def test_greedy_speculation_is_hf_greedy(default_model, hf_reference, spec):
     model, tokenizer = default_model
     llm = LLM(model=model, tokenizer=tokenizer, speculative_config=spec, **SMALL)

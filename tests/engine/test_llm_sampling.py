@@ -71,10 +71,11 @@ def exact_joint(model, p: SamplingParams) -> torch.Tensor:
 
 
 def sampled_joint(llm: LLM, p: SamplingParams) -> torch.Tensor:
+    """Counts of the first two tokens of every sample (of ``p.max_tokens``)."""
     out = llm.generate([PROMPT], p, use_tqdm=False)[0]
     counts = torch.zeros(VOCAB, VOCAB)
     for sample in out.outputs:
-        assert len(sample.token_ids) == 2
+        assert len(sample.token_ids) == p.max_tokens
         counts[sample.token_ids[0], sample.token_ids[1]] += 1
     return counts
 
@@ -89,14 +90,32 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, target):
+    """A random draft head for the target (method eagle): its drafts are right by chance."""
+    from proposers.draft_head import DraftHead
+
+    torch.manual_seed(5)
+    head = DraftHead(target.config.hidden_size, 2 * target.config.hidden_size)
+    directory = tmp_path_factory.mktemp("head")
+    head.save(directory)
+    return directory
+
+
 @pytest.mark.parametrize("method, case", [("ngram", case) for case in CASES] + [
-    ("draft_model", "top_k_top_p"), ("draft_model", "penalties")])
-def test_sampled_tokens_follow_the_target(target, method, case):
+    ("draft_model", "top_k_top_p"), ("draft_model", "penalties"),
+    ("eagle", "top_k_top_p"), ("eagle", "penalties")])
+def test_sampled_tokens_follow_the_target(target, head_dir, method, case):
     kwargs = dict(ignore_eos=True) | CASES[case]
-    params = SamplingParams(n=NUM_SAMPLES, seed=1234, max_tokens=2, **kwargs)
+    # (a draft head's first drafts come at the second token, from the prompt's feature: a third
+    # token gives them a draft to verify at the second position)
+    params = SamplingParams(n=NUM_SAMPLES, seed=1234, max_tokens=3 if method == "eagle" else 2,
+                            **kwargs)
     spec = {"method": method, "num_speculative_tokens": 3, "adaptive_k": False}
     if method == "draft_model":
         spec.update(model=noisy_copy(target, 0.5, seed=2), tokenizer=tiny_tokenizer(VOCAB))
+    if method == "eagle":
+        spec.update(model=str(head_dir))
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
               max_num_seqs=256)
     counts = sampled_joint(llm, params)
