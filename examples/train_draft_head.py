@@ -55,6 +55,25 @@ def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
                                                                    strict=True)]
 
 
+def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
+    """The target's own rewordings of ``prompts``: one new request per prompt, in its words
+    (more varied phrasing than the templates; empty answers are dropped)."""
+    asks = [f"Write one different request that a user could send to an AI assistant on the "
+            f"same subject as this one, and nothing else: {p}" for p in prompts]
+    tokenizer = llm.get_tokenizer()
+    seqs = generate(llm, asks, 48, 0.9, seed + 1)
+    lens = [len(ids) for _, ids in llm.chat_inputs([[{"role": "user", "content": a}]
+                                                    for a in asks])] \
+        if getattr(tokenizer, "chat_template", None) else \
+        [len(tokenizer(a)["input_ids"]) for a in asks]
+    out = []
+    for seq, n in zip(seqs, lens, strict=True):
+        text = tokenizer.decode(seq[n:], skip_special_tokens=True).strip().split("\n")[0]
+        if len(text) > 10:
+            out.append(text.strip('"'))
+    return out
+
+
 @torch.inference_mode()
 def features_of(model: torch.nn.Module, sequences: list[list[int]], device: torch.device,
                 batch_size: int = 16) -> list[torch.Tensor]:
@@ -148,6 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--unroll", type=int, default=3)
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--self-instruct", action="store_true",
+                   help="also train on the target's own rewordings of the training prompts")
     p.add_argument("--out", default=None, help="save the head here")
     args = p.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -158,6 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
     device = next(model.parameters()).device
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
     train_prompts, held_prompts = draft_head_prompts(args.num_prompts, seed=args.seed)
+    if args.self_instruct:
+        train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed)
     train_seqs = (generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)
                   + generate(llm, train_prompts, args.max_tokens, 0.8, args.seed))
     held_seqs = generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)
@@ -206,7 +229,9 @@ def main(argv: list[str] | None = None) -> dict:
     elapsed = time.perf_counter() - started
     card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
-            "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py), answered by "
+            "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py"
+                    f"{', and the target rewording each' if args.self_instruct else ''}), "
+                    f"answered by "
                     f"the target greedily and at temperature 0.8, up to {args.max_tokens} "
                     f"tokens; held out: {len(held_prompts)} prompts on unseen topics",
             "seconds": round(elapsed, 1), "device": str(device), "history": history}
