@@ -50,6 +50,7 @@ class _Verified:
     num_drafted: int
     num_accepted: int  # drafts the sampler accepted (before stop checks)
     num_tokens_before: int  # the sequence's tokens before this step's append
+    first_row: int  # its first row among the step's kept logits rows
     kept: int = 0  # tokens appended (the stop checks may cut the accepted run)
 
 
@@ -438,7 +439,7 @@ class LLMEngine:
             seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
             first, row = row, row + num_drafted + 1  # this sequence's logits rows
             new_tokens = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
-            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens)
+            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens, first)
             batch.verified.append(result)
             if j in batch.failed or (out and out[0] == INVALID_TOKEN_ID):
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
@@ -461,15 +462,14 @@ class LLMEngine:
         """A proposer that drafts from the target's features (a draft head) gets each running
         sequence's final hidden state at its last verified position: the row whose logits gave
         its newest token."""
-        if not getattr(self.proposer, "needs_features", False):
+        if self.proposer is None or not self.proposer.needs_features:
             return
-        ids, rows, row = [], [], 0
+        ids, rows = [], []
         for i, result in zip(batch.sampling, batch.verified, strict=True):
             seq = batch.items[i].seq
             if not seq.is_finished:
                 ids.append(seq.seq_id)
-                rows.append(row + min(result.num_accepted, result.num_drafted))
-            row += result.num_drafted + 1
+                rows.append(result.first_row + min(result.num_accepted, result.num_drafted))
         hidden = self.runner.last_hidden  # [num_kept_rows (+ prompt rows), hidden_size]
         if ids and hidden is not None:
             index = torch.tensor(rows, device=hidden.device)

@@ -40,9 +40,9 @@ DRAFTS = 4  # drafts chained in the held-out acceptance
 
 
 def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
-             seed: int) -> list[list[int]]:
-    """Token ids of prompt + the target's answer, for every prompt (chat template when the
-    tokenizer has one)."""
+             seed: int) -> tuple[list[list[int]], list[int]]:
+    """Token ids of prompt + the target's answer for every prompt (chat template when the
+    tokenizer has one), and each prompt's length in tokens."""
     tokenizer = llm.get_tokenizer()
     if getattr(tokenizer, "chat_template", None):
         inputs = llm.chat_inputs([[{"role": "user", "content": p}] for p in prompts])
@@ -51,8 +51,9 @@ def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
         prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
     outputs = llm.generate(prompt_ids, params, use_tqdm=False)
-    return [ids + list(o.outputs[0].token_ids) for ids, o in zip(prompt_ids, outputs,
-                                                                   strict=True)]
+    return ([ids + list(o.outputs[0].token_ids) for ids, o in zip(prompt_ids, outputs,
+                                                                    strict=True)],
+            [len(ids) for ids in prompt_ids])
 
 
 def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
@@ -61,11 +62,7 @@ def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
     asks = [f"Write one different request that a user could send to an AI assistant on the "
             f"same subject as this one, and nothing else: {p}" for p in prompts]
     tokenizer = llm.get_tokenizer()
-    seqs = generate(llm, asks, 48, 0.9, seed + 1)
-    lens = [len(ids) for _, ids in llm.chat_inputs([[{"role": "user", "content": a}]
-                                                    for a in asks])] \
-        if getattr(tokenizer, "chat_template", None) else \
-        [len(tokenizer(a)["input_ids"]) for a in asks]
+    seqs, lens = generate(llm, asks, 48, 0.9, seed + 1)
     out = []
     for seq, n in zip(seqs, lens, strict=True):
         text = tokenizer.decode(seq[n:], skip_special_tokens=True).strip().split("\n")[0]
@@ -181,13 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
     train_prompts, held_prompts = draft_head_prompts(args.num_prompts, seed=args.seed)
     if args.self_instruct:
         train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed)
-    train_seqs = (generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)
-                  + generate(llm, train_prompts, args.max_tokens, 0.8, args.seed))
-    held_seqs = generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)
-    held_starts = [len(ids) for _, ids in llm.chat_inputs(
-        [[{"role": "user", "content": q}] for q in held_prompts])] \
-        if getattr(llm.get_tokenizer(), "chat_template", None) else \
-        [len(llm.get_tokenizer()(q)["input_ids"]) for q in held_prompts]
+    train_seqs = (generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)[0]
+                  + generate(llm, train_prompts, args.max_tokens, 0.8, args.seed)[0])
+    held_seqs, held_starts = generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)
     data_s = time.perf_counter() - started
     train_feats = features_of(model, train_seqs, device)
     held_feats = features_of(model, held_seqs, device)

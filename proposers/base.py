@@ -84,6 +84,9 @@ class Proposer(ABC):
     """
 
     drafts_are_free: bool = False
+    # ``needs_features``: the proposer drafts from the target's final hidden states, which the
+    # engine hands it after each verification (:meth:`on_features`)
+    needs_features: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -97,6 +100,11 @@ class Proposer(ABC):
 
     def remove(self, req_id: str | int) -> None:  # noqa: B027
         """The request finished or was preempted: forget its state."""
+
+    def on_features(self, req_ids: Sequence[str | int],  # noqa: B027
+                    features: torch.Tensor) -> None:
+        """``features [len(req_ids), hidden_size]``: each running request's target feature at
+        its last verified position (called only when ``needs_features``)."""
 
 
 class DraftRunner(Protocol):

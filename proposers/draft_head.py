@@ -98,8 +98,8 @@ class DraftHeadProposer(Proposer):
         self._features: dict[str | int, torch.Tensor] = {}  # req id -> [hidden_size]
 
     def on_features(self, req_ids: Sequence[str | int], features: torch.Tensor) -> None:
-        """``features [len(req_ids), hidden_size]``: each request's feature at its last verified
-        position (the one whose logits gave its newest token)."""
+        """Keep each request's feature at its last verified position (the one whose logits gave
+        its newest token)."""
         for i, req_id in enumerate(req_ids):
             self._features[req_id] = features[i]
 

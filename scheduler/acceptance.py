@@ -170,10 +170,6 @@ class AcceptanceModel:
         unbacked = np.arange(k)[None, :] >= np.asarray(backed)[:, None]  # [n, max_k]
         return np.where(unbacked, est[:, k:k + 1], est[:, :k])
 
-    def found_rates(self, reqs: list[RequestAcceptance]) -> np.ndarray:
-        """``[len(reqs)]`` how often the proposer had drafts it backs for each request."""
-        return self.estimates(reqs)[:, self.max_k + 1]
-
     def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs (counted
         with the step's :meth:`update`)."""

@@ -134,19 +134,19 @@ class GoodputController:
         self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
         self._keep_asking = False  # the last free proposal paid with its own cost counted
-        self._step_costs: dict[int, tuple[tuple[int, int], np.ndarray]] = {}  # batch size ->
-        # ((batch size, cost table version), step_cost)
+        self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
+        # (cost table version, step_cost)
 
     # ---- costs --------------------------------------------------------------------------------
     def step_cost(self, batch_size: int) -> np.ndarray:
         """``[max_k + 2]``: ``C[w]``, a step verifying ``w - 1`` drafts (index ``w`` = tokens per
         sequence; index 0 unused) over a plain step. Read only (kept until the table changes)."""
-        key = (batch_size, self.costs.version)
+        version = self.costs.version
         cached = self._step_costs.get(batch_size)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        cost = self._step_costs[batch_size] = (key, self._measured_step_cost(batch_size))
-        return cost[1]
+        if cached is None or cached[0] != version:
+            cached = self._step_costs[batch_size] = (version,
+                                                     self._measured_step_cost(batch_size))
+        return cached[1]
 
     def _measured_step_cost(self, batch_size: int) -> np.ndarray:
         cost = np.empty(self.max_k + 2)

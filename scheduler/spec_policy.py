@@ -119,8 +119,7 @@ class SpeculationPolicy:
         min_width, step = 0, self._step
         for seq in running:
             spec = seq.speculation
-            room = spec.end - seq.num_tokens
-            spec.cap = cap = spec.limit if room >= spec.limit else max(room, 0)
+            spec.cap = cap = self.cap(seq)
             spec.step = step
             if spec.fixed:
                 min_width = max(min_width, cap)
