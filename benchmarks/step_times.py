@@ -9,6 +9,13 @@ controller recorded (their count, mean time, and by width). On CUDA a stage's ti
 until the first synchronisation, which is verification (``.tolist()``).
 
     python benchmarks/step_times.py --device cuda --kind open --batch-size 32 --methods none,ngram
+
+``oracle`` / ``oracle-fixed``: the oracle proposer of ``benchmarks/efficiency.py`` (the target's
+own greedy continuation, each draft right with probability ``--alpha``; a random target made
+decisive), to see the controller's choices where the acceptance is known:
+
+    python benchmarks/step_times.py --device cuda --model random-llama-1b --methods \
+        none,oracle,oracle-fixed --alpha 0.5
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.e2e_runs import engine_generate  # noqa: E402
-from benchmarks.e2e_workloads import PROMPT_KINDS, build_model, build_prompts  # noqa: E402
+from benchmarks.e2e_workloads import (  # noqa: E402
+    PROMPT_KINDS,
+    RANDOM_LLAMAS,
+    build_model,
+    build_prompts,
+)
+from benchmarks.efficiency import STATE, decisive  # noqa: E402  (registers "oracle_bench")
 from engine import LLM  # noqa: E402
 from scheduler.goodput import expected_by_width  # noqa: E402
 
@@ -171,7 +184,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--methods", default="none,ngram",
-                   help="comma-separated: none, ngram, ngram-fixed (no controller), early_exit")
+                   help="comma-separated: none, ngram, ngram-fixed (no controller), "
+                        "early_exit, eagle, oracle, oracle-fixed")
+    p.add_argument("--alpha", type=float, default=0.9,
+                   help="the oracle's chance that a draft is right")
     p.add_argument("-k", type=int, default=4)
     p.add_argument("--kind", default="open", choices=PROMPT_KINDS)
     p.add_argument("--batch-size", type=int, default=32)
@@ -182,17 +198,31 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     model, tokenizer = build_model(args.model, args.device, dtype)
+    methods = args.methods.split(",")
+    oracle = any(m.startswith("oracle") for m in methods)
+    if oracle and args.model in RANDOM_LLAMAS:
+        model = decisive(model)  # (greedy margins above bf16 noise: the oracle stays in sync)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     prompts = build_prompts(args.kind, args.batch_size, args.model, tokenizer, vocab_size)
     max_model_len = max(map(len, prompts)) + args.max_tokens + args.k + 8
+
+    def build(spec: dict | None) -> LLM:
+        return LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=dtype,
+                   speculative_config=spec, max_num_seqs=args.batch_size,
+                   max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len)
+
+    want = None
+    if oracle:  # the oracle drafts the plain engine's greedy continuation
+        want = engine_generate(build(None), prompts, args.max_tokens)
+        STATE["references"] = [p + w for p, w in zip(prompts, want, strict=True)]
+        STATE["alpha"] = args.alpha
     engines = {}
-    for method in args.methods.split(","):
+    for method in methods:
         name, _, fixed = method.partition("-")  # "ngram-fixed": every step verifies k drafts
-        spec = None if name == "none" else {"method": name, "num_speculative_tokens": args.k,
-                                            "adaptive_k": fixed != "fixed"}
-        llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=dtype,
-                  speculative_config=spec, max_num_seqs=args.batch_size,
-                  max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len)
+        spec = None if name == "none" else {
+            "method": "oracle_bench" if name == "oracle" else name,
+            "num_speculative_tokens": args.k, "adaptive_k": fixed != "fixed"}
+        llm = build(spec)
         for _ in range(args.warmups):
             engine_generate(llm, prompts, args.max_tokens)
         engines[method] = (llm, StepClock(llm.engine))
@@ -203,10 +233,12 @@ def main(argv: list[str] | None = None) -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            engine_generate(llm, prompts, args.max_tokens)
+            got = engine_generate(llm, prompts, args.max_tokens)
             results[method].append(summary(clock, time.perf_counter() - start))
+            if want is not None and got != want:
+                raise AssertionError(f"{method}: the output differs from the plain engine's")
     print(f"{args.model} {args.device} {dtype}, {args.kind} prompts, batch {args.batch_size}, "
-          f"{args.max_tokens} tokens, k {args.k}")
+          f"{args.max_tokens} tokens, k {args.k}" + (f", alpha {args.alpha}" if oracle else ""))
     for method, runs in results.items():
         for r in runs:
             stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages_ms_per_step"].items())

@@ -10,10 +10,15 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
 - ``batch_size``: the step's sequences rounded up to 1, 2, 4, 8, then a multiple of 8 (the
   padding sequences are the cache's scratch slot: they write the scratch row and read nothing
   that counts);
-- ``num_new``: 1 (decode), else ``max_num_new`` (the engine's k + 1): every verification step
-  shares one bucket, its sequences padded with scratch tokens. Exact buckets per k would make
-  most adaptive-k probes a bucket's first, eager, step, which costs more than the padding.
-  Longer steps (prefills) run eager;
+- ``num_new``: the step's tokens per sequence (1: decode; up to ``max_num_new``, the engine's
+  k + 1), the shorter sequences padded with scratch tokens. Each width gets its own graph,
+  because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2
+  tokens per sequence at 1.06 plain steps and one of 5 at 1.23 (docs/performance.md, the oracle
+  table), so a controller that chose one draft would pay for four. A width's bucket that is not
+  captured yet replays its *widest twin* padded (same batch and key length, ``max_num_new``
+  tokens) when that one is, instead of a cold eager step; such a step is not steady (its time is
+  not the width's). While the device has less than ``WIDTH_GRAPH_RESERVE`` free, the twin serves
+  such a width for good. Longer steps (prefills) run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
@@ -42,6 +47,9 @@ from dataclasses import dataclass
 import torch
 
 KV_STEP = 128  # the smallest kv_len rounding
+# Free device bytes below which a width that its widest twin can serve gets no graph of its own
+# (each graph keeps tens of MB: docs/design.md, "CUDA graphs").
+WIDTH_GRAPH_RESERVE = 2 << 30
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -94,6 +102,7 @@ class CudaGraphs:
         self._seen: set[tuple[int, int, int]] = set()  # buckets met once, run eager
         self.num_replays = 0  # steps run through a bucket
         self.steady = True  # the last step replayed its graph (or nothing is captured)
+        self.padded = False  # the last bucket() answer was a wider twin
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
 
     @property
@@ -101,40 +110,64 @@ class CudaGraphs:
         return len(self._graphs)
 
     def bucket(self, batch_size: int, num_new: int, kv_len: int) -> tuple[int, int, int] | None:
-        """The graph bucket of a step, or None when it runs eager (too many new tokens)."""
+        """The graph bucket of a step, or None when it runs eager (too many new tokens). A
+        width met for the first time where its widest twin is captured gets the twin's bucket
+        (the step is padded to it; see the module docstring)."""
         if num_new > self.max_num_new or batch_size > self.max_batch_size:
             return None
-        return (batch_bucket(batch_size), 1 if num_new == 1 else self.max_num_new,
-                kv_bucket(kv_len, self.max_kv_len))
+        key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
+        self.padded = False
+        if 1 < num_new < self.max_num_new and key not in self._graphs:
+            twin = (key[0], self.max_num_new, key[2])
+            if twin in self._graphs:
+                if key not in self._seen:
+                    self._seen.add(key)  # captured the next time it is met
+                    self.padded = True
+                    return twin
+                if not self._room_for_another():
+                    return twin  # (for good: steady)
+        return key
+
+    def _room_for_another(self) -> bool:
+        """Whether the device keeps ``WIDTH_GRAPH_RESERVE`` bytes free for one more graph of a
+        width that its widest twin can serve (a decode or widest bucket is captured anyway)."""
+        if self._device.type != "cuda":
+            return True
+        return torch.cuda.mem_get_info(self._device)[0] >= WIDTH_GRAPH_RESERVE
 
     def replay(self, key: tuple[int, int, int], inputs: torch.Tensor) -> torch.Tensor:
         """Run bucket ``key`` on ``inputs`` (its layout, on the device); returns the static
-        hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay."""
+        hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay.
+        Sets :attr:`steady`: whether this step timed like every later step of its width."""
         self.num_replays += 1
-        graph = self._graph(key) if self._capture_graphs else None
-        # a bucket's first step runs eager and its second captures: neither times like the rest
-        self.steady = graph is not None or not self._capture_graphs
+        graph, captured = self._graph(key) if self._capture_graphs else (None, False)
+        # a bucket's first step runs eager and its second captures, a padded step is another
+        # width's: none of them times like the rest
+        self.steady = not self._capture_graphs or (graph is not None and not captured
+                                                   and not self.padded)
         if graph is None:  # (a bucket's first step, or no capture off-GPU)
             return self._body(inputs, *key)
         graph.inputs.copy_(inputs)
         graph.graph.replay()
         return graph.hidden
 
-    def _graph(self, key: tuple[int, int, int]) -> _Graph | None:
-        """The bucket's graph; None the first time a bucket is met (that step runs eager)."""
+    def _graph(self, key: tuple[int, int, int]) -> tuple[_Graph | None, bool]:
+        """The bucket's graph, and whether this call captured it; None the first time a bucket
+        is met (that step runs eager)."""
         graph = self._graphs.get(key)
-        if graph is None:
-            if key not in self._seen:
-                self._seen.add(key)
-                return None
-            batch_size, num_new, kv_len = key
-            twin = (batch_size, self.max_num_new, kv_len)  # its verification steps' bucket
-            start = time.perf_counter()
-            graph = self._graphs[key] = self._capture(*key)
-            if num_new == 1 and twin not in self._graphs:
-                self._graphs[twin] = self._capture(*twin)
-            self.capture_seconds += time.perf_counter() - start
-        return graph
+        if graph is not None:
+            return graph, False
+        if key not in self._seen:
+            self._seen.add(key)
+            return None, False
+        batch_size, num_new, kv_len = key
+        twin = (batch_size, self.max_num_new, kv_len)  # the widest verification steps' bucket
+        start = time.perf_counter()
+        graph = self._graphs[key] = self._capture(*key)
+        if num_new == 1 and twin not in self._graphs:
+            self._graphs[twin] = self._capture(*twin)
+        self.capture_seconds += time.perf_counter() - start
+        return graph, True
 
     def _capture(self, batch_size: int, num_new: int, kv_len: int) -> _Graph:
         inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long,

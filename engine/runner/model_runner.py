@@ -233,9 +233,10 @@ class ModelRunner:
         rows_t = meta[len(host):]  # [num_logits] padded index of each kept row
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
-        self.last_step_steady = bucket is None or self.graphs.steady
+        self.last_step_steady = True
         if bucket is not None:
             hidden = self.graphs.replay(bucket, meta[:len(host)])
+            self.last_step_steady = self.graphs.steady
         else:
             # one length and one number of new tokens for all: transformers' causal mask is exact
             uniform = len(set(starts)) == 1 and num_rows == batch_size * num_new

@@ -30,6 +30,21 @@ def test_step_times_accounts_for_every_step(tmp_path):
     assert max(map(int, results["ngram-fixed"][0]["recorded_by_width"])) > 1
 
 
+def test_step_times_oracle_keeps_in_sync_and_drafts_at_alpha_one(tmp_path):
+    """The oracle drafts the plain engine's own continuation (main() checks every run's output
+    against it); at alpha 1 every fixed-k step after the prefill verifies k drafts, all kept."""
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "steps.json"
+    main(["--model", str(model_dir), "--device", "cpu", "--kind", "open", "--batch-size", "2",
+          "--max-tokens", "11", "--warmups", "1", "--repeats", "1", "-k", "4", "--alpha", "1",
+          "--methods", "none,oracle-fixed", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    plain, fixed = results["none"][0], results["oracle-fixed"][0]
+    assert plain["steps"] == 11
+    # (a prefill step gives the first token, then 10 tokens in two steps of 5)
+    assert fixed["steps"] == 3 and set(fixed["recorded_by_width"]) <= {"5"}
+
+
 def test_policy_cost_times_steps_that_draft():
     seconds, drafted = policy_step_seconds(4, 4, number=5)
     assert seconds > 0

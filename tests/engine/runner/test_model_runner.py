@@ -94,11 +94,58 @@ def test_graph_bucket_layout_matches_full_forward(family):
     runner.use_graph_buckets(3, capture=False)
     random_schedule(runner, model, seed=14, num_steps=30, vocab_size=96)
     assert runner.graphs.num_replays > 10
-    # every verification step shares the widest bucket: 2 new tokens run padded to 3 (the key
-    # length rounds up to 128, capped at the slot table's max_model_len + 1 = 41 columns)
-    assert runner.graphs.bucket(3, 2, 20) == (4, 3, 41)
+    # each width has its own bucket (nothing captured here, so no wider twin stands in); the
+    # key length rounds up to 128, capped at the slot table's max_model_len + 1 = 41 columns
+    assert runner.graphs.bucket(3, 2, 20) == (4, 2, 41)
     assert runner.graphs.bucket(3, 1, 20) == (4, 1, 41)
     assert runner.graphs.bucket(3, 4, 20) is None
+
+
+class _EagerGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` off-GPU: a replay runs the captured body."""
+
+    def __init__(self, run) -> None:
+        self.replay = run
+
+
+def _eager_capture(self, batch_size: int, num_new: int, kv_len: int):
+    """``CudaGraphs._capture`` without CUDA: the same static inputs and output, filled eagerly."""
+    from engine.runner.cuda_graphs import _Graph
+
+    inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long)
+    hidden = self._body(inputs, batch_size, num_new, kv_len).clone()
+
+    def run() -> None:
+        hidden.copy_(self._body(inputs, batch_size, num_new, kv_len))
+    return _Graph(_EagerGraph(run), inputs, hidden)
+
+
+def test_a_new_width_replays_its_widest_twin_until_its_own_graph_is_captured(monkeypatch):
+    """Graph bookkeeping, with captures that run eagerly: a width first met after its widest
+    twin is captured runs padded in the twin (not steady: its time is another width's), gets its
+    own graph the next time (a capture: not steady either), and is steady from then on; every
+    step's logits stay those of a full forward."""
+    from engine.runner.cuda_graphs import CudaGraphs
+
+    monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
+    model = tiny_model("llama", vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=96, max_model_len=40)
+    runner.use_graph_buckets(3, capture=True)
+    slot = runner.allocate_slot()
+    prompt = [3, 4, 5, 6]
+    runner.forward([slot], [prompt])  # a prefill: eager
+    steady, graphs = [], []
+    for new in ([7], [7], [7], [7, 8], [7, 8], [7, 8], [7, 8, 9]):
+        out = runner.forward([slot], [new])
+        torch.testing.assert_close(out, full_logits(model, prompt + new)[len(prompt):],
+                                   rtol=0, atol=ATOL)
+        steady.append(runner.last_step_steady)
+        graphs.append(runner.graphs.num_graphs)
+        runner.truncate(slot, len(prompt))
+    # decode: eager, captured (with its 3-token twin), replayed; 2 tokens: the twin padded, its
+    # own capture, replayed; 3 tokens: the twin, replayed
+    assert steady == [False, False, True, False, False, True, True]
+    assert graphs == [0, 2, 2, 2, 3, 3, 3]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
