@@ -11,14 +11,11 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   padding sequences are the cache's scratch slot: they write the scratch row and read nothing
   that counts);
 - ``num_new``: the step's tokens per sequence (1: decode; up to ``max_num_new``, the engine's
-  k + 1), the shorter sequences padded with scratch tokens. Each width gets its own graph,
+  k + 1), the shorter sequences padded with scratch tokens. Each width has its own buckets,
   because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2
   tokens per sequence at 1.06 plain steps and one of 5 at 1.23 (docs/performance.md, the oracle
-  table), so a controller that chose one draft would pay for four. A width's bucket that is not
-  captured yet replays its *widest twin* padded (same batch and key length, ``max_num_new``
-  tokens) when that one is, instead of a cold eager step; such a step is not steady (its time is
-  not the width's). While the device has less than ``WIDTH_GRAPH_RESERVE`` free, the twin serves
-  such a width for good. Longer steps (prefills) run eager;
+  table), so a controller that chose one draft would have paid for four. Longer steps
+  (prefills) run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
@@ -26,16 +23,28 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
 Every graph reads its inputs from one static long tensor laid out as the runner's host plan
 (input ids, positions, pool rows, slot-table cells, slots) and writes the last hidden states
 ``[batch_size * num_new, hidden_size]`` into a static output; ``lm_head`` runs after the replay on
-the rows asked for only. Graphs are captured lazily, the *second* time a bucket is met, and share
-one memory pool. A capture (one warm-up forward plus the capture) costs about three eager steps.
-A decode bucket's capture
-also captures its verification twin (same batch and key length, ``max_num_new`` tokens): decode
-steps come back every step while adaptive-k probes are rare, so a probe would otherwise meet its
-bucket cold (an eager step, then a capture inside a later step) long after the decode graph is
-warm. Each graph also keeps memory of its own; capturing every bucket of an 8B model at batch 32 up
-front ran out of memory, which is why nothing is captured before its decode bucket is met twice
-(the measurements: docs/design.md, "Measured reasons behind the runner's choices"). Replays run in
-stream order, so sharing is safe; each graph's output stays alive as long as the graph.
+the rows asked for only. All graphs share one memory pool; replays run in stream order, so
+sharing is safe, and each graph's output stays alive as long as the graph.
+
+When a bucket is captured. A capture (a warm-up forward plus the capture) costs about three
+eager steps (20-120 ms for the 1B at batch 32 on an H100), and each graph keeps memory of its
+own: capturing every bucket of an 8B model at batch 32 up front ran out of memory (docs/design.md,
+"Measured reasons behind the runner's choices"). So graphs are captured lazily:
+
+- a bucket that no captured graph *covers* (larger or equal batch, tokens per sequence and key
+  length) runs eager the first time it is met and is captured the second;
+- a bucket that one covers replays the smallest such graph, padded (scratch sequences and
+  tokens, masked key columns), until it has been met ``CAPTURE_AFTER_COVERED`` times, and is
+  captured then if the device keeps ``COVERED_GRAPH_RESERVE`` free (else the cover serves it for
+  good). The batch sizes at the end of a batch of requests (each met a few times as sequences
+  finish) and a width the controller tries once cost a padded replay, not an eager step and a
+  capture each (measured on the H100 with the 1B at batch 32, 64 tokens, before covers: the eager
+  steps and captures after the prefill took 29-55% of a warm run's time);
+- a decode bucket's capture also captures its widest verification twin (same batch and key
+  length, ``max_num_new`` tokens), which covers every width of its batch and key length.
+
+A step padded to a cover is not *steady* (:attr:`CudaGraphs.steady`): its time is another
+bucket's, and the speculation controller does not record it as its own bucket's cost.
 """
 
 from __future__ import annotations
@@ -47,9 +56,12 @@ from dataclasses import dataclass
 import torch
 
 KV_STEP = 128  # the smallest kv_len rounding
-# Free device bytes below which a width that its widest twin can serve gets no graph of its own
-# (each graph keeps tens of MB: docs/design.md, "CUDA graphs").
-WIDTH_GRAPH_RESERVE = 2 << 30
+# A bucket that a captured one covers is captured when met this many times (a capture costs
+# about three eager steps, 20-120 ms for the 1B on an H100; a padded replay a few ms at most).
+CAPTURE_AFTER_COVERED = 16
+# Free device bytes below which a covered bucket gets no graph of its own (each graph keeps tens
+# of MB: docs/design.md, "CUDA graphs").
+COVERED_GRAPH_RESERVE = 2 << 30
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -64,6 +76,9 @@ def kv_bucket(kv_len: int, limit: int) -> int:
     at most ``limit``."""
     step = max(KV_STEP, (1 << (kv_len - 1).bit_length()) // 4)
     return min(-(-kv_len // step) * step, limit)
+
+
+Key = tuple[int, int, int]  # (batch_size, num_new, kv_len) of a bucket
 
 
 @dataclass
@@ -88,61 +103,78 @@ class CudaGraphs:
 
     def __init__(self, body: Body, scratch_inputs: Callable[[int, int], list[int]],
                  max_batch_size: int, max_num_new: int, max_kv_len: int,
-                 device: torch.device, capture: bool = True) -> None:
+                 device: torch.device, capture: bool = True,
+                 capture_after_covered: int = CAPTURE_AFTER_COVERED) -> None:
         self.max_batch_size = batch_bucket(max_batch_size)
         self.max_num_new = max_num_new
         self.max_kv_len = max_kv_len
+        self.capture_after_covered = capture_after_covered
         self._body = body
         self._scratch_inputs = scratch_inputs
         self._device = device
         self._capture_graphs = capture
-        self._graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._graphs: dict[Key, _Graph] = {}
         self._pool = None  # the memory pool all graphs share (made at the first capture)
         self._side: torch.cuda.Stream | None = None  # the captures' warm-up stream
-        self._seen: set[tuple[int, int, int]] = set()  # buckets met once, run eager
+        self._met: dict[Key, int] = {}  # steps of each bucket without a graph of its own so far
+        self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
         self.num_replays = 0  # steps run through a bucket
-        self.steady = True  # the last step replayed its graph (or nothing is captured)
-        self.padded = False  # the last bucket() answer was a wider twin
+        self.steady = True  # the last step replayed its own graph (or nothing is captured)
+        self.padded = False  # the last bucket() answer was a larger bucket that covers the step
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
 
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)
 
-    def bucket(self, batch_size: int, num_new: int, kv_len: int) -> tuple[int, int, int] | None:
-        """The graph bucket of a step, or None when it runs eager (too many new tokens). A
-        width met for the first time where its widest twin is captured gets the twin's bucket
-        (the step is padded to it; see the module docstring)."""
+    def bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
+        """The graph bucket a step runs in, or None when it runs eager (too many new tokens or
+        sequences). A bucket without a graph of its own is served by the smallest captured one
+        that covers it, until it has been met ``capture_after_covered`` times (then it is
+        captured; see the module docstring)."""
         if num_new > self.max_num_new or batch_size > self.max_batch_size:
             return None
         key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
         self.padded = False
-        if 1 < num_new < self.max_num_new and key not in self._graphs:
-            twin = (key[0], self.max_num_new, key[2])
-            if twin in self._graphs:
-                if key not in self._seen:
-                    self._seen.add(key)  # captured the next time it is met
-                    self.padded = True
-                    return twin
-                if not self._room_for_another():
-                    return twin  # (for good: steady)
-        return key
+        if key in self._graphs or not self._capture_graphs:
+            return key
+        met = self._met[key] = self._met.get(key, 0) + 1
+        cover = self._cover(key)
+        if cover is None:
+            return key  # eager the first time, captured the next (replay)
+        if met > self.capture_after_covered:
+            if self._room_for_another():
+                return key  # captured now
+            return cover  # for good: what its steps cost (steady)
+        self.padded = True
+        return cover
+
+    def _cover(self, key: Key) -> Key | None:
+        """The captured bucket of fewest padded tokens (then shortest key length) whose batch,
+        new tokens and key length all reach ``key``'s; None when there is none."""
+        if key not in self._covers:
+            batch, num_new, kv_len = key
+            fits = [k for k in self._graphs
+                    if k[0] >= batch and k[1] >= num_new and k[2] >= kv_len]
+            self._covers[key] = min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
+        return self._covers[key]
 
     def _room_for_another(self) -> bool:
-        """Whether the device keeps ``WIDTH_GRAPH_RESERVE`` bytes free for one more graph of a
-        width that its widest twin can serve (a decode or widest bucket is captured anyway)."""
+        """Whether the device keeps ``COVERED_GRAPH_RESERVE`` bytes free for one more graph of
+        a bucket that a captured one covers."""
         if self._device.type != "cuda":
             return True
-        return torch.cuda.mem_get_info(self._device)[0] >= WIDTH_GRAPH_RESERVE
+        return torch.cuda.mem_get_info(self._device)[0] >= COVERED_GRAPH_RESERVE
 
-    def replay(self, key: tuple[int, int, int], inputs: torch.Tensor) -> torch.Tensor:
-        """Run bucket ``key`` on ``inputs`` (its layout, on the device); returns the static
-        hidden states ``[batch_size * num_new, hidden_size]``, valid until the next replay.
-        Sets :attr:`steady`: whether this step timed like every later step of its width."""
+    def replay(self, key: Key, inputs: torch.Tensor) -> torch.Tensor:
+        """Run bucket ``key`` (:meth:`bucket`'s answer) on ``inputs`` (its layout, on the
+        device); returns the static hidden states ``[batch_size * num_new, hidden_size]``,
+        valid until the next replay. Sets :attr:`steady`: whether this step timed like every
+        later step of its bucket."""
         self.num_replays += 1
         graph, captured = self._graph(key) if self._capture_graphs else (None, False)
-        # a bucket's first step runs eager and its second captures, a padded step is another
-        # width's: none of them times like the rest
+        # an eager first step, a capture, a step padded to a covering bucket: none of them
+        # times like the rest
         self.steady = not self._capture_graphs or (graph is not None and not captured
                                                    and not self.padded)
         if graph is None:  # (a bucket's first step, or no capture off-GPU)
@@ -151,14 +183,13 @@ class CudaGraphs:
         graph.graph.replay()
         return graph.hidden
 
-    def _graph(self, key: tuple[int, int, int]) -> tuple[_Graph | None, bool]:
+    def _graph(self, key: Key) -> tuple[_Graph | None, bool]:
         """The bucket's graph, and whether this call captured it; None the first time a bucket
         is met (that step runs eager)."""
         graph = self._graphs.get(key)
         if graph is not None:
             return graph, False
-        if key not in self._seen:
-            self._seen.add(key)
+        if self._met.get(key, 0) < 2:
             return None, False
         batch_size, num_new, kv_len = key
         twin = (batch_size, self.max_num_new, kv_len)  # the widest verification steps' bucket
@@ -166,6 +197,8 @@ class CudaGraphs:
         graph = self._graphs[key] = self._capture(*key)
         if num_new == 1 and twin not in self._graphs:
             self._graphs[twin] = self._capture(*twin)
+        self._met.pop(key, None)
+        self._covers.clear()
         self.capture_seconds += time.perf_counter() - start
         return graph, True
 

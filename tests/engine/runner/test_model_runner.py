@@ -120,32 +120,39 @@ def _eager_capture(self, batch_size: int, num_new: int, kv_len: int):
     return _Graph(_EagerGraph(run), inputs, hidden)
 
 
-def test_a_new_width_replays_its_widest_twin_until_its_own_graph_is_captured(monkeypatch):
-    """Graph bookkeeping, with captures that run eagerly: a width first met after its widest
-    twin is captured runs padded in the twin (not steady: its time is another width's), gets its
-    own graph the next time (a capture: not steady either), and is steady from then on; every
-    step's logits stay those of a full forward."""
+def test_a_bucket_replays_a_captured_cover_until_met_often_enough(monkeypatch):
+    """Graph bookkeeping, with captures that run eagerly: a bucket that a captured one covers
+    (larger batch or more tokens per sequence) replays it padded (not steady: its time is
+    another bucket's) until met ``capture_after_covered`` times, is captured then (not steady
+    either), and is steady from then on; every step's logits stay those of a full forward."""
     from engine.runner.cuda_graphs import CudaGraphs
 
     monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=96, max_model_len=40)
     runner.use_graph_buckets(3, capture=True)
-    slot = runner.allocate_slot()
-    prompt = [3, 4, 5, 6]
-    runner.forward([slot], [prompt])  # a prefill: eager
+    runner.graphs.capture_after_covered = 2
+    prompts = {runner.allocate_slot(): [3, 4, 5, 6], runner.allocate_slot(): [9, 8, 7]}
+    for slot, prompt in prompts.items():
+        runner.forward([slot], [prompt])  # prefills: eager
     steady, graphs = [], []
-    for new in ([7], [7], [7], [7, 8], [7, 8], [7, 8], [7, 8, 9]):
-        out = runner.forward([slot], [new])
-        torch.testing.assert_close(out, full_logits(model, prompt + new)[len(prompt):],
-                                   rtol=0, atol=ATOL)
+    first = next(iter(prompts))
+    both = {slot: [7] for slot in prompts}
+    steps = [both] * 3 + [{first: [7]}] * 4 + [{first: [7, 8]}] * 4 + [{first: [7, 8, 9]}]
+    for new in steps:
+        out = runner.forward(list(new), list(new.values()))
+        expected = torch.cat([full_logits(model, prompts[slot] + ids)[len(prompts[slot]):]
+                              for slot, ids in new.items()])
+        torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
         steady.append(runner.last_step_steady)
         graphs.append(runner.graphs.num_graphs)
-        runner.truncate(slot, len(prompt))
-    # decode: eager, captured (with its 3-token twin), replayed; 2 tokens: the twin padded, its
-    # own capture, replayed; 3 tokens: the twin, replayed
-    assert steady == [False, False, True, False, False, True, True]
-    assert graphs == [0, 2, 2, 2, 3, 3, 3]
+        for slot in new:
+            runner.truncate(slot, len(prompts[slot]))
+    # batch 2 decode: eager, captured (with its 3-token twin), replayed; batch 1 decode: padded
+    # in the batch-2 graph twice, captured (with its twin), replayed; 2 tokens: padded in the
+    # batch-1 twin twice, captured, replayed; 3 tokens: the twin, replayed
+    assert steady == [False, False, True] + [False, False, False, True] * 2 + [True]
+    assert graphs == [0, 2, 2] + [2, 2, 4, 4] + [4, 4, 5, 5] + [5]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
