@@ -32,7 +32,9 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
 "Measured reasons behind the runner's choices"). So graphs are captured lazily:
 
 - a bucket that no captured graph *covers* (larger or equal batch, tokens per sequence and key
-  length) runs eager the first time it is met and is captured the second;
+  length; a decode bucket only by a decode bucket: decode steps are the most frequent, and a
+  verification graph would multiply their tokens) runs eager the first time it is met and is
+  captured the second;
 - a bucket that one covers replays the smallest such graph, padded (scratch sequences and
   tokens, masked key columns), until it has been met ``CAPTURE_AFTER_COVERED`` times, and is
   captured then if the device keeps ``COVERED_GRAPH_RESERVE`` free (else the cover serves it for
@@ -151,11 +153,13 @@ class CudaGraphs:
 
     def _cover(self, key: Key) -> Key | None:
         """The captured bucket of fewest padded tokens (then shortest key length) whose batch,
-        new tokens and key length all reach ``key``'s; None when there is none."""
+        new tokens and key length all reach ``key``'s, a decode step's only among decode
+        buckets; None when there is none."""
         if key not in self._covers:
             batch, num_new, kv_len = key
             fits = [k for k in self._graphs
-                    if k[0] >= batch and k[1] >= num_new and k[2] >= kv_len]
+                    if k[0] >= batch and k[2] >= kv_len
+                    and (k[1] >= num_new if num_new > 1 else k[1] == 1)]
             self._covers[key] = min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
         return self._covers[key]
 

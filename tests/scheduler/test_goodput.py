@@ -94,6 +94,27 @@ def test_the_width_follows_per_position_acceptance_and_the_cost_table():
     assert ctl.choose_width(accs, [4] * 8, None, 0) == 1
 
 
+def test_one_slow_first_step_does_not_rule_a_width_out():
+    """4 drafts' first measured step was slow (a hiccup): until the width holds a median of
+    samples it costs no more than 3 drafts, so it is tried again and judged on its median."""
+    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for w in range(1, 5):
+        for _ in range(4):
+            ctl.costs.record("step", 8, w, 0.010 * (1 + 0.05 * (w - 1)))
+    ctl.costs.record("step", 8, 5, 0.0)  # (the cell's warm-up step: not recorded)
+    ctl.costs.record("step", 8, 5, 0.030)  # one slow sample: 3 plain steps
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    feed(ctl, accs, 20, accepted=4)
+    assert ctl.choose_width(accs, [4] * 8, None, 0) == 4
+    for _ in range(2):  # then two steps at its true cost: the median is believed
+        ctl.costs.record("step", 8, 5, 0.0120)
+    assert ctl.step_cost(8)[5] == pytest.approx(1.2)
+    assert ctl.choose_width(accs, [4] * 8, None, 0) == 4
+    for _ in range(2):  # a width that really is slow loses once its median says so
+        ctl.costs.record("step", 8, 5, 0.030)
+    assert ctl.choose_width(accs, [4] * 8, None, 0) == 3
+
+
 def test_best_width_needs_a_margin_over_plain_decoding_and_prefers_the_smaller_on_ties():
     tokens = np.array([8.0, 8.1, 8.15])
     assert best_width(tokens, np.array([1.0, 1.0, 1.0])) == 0  # under 2% more: no drafts

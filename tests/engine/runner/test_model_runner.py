@@ -155,6 +155,18 @@ def test_a_bucket_replays_a_captured_cover_until_met_often_enough(monkeypatch):
     assert graphs == [0, 2, 2] + [2, 2, 4, 4] + [4, 4, 5, 5] + [5]
 
 
+def test_a_decode_step_is_covered_only_by_a_decode_graph():
+    from engine.runner.cuda_graphs import CudaGraphs
+
+    graphs = CudaGraphs(None, None, 8, 3, 41, torch.device("cpu"))
+    graphs._graphs = dict.fromkeys([(8, 3, 41), (4, 1, 41), (8, 2, 41)])
+    assert graphs._cover((2, 1, 41)) == (4, 1, 41)
+    assert graphs._cover((8, 1, 41)) is None  # never padded to a verification graph
+    assert graphs._cover((2, 2, 41)) == (8, 2, 41)  # the fewest padded tokens
+    assert graphs._cover((2, 3, 41)) == (8, 3, 41)
+    assert graphs._cover((16, 2, 41)) is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_cuda_graphs_match_full_forward(family):
