@@ -1,0 +1,128 @@
+"""What the server adds over ``LLM.generate``: time per output token at the same batch.
+
+For each system (the default preset, n-gram speculation; and ``--method none``), ``--batch``
+streamed chat completions are sent at once to the real server process (``python -m
+engine.serve``), so they run as one batch; then the same engine configuration (the server's own
+argument parsing) runs in this process, the same prompts through ``LLM.generate_stream``. Each
+side is warmed up with one identical round first. Per request: TPOT, the time per output token
+after the first (from the first streamed token to the last, over the tokens less one), the same
+definition on both sides. Reported: p50 TPOT of each side and their ratio (server over
+in-process; the issue's target is at most 1.05).
+
+    python benchmarks/serve_overhead.py --batch 4 --max-tokens 32
+    python benchmarks/serve_overhead.py --device cuda --batch 8,32 --max-tokens 128 --json o.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
+
+from prompt_sets import PROMPT_KINDS  # noqa: E402
+from serve import one_request, pct, start_server  # noqa: E402
+
+SYSTEMS = {"ngram": [], "none": ["--method", "none"]}
+
+
+async def server_round(base: str, prompts: list[str], max_tokens: int) -> list[dict]:
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        return list(await asyncio.gather(*(one_request(client, base, p, max_tokens, 0.0, t0)
+                                           for p in prompts)))
+
+
+def tpot(results: list[dict]) -> list[float]:
+    return [(r["done"] - r["first"]) / (r["tokens"] - 1) for r in results
+            if r["first"] is not None and r["tokens"] > 1]
+
+
+def in_process_round(llm, prompts: list[str], max_tokens: int) -> list[dict]:
+    from engine import SamplingParams
+
+    token_ids = [ids for _, ids in llm.chat_inputs(
+        [[{"role": "user", "content": p}] for p in prompts])]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    start = time.perf_counter()
+    per: dict[str, dict] = {}
+    for delta in llm.generate_stream(token_ids, params):
+        now = time.perf_counter()
+        r = per.setdefault(delta.request_id, {"sent": start, "first": None, "tokens": 0})
+        if delta.token_ids and r["first"] is None:
+            r["first"] = now
+        r["tokens"] += len(delta.token_ids)
+        r["done"] = now
+    return list(per.values())
+
+
+def server_side(args: argparse.Namespace, extra: list[str], prompts: list[str]) -> list[float]:
+    proc, base = start_server(args, extra)
+    try:
+        asyncio.run(server_round(base, prompts, args.max_tokens))  # warm-up
+        return tpot(asyncio.run(server_round(base, prompts, args.max_tokens)))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def in_process_side(args: argparse.Namespace, extra: list[str], prompts: list[str]) -> list[float]:
+    import gc
+
+    import torch
+
+    from engine import LLM
+    from engine.cli.serve import parse
+
+    _, config = parse(["--model", args.model, "--device", args.device, *extra])
+    llm = LLM(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+    in_process_round(llm, prompts, args.max_tokens)  # warm-up
+    out = tpot(in_process_round(llm, prompts, args.max_tokens))
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", default="4", help="requests at once, comma list")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--kind", default="open", choices=sorted(PROMPT_KINDS))
+    parser.add_argument("--systems", default="ngram,none")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    texts = list(PROMPT_KINDS[args.kind].values())
+    rows = []
+    for batch in [int(b) for b in args.batch.split(",")]:
+        prompts = [texts[i % len(texts)] for i in range(batch)]
+        for system in args.systems.split(","):
+            extra = SYSTEMS[system]
+            served = server_side(args, extra, prompts)
+            local = in_process_side(args, extra, prompts)
+            row = {"batch": batch, "system": system, "server_tpot_p50": pct(served, 0.5),
+                   "in_process_tpot_p50": pct(local, 0.5)}
+            row["ratio"] = row["server_tpot_p50"] / row["in_process_tpot_p50"]
+            rows.append(row)
+            print(f"batch {batch:3d} {system:6s} TPOT p50: server "
+                  f"{1e3 * row['server_tpot_p50']:.2f} ms, LLM.generate_stream "
+                  f"{1e3 * row['in_process_tpot_p50']:.2f} ms, ratio {row['ratio']:.3f}",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
