@@ -187,6 +187,7 @@ class AsyncEngine:
         updated = self.engine.step()
         now = time.perf_counter()
         done: set[str] = set()
+        posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]] = []
         for seq in updated:
             request = self._requests.get(seq.request_id)
             if request is None:
@@ -195,7 +196,7 @@ class AsyncEngine:
             if delta is not None:
                 if request.first_token is None and delta.token_ids:
                     request.first_token = now
-                self._post(request, delta)
+                posts.append((request.out, delta))
             if all(s.is_finished for s in self.engine.requests[seq.request_id]):
                 done.add(seq.request_id)
         for request_id in done:
@@ -204,8 +205,11 @@ class AsyncEngine:
             self._finished(request)
             if self.on_finish is not None:
                 self.on_finish(output, request.arrival, request.first_token, now)
-            self._post(request, output)
-            self._post(request, None)
+            posts += [(request.out, output), (request.out, None)]
+        if posts and not self._loop.is_closed():
+            # one wake-up of the event loop per step, not one per delta (each is a write to the
+            # loop's self-pipe and a turn of the loop, while this thread wants the GIL)
+            self._loop.call_soon_threadsafe(_deliver, posts)
         self.stats.steps += 1
         self._update_stats()
         if self.on_step is not None:
@@ -224,3 +228,9 @@ class AsyncEngine:
     def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
         if not self._loop.is_closed():  # (a server shutting down: nobody reads any more)
             self._loop.call_soon_threadsafe(request.out.put_nowait, item)
+
+
+def _deliver(posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]]) -> None:
+    """On the event loop: a step's items, each to its request's queue, in order."""
+    for out, item in posts:
+        out.put_nowait(item)
