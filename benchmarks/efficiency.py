@@ -86,10 +86,20 @@ def prompts_for(batch: int, vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (32,), generator=g).tolist() for _ in range(batch)]
 
 
+WARMUPS = (2, 8)  # warm-up runs: at least, and at most while CUDA graphs are still captured
+
+
 def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
           repeats: int) -> tuple[float, list[list[int]]]:
-    for _ in range(2):  # warm-up: a CUDA-graph bucket is captured the second time it is met
+    # Warm-up until a whole run captures no CUDA graph (a bucket is captured the second time it
+    # is met, or after a while padded in a larger one): the timed runs measure the steady
+    # engine, not one-time captures of 20-120 ms in runs of 0.2-0.5 s.
+    graphs = llm.engine.runner.graphs
+    for i in range(WARMUPS[1]):
+        before = 0 if graphs is None else graphs.num_graphs
         llm.generate(prompts, params, use_tqdm=False)
+        if i + 1 >= WARMUPS[0] and (graphs is None or graphs.num_graphs == before):
+            break
     start, tokens = time.perf_counter(), 0
     for _ in range(repeats):
         outs = llm.generate(prompts, params, use_tqdm=False)

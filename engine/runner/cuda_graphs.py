@@ -60,7 +60,7 @@ import torch
 KV_STEP = 128  # the smallest kv_len rounding
 # A bucket that a captured one covers is captured when met this many times (a capture costs
 # about three eager steps, 20-120 ms for the 1B on an H100; a padded replay a few ms at most).
-CAPTURE_AFTER_COVERED = 64
+CAPTURE_AFTER_COVERED = 16
 # Free device bytes below which a covered bucket gets no graph of its own (each graph keeps tens
 # of MB: docs/design.md, "CUDA graphs").
 COVERED_GRAPH_RESERVE = 2 << 30
