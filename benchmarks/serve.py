@@ -102,6 +102,13 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def tpot(results: list[dict]) -> list[float]:
+    """Each request's time per output token after the first (requests with a first token and
+    more than one token)."""
+    return [(r["done"] - r["first"]) / (r["tokens"] - 1) for r in results
+            if r["first"] is not None and r["tokens"] > 1]
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """Per rate: output tokens/s over the run, TTFT and TPOT percentiles over the requests (each
     request's tokens from the usage the server reports)."""
@@ -109,11 +116,11 @@ def summarize(rows: list[dict]) -> list[dict]:
     for row in rows:
         done = [r for r in row["results"] if r["first"] is not None]
         ttft = [r["first"] - r["sent"] for r in done]
-        tpot = [(r["done"] - r["first"]) / (r["tokens"] - 1) for r in done if r["tokens"] > 1]
+        per_token = tpot(done)
         out.append({"rate": row["rate"],
                     "tokens_per_s": sum(r["tokens"] for r in row["results"]) / row["elapsed_s"],
                     "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
-                    "tpot_p50": pct(tpot, 0.5), "tpot_p99": pct(tpot, 0.99)})
+                    "tpot_p50": pct(per_token, 0.5), "tpot_p99": pct(per_token, 0.99)})
     return out
 
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
 
 from prompt_sets import PROMPT_KINDS  # noqa: E402
-from serve import one_request, pct, start_server  # noqa: E402
+from serve import one_request, pct, start_server, tpot  # noqa: E402
 
 SYSTEMS = {"ngram": [], "none": ["--method", "none"]}
 
@@ -39,11 +39,6 @@ async def server_round(base: str, prompts: list[str], max_tokens: int) -> list[d
         t0 = time.perf_counter()
         return list(await asyncio.gather(*(one_request(client, base, p, max_tokens, 0.0, t0)
                                            for p in prompts)))
-
-
-def tpot(results: list[dict]) -> list[float]:
-    return [(r["done"] - r["first"]) / (r["tokens"] - 1) for r in results
-            if r["first"] is not None and r["tokens"] > 1]
 
 
 def in_process_round(llm, prompts: list[str], max_tokens: int) -> list[dict]:

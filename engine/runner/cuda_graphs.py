@@ -120,6 +120,7 @@ class CudaGraphs:
         self._side: torch.cuda.Stream | None = None  # the captures' warm-up stream
         self._met: dict[Key, int] = {}  # steps of each bucket without a graph of its own so far
         self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
+        self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
         self.num_replays = 0  # steps run through a bucket
         self.steady = True  # the last step replayed its own graph (or nothing is captured)
         self.padded = False  # the last bucket() answer was a larger bucket that covers the step
@@ -166,9 +167,11 @@ class CudaGraphs:
     def _room_for_another(self) -> bool:
         """Whether the device keeps ``COVERED_GRAPH_RESERVE`` bytes free for one more graph of
         a bucket that a captured one covers."""
-        if self._device.type != "cuda":
-            return True
-        return torch.cuda.mem_get_info(self._device)[0] >= COVERED_GRAPH_RESERVE
+        if self._device.type != "cuda" or not self._room:
+            return self._room
+        # (asked once per such step until the answer is no: graphs never give memory back)
+        self._room = torch.cuda.mem_get_info(self._device)[0] >= COVERED_GRAPH_RESERVE
+        return self._room
 
     def replay(self, key: Key, inputs: torch.Tensor) -> torch.Tensor:
         """Run bucket ``key`` (:meth:`bucket`'s answer) on ``inputs`` (its layout, on the
