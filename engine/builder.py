@@ -6,6 +6,7 @@ The proposer and the sampler come from their registries by the names in the conf
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,8 @@ from torch import nn
 
 from engine.config import EngineConfig
 from engine.runner.loader import load_model, load_tokenizer
-from engine.runner.model_runner import ModelRunner
+from engine.runner.model_runner import ModelRunner, attention_devices, execution_device
+from engine.runner.tensor_parallel import agreed_minimum, check_launch, lead_or_follow
 from proposers import Proposer, ProposerContext, get_proposer, proposer_needs_kv_cache
 from samplers import MAX_SPEC_LEN, VerificationSampler, build_sampler, get_sampler
 
@@ -52,18 +54,26 @@ class EngineComponents:
     max_model_len_source: str
 
 
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+def resolve_device(device: str, max_memory: dict | None = None) -> str:
+    """``auto``: accelerate's ``device_map="auto"`` over several visible GPUs (or within
+    ``max_memory``), else the one GPU, else the CPU."""
+    if device != "auto":
+        return device
+    if max_memory is not None or torch.cuda.device_count() > 1:
+        return "auto"
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def load_target(config: EngineConfig) -> tuple[Any, Any]:
     """The target model and tokenizer: loaded by name, or the objects given."""
     if isinstance(config.model, str):
+        if config.tensor_parallel_size > 1:
+            check_launch(config.tensor_parallel_size)
         model, tokenizer = load_model(config.model, dtype=config.dtype,
-                                      device=resolve_device(config.device),
-                                      trust_remote_code=config.trust_remote_code)
+                                      device=resolve_device(config.device, config.max_memory),
+                                      trust_remote_code=config.trust_remote_code,
+                                      tensor_parallel_size=config.tensor_parallel_size,
+                                      max_memory=config.max_memory)
         if isinstance(config.tokenizer, str):  # vLLM's tokenizer=<name or path>
             tokenizer = load_tokenizer(config.tokenizer, config.trust_remote_code)
         elif config.tokenizer is not None:
@@ -102,14 +112,22 @@ def model_max_len(model: Any) -> int:
 
 def kv_budget(config: EngineConfig, model: nn.Module, max_model_len: int) -> int:
     """Tokens the KV cache holds over all sequences: ``kv_cache_tokens``; else enough for
-    ``max_num_seqs`` full sequences, up to what ``gpu_memory_utilization`` leaves on CUDA (a
-    model-based proposer's KV cache gets its share) and up to ``CPU_KV_CAP`` on CPU."""
+    ``max_num_seqs`` full sequences, up to ``CPU_KV_CAP`` where a pool is in host memory and up
+    to what ``gpu_memory_utilization`` leaves on each GPU that holds pools (a model-based
+    proposer's KV cache gets its share)."""
     if config.kv_cache_tokens:
         return config.kv_cache_tokens
-    want = config.max_num_seqs * max_model_len
-    device = model.get_input_embeddings().weight.device
-    if device.type != "cuda":
-        return min(want, CPU_KV_CAP)
+    tokens = config.max_num_seqs * max_model_len
+    layers = Counter(attention_devices(model).values())  # device -> layers whose pools it holds
+    per_layer = kv_bytes_per_token(model, config.tensor_parallel_size) // sum(layers.values())
+    for device, count in layers.items():
+        tokens = min(tokens, CPU_KV_CAP if device.type != "cuda" else
+                     _gpu_kv_tokens(config, device, count * per_layer))
+    return tokens
+
+
+def _gpu_kv_tokens(config: EngineConfig, device: torch.device, bytes_per_token: int) -> int:
+    """Tokens the pools on one GPU may hold within ``gpu_memory_utilization``."""
     free, total = torch.cuda.mem_get_info(device)
     # blocks torch's allocator holds but no tensor uses (an earlier engine's) are free for us
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
@@ -118,21 +136,23 @@ def kv_budget(config: EngineConfig, model: nn.Module, max_model_len: int) -> int
     spec = config.speculative_config
     if spec is not None and spec.num_speculative_tokens and proposer_needs_kv_cache(spec.method):
         budget *= TARGET_KV_SHARE_WITH_DRAFT
-    tokens = int(budget // kv_bytes_per_token(model))
+    tokens = int(budget // bytes_per_token)
     if tokens < 2:
         raise ValueError(f"EngineConfig.gpu_memory_utilization={config.gpu_memory_utilization} "
-                         f"leaves no room for the KV cache: {(total - free) / 2**30:.1f} GiB of "
-                         f"{total / 2**30:.1f} GiB are in use; raise it or set kv_cache_tokens")
-    return min(want, tokens)
+                         f"leaves no room for the KV cache on {device}: "
+                         f"{(total - free) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB are in use; "
+                         "raise it or set kv_cache_tokens")
+    return tokens
 
 
-def kv_bytes_per_token(model: nn.Module) -> int:
-    """Bytes one cached token takes over all layers (keys and values, the model's dtype)."""
+def kv_bytes_per_token(model: nn.Module, tensor_parallel_size: int = 1) -> int:
+    """Bytes one cached token takes over all layers (keys and values, the model's dtype) in one
+    rank's share of ``tensor_parallel_size``."""
     config = model.config
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_heads = (getattr(config, "num_key_value_heads", None) or heads) // tensor_parallel_size
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    element = model.get_input_embeddings().weight.element_size()
+    element = next(model.parameters()).element_size()
     return 2 * config.num_hidden_layers * kv_heads * head_dim * element
 
 
@@ -141,7 +161,7 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
                      generator: torch.Generator | None = None) -> ProposerContext:
     """What a proposer factory gets: the target, the limits, and how the engine loads a model
     and runs one. A draft's KV cache holds the target's tokens plus every sequence's drafts."""
-    device = model.get_input_embeddings().weight.device
+    device = execution_device(model.get_input_embeddings())
     draft_kv_tokens = kv_tokens + config.max_num_seqs * (MAX_SPEC_LEN + 1)
 
     def make_runner(draft: nn.Module) -> ModelRunner:
@@ -158,7 +178,7 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
 def graph_max_new(config: EngineConfig) -> int:
     """Steps of at most this many new tokens per sequence replay CUDA graphs (0: none): one
     token per decode step, k + 1 per verification (and per draft catch-up)."""
-    if config.enforce_eager:
+    if config.enforce_eager or config.tensor_parallel_size > 1:
         return 0
     spec = config.speculative_config
     return 1 + (spec.num_speculative_tokens if spec is not None else 0)
@@ -166,7 +186,7 @@ def graph_max_new(config: EngineConfig) -> int:
 
 def build_components(config: EngineConfig) -> EngineComponents:
     model, tokenizer = load_target(config)
-    device = model.get_input_embeddings().weight.device
+    device = execution_device(model.get_input_embeddings())
     vocab_size = model.get_output_embeddings().weight.shape[0]
     own_len = model_max_len(model)
     max_model_len = min(config.max_model_len or own_len, own_len)
@@ -177,8 +197,14 @@ def build_components(config: EngineConfig) -> EngineComponents:
         max_model_len = kv_tokens
         source = (f"kv_cache_tokens={kv_tokens}" if config.kv_cache_tokens else
                   f"the default KV cache of {kv_tokens} tokens; raise kv_cache_tokens")
+    tp = config.tensor_parallel_size
+    if tp > 1:  # every rank holds the same tokens: the smallest rank's budget
+        kv_tokens = agreed_minimum(kv_tokens)
+        max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
-                         cuda_graph_max_new=graph_max_new(config))
+                         cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp)
+    if tp > 1:
+        runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None
     if config.seed is not None:
         generator = torch.Generator(device=device).manual_seed(config.seed)

@@ -27,6 +27,27 @@ def _fail(cls: str, name: str, value: object, allowed: str) -> None:
     raise ValueError(f"{cls}.{name}={value!r} is invalid: allowed {allowed}")
 
 
+def _max_memory(value: Any, device: str) -> dict[Any, Any] | None:
+    """accelerate's ``max_memory``: GPU index (an int, or its digits from JSON or YAML) or
+    ``cpu`` -> a size (bytes, or a string such as ``"10GiB"``)."""
+    if value is None:
+        return None
+    allowed = "None or a mapping {gpu index or 'cpu': size}, e.g. {0: '10GiB', 'cpu': '60GiB'}"
+    if not isinstance(value, dict) or not value:
+        _fail("EngineConfig", "max_memory", value, allowed)
+    if device != "auto":
+        _fail("EngineConfig", "max_memory", value, f"None with device={device!r} (it caps "
+              "device='auto' placement)")
+    out: dict[Any, Any] = {}
+    for key, size in value.items():
+        key = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not (key == "cpu" or _is_int(key) and key >= 0) or not (
+                _is_int(size) and size > 0 or isinstance(size, str) and size):
+            _fail("EngineConfig", "max_memory", value, allowed)
+        out[key] = size
+    return out
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -160,7 +181,15 @@ class EngineConfig:
     any processing), ``processed_logprobs`` (the sampled distribution), or ``raw_logits`` /
     ``processed_logits`` (see :mod:`engine.logprobs`).
     ``trust_remote_code`` (vLLM's, Hugging Face's): allow a hub model's own modelling code.
-    ``tensor_parallel_size`` (vLLM's): 1; more GPUs are not served yet.
+    ``device``: ``auto`` (the visible GPUs: one GPU holds the whole model; over several, the
+    layers are spread with accelerate's ``device_map="auto"``, each KV pool beside its layer),
+    ``cpu``, ``cuda`` or ``cuda:N``. ``max_memory`` (accelerate's, with ``device="auto"`` only):
+    ``{gpu index or "cpu": size}`` caps what the weights may take on each device, e.g.
+    ``{0: "10GiB", "cpu": "60GiB"}``; a model past the caps runs its last layers from CPU memory.
+    ``tensor_parallel_size`` (vLLM's): ranks of transformers' tensor-parallel plan, one process per
+    GPU launched with ``torchrun --nproc-per-node N`` (:mod:`engine.runner.tensor_parallel`): rank
+    0 runs the engine, the others replay its steps; ``LLM(...)`` on a rank > 0 serves rank 0 and
+    ends its process when rank 0 exits.
     ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
     decode and verification forwards of the target and of a draft model replay CUDA graphs
     (:mod:`engine.runner.cuda_graphs`); prefills always run eager.
@@ -181,6 +210,7 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"
     trust_remote_code: bool = False
     tensor_parallel_size: int = 1
+    max_memory: dict[Any, Any] | None = None
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -208,11 +238,18 @@ class EngineConfig:
             _fail(name, "gpu_memory_utilization", u, "a number in (0, 1]")
         if self.logprobs_mode not in LOGPROBS_MODES:
             _fail(name, "logprobs_mode", self.logprobs_mode, " | ".join(LOGPROBS_MODES))
-        if self.tensor_parallel_size != 1:
-            _fail(name, "tensor_parallel_size", self.tensor_parallel_size,
-                  "1 (one GPU; tensor parallelism over several GPUs is not served yet)")
+        if not _is_int(self.tensor_parallel_size) or self.tensor_parallel_size < 1:
+            _fail(name, "tensor_parallel_size", self.tensor_parallel_size, "an integer >= 1")
+        if self.tensor_parallel_size > 1 and not isinstance(self.model, str):
+            _fail(name, "model", type(self.model).__name__, "a name or path with "
+                  "tensor_parallel_size > 1 (every rank loads its own share)")
+        self.max_memory = _max_memory(self.max_memory, self.device)
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        spec = self.speculative_config
+        if self.tensor_parallel_size > 1 and spec is not None and spec.method == "early_exit":
+            _fail(name, "speculative_config.method", spec.method, "a proposer that does not run "
+                  "the target's own layers with tensor_parallel_size > 1 (the layers are split)")
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
             _fail(name, "speculative_config", self.speculative_config,
                   "None, a dict or a SpeculativeConfig")

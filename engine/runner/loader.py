@@ -40,17 +40,33 @@ DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
 
 def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
                device: str = "cpu", cache_dir: str | os.PathLike | None = None,
-               trust_remote_code: bool = False,
+               trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+               max_memory: dict | None = None,
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``model`` (alias, hub id, local directory or ``.gguf`` file) in eval mode.
 
     ``dtype``: auto (the checkpoint's own), float32, bfloat16 or float16. ``device``: ``cpu``,
     ``cuda``, ``cuda:N``, or ``auto`` (``device_map="auto"`` through accelerate, to spread a model
-    over the visible GPUs and the CPU). Raises ValueError at once for an unknown alias, id or
-    path, and for a family the model runner cannot serve exactly.
+    over the visible GPUs, then the CPU, within ``max_memory``: accelerate's ``{device: size}``).
+    ``tensor_parallel_size`` > 1: this process's share of transformers' tensor-parallel plan
+    (``tp_plan="auto"``, under ``torchrun``; ``device`` is then the rank's own). Raises ValueError
+    at once for an unknown alias, id or path, and for a family the model runner cannot serve
+    exactly.
     """
-    kwargs = {"dtype": _torch_dtype(dtype), "device_map": _device_map(device),
-              "attn_implementation": "sdpa", "trust_remote_code": trust_remote_code}
+    kwargs = {"dtype": _torch_dtype(dtype), "attn_implementation": "sdpa",
+              "trust_remote_code": trust_remote_code}
+    if tensor_parallel_size > 1:
+        if device == "cpu" and torch.cuda.is_available():
+            raise ValueError("device='cpu' with tensor_parallel_size > 1 is served only where CUDA "
+                             "is absent: transformers' plan binds each rank to cuda:LOCAL_RANK; "
+                             "use device='auto'")
+        kwargs.update(tensor_parallel_kwargs(tensor_parallel_size))
+    else:
+        kwargs["device_map"] = _device_map(device)
+    if max_memory is not None:
+        if device != "auto":
+            raise ValueError(f"max_memory is read with device='auto' only, got device={device!r}")
+        kwargs["max_memory"] = max_memory
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     if not isinstance(model, str) or not model:
         raise ValueError(f"model must be a non-empty string, got {model!r}")
@@ -73,6 +89,20 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
         raise ValueError(f"{what} ({detail})") from err
     check_model_supported(loaded.config)
     return loaded.eval(), tokenizer
+
+
+def tensor_parallel_kwargs(size: int) -> dict:
+    """``from_pretrained`` keywords for transformers' tensor-parallel plan over ``size`` ranks:
+    ``distributed_config`` where transformers has one that takes ``tp_size`` (5.18 on), else the
+    ``tp_plan`` / ``tp_size`` keywords of earlier releases."""
+    import inspect
+
+    import transformers
+
+    config = getattr(transformers, "DistributedConfig", None)
+    if config is not None and "tp_size" in inspect.signature(config).parameters:
+        return {"distributed_config": config(tp_plan="auto", tp_size=size)}
+    return {"tp_plan": "auto", "tp_size": size}
 
 
 def load_tokenizer(name: str | os.PathLike, trust_remote_code: bool = False) -> Any:

@@ -71,8 +71,19 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no decoder layer list (layers or h)")
 
 
-def _attention_layers(model: nn.Module) -> dict[int, torch.device]:
-    """layer_idx of every decoder layer's attention -> the device its weights live on."""
+def execution_device(module: nn.Module) -> torch.device:
+    """Where ``module`` computes: its weights' device, or for a module whose weights accelerate
+    keeps off the accelerator (``device_map`` entries ``cpu`` / ``disk``: the weights wait on the
+    ``meta`` device and are brought in per forward) its hook's execution device."""
+    for sub in module.modules():
+        device = getattr(getattr(sub, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return next(module.parameters()).device
+
+
+def attention_devices(model: nn.Module) -> dict[int, torch.device]:
+    """layer_idx of every decoder layer's attention -> the device that layer computes on."""
     layers = _decoder_layers(model)
     num_layers = model.config.num_hidden_layers
     if len(layers) != num_layers:
@@ -84,8 +95,14 @@ def _attention_layers(model: nn.Module) -> dict[int, torch.device]:
         if idx is None or idx in found:
             raise ValueError(f"decoder layer {type(layer).__name__} has a missing or repeated "
                              f"attention layer_idx ({idx})")
-        found[idx] = next(layer.parameters()).device
+        found[idx] = execution_device(layer)
     return found
+
+
+def spread_by_accelerate(model: nn.Module) -> bool:
+    """The model was dispatched over several devices (``device_map``), with accelerate's hooks
+    moving activations, or weights, between them on every forward."""
+    return len(set(getattr(model, "hf_device_map", {}).values())) > 1
 
 
 class ModelRunner:
@@ -98,10 +115,14 @@ class ModelRunner:
     sequence replay CUDA graphs (:mod:`engine.runner.cuda_graphs`); 0 runs every step eager.
     ``pack_cpu_weights``: on CPU in float32, steps of a few rows run the decoder's linear maps
     on MKL-packed weights (:mod:`engine.runner.cpu_linears`, at a cost in memory).
+    ``tensor_parallel_size``: the model holds this rank's share of a tensor-parallel plan
+    (:mod:`engine.runner.tensor_parallel`): its pools hold ``num_key_value_heads / size`` heads,
+    and every step runs eager on the model's own weights (no graphs, nothing packed).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
-                 max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True):
+                 max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
+                 tensor_parallel_size: int = 1):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
@@ -114,17 +135,24 @@ class ModelRunner:
                              f"{config.model_type}, got {max_model_len}")
         self.model = model.eval()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self._lm_head = output_head(model)  # oneDNN-packed on CPU in float32
+        tp = _positive("tensor_parallel_size", tensor_parallel_size)
+        # oneDNN-packed on CPU in float32 (a tensor-parallel head gathers the logits: its own)
+        self._lm_head = output_head(model) if tp == 1 else model.get_output_embeddings()
         if not isinstance(pack_cpu_weights, bool):
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
-        self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights else None)
-        self.device = model.get_input_embeddings().weight.device
+        self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights and tp == 1
+                                      else None)
+        self.device = execution_device(model.get_input_embeddings())
         self.dtype = next(model.parameters()).dtype
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        if kv_heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
+                             f"num_key_value_heads={kv_heads}")
         self.cache = PagedKVCache(
-            _attention_layers(model), getattr(config, "num_key_value_heads", None) or num_heads,
-            head_dim, max_num_tokens, max_num_seqs, max_model_len, self.dtype, self.device)
+            attention_devices(model), kv_heads // tp, head_dim, max_num_tokens, max_num_seqs,
+            max_model_len, self.dtype, self.device)
         # [max_model_len + 16]: key columns of the mask, padded to a multiple of 16
         self._positions = torch.arange(max_model_len + 16, device=self.device)
         self._zero = torch.zeros((), dtype=self.dtype, device=self.device)  # []
@@ -144,7 +172,9 @@ class ModelRunner:
         self.last_hidden: torch.Tensor | None = None
         if not isinstance(cuda_graph_max_new, int) or cuda_graph_max_new < 0:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
-        if cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device:
+        # (a spread model's hooks move weights or activations: not capturable; every step eager)
+        if (cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device
+                and tp == 1 and not spread_by_accelerate(model)):
             self.use_graph_buckets(cuda_graph_max_new)
 
     def use_graph_buckets(self, max_num_new: int, capture: bool = True) -> None:
@@ -243,10 +273,11 @@ class ModelRunner:
             run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
             hidden = self._hidden(meta[:len(host)], batch_size, num_new, kv_len, starts[0],
                                   uniform, run)
-        # (device_map="auto" may leave the last layer on another device than the embeddings)
+        # (device_map="auto" may leave the last layer and the head on other devices than the
+        # embeddings: hidden states and logits come back to the runner's device)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        self.last_hidden = hidden  # (a draft head reads the target's features: no copy)
-        return self._lm_head(hidden).float()
+        self.last_hidden = hidden.to(self.device)  # (a draft head reads the target's features)
+        return self._lm_head(hidden).float().to(self.device)
 
     def _hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                 query_offset: int = 0, uniform: bool = False,

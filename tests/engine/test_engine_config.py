@@ -56,7 +56,20 @@ def test_unknown_keys_are_an_error():
     ({"kv_cache_tokens": 1.5}, "kv_cache_tokens"),
     ({"seed": -1}, "seed"),
     ({"speculative_config": "ngram"}, "speculative_config"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 2, "model": object()}, "model"),
+    ({"tensor_parallel_size": 2, "speculative_config": {"method": "early_exit"}},
+     r"speculative_config\.method"),
+    ({"max_memory": {0: "1GiB"}, "device": "cpu"}, "max_memory"),
+    ({"max_memory": {"gpu0": "1GiB"}, "device": "auto"}, "max_memory"),
+    ({"max_memory": {0: 0}, "device": "auto"}, "max_memory"),
+    ({"max_memory": {}, "device": "auto"}, "max_memory"),
 ])
 def test_engine_config_rejects(kwargs, field):
     with pytest.raises(ValueError, match=rf"EngineConfig\.{field}="):
         EngineConfig(**kwargs)
+
+
+def test_max_memory_keys_from_json_are_gpu_indices():
+    config = EngineConfig(device="auto", max_memory={"0": "10GiB", "cpu": 2**30})
+    assert config.max_memory == {0: "10GiB", "cpu": 2**30}

@@ -1,0 +1,164 @@
+"""Tensor parallelism: one process per GPU (``torchrun --nproc-per-node N``), one rank decides.
+
+The target is loaded with transformers' own tensor-parallel plan (``tp_plan="auto"``: the
+model's ``base_model_tp_plan`` splits the attention heads and the MLP columns over the ranks, and
+the output head gathers the logits), so every rank holds ``1 / N`` of each decoder layer's
+weights and, in its own :class:`~engine.runner.model_runner.ModelRunner`, the KV pools of its
+``num_key_value_heads / N`` heads. The default process group (NCCL on CUDA, gloo on CPU) carries
+the model's collectives; a second, gloo group carries the control messages below.
+
+Who decides. Rank 0 builds the whole engine (scheduler, proposer, sampler, RNG) and is the only
+rank that reads logits. Its runner is a :class:`LeaderRunner`: every call that changes runner
+state (a slot taken or freed, a rollback, a forward) runs locally and is recorded; a forward
+first sends the calls recorded since the last one, then its own arguments, in one broadcast
+(``broadcast_object_list``: one message per step). The other ranks run :func:`follow`: they
+receive each message and replay it on their runner in the same order, so their slot tables,
+pool rows and forwards are the leader's by construction and no rank can diverge. A call that
+fails on the leader before changing anything (``KVCacheFull``, a bad argument) fails the same way
+on a follower, which carries on. At interpreter exit (or :meth:`LeaderRunner.shutdown`) the
+leader sends a stop message and the followers return.
+
+CUDA graphs are off under tensor parallelism: a capture must meet the same collectives on every
+rank at the same step, which the graph bucket's per-rank decisions (free memory) do not promise;
+every step runs eager (see docs/design.md, "Across GPUs").
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.runner.model_runner import KVCacheFull, ModelRunner
+
+__all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow"]
+
+# A message: the calls a follower replays, in order, as (method name, positional arguments).
+Calls = list[tuple[str, tuple]]
+STOP = "stop"
+_MUTATING = ("allocate_slot", "free_slot", "truncate")
+
+_GROUP: list[Any] = []  # the control group, made once per process
+
+
+def check_launch(size: int) -> None:
+    """Raise ValueError unless this process was started by ``torchrun --nproc-per-node size``."""
+    world = os.environ.get("WORLD_SIZE")
+    if world is None or "RANK" not in os.environ:
+        raise ValueError(f"tensor_parallel_size={size} needs one process per GPU: launch with "
+                         f"torchrun --nproc-per-node {size} (WORLD_SIZE is not set)")
+    if int(world) != size:
+        raise ValueError(f"tensor_parallel_size={size} but torchrun started WORLD_SIZE={world} "
+                         "processes; they must be equal")
+
+
+def control_group() -> Any:
+    """The gloo group that carries control messages (the default group may be NCCL, which only
+    moves device tensors)."""
+    if not _GROUP:
+        _GROUP.append(dist.new_group(backend="gloo"))
+    return _GROUP[0]
+
+
+def broadcast(value: Any = None) -> Any:
+    """Rank 0's ``value`` on every rank of the control group."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=control_group())
+    return box[0]
+
+
+def agreed_minimum(value: int) -> int:
+    """The smallest of every rank's ``value`` (a KV budget each rank measured on its own GPU)."""
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value, group=control_group())
+    return min(values)
+
+
+def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
+    """Rank 0: ``runner`` as a :class:`LeaderRunner`. Any other rank: replay rank 0's calls on
+    ``runner`` until rank 0 stops, then end the process (exit status 0): what rank 0's script
+    does after building its engine is rank 0's alone."""
+    if dist.get_rank() == 0:
+        return LeaderRunner(runner)
+    follow(runner)
+    dist.destroy_process_group()
+    raise SystemExit(0)
+
+
+class LeaderRunner:
+    """Rank 0's runner under tensor parallelism: a :class:`ModelRunner` whose state-changing calls
+    are replayed by every follower rank (see the module docstring). Everything else (budget,
+    ``vocab_size``, ``last_hidden`` ...) is the wrapped runner's."""
+
+    def __init__(self, runner: ModelRunner):
+        self._runner = runner
+        self._pending: Calls = []
+        self._stopped = False
+        atexit.register(self.shutdown)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+    def allocate_slot(self) -> int:
+        return self._record("allocate_slot", ())
+
+    def free_slot(self, slot: int) -> None:
+        self._record("free_slot", (slot,))
+
+    def truncate(self, slot: int, length: int) -> None:
+        self._record("truncate", (slot, length))
+
+    def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
+                logits_indices: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+        """Send the recorded calls and this forward to the followers, then run it here."""
+        if isinstance(logits_indices, torch.Tensor):
+            logits_indices = logits_indices.tolist()
+        args = (list(slots), [list(t) for t in token_ids],
+                None if logits_indices is None else list(logits_indices))
+        self._send([*self._pending, ("forward", args)])
+        self._pending = []
+        return self._runner.forward(*args)
+
+    def shutdown(self) -> None:
+        """Tell the followers to return (once; at interpreter exit at the latest)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.shutdown)
+        if dist.is_initialized():
+            self._send(STOP)
+
+    def _record(self, name: str, args: tuple) -> Any:
+        result = getattr(self._runner, name)(*args)  # raises before recording a refused call
+        self._pending.append((name, args))
+        return result
+
+    def _send(self, message: Calls | str) -> None:
+        if self._stopped and message != STOP:
+            raise RuntimeError("the tensor-parallel followers were stopped (shutdown was called)")
+        broadcast(message)
+
+
+def follow(runner: ModelRunner) -> int:
+    """A follower rank's loop: replay the leader's calls on ``runner`` until it stops. Returns
+    the number of forwards run."""
+    forwards = 0
+    while True:
+        message = broadcast()
+        if message == STOP:
+            return forwards
+        for name, args in message:
+            if name not in (*_MUTATING, "forward"):
+                raise RuntimeError(f"unknown tensor-parallel call {name!r} from rank 0")
+            if name != "forward":
+                getattr(runner, name)(*args)  # it succeeded on the leader
+                continue
+            forwards += 1
+            try:
+                runner.forward(*args)
+            except (KVCacheFull, ValueError):  # refused on the leader too, before any change
+                pass

@@ -1,0 +1,89 @@
+"""Tensor parallelism on CPU: two real processes (``torch.distributed.run``, gloo), transformers'
+own tensor-parallel plan, rank 0 deciding every step and rank 1 replaying it.
+
+The ranks run ``tp_script.py``; its greedy output (n-gram speculation with rejections, a stream
+aborted mid-way, preemption when the KV budget is small) must be token for token the output of
+Hugging Face ``generate`` on the unsplit model and of the one-process engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine import LLM, SamplingParams
+from tests.engine.cli.cli_helpers import save_tiny_model
+from tests.engine.llm_helpers import hf_greedy
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = Path(__file__).with_name("tp_script.py")
+sys.path.insert(0, str(SCRIPT.parent))
+from tp_script import PROMPTS  # noqa: E402
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tp") / "tiny-llama")
+
+
+# transformers' plan binds each rank to the machine's accelerator when there is one
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(),
+                            reason="CPU ranks are served only on a machine without CUDA")
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = None) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(SCRIPT), str(model_dir), str(out), device] + (
+               [str(kv_tokens)] if kv_tokens else [])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return [hf_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),
+                                    pytest.param("cuda", marks=TWO_GPUS)])
+@pytest.mark.parametrize("kv_tokens", [None, 48], ids=["roomy", "preempting"])
+def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_tokens, device):
+    result = run_ranks(model_dir, tmp_path / "out.json", device, kv_tokens)
+    assert result["world_size"] == 2
+    assert result["backend"] == {"cpu": "gloo", "cuda": "nccl"}[device]
+    # each rank holds half the heads: 4 query heads and 2 key/value heads over 2 ranks
+    assert result["local_q_rows"] == 2 * 16 and result["pool_kv_heads"] == 1
+    assert result["first"] == expected
+    assert result["again"] == expected  # after an aborted stream, the next call is correct
+    assert 0 < result["accepted"] < result["drafted"]  # drafts accepted and rejected
+    assert (result["preemptions"] > 0) == (kv_tokens is not None)  # the follower preempts too
+    assert result["free_after_abort"] == result["free_at_start"] == result["free_at_end"]
+    one = LLM(str(model_dir), device=device, max_num_seqs=4, kv_cache_tokens=kv_tokens,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "prompt_lookup_min": 1})
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = one.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [o.outputs[0].token_ids for o in outs] == result["first"]
+
+
+def test_launch_errors_name_the_setting(model_dir, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
+        LLM(str(model_dir), device="cpu", tensor_parallel_size=2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="WORLD_SIZE=4"):
+        LLM(str(model_dir), device="cpu", tensor_parallel_size=2)

@@ -1,0 +1,58 @@
+"""One rank of a tensor-parallel engine, for tests/engine/runner/test_tensor_parallel.py and
+the GPU script (benchmarks/tensor_parallel.py runs the same engine at scale).
+
+``python -m torch.distributed.run --nproc-per-node 2 tests/engine/runner/tp_script.py MODEL_DIR
+OUT_JSON DEVICE [KV_CACHE_TOKENS]``: every rank builds the same ``LLM``; a rank > 0 never returns
+from ``LLM(...)`` (it replays rank 0's steps, then its process exits); rank 0 runs the calls below
+and writes what they returned to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch.distributed as dist
+
+from engine import LLM, SamplingParams
+
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12], [20, 21, 20, 21, 20], [40, 41, 42]]
+
+
+def main() -> None:
+    model_dir, out_path, device = sys.argv[1:4]
+    kv_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    llm = LLM(model_dir, device=device, tensor_parallel_size=2, speculative_config=spec,
+              max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=True)
+    assert dist.get_rank() == 0, "a follower rank returned from LLM(...)"
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    runner = llm.llm_engine.runner
+    free_at_start = runner.num_free_tokens
+    first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy)
+    stream = llm.generate_stream([{"prompt_token_ids": PROMPTS[0]}], greedy)
+    for i, _ in enumerate(stream):  # a client that goes away mid-stream
+        if i == 2:
+            break
+    stream.close()
+    free_after_abort = runner.num_free_tokens
+    again = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy)
+    stats = llm.llm_engine.metrics
+    result = {
+        "first": [o.outputs[0].token_ids for o in first],
+        "again": [o.outputs[0].token_ids for o in again],
+        "free_at_start": free_at_start, "free_after_abort": free_after_abort,
+        "free_at_end": runner.num_free_tokens,
+        "accepted": stats.num_accepted, "drafted": stats.num_drafted,
+        "preemptions": stats.num_preemptions,
+        "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+        "pool_kv_heads": next(iter(runner.cache.pools.values())).shape[2],
+        "local_q_rows": llm.llm_engine.model.model.layers[0].self_attn.q_proj.weight.to_local()
+        .shape[0],
+    }
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
