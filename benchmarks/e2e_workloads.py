@@ -161,7 +161,7 @@ def word_tokenizer(vocab_size: int) -> Any:
                                    pad_token="<unk>")
 
 
-def _random_prompt(kind: str, index: int, vocab_size: int) -> list[int]:
+def random_prompt(kind: str, index: int, vocab_size: int) -> list[int]:
     """Copy-heavy: a 48-token passage twice, then its start (a prompt with something to copy);
     open-ended: 104 unrelated tokens."""
     rng = random.Random(f"{kind}-{index}")
@@ -177,7 +177,7 @@ def build_prompts(kind: str, count: int, model_name: str, tokenizer: Any,
     if kind not in PROMPT_KINDS:
         raise ValueError(f"prompt kind must be one of {PROMPT_KINDS}, got {kind!r}")
     if model_name in RANDOM_LLAMAS:
-        return [_random_prompt(kind, i, vocab_size) for i in range(count)]
+        return [random_prompt(kind, i, vocab_size) for i in range(count)]
     texts = {"copy": COPY_HEAVY, "copy_short": COPY_SHORT, "open": OPEN_ENDED}[kind]
     prompts = []
     for i in range(count):

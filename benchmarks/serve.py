@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from prompt_sets import PROMPT_KINDS  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
+from benchmarks.e2e_workloads import random_prompt  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -58,16 +61,20 @@ def start_server(args: argparse.Namespace, extra: list[str]) -> tuple[subprocess
     raise RuntimeError("the server did not start")
 
 
-async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tokens: int,
-                      start_at: float, t0: float) -> dict:
+async def one_request(client: httpx.AsyncClient, base: str, prompt: str | list[int],
+                      max_tokens: int, start_at: float, t0: float) -> dict:
+    """A streamed chat completion of a text prompt, or a streamed completion of token ids."""
     await asyncio.sleep(max(0.0, t0 + start_at - time.perf_counter()))
     sent = time.perf_counter()
     first = None
     tokens = 0
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+    if isinstance(prompt, str):
+        route, body["messages"] = "chat/completions", [{"role": "user", "content": prompt}]
+    else:  # (a random-weight model: token ids, no chat template)
+        route, body["prompt"], body["ignore_eos"] = "completions", prompt, True
+    async with client.stream("POST", f"{base}/v1/{route}", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -75,7 +82,8 @@ async def one_request(client: httpx.AsyncClient, base: str, prompt: str, max_tok
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            elif chunk["choices"] and (chunk["choices"][0].get("delta", {}).get("content")
+                                       or chunk["choices"][0].get("text")):
                 first = first or time.perf_counter()
     return {"sent": sent, "first": first, "done": time.perf_counter(), "tokens": tokens}
 
@@ -133,10 +141,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--kind", default="copy", choices=sorted(PROMPT_KINDS))
     parser.add_argument("--server-args", default="", help="extra flags for both servers")
+    parser.add_argument("--token-prompts", type=int, metavar="VOCAB_SIZE", help="token-id "
+                        "prompts of this vocabulary through /v1/completions (random-weight "
+                        "checkpoints of benchmarks/parallel.py save): a 48-token passage twice "
+                        "then its start (copy), or 104 unrelated tokens (open)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
-    prompts = list(PROMPT_KINDS[args.kind].values())
+    prompts = list(PROMPT_KINDS[args.kind].values()) if args.token_prompts is None else [
+        random_prompt(args.kind, i, args.token_prompts) for i in range(16)]
     systems = {"n-gram": [], "no speculation": ["--method", "none"]}
     table: dict[str, list[dict]] = {}
     for name, flags in systems.items():

@@ -31,7 +31,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "examples")]
 from prompt_sets import PROMPT_KINDS  # noqa: E402
 from serve import one_request, pct, start_server, tpot  # noqa: E402
 
-SYSTEMS = {"ngram": [], "none": ["--method", "none"]}
+# (-thread: the server's engine on a thread of the server's process, as before the engine got a
+# process of its own)
+SYSTEMS = {"ngram": [], "none": ["--method", "none"], "ngram-thread": ["--no-engine-process"],
+           "none-thread": ["--method", "none", "--no-engine-process"]}
 
 
 async def server_round(base: str, prompts: list[str], max_tokens: int) -> list[dict]:
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", default="4", help="requests at once, comma list")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--kind", default="open", choices=sorted(PROMPT_KINDS))
-    parser.add_argument("--systems", default="ngram,none")
+    parser.add_argument("--systems", default="ngram,none", help=f"of {sorted(SYSTEMS)}")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     texts = list(PROMPT_KINDS[args.kind].values())

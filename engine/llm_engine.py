@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -93,6 +94,16 @@ class _StepBatch:
         self.backed = [self.backed[i] for i in keep]
 
 
+def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any) -> None:
+    """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, or a bad
+    word that the tokenizer turns into no tokens (it could never be banned)."""
+    params.verify_vocab(vocab_size)
+    for word in params.bad_words or []:
+        if not tokenize_bad_words(tokenizer, [word]):
+            raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no "
+                             "tokens: it cannot ban anything")
+
+
 class LLMEngine:
     """Continuous-batching speculative decoding over one target model."""
 
@@ -123,13 +134,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
-        """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, or a bad
-        word that the tokenizer turns into no tokens (it could never be banned)."""
-        params.verify_vocab(self.vocab_size)
-        for word in params.bad_words or []:
-            if not tokenize_bad_words(self.tokenizer, [word]):
-                raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no "
-                                 "tokens: it cannot ban anything")
+        """:func:`check_sampling_params` against this engine's vocabulary and tokenizer."""
+        check_sampling_params(params, self.vocab_size, self.tokenizer)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams) -> list[Sequence]:

@@ -3,7 +3,9 @@
 Takes the engine and speculation flags of the CLI (``--model``, ``--method``, ``-k``, ...) on top
 of a preset (``--config``, default ``configs/default.yaml``; its sampling section is not used:
 each request brings its own), plus ``--host``, ``--port``, ``--served-model-name`` and
-``--max-pending`` (requests held at once before new ones get 429). With no arguments it serves
+``--max-pending`` (requests held at once before new ones get 429) and ``--engine-process`` (the
+default: the engine runs in a process of its own, :mod:`engine.serving.engine_process`;
+``--no-engine-process`` runs it on a thread of the server's process). With no arguments it serves
 the embedded default model with n-gram speculation on 127.0.0.1:8000.
 """
 
@@ -36,6 +38,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
                         "--model value)")
     server.add_argument("--max-pending", type=int, default=256, help="requests queued or "
                         "running at once; more get 429 with Retry-After (default: 256)")
+    server.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the engine in a process of its own, apart from the HTTP "
+                        "event loop (default: on)")
     specs = add_engine_flags(parser, preset_for_help(argv) if "-h" in argv or "--help" in argv
                              else None)
     args = parser.parse_args(argv)
@@ -53,18 +58,23 @@ def run(argv: list[str] | None = None) -> int:
     from engine.llm_engine import LLMEngine
     from engine.serving.app import build_app
     from engine.serving.async_engine import AsyncEngine
+    from engine.serving.engine_process import ProcessEngine
     from engine.serving.metrics import ServerMetrics
 
     args, engine_config = parse(sys.argv[1:] if argv is None else argv)
     hf_logging.disable_progress_bar()
-    engine = LLMEngine(engine_config)
-    spec = engine_config.speculative_config
     metrics_holder: list[ServerMetrics] = []
-    async_engine = AsyncEngine(engine, args.max_pending,
-                               on_step=lambda: metrics_holder[0].on_step(),
-                               on_finish=lambda *a: metrics_holder[0].on_finish(*a))
-    metrics_holder.append(ServerMetrics(async_engine, spec.num_speculative_tokens
-                                        if spec is not None and engine.proposer else 0))
+    hooks = {"on_step": lambda: metrics_holder[0].on_step(),
+             "on_finish": lambda *a: metrics_holder[0].on_finish(*a)}
+    if args.engine_process:
+        async_engine = ProcessEngine(engine_config, args.max_pending, **hooks)
+        max_k = async_engine.max_k
+    else:
+        engine = LLMEngine(engine_config)
+        async_engine = AsyncEngine(engine, args.max_pending, **hooks)
+        spec = engine_config.speculative_config
+        max_k = spec.num_speculative_tokens if spec is not None and engine.proposer else 0
+    metrics_holder.append(ServerMetrics(async_engine, max_k))
     name = getattr(args, "served_model_name", None) or (
         engine_config.model if isinstance(engine_config.model, str) else "model")
     app = build_app(async_engine, name, metrics_holder[0])

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from engine.inputs import normalize_conversations, normalize_prompts
 from engine.outputs import RequestOutput, StreamDelta
 from engine.serving import protocol as p
-from engine.serving.async_engine import AsyncEngine, QueueFull
+from engine.serving.async_engine import EngineFrontend, QueueFull
 from engine.serving.metrics import ServerMetrics
 from samplers import SamplingParams
 
@@ -48,8 +48,9 @@ def _error(status: int, message: str, kind: str, param: str | None = None,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def build_app(engine: AsyncEngine, model_name: str, metrics: ServerMetrics) -> FastAPI:
-    """The server's FastAPI app over a (not yet started) :class:`AsyncEngine`."""
+def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -> FastAPI:
+    """The server's FastAPI app over a (not yet started) engine frontend (:class:`AsyncEngine`,
+    or :class:`~engine.serving.engine_process.ProcessEngine`)."""
     tokenizer = engine.engine.tokenizer
 
     @asynccontextmanager
@@ -156,7 +157,7 @@ def _params(body: p.CompletionRequest | p.ChatRequest, defaults: SamplingParams)
         raise _bad_request(exc) from None
 
 
-def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]],
+def _submit_all(engine: EngineFrontend, prompts: list[tuple[str | None, list[int]]],
                 params: SamplingParams) -> list[tuple[str, asyncio.Queue]]:
     """Queue every prompt of a request, or none: a full queue part-way aborts those added."""
     if engine.error is not None:
@@ -176,7 +177,7 @@ def _submit_all(engine: AsyncEngine, prompts: list[tuple[str | None, list[int]]]
     return runs
 
 
-async def _collect(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
+async def _collect(engine: EngineFrontend, runs: list[tuple[str, asyncio.Queue]],
                    request: Request) -> list[RequestOutput] | None:
     """Every run's final output; None (and every run aborted) if the client went away."""
 
@@ -215,7 +216,7 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-async def _merged(engine: AsyncEngine, runs: list[tuple[str, asyncio.Queue]],
+async def _merged(engine: EngineFrontend, runs: list[tuple[str, asyncio.Queue]],
                   ) -> AsyncIterator[tuple[int, StreamDelta | RequestOutput]]:
     """Every run's items as they come, tagged with the run's index."""
     out: asyncio.Queue = asyncio.Queue()
@@ -243,7 +244,7 @@ def _include_usage(body: p.CompletionRequest | p.ChatRequest) -> bool:
     return bool((body.stream_options or {}).get("include_usage"))
 
 
-async def _completion_chunks(engine: AsyncEngine, rid: str, model: str,
+async def _completion_chunks(engine: EngineFrontend, rid: str, model: str,
                              runs: list[tuple[str, asyncio.Queue]], n: int,
                              include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     created = p.now()
@@ -264,7 +265,7 @@ async def _completion_chunks(engine: AsyncEngine, rid: str, model: str,
                "choices": [], "usage": total}
 
 
-async def _chat_chunks(engine: AsyncEngine, rid: str, model: str, run: tuple[str, asyncio.Queue],
+async def _chat_chunks(engine: EngineFrontend, rid: str, model: str, run: tuple[str, asyncio.Queue],
                        include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     created = p.now()
     started: set[int] = set()

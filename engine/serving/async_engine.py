@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from dataclasses import dataclass, field
 
 from engine.llm import build_output
@@ -51,42 +51,39 @@ class EngineStats:
     steps: int = 0
 
 
-class AsyncEngine:
-    """Runs ``engine`` on a thread of its own; ``add`` / ``abort`` from the event loop."""
+class EngineFrontend:
+    """What the server's routes call, whichever side runs the engine: ``add`` / ``abort`` /
+    ``results`` from the event loop, ``stats`` and ``error`` to read. A subclass runs the engine
+    (:class:`AsyncEngine`: a thread of this process; :class:`~engine.serving.engine_process.
+    ProcessEngine`: a process of its own) and takes the commands :meth:`_submit` hands it."""
 
-    def __init__(self, engine: LLMEngine, max_pending: int = 256,
+    def __init__(self, max_pending: int = 256,
                  on_step: Callable[[], None] | None = None,
                  on_finish: Callable[[RequestOutput, float, float | None, float], None]
                  | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending} is invalid: allowed an integer >= 1")
-        self.engine = engine
         self.max_pending = max_pending
-        self.on_step = on_step  # called on the engine thread after every step (metrics)
-        # on_finish(output, arrival, first token time or None, finish time): engine thread
+        self.on_step = on_step  # called after every engine step (metrics)
+        # on_finish(output, arrival, first token time or None, finish time)
         self.on_finish = on_finish
-        self.stats = EngineStats(num_free_kv_tokens=engine.runner.num_free_tokens)
-        self._commands: queue.Queue = queue.Queue()
-        self._requests: dict[str, _Request] = {}  # engine thread only
-        self._num_pending = 0  # added and not yet finished (event loop side)
+        self.stats = EngineStats()
+        self._num_pending = 0  # added and not yet finished
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
-        self.error: BaseException | None = None  # what stopped the engine thread, if anything
+        self.error: BaseException | None = None  # what stopped the engine, if anything
 
-    # ------------------------------------------------------------------ event loop side
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
-        self._thread.start()
+        raise NotImplementedError
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._commands.put(("stop",))
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        raise NotImplementedError
+
+    def _submit(self, command: tuple) -> None:
+        """Hand ``("add", request, prompt, prompt_token_ids, params)`` or ``("abort", id)`` to
+        the engine's side."""
+        raise NotImplementedError
 
     @property
     def num_pending(self) -> int:
@@ -105,14 +102,14 @@ class AsyncEngine:
             self._num_pending += 1
         request_id = f"req-{next(self._ids)}"
         out: asyncio.Queue = asyncio.Queue()
-        self._commands.put(("add", _Request(request_id, out), prompt, prompt_token_ids, params))
-        if self.error is not None:  # (the engine thread stopped meanwhile: it will not read it)
+        self._submit(("add", _Request(request_id, out), prompt, prompt_token_ids, params))
+        if self.error is not None:  # (the engine stopped meanwhile: it will not read it)
             out.put_nowait(None)
         return request_id, out
 
     def abort(self, request_id: str) -> None:
         """Take the request out at the next step (a client that went away)."""
-        self._commands.put(("abort", request_id))
+        self._submit(("abort", request_id))
 
     async def results(self, request_id: str,
                       out: asyncio.Queue) -> AsyncIterator[StreamDelta | RequestOutput]:
@@ -129,6 +126,44 @@ class AsyncEngine:
         finally:
             if not finished:
                 self.abort(request_id)
+
+    def _finished(self, request: _Request) -> None:
+        with self._lock:
+            self._num_pending -= 1
+
+    def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
+        if not self._loop.is_closed():  # (a server shutting down: nobody reads any more)
+            self._loop.call_soon_threadsafe(request.out.put_nowait, item)
+
+
+class AsyncEngine(EngineFrontend):
+    """Runs ``engine`` on a thread of this process; ``add`` / ``abort`` from the event loop."""
+
+    def __init__(self, engine: LLMEngine, max_pending: int = 256,
+                 on_step: Callable[[], None] | None = None,
+                 on_finish: Callable[[RequestOutput, float, float | None, float], None]
+                 | None = None) -> None:
+        super().__init__(max_pending, on_step, on_finish)
+        self.engine = engine
+        self.stats.num_free_kv_tokens = engine.runner.num_free_tokens
+        self._commands: queue.Queue = queue.Queue()
+        self._requests: dict[str, _Request] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._commands.put(("stop",))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.put(command)
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
@@ -184,24 +219,16 @@ class AsyncEngine:
         self._update_stats()
 
     def _step(self) -> None:
-        updated = self.engine.step()
+        deltas, outputs = step_items(self.engine, self._requests)
         now = time.perf_counter()
-        done: set[str] = set()
         posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]] = []
-        for seq in updated:
-            request = self._requests.get(seq.request_id)
-            if request is None:
-                continue
-            delta = seq.take_delta()
-            if delta is not None:
-                if request.first_token is None and delta.token_ids:
-                    request.first_token = now
-                posts.append((request.out, delta))
-            if all(s.is_finished for s in self.engine.requests[seq.request_id]):
-                done.add(seq.request_id)
-        for request_id in done:
+        for request_id, delta in deltas:
+            request = self._requests[request_id]
+            if request.first_token is None and delta.token_ids:
+                request.first_token = now
+            posts.append((request.out, delta))
+        for request_id, output in outputs:
             request = self._requests.pop(request_id)
-            output = build_output(self.engine.pop_request(request_id))
             self._finished(request)
             if self.on_finish is not None:
                 self.on_finish(output, request.arrival, request.first_token, now)
@@ -221,13 +248,25 @@ class AsyncEngine:
                                                           len(scheduler.running))
         self.stats.num_free_kv_tokens = self.engine.runner.num_free_tokens
 
-    def _finished(self, request: _Request) -> None:
-        with self._lock:
-            self._num_pending -= 1
 
-    def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
-        if not self._loop.is_closed():  # (a server shutting down: nobody reads any more)
-            self._loop.call_soon_threadsafe(request.out.put_nowait, item)
+
+def step_items(engine: LLMEngine, held: Container[str],
+               ) -> tuple[list[tuple[str, StreamDelta]], list[tuple[str, RequestOutput]]]:
+    """Run one engine step; return its stream deltas and the final outputs of the requests whose
+    last sample finished (those are forgotten by the engine), for the requests in ``held`` only
+    (a request aborted meanwhile is not reported)."""
+    updated = engine.step()
+    deltas: list[tuple[str, StreamDelta]] = []
+    done: dict[str, None] = {}  # (ordered)
+    for seq in updated:
+        if seq.request_id not in held:
+            continue
+        delta = seq.take_delta()
+        if delta is not None:
+            deltas.append((seq.request_id, delta))
+        if all(s.is_finished for s in engine.requests[seq.request_id]):
+            done[seq.request_id] = None
+    return deltas, [(rid, build_output(engine.pop_request(rid))) for rid in done]
 
 
 def _deliver(posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]]) -> None:

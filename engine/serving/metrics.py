@@ -14,7 +14,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from engine.outputs import RequestOutput
-from engine.serving.async_engine import AsyncEngine
+from engine.serving.async_engine import EngineFrontend
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                     30.0, 60.0)
@@ -24,7 +24,7 @@ GOODPUT_WINDOW_S = 10.0
 class ServerMetrics:
     """The metrics, updated from the engine thread (prometheus_client is thread-safe)."""
 
-    def __init__(self, engine: AsyncEngine, max_k: int) -> None:
+    def __init__(self, engine: EngineFrontend, max_k: int) -> None:
         self.engine = engine
         self.registry = CollectorRegistry()
         r = self.registry
