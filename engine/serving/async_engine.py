@@ -20,7 +20,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Container
+from collections.abc import AsyncIterator, Callable, Container, Iterable
 from dataclasses import dataclass, field
 
 from engine.llm import build_output
@@ -127,6 +127,32 @@ class EngineFrontend:
             if not finished:
                 self.abort(request_id)
 
+    def _deliver_step(self, requests: dict[str, _Request],
+                      deltas: list[tuple[str, StreamDelta]],
+                      outputs: list[tuple[str, RequestOutput]], ended: Iterable[str] = ()) -> None:
+        """A step's deltas, final outputs and aborted requests (``ended``) to their queues, in
+        one wake-up of the event loop (not one per delta: each is a write to the loop's
+        self-pipe and a turn of the loop); finished requests leave ``requests``."""
+        now = time.perf_counter()
+        posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]] = []
+        for request_id, delta in deltas:
+            request = requests[request_id]
+            if request.first_token is None and delta.token_ids:
+                request.first_token = now
+            posts.append((request.out, delta))
+        for request_id, output in outputs:
+            request = requests.pop(request_id)
+            self._finished(request)
+            if self.on_finish is not None:
+                self.on_finish(output, request.arrival, request.first_token, now)
+            posts += [(request.out, output), (request.out, None)]
+        for request_id in ended:  # aborted: its client is gone or going
+            request = requests.pop(request_id)
+            self._finished(request)
+            posts.append((request.out, None))
+        if posts and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_deliver, posts)
+
     def _finished(self, request: _Request) -> None:
         with self._lock:
             self._num_pending -= 1
@@ -219,24 +245,7 @@ class AsyncEngine(EngineFrontend):
         self._update_stats()
 
     def _step(self) -> None:
-        deltas, outputs = step_items(self.engine, self._requests)
-        now = time.perf_counter()
-        posts: list[tuple[asyncio.Queue, StreamDelta | RequestOutput | None]] = []
-        for request_id, delta in deltas:
-            request = self._requests[request_id]
-            if request.first_token is None and delta.token_ids:
-                request.first_token = now
-            posts.append((request.out, delta))
-        for request_id, output in outputs:
-            request = self._requests.pop(request_id)
-            self._finished(request)
-            if self.on_finish is not None:
-                self.on_finish(output, request.arrival, request.first_token, now)
-            posts += [(request.out, output), (request.out, None)]
-        if posts and not self._loop.is_closed():
-            # one wake-up of the event loop per step, not one per delta (each is a write to the
-            # loop's self-pipe and a turn of the loop, while this thread wants the GIL)
-            self._loop.call_soon_threadsafe(_deliver, posts)
+        self._deliver_step(self._requests, *step_items(self.engine, self._requests))
         self.stats.steps += 1
         self._update_stats()
         if self.on_step is not None:

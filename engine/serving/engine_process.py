@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, check_sampling_params
 from engine.outputs import RequestOutput, StreamDelta
-from engine.serving.async_engine import EngineFrontend, EngineStats, _deliver, _Request, step_items
+from engine.serving.async_engine import EngineFrontend, EngineStats, _Request, step_items
 from samplers import SamplingParams
 
 START_TIMEOUT_S = 1800.0  # a first load dequantizes the default model: minutes on 2 cores
@@ -141,25 +140,7 @@ class ProcessEngine(EngineFrontend):
     def _on_step(self, deltas: list[tuple[str, StreamDelta]],
                  outputs: list[tuple[str, RequestOutput]], ended: list[str],
                  stats: EngineStats, counters: EngineCounters) -> None:
-        now = time.perf_counter()
-        posts: list[tuple[Any, StreamDelta | RequestOutput | None]] = []
-        for request_id, delta in deltas:
-            request = self._requests[request_id]
-            if request.first_token is None and delta.token_ids:
-                request.first_token = now
-            posts.append((request.out, delta))
-        for request_id, output in outputs:
-            request = self._requests.pop(request_id)
-            self._finished(request)
-            if self.on_finish is not None:
-                self.on_finish(output, request.arrival, request.first_token, now)
-            posts += [(request.out, output), (request.out, None)]
-        for request_id in ended:  # aborted: its client is gone or going
-            request = self._requests.pop(request_id)
-            self._finished(request)
-            posts.append((request.out, None))
-        if posts and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_deliver, posts)
+        self._deliver_step(self._requests, deltas, outputs, ended)
         self.stats = stats
         self.engine.metrics = counters
         if self.on_step is not None:
