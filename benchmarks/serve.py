@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--kind", default="copy", choices=sorted(PROMPT_KINDS))
     parser.add_argument("--server-args", default="", help="extra flags for both servers")
+    parser.add_argument("--spec-server-args", default="", help="extra flags for the n-gram "
+                        "server only (e.g. controller settings)")
     parser.add_argument("--token-prompts", type=int, metavar="VOCAB_SIZE", help="token-id "
                         "prompts of this vocabulary through /v1/completions (random-weight "
                         "checkpoints of benchmarks/parallel.py save): a 48-token passage twice "
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     rates = [float(r) for r in args.rates.split(",")]
     prompts = list(PROMPT_KINDS[args.kind].values()) if args.token_prompts is None else [
         random_prompt(args.kind, i, args.token_prompts) for i in range(16)]
-    systems = {"n-gram": [], "no speculation": ["--method", "none"]}
+    systems = {"n-gram": args.spec_server_args.split(), "no speculation": ["--method", "none"]}
     table: dict[str, list[dict]] = {}
     for name, flags in systems.items():
         proc, base = start_server(args, flags + args.server_args.split())
