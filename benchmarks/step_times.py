@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--methods", default="none,ngram",
                    help="comma-separated: none, ngram, ngram-fixed (no controller), "
-                        "early_exit, eagle, oracle, oracle-fixed")
+                        "early_exit, eagle, eagle-eager (its draft chain without CUDA graphs), "
+                        "oracle, oracle-fixed")
     p.add_argument("--alpha", type=float, default=0.9,
                    help="the oracle's chance that a draft is right")
     p.add_argument("-k", type=int, default=4)
@@ -223,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
             "method": "oracle_bench" if name == "oracle" else name,
             "num_speculative_tokens": args.k, "adaptive_k": fixed != "fixed"}
         llm = build(spec)
+        if fixed == "eager":  # the head's draft chain eager, the rest as usual
+            llm.engine.proposer.graphs = None
         for _ in range(args.warmups):
             engine_generate(llm, prompts, args.max_tokens)
         engines[method] = (llm, StepClock(llm.engine))

@@ -172,7 +172,8 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
         return load_model(name, dtype=config.dtype, device=str(device))
 
     return ProposerContext(model, tokenizer, vocab_size, device, config.dtype,
-                           config.max_num_seqs, max_model_len, load, make_runner, generator)
+                           config.max_num_seqs, max_model_len, load, make_runner, generator,
+                           cuda_graphs=device.type == "cuda" and graph_max_new(config) > 0)
 
 
 def graph_max_new(config: EngineConfig) -> int:

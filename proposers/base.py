@@ -145,3 +145,5 @@ class ProposerContext:
     make_runner: Callable[[nn.Module], DraftRunner]
     # what requests without a generator of their own draw from (None: torch's global RNG)
     generator: torch.Generator | None = None
+    # the engine replays CUDA graphs (on a CUDA device, not enforce_eager): a proposer may too
+    cuda_graphs: bool = False

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from proposers.base import Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.head_graphs import HeadGraphs
 from proposers.registry import register_proposer
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m"
@@ -92,10 +93,15 @@ class DraftHeadProposer(Proposer):
     needs_features = True  # the engine hands it each verified position's feature
 
     def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module,
-                 vocab_size: int) -> None:
+                 vocab_size: int, graphs_max_batch: int = 0) -> None:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.vocab_size = vocab_size
         self._features: dict[str | int, torch.Tensor] = {}  # req id -> [hidden_size]
+        # on CUDA (graphs_max_batch > 0): the draft chain replays CUDA graphs by batch bucket
+        weight = head.up.weight
+        self.graphs = None if not graphs_max_batch or weight.device.type != "cuda" else \
+            HeadGraphs(self.chain, head.hidden_size, weight.dtype, weight.device,
+                       graphs_max_batch)
 
     def on_features(self, req_ids: Sequence[str | int], features: torch.Tensor) -> None:
         """Keep each request's feature at its last verified position (the one whose logits gave
@@ -119,16 +125,23 @@ class DraftHeadProposer(Proposer):
         tokens = torch.tensor([requests[i].token_ids[-1] for i in ready],
                               device=weight.device)  # [n]
         steps = max(requests[i].num_spec_tokens for i in ready)
-        out = torch.empty((len(ready), steps), dtype=torch.long, device=weight.device)
-        for j in range(steps):
-            features = self.head(features, self.embed(tokens).to(weight.dtype))
-            logits = self.lm_head(features)[:, :self.vocab_size]  # [n, vocab_size]
-            tokens = logits.argmax(dim=-1)  # [n]
-            out[:, j] = tokens
+        out = (self.chain if self.graphs is None else self.graphs.run)(features, tokens, steps)
         rows = out.tolist()
         for row, i in zip(rows, ready, strict=True):
             drafts[i] = row[:requests[i].num_spec_tokens]
         return Proposal(drafts, None)
+
+    def chain(self, features: torch.Tensor, tokens: torch.Tensor, steps: int) -> torch.Tensor:
+        """``steps`` chained greedy drafts from ``features [n, hidden_size]`` (each sequence's
+        last verified feature) and ``tokens [n]`` (its newest token): ``[n, steps]``."""
+        dtype = self.head.up.weight.dtype
+        out = torch.empty((features.shape[0], steps), dtype=torch.long, device=features.device)
+        for j in range(steps):
+            features = self.head(features, self.embed(tokens).to(dtype))
+            logits = self.lm_head(features)[:, :self.vocab_size]  # [n, vocab_size]
+            tokens = logits.argmax(dim=-1)  # [n]
+            out[:, j] = tokens
+        return out
 
 
 @register_proposer("eagle")
@@ -145,4 +158,5 @@ def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     dtype = target.get_input_embeddings().weight.dtype
     head = head.to(device=ctx.device, dtype=dtype).eval()
     return DraftHeadProposer(head, target.get_input_embeddings(),
-                             target.get_output_embeddings(), ctx.vocab_size)
+                             target.get_output_embeddings(), ctx.vocab_size,
+                             ctx.max_num_seqs if ctx.cuda_graphs else 0)

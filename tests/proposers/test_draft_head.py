@@ -3,6 +3,8 @@ the engine hands it, and greedy output equal to Hugging Face's with it on."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -69,6 +71,57 @@ def test_drafts_chain_the_heads_predicted_features_through_the_output_head(targe
     assert got == want + [[]]
     proposer.remove("a")
     assert proposer.propose(requests[:1]).draft_token_ids == [[]]
+
+
+def written_out_drafts(head, embed, lm_head, features, last_tokens, steps) -> list[list[int]]:
+    """The oracle: each sequence's chain one step at a time, no batching, no padding."""
+    want = []
+    with torch.no_grad():
+        for f, token in zip(features, last_tokens, strict=True):
+            drafts = []
+            for _ in range(steps):
+                f = head(f[None], embed(torch.tensor([token], device=f.device)))[0]
+                token = int(lm_head(f).argmax())
+                drafts.append(token)
+            want.append(drafts)
+    return want
+
+
+@pytest.mark.parametrize("batch, steps", [(1, 1), (3, 2), (5, 3)])
+def test_a_bucket_padded_with_zero_rows_drafts_what_the_batch_alone_does(target, batch, steps):
+    """Each bucket's layout (batch rounded up to a power of two, padding rows of zero features
+    and token 0) run eagerly, as its CUDA graph replays it: the real rows' drafts are unchanged."""
+    from proposers.head_graphs import HeadGraphs
+
+    head = random_head(target.config.hidden_size, seed=4)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = DraftHeadProposer(head, embed, lm_head, VOCAB)
+    graphs = HeadGraphs(proposer.chain, target.config.hidden_size, torch.float32,
+                        torch.device("cpu"), max_batch=8, capture=False)
+    features = torch.randn(batch, target.config.hidden_size)
+    tokens = torch.randint(0, VOCAB, (batch,))
+    want = written_out_drafts(head, embed, lm_head, features, tokens.tolist(), steps)
+    with torch.no_grad():
+        for _ in range(3):  # first meeting eager, then the bucket's padded layout
+            assert graphs.run(features, tokens, steps).tolist() == want
+    assert graphs.num_graphs == 1 and graphs.num_replays == 2
+    assert graphs.bucket(batch) == {1: 1, 3: 4, 5: 8}[batch]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_the_draft_chain_replays_cuda_graphs_that_match_the_eager_chain(target):
+    model = copy.deepcopy(target).cuda()
+    head = random_head(model.config.hidden_size, seed=5).cuda()
+    proposer = DraftHeadProposer(head, model.get_input_embeddings(),
+                                 model.get_output_embeddings(), VOCAB, graphs_max_batch=8)
+    assert proposer.graphs is not None
+    for batch, steps in [(2, 3), (2, 3), (2, 3), (7, 1), (7, 1), (8, 4), (8, 4)]:
+        features = torch.randn(batch, model.config.hidden_size, device="cuda")
+        tokens = torch.randint(0, VOCAB, (batch,), device="cuda")
+        with torch.inference_mode():
+            got = proposer.graphs.run(features, tokens, steps).tolist()
+            assert got == proposer.chain(features, tokens, steps).tolist()
+    assert proposer.graphs.num_graphs == 3 and proposer.graphs.num_replays == 4
 
 
 def make_llm(target, head_dir, **spec) -> LLM:
