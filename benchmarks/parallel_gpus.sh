@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The two-GPU session of issue 19, whole: the tests that need two GPUs, then the benchmark of one
+# GPU against layers spread over two (accelerate's device_map) and tensor parallel over two
+# (transformers' tp_plan under torchrun), each with and without n-gram speculation, on a random
+# checkpoint of the 8B shape. Run from the repository root on a machine with two GPUs:
+#
+#     bash benchmarks/parallel_gpus.sh [OUT_DIR]      # default OUT_DIR: ./parallel-out
+#
+# Writes OUT_DIR/{tests.txt, single.json, pipeline.json, tp-none.json, tp-ngram.json, table.txt}.
+# MODEL (default random-llama-8b), BATCH_SIZES (1,32) and MAX_TOKENS (128) can be set in the
+# environment; CKPT (default /tmp/specdec-<MODEL>) is where the random checkpoint is written.
+set -euo pipefail
+
+OUT=${1:-parallel-out}
+MODEL=${MODEL:-random-llama-8b}
+BATCH_SIZES=${BATCH_SIZES:-1,32}
+MAX_TOKENS=${MAX_TOKENS:-128}
+CKPT=${CKPT:-/tmp/specdec-$MODEL}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+
+gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
+if [ "$gpus" -lt 2 ]; then
+    echo "error: this script needs two GPUs, found $gpus" >&2
+    exit 2
+fi
+
+# 1. The tests whose two-GPU cases skip elsewhere: tensor parallel over NCCL against Hugging Face,
+#    and a model split over two GPUs with its KV pools beside its layers.
+$PY -m pytest -q -rs tests/engine/runner/test_tensor_parallel.py \
+    tests/engine/runner/test_spread_model.py 2>&1 | tee "$OUT/tests.txt"
+
+# 2. The benchmark: one random checkpoint, every layout on the same prompts.
+[ -f "$CKPT/config.json" ] || $PY benchmarks/parallel.py save --model "$MODEL" --dir "$CKPT"
+common=(--model "$CKPT" --batch-sizes "$BATCH_SIZES" --max-tokens "$MAX_TOKENS")
+$PY benchmarks/parallel.py run --layout single "${common[@]}" --json "$OUT/single.json"
+$PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --json "$OUT/pipeline.json"
+for method in none ngram; do
+    torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
+        --methods "$method" "${common[@]}" --json "$OUT/tp-$method.json"
+done
+$PY benchmarks/parallel.py table "$OUT/single.json" "$OUT/pipeline.json" \
+    "$OUT/tp-none.json" "$OUT/tp-ngram.json" | tee "$OUT/table.txt"
