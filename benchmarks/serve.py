@@ -20,6 +20,7 @@ import asyncio
 import json
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -132,6 +133,16 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def median_rounds(runs: list[list[dict]]) -> list[dict]:
+    """Per rate: the median over rounds of each summary value, and every round's values."""
+    out = []
+    for per_rate in zip(*runs, strict=True):
+        merged = {key: statistics.median(row[key] for row in per_rate) for key in per_rate[0]}
+        merged["rounds"] = list(per_rate)
+        out.append(merged)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -147,24 +158,29 @@ def main(argv: list[str] | None = None) -> None:
                         "prompts of this vocabulary through /v1/completions (random-weight "
                         "checkpoints of benchmarks/parallel.py save): a 48-token passage twice "
                         "then its start (copy), or 104 unrelated tokens (open)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of both systems, "
+                        "alternating, each on fresh arrival schedules; the table shows the "
+                        "median of the rounds and each round's ratio")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     prompts = list(PROMPT_KINDS[args.kind].values()) if args.token_prompts is None else [
         random_prompt(args.kind, i, args.token_prompts) for i in range(16)]
     systems = {"n-gram": args.spec_server_args.split(), "no speculation": ["--method", "none"]}
-    table: dict[str, list[dict]] = {}
-    for name, flags in systems.items():
-        proc, base = start_server(args, flags + args.server_args.split())
-        try:
-            asyncio.run(run_rate(base, prompts, rates[0], argparse.Namespace(
-                num_requests=2, max_tokens=8), seed=99))  # warm-up (graphs, caches)
-            rows = [asyncio.run(run_rate(base, prompts, rate, args, seed=i))
-                    for i, rate in enumerate(rates)]
-            table[name] = summarize(rows)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    rounds: dict[str, list[list[dict]]] = {name: [] for name in systems}
+    for r in range(args.repeats):
+        for name, flags in systems.items():
+            proc, base = start_server(args, flags + args.server_args.split())
+            try:
+                asyncio.run(run_rate(base, prompts, rates[0], argparse.Namespace(
+                    num_requests=2, max_tokens=8), seed=99))  # warm-up (graphs, caches)
+                rows = [asyncio.run(run_rate(base, prompts, rate, args, seed=i + 1000 * r))
+                        for i, rate in enumerate(rates)]
+                rounds[name].append(summarize(rows))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+    table = {name: median_rounds(runs) for name, runs in rounds.items()}
     print(f"\nserving {args.model} on {args.device}, {args.kind} prompts, {args.num_requests} "
           f"requests per rate, greedy, up to {args.max_tokens} tokens each")
     print(f"{'rate/s':>7} {'system':<15} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
@@ -173,9 +189,12 @@ def main(argv: list[str] | None = None) -> None:
         for name in systems:
             r = table[name][i]
             ratio = r["tpot_p50"] / table["no speculation"][i]["tpot_p50"]
+            each = [a[i]["tpot_p50"] / b[i]["tpot_p50"]
+                    for a, b in zip(rounds[name], rounds["no speculation"], strict=True)]
             print(f"{rate:7.2f} {name:<15} {r['tokens_per_s']:8.1f} {r['ttft_p50']:9.3f} "
                   f"{r['ttft_p99']:9.3f} {r['tpot_p50']:9.4f} {r['tpot_p99']:9.4f} "
-                  f"{ratio:19.2f}")
+                  f"{ratio:19.2f}" + (f"  rounds: {' '.join(f'{e:.2f}' for e in each)}"
+                                      if args.repeats > 1 else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "table": table}, indent=2))
         print(f"wrote {args.json}")
