@@ -105,10 +105,7 @@ class ProcessEngine(EngineFrontend):
         self._reader.start()
 
     def stop(self) -> None:
-        try:
-            self._submit(("stop",))
-        except (OSError, ValueError):
-            pass  # (already gone)
+        self._submit(("stop",))
         self._process.join(30)
         if self._process.is_alive():
             self._process.terminate()
@@ -120,8 +117,13 @@ class ProcessEngine(EngineFrontend):
             request = command[1]
             self._requests[request.request_id] = request
             command = ("add", request.request_id, *command[2:])
-        with self._send_lock:
-            self._commands.send(command)
+        try:
+            with self._send_lock:
+                self._commands.send(command)
+        except (OSError, ValueError):  # the engine process is gone: the reader says so too
+            if self.error is None:
+                self.error = RuntimeError(f"the engine process exited (exit code "
+                                          f"{self._process.exitcode})")
 
     # ---------------------------------------------------------------- the reader thread
     def _read(self) -> None:

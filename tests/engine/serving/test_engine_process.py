@@ -96,3 +96,4 @@ def test_a_dead_engine_process_ends_every_waiting_request(model_dir):
     assert engine.error is not None
     with pytest.raises(RuntimeError, match="the engine stopped"):
         engine.add(None, PROMPTS[0], GREEDY)
+    engine.abort("req-0")  # (a client leaving after the end: the pipe is gone, nothing raises)
