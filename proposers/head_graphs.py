@@ -25,7 +25,7 @@ import torch
 
 # chain(features [n, hidden_size], tokens [n], steps) -> drafts [n, steps] (long)
 Chain = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-CAPTURE_AT = 2  # a bucket is captured the time it is met
+CAPTURE_AT = 2  # a bucket is captured the second time it is met (the first runs eager)
 
 
 @dataclass

@@ -252,11 +252,15 @@ class AsyncEngine(EngineFrontend):
             self.on_step()
 
     def _update_stats(self) -> None:
-        scheduler = self.engine.scheduler
-        self.stats.num_waiting, self.stats.num_running = (len(scheduler.waiting),
-                                                          len(scheduler.running))
-        self.stats.num_free_kv_tokens = self.engine.runner.num_free_tokens
+        self.stats = engine_stats(self.engine, self.stats.steps)
 
+
+
+def engine_stats(engine: LLMEngine, steps: int) -> EngineStats:
+    """The gauges /metrics reads, as the engine stands now."""
+    scheduler = engine.scheduler
+    return EngineStats(len(scheduler.waiting), len(scheduler.running),
+                       engine.runner.num_free_tokens, steps)
 
 
 def step_items(engine: LLMEngine, held: Container[str],

@@ -30,7 +30,13 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, check_sampling_params
 from engine.outputs import RequestOutput, StreamDelta
-from engine.serving.async_engine import EngineFrontend, EngineStats, _Request, step_items
+from engine.serving.async_engine import (
+    EngineFrontend,
+    EngineStats,
+    _Request,
+    engine_stats,
+    step_items,
+)
 from samplers import SamplingParams
 
 START_TIMEOUT_S = 1800.0  # a first load dequantizes the default model: minutes on 2 cores
@@ -173,7 +179,7 @@ def _engine_main(config: EngineConfig, commands: Any, events: Any) -> None:
             deltas, outputs = step_items(engine, held) if ran else ([], [])
             held.difference_update(rid for rid, _ in outputs)
             steps += ran
-            events.send(("step", deltas, outputs, ended, _stats(engine, steps),
+            events.send(("step", deltas, outputs, ended, engine_stats(engine, steps),
                          _counters(engine)))
     except BaseException as exc:  # noqa: BLE001 - every waiting client must hear of it
         events.send(("failed", f"{type(exc).__name__}: {exc}"))
@@ -198,12 +204,6 @@ def _take_commands(engine: LLMEngine, commands: Any, held: set[str], ended: list
             ended.append(command[1])
         if not commands.poll():
             return True
-
-
-def _stats(engine: LLMEngine, steps: int) -> EngineStats:
-    scheduler = engine.scheduler
-    return EngineStats(len(scheduler.waiting), len(scheduler.running),
-                       engine.runner.num_free_tokens, steps)
 
 
 def _counters(engine: LLMEngine) -> EngineCounters:
