@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma list of " + ",".join(METHODS))
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, dest="k")
     p.add_argument("--num-early-exit-layers", type=int, default=None)
+    p.add_argument("--fixed-k", action="store_true",
+                   help="every step verifies k drafts (adaptive_k off): the proposer alone")
     p.add_argument("--eagle-head", default=None,
                    help="draft head directory for method eagle (default: the shipped head)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
@@ -95,6 +97,8 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
     if method in ("none", "eager"):
         return None
     spec = {"method": method, "num_speculative_tokens": args.k}
+    if args.fixed_k:
+        spec["adaptive_k"] = False
     if method == "early_exit" and args.num_early_exit_layers is not None:
         spec["num_early_exit_layers"] = args.num_early_exit_layers
     if method == "draft_model":

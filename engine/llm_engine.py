@@ -36,7 +36,7 @@ from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop
-from proposers import ProposeRequest
+from proposers import FeatureUpdate, ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
 from samplers.logits_adjust import tokenize_bad_words
 from samplers.logits_processing import process_logits
@@ -76,6 +76,8 @@ class _StepBatch:
     first_proposal: bool = False  # a sequence's first, or the first after steps without one
     # (the proposer reads what it missed: slow)
     proposed: bool = False  # the proposer was asked for drafts
+    # timed like the proposals after it (not a first look at a prompt, a graph capture ...)
+    typical_proposal: bool = False
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
@@ -113,6 +115,8 @@ class LLMEngine:
         self.model, self.tokenizer = parts.model, parts.tokenizer
         self.runner, self.proposer, self.sampler = parts.runner, parts.proposer, parts.sampler
         self.greedy_sampler = parts.greedy_sampler
+        if self.proposer is not None and self.proposer.needs_features:
+            self.runner.keep_features(True)
         self.device = parts.device
         self.vocab_size = parts.vocab_size
         self.max_model_len = parts.max_model_len
@@ -242,6 +246,7 @@ class LLMEngine:
             tokens, logprob_rows = self._verify(batch, logits)
             updated += self._append_and_stop(batch, tokens, logprob_rows)
             self._rollback(batch)
+        self._hand_features(batch)
         self._record(batch, start)
         return updated
 
@@ -298,6 +303,7 @@ class LLMEngine:
                 batch.probs[i] = proposal.draft_probs[offset:offset + len(batch.drafts[i])]
             offset += len(proposed)
         batch.propose_s = time.perf_counter() - start
+        batch.typical_proposal = not batch.first_proposal and self.proposer.last_proposal_steady
         batch.num_draft_steps = max(len(d) for d in proposal.draft_token_ids)
 
     def _forward(self, batch: _StepBatch) -> torch.Tensor | None:
@@ -461,25 +467,33 @@ class LLMEngine:
                 self._release(seq)
             updated.append(seq)
         self._update_policy(batch)
-        self._hand_features(batch)
         return updated
 
     def _hand_features(self, batch: _StepBatch) -> None:
         """A proposer that drafts from the target's features (a draft head) gets each running
-        sequence's final hidden state at its last verified position: the row whose logits gave
-        its newest token."""
+        sequence's final hidden states at the positions this forward verified: a prefill
+        chunk's, or the fed token's and its accepted drafts' (the rows of the forward's token
+        layout, :meth:`_plan_forward`)."""
         if self.proposer is None or not self.proposer.needs_features:
             return
-        ids, rows = [], []
-        for i, result in zip(batch.sampling, batch.verified, strict=True):
-            seq = batch.items[i].seq
-            if not seq.is_finished:
-                ids.append(seq.seq_id)
-                rows.append(result.first_row + min(result.num_accepted, result.num_drafted))
-        hidden = self.runner.last_hidden  # [num_kept_rows (+ prompt rows), hidden_size]
-        if ids and hidden is not None:
-            index = torch.tensor(rows, device=hidden.device)
-            self.proposer.on_features(ids, hidden.index_select(0, index))
+        hidden = self.runner.all_hidden  # [total_new_tokens, hidden_size]
+        results = dict(zip(batch.sampling, batch.verified, strict=True))
+        updates, rows, offset = [], [], 0
+        for i, item in enumerate(batch.items):
+            seq, start = item.seq, offset
+            offset += item.num_context_tokens + len(batch.drafts[i])
+            if seq.is_finished:
+                continue
+            result = results.get(i)
+            count = item.num_context_tokens + (result.num_accepted if result else 0)
+            # (a chunk that does not sample has already counted its tokens as computed)
+            first = (result.num_tokens_before if result else seq.num_computed_tokens) \
+                - item.num_context_tokens
+            updates.append(FeatureUpdate(seq.seq_id, first, count, seq.all_token_ids))
+            rows.extend(range(start, start + count))
+        if updates and hidden is not None:
+            self.proposer.on_features(updates, hidden.index_select(
+                0, torch.tensor(rows, device=hidden.device)))
 
     def _update_policy(self, batch: _StepBatch) -> None:
         """The speculation controller learns the step's acceptance, all sequences at once (a
@@ -529,6 +543,6 @@ class LLMEngine:
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.drafts,
                                          end - start - batch.propose_s,
-                                         None if batch.first_proposal else batch.propose_s)
+                                         batch.propose_s if batch.typical_proposal else None)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
-                                 batch.num_draft_steps)
+                                 batch.num_draft_steps if batch.typical_proposal else 0)

@@ -11,7 +11,14 @@ from proposers import (  # noqa: F401 (they register themselves)
     early_exit,
     ngram,
 )
-from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.base import (
+    DraftRunner,
+    FeatureUpdate,
+    Proposal,
+    Proposer,
+    ProposerContext,
+    ProposeRequest,
+)
 from proposers.registry import (
     available_proposers,
     get_proposer,
@@ -19,5 +26,6 @@ from proposers.registry import (
     register_proposer,
 )
 
-__all__ = ["DraftRunner", "Proposal", "ProposeRequest", "Proposer", "ProposerContext",
-           "available_proposers", "get_proposer", "proposer_needs_kv_cache", "register_proposer"]
+__all__ = ["DraftRunner", "FeatureUpdate", "Proposal", "ProposeRequest", "Proposer",
+           "ProposerContext", "available_proposers", "get_proposer", "proposer_needs_kv_cache",
+           "register_proposer"]

@@ -84,8 +84,12 @@ class Proposer(ABC):
     """
 
     drafts_are_free: bool = False
+    # ``last_proposal_steady``: the last :meth:`propose` was timed like the ones after it (False
+    # after one that captured a CUDA graph or ran a shape for the first time: the engine keeps
+    # its time out of the speculation controller's costs)
+    last_proposal_steady: bool = True
     # ``needs_features``: the proposer drafts from the target's final hidden states, which the
-    # engine hands it after each verification (:meth:`on_features`)
+    # engine hands it after each forward (:meth:`on_features`)
     needs_features: bool = False
 
     @abstractmethod
@@ -101,10 +105,25 @@ class Proposer(ABC):
     def remove(self, req_id: str | int) -> None:  # noqa: B027
         """The request finished or was preempted: forget its state."""
 
-    def on_features(self, req_ids: Sequence[str | int],  # noqa: B027
+    def on_features(self, updates: Sequence[FeatureUpdate],  # noqa: B027
                     features: torch.Tensor) -> None:
-        """``features [len(req_ids), hidden_size]``: each running request's target feature at
-        its last verified position (called only when ``needs_features``)."""
+        """``features [sum(u.count for u in updates), hidden_size]``: the target's final hidden
+        states of the positions each update names, in order (called only when
+        ``needs_features``)."""
+
+
+@dataclass
+class FeatureUpdate:
+    """A request's verified target features of one step: the positions ``start .. start +
+    count - 1`` (every position whose token the target computed on a context it keeps: a
+    prefill chunk's, or a verification's fed token and its accepted drafts). ``token_ids`` is
+    the request's context after the step, so ``token_ids[j + 1]`` is the token that position
+    ``j``'s logits gave."""
+
+    req_id: str | int
+    start: int
+    count: int
+    token_ids: Sequence[int]
 
 
 class DraftRunner(Protocol):

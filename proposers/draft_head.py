@@ -1,30 +1,31 @@
 """A trained draft head on the target's own hidden states (EAGLE-style feature drafting).
 
-EAGLE (Li et al., arXiv 2401.15077) drafts from the target's *features*, the last hidden state
-that its output head reads, instead of from tokens alone: the feature at position ``t`` and the
-embedding of the token sampled there predict the feature at ``t + 1``, which the target's own
-output head turns into the next draft; the prediction is fed back for the next draft. The
-target's hidden state already holds most of what the next token needs, so a head this small
-(one block, about a tenth of a decoder layer's attention-free cost) drafts far better than a
-draft model of its size.
+The network is :class:`proposers.head_model.DraftHead` (one decoder layer). After every target
+forward the engine hands the proposer the features of the positions it verified
+(:meth:`DraftHeadProposer.on_features`); the proposer keeps them *pending* with the token that
+followed each, and at the next proposal writes their keys and values into the head's KV cache
+(:mod:`proposers.head_cache`) and queries the newest one: that gives the first draft; each further
+draft feeds the head's predicted feature and its draft back in, one position further. Drafts
+write the cache past the committed length, where the next verified pairs overwrite them: a
+rejection needs no rollback. Drafts are the head's argmax (one-hot drafts: rejection sampling
+stays exact for sampled requests too).
 
-This head, version 1 (attention-free): ``f' = f + W2 act(W1 [norm(f); norm(e(x))])``, ``f`` the
-target's final (normed) hidden state ``[hidden_size]``, ``e`` the target's input embedding.
-Without attention it needs no KV cache of its own and no rollback: a sequence's state is the
-one feature of its last verified position, which the target's verification forward computes
-anyway (``Proposer.on_features``). Drafting ``k`` tokens for the whole batch is ``k`` batched
-steps of the head plus the output head. Drafts are the head's argmax (one-hot drafts: rejection
-sampling stays exact for sampled requests too).
+Pending pairs are bounded: a request that goes more than ``num_speculative_tokens + 1`` positions
+without a proposal (a prompt, or steps the controller left without drafts) has all but its newest
+pair written at once, in one batched projection with every other such request of the step.
+
+On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
+per layout: batch rounded up to a power of two and the number of drafts, pending rows padded to
+``num_speculative_tokens + 1`` per request, every key of the cache read
+(:mod:`proposers.head_graphs`).
 
 The weights (``safetensors``) and a ``draft_head.json`` of its shape live in a directory; the
 factory loads ``SpeculativeConfig.model`` when given, else the head shipped for the default
-model (:data:`DEFAULT_HEAD_DIR`). Training: ``examples/train_draft_head.py`` (self-distillation
-on the target's own outputs).
+model (:data:`DEFAULT_HEAD_DIR`). Training: ``examples/train_draft_head.py``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,116 +33,212 @@ from typing import Any
 import torch
 from torch import nn
 
-from proposers.base import Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.head_cache import HeadKVCache
 from proposers.head_graphs import HeadGraphs
+from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m"
-CONFIG_NAME, WEIGHTS_NAME = "draft_head.json", "draft_head.safetensors"
+
+__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "DraftHeadProposer"]
 
 
-class DraftHead(nn.Module):
-    """``forward(features [n, hidden], token_embeddings [n, hidden]) -> features [n, hidden]``:
-    the predicted feature of the next position (see the module docstring)."""
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
-    def __init__(self, hidden_size: int, intermediate_size: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.feature_norm = nn.RMSNorm(hidden_size, eps=eps)
-        self.token_norm = nn.RMSNorm(hidden_size, eps=eps)
-        self.up = nn.Linear(2 * hidden_size, intermediate_size, bias=False)
-        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.act = nn.SiLU()
 
-    def forward(self, features: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
-        both = torch.cat([self.feature_norm(features), self.token_norm(token_embeddings)], -1)
-        return features + self.down(self.act(self.up(both)))  # [n, hidden_size]
+class _Pending:
+    """A request's verified pairs not yet in the head's cache: features ``[n, hidden_size]``
+    and the token after each position."""
 
-    def shape(self) -> dict[str, int]:
-        return {"hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size}
-
-    def save(self, directory: str | Path, card: dict[str, Any] | None = None) -> None:
-        """The weights and shape, in ``directory`` (plus ``card``: how it was trained)."""
-        from safetensors.torch import save_file
-
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
-                  str(out / WEIGHTS_NAME))
-        (out / CONFIG_NAME).write_text(json.dumps({**self.shape(), **(card or {})}, indent=1))
-
-    @classmethod
-    def load(cls, directory: str | Path) -> DraftHead:
-        from safetensors.torch import load_file
-
-        path = Path(directory)
-        config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
-        for f in (config_file, weights_file):
-            if not f.is_file():
-                raise ValueError(f"draft head directory {str(path)!r} lacks {f.name}: a head is "
-                                 f"saved by DraftHead.save (examples/train_draft_head.py)")
-        shape = json.loads(config_file.read_text())
-        head = cls(int(shape["hidden_size"]), int(shape["intermediate_size"]))
-        head.load_state_dict(load_file(str(weights_file)))
-        return head
+    def __init__(self) -> None:
+        self.features: list[torch.Tensor] = []
+        self.tokens: list[int] = []
 
 
 class DraftHeadProposer(Proposer):
     """Chained greedy drafts from a :class:`DraftHead` over the target's features.
-    ``embed``: the target's input embedding; ``lm_head``: its output head."""
+    ``embed``: the target's input embedding; ``lm_head``: its output head; ``max_pending``:
+    ``num_speculative_tokens + 1``."""
 
-    needs_features = True  # the engine hands it each verified position's feature
+    needs_features = True
 
-    def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module,
-                 vocab_size: int, graphs_max_batch: int = 0) -> None:
+    def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module, vocab_size: int,
+                 max_num_seqs: int, max_model_len: int, max_pending: int,
+                 graphs: bool = False, capture: bool = True) -> None:
         self.head, self.embed, self.lm_head = head, embed, lm_head
-        self.vocab_size = vocab_size
-        self._features: dict[str | int, torch.Tensor] = {}  # req id -> [hidden_size]
-        # on CUDA (graphs_max_batch > 0): the draft chain replays CUDA graphs by batch bucket
-        weight = head.up.weight
-        self.graphs = None if not graphs_max_batch or weight.device.type != "cuda" else \
-            HeadGraphs(self.chain, head.hidden_size, weight.dtype, weight.device,
-                       graphs_max_batch)
+        self.vocab_size, self.max_pending = vocab_size, max_pending
+        weight = head.fc.weight
+        self.cache = HeadKVCache(max_num_seqs, head.num_kv_heads, head.head_dim, weight.dtype,
+                                 weight.device, max_model_len + max_pending + 1)
+        self._pending: dict[str | int, _Pending] = {}
+        self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
+        self.graphs = HeadGraphs(weight.device, capture) if graphs else None
+        # replayed from CUDA graphs a proposal of k drafts costs a few percent of a target step
+        # (measured, H100: 0.07 ms against 4 ms): the controller then asks for every
+        # sequence's cap and picks the width after, as for n-gram (eager, k drafts cost k runs of
+        # the output head: planned before, as for a draft model)
+        self.drafts_are_free = graphs
+        self._generation = self.cache.generation
 
-    def on_features(self, req_ids: Sequence[str | int], features: torch.Tensor) -> None:
-        """Keep each request's feature at its last verified position (the one whose logits gave
-        its newest token)."""
-        for i, req_id in enumerate(req_ids):
-            self._features[req_id] = features[i]
+    # ---- features in ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def on_features(self, updates: Sequence[FeatureUpdate], features: torch.Tensor) -> None:
+        flush: list[tuple[str | int, int]] = []  # (request, pairs to write now)
+        offset = 0
+        for u in updates:
+            rows, offset = features[offset:offset + u.count], offset + u.count
+            if u.req_id in self._broken or u.count == 0:
+                continue
+            if u.req_id not in self.cache.slot_of:
+                if u.start != 0:  # (features of a request met mid-way: nothing to attend to)
+                    self._broken.add(u.req_id)
+                    continue
+                self.cache.open(u.req_id)
+                self._pending[u.req_id] = _Pending()
+            pending = self._pending[u.req_id]
+            if u.start != self.cache.length[u.req_id] + len(pending.tokens):
+                self._broken.add(u.req_id)
+                continue
+            pending.features.append(rows)
+            pending.tokens.extend(u.token_ids[u.start + 1:u.start + 1 + u.count])
+            if len(pending.tokens) > self.max_pending:
+                flush.append((u.req_id, len(pending.tokens) - 1))
+        if flush:
+            self._write_now(flush)
+
+    def _write_now(self, flush: list[tuple[str | int, int]]) -> None:
+        """Write each request's oldest pending pairs into the cache, one batched projection
+        (the newest pair stays pending: the next proposal queries it)."""
+        feats, tokens, slots, positions = [], [], [], []
+        for req_id, n in flush:
+            pending = self._pending[req_id]
+            rows = torch.cat(pending.features)  # [pending, hidden_size]
+            start = self.cache.length[req_id]
+            feats.append(rows[:n])
+            tokens += pending.tokens[:n]
+            slots += [self.cache.slot_of[req_id]] * n
+            positions += range(start, start + n)
+            pending.features, pending.tokens = [rows[n:]], pending.tokens[n:]
+            self.cache.length[req_id] = start + n
+        self._ensure(max(positions) + 1)
+        device = self.cache.device
+        index = torch.tensor([tokens, slots, positions], device=device)  # [3, rows]
+        x = self.head.inputs(torch.cat(feats).to(self.cache.dtype), self.embed(index[0]))
+        self.cache.write(index[1], index[2], *self.head.keys_values(x, index[2]))
+
+    def _ensure(self, needed: int) -> None:
+        self.cache.ensure(needed)
+        if self.cache.generation != self._generation and self.graphs is not None:
+            self.graphs.clear()  # (the graphs read the old tensors)
+        self._generation = self.cache.generation
 
     def remove(self, req_id: str | int) -> None:
-        self._features.pop(req_id, None)
+        self.cache.close(req_id)
+        self._pending.pop(req_id, None)
+        self._broken.discard(req_id)
+
+    # ---- drafts out -------------------------------------------------------------------------
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
-        ready = [i for i, r in enumerate(requests)
-                 if r.num_spec_tokens > 0 and r.req_id in self._features]
+        ready = [i for i, r in enumerate(requests) if r.num_spec_tokens > 0
+                 and self._ready(r.req_id, len(r.token_ids))]
         if not ready:
             return Proposal(drafts, None)
-        weight = self.head.up.weight
-        features = torch.stack([self._features[requests[i].req_id] for i in ready]).to(
-            device=weight.device, dtype=weight.dtype)  # [n, hidden_size]
-        tokens = torch.tensor([requests[i].token_ids[-1] for i in ready],
-                              device=weight.device)  # [n]
         steps = max(requests[i].num_spec_tokens for i in ready)
-        out = (self.chain if self.graphs is None else self.graphs.run)(features, tokens, steps)
-        rows = out.tolist()
-        for row, i in zip(rows, ready, strict=True):
+        feats, tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], [], []
+        for i in ready:
+            req_id = requests[i].req_id
+            pending, start = self._pending[req_id], self.cache.length[req_id]
+            n = len(pending.tokens)
+            feats += pending.features
+            tokens += pending.tokens
+            row_slots += [self.cache.slot_of[req_id]] * n
+            row_pos += range(start, start + n)
+            last_rows.append(len(tokens) - 1)
+            slots.append(self.cache.slot_of[req_id])
+            last_pos.append(start + n - 1)
+        generation = self.cache.generation
+        self._ensure(max(last_pos) + steps + 1)
+        num_keys = max(last_pos) + steps
+        if self.graphs is None:
+            out = self._draft(torch.cat(feats).to(self.cache.dtype),
+                              *self._index(tokens, row_slots, row_pos, last_rows, slots,
+                                           last_pos), steps=steps, num_keys=num_keys)
+        else:
+            out = self._draft_graphed(feats, tokens, row_slots, row_pos, last_rows, slots,
+                                      last_pos, steps, num_keys)
+        self.last_proposal_steady = generation == self.cache.generation and (
+            self.graphs is None or self.graphs.last_steady)
+        for i in ready:
+            req_id = requests[i].req_id
+            self.cache.length[req_id] += len(self._pending[req_id].tokens)
+            self._pending[req_id] = _Pending()
+        for row, i in zip(out[:len(ready)].tolist(), ready, strict=True):
             drafts[i] = row[:requests[i].num_spec_tokens]
         return Proposal(drafts, None)
 
-    def chain(self, features: torch.Tensor, tokens: torch.Tensor, steps: int) -> torch.Tensor:
-        """``steps`` chained greedy drafts from ``features [n, hidden_size]`` (each sequence's
-        last verified feature) and ``tokens [n]`` (its newest token): ``[n, steps]``."""
-        dtype = self.head.up.weight.dtype
-        out = torch.empty((features.shape[0], steps), dtype=torch.long, device=features.device)
-        for j in range(steps):
-            features = self.head(features, self.embed(tokens).to(dtype))
-            logits = self.lm_head(features)[:, :self.vocab_size]  # [n, vocab_size]
-            tokens = logits.argmax(dim=-1)  # [n]
-            out[:, j] = tokens
-        return out
+    def _ready(self, req_id: str | int, num_tokens: int) -> bool:
+        """Its features reach the newest token (every position before it is verified)."""
+        pending = self._pending.get(req_id)
+        return (req_id not in self._broken and pending is not None and bool(pending.tokens)
+                and self.cache.length[req_id] + len(pending.tokens) == num_tokens - 1)
+
+    def _index(self, *columns: list[int]) -> list[torch.Tensor]:
+        """Index lists to device tensors in one copy."""
+        flat = torch.tensor([v for c in columns for v in c], device=self.cache.device)
+        return list(flat.split([len(c) for c in columns]))
+
+    def _draft_graphed(self, feats: list[torch.Tensor], tokens: list[int], row_slots: list[int],
+                       row_pos: list[int], last_rows: list[int], slots: list[int],
+                       last_pos: list[int], steps: int, num_keys: int) -> torch.Tensor:
+        """:meth:`_draft` padded to its layout's static shapes, through :class:`HeadGraphs`:
+        padding rows write into the scratch slot and query its position 0."""
+        batch = _pow2(len(slots))
+        pad = batch * self.max_pending - len(tokens)  # (rows: batch * max_pending)
+        # every key of the cache: a layout per (batch, steps) only (a bucket of keys per length
+        # met each new bucket with a capture as a sequence grew), and reading all of them costs
+        # microseconds (a head's cache is small)
+        num_keys = self.cache.capacity
+        pad_b = batch - len(slots)
+        scratch = self.cache.scratch
+        index = self._index(tokens + [0] * pad, row_slots + [scratch] * pad,
+                            row_pos + [0] * pad, last_rows + [0] * pad_b,
+                            slots + [scratch] * pad_b, last_pos + [0] * pad_b)
+        features = torch.cat(feats + [feats[0].new_zeros((pad, feats[0].shape[-1]))])
+        key = (batch, steps, num_keys)
+        return self.graphs.run(
+            key, lambda *a: self._draft(*a, steps=steps, num_keys=num_keys),
+            [features.to(self.cache.dtype), *index])[:len(slots)]
+
+    def _draft(self, features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
+               row_pos: torch.Tensor, last_rows: torch.Tensor, slots: torch.Tensor,
+               last_pos: torch.Tensor, steps: int, num_keys: int) -> torch.Tensor:
+        """Write the pending pairs (``features [rows, hidden_size]``, ``tokens``,
+        ``row_slots``, ``row_pos [rows]``) into the cache, then draft ``steps`` tokens for each
+        request from its newest pair (``last_rows``, ``slots``, ``last_pos [batch]``), reading
+        keys ``0 .. num_keys - 1``: ``[batch, steps]``."""
+        head, cache = self.head, self.cache
+        x = head.inputs(features, self.embed(tokens))  # [rows, hidden_size]
+        cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
+        x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
+        key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
+        out = []
+        for s in range(steps):
+            mask = (key_pos[None, :] <= pos[:, None])[:, None]  # [batch, 1, num_keys]
+            keys = cache.keys[slots, :num_keys]  # [batch, num_keys, kv_heads, head_dim]
+            feature = head.attend(x[:, None], pos[:, None], keys, cache.values[slots, :num_keys],
+                                  mask)[:, 0]  # [batch, hidden_size]
+            token = self.lm_head(feature)[:, :self.vocab_size].argmax(dim=-1)  # [batch]
+            out.append(token)
+            if s + 1 < steps:
+                x, pos = head.inputs(feature, self.embed(token)), pos + 1
+                cache.write(slots, pos, *head.keys_values(x, pos))
+        return torch.stack(out, dim=1)  # [batch, steps]
 
 
 @register_proposer("eagle")
@@ -158,5 +255,6 @@ def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     dtype = target.get_input_embeddings().weight.dtype
     head = head.to(device=ctx.device, dtype=dtype).eval()
     return DraftHeadProposer(head, target.get_input_embeddings(),
-                             target.get_output_embeddings(), ctx.vocab_size,
-                             ctx.max_num_seqs if ctx.cuda_graphs else 0)
+                             target.get_output_embeddings(), ctx.vocab_size, ctx.max_num_seqs,
+                             ctx.max_model_len, config.num_speculative_tokens + 1,
+                             graphs=ctx.cuda_graphs)

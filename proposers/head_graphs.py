@@ -1,94 +1,86 @@
-"""CUDA graphs of the draft head's chain of draft steps, one per (batch bucket, number of drafts).
+"""CUDA graphs of the draft head's proposal, one per static layout (batch bucket, drafts, keys).
 
-A draft of the head (:mod:`proposers.draft_head`) is a dozen small kernels: the token's
-embedding, two norms, two GEMMs, the target's output head and an argmax; ``k`` drafts for a batch
-are ``k`` such steps in a row. On a GPU every launch costs host time, and a step of a small
-target is mostly host time, so the whole chain is captured once per (batch size rounded up to a
-bucket, ``k``) and replayed as one launch. The head has no attention, so its shapes depend on the
-batch size alone: a handful of graphs covers every step (buckets: powers of two up to the
-engine's ``max_num_seqs``). A bucket's chain runs eager the first time it is met (a shape's
-first run initialises cuBLAS and the caching allocator) and is captured the second time.
-Padding rows draft from zero features and token 0; their drafts are dropped.
+A proposal of the head (:mod:`proposers.draft_head`) is a few dozen small kernels: writing the
+verified pairs' keys and values, then per draft a query over the head's cache, the layer, the
+target's output head and an argmax. On a GPU every launch costs host time, and a step of a small
+target is mostly host time, so the whole proposal is captured once per layout and replayed as one
+launch. The caller pads its inputs to the layout (``key``) and hands them in a fixed order; a
+layout runs eager the first time it is met (a shape's first run initialises cuBLAS and the
+caching allocator) and is captured the second time. :meth:`clear` drops every graph (the head's
+cache moved).
 
-The reference is the eager chain itself (``chain``): what runs on CPU, with ``enforce_eager``, and
-what the graph captures unchanged. ``capture=False`` runs each bucket's padded layout eagerly, to
-check the padding off-GPU.
+The reference is the body itself: what runs on CPU and with ``enforce_eager``, and what the graph
+captures unchanged. ``capture=False`` runs each layout eagerly through the same static buffers,
+to check the padding off-GPU.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-# chain(features [n, hidden_size], tokens [n], steps) -> drafts [n, steps] (long)
-Chain = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-CAPTURE_AT = 2  # a bucket is captured the second time it is met (the first runs eager)
+CAPTURE_AT = 2  # a layout is captured the second time it is met (the first runs eager)
+Body = Callable[..., torch.Tensor]  # body(*inputs) -> out
 
 
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph | None
-    features: torch.Tensor  # [bucket, hidden_size] static input
-    tokens: torch.Tensor  # [bucket] static input
-    out: torch.Tensor  # [bucket, steps] static output
+    inputs: list[torch.Tensor]  # static inputs, in the body's argument order
+    out: torch.Tensor  # static output
 
 
 class HeadGraphs:
-    """Replays ``chain`` from CUDA graphs by (batch bucket, steps); see the module docstring."""
+    """Replays ``body(*inputs)`` from CUDA graphs by layout; see the module docstring."""
 
-    def __init__(self, chain: Chain, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device, max_batch: int, capture: bool = True) -> None:
-        self.chain = chain
-        self.hidden_size, self.dtype, self.device = hidden_size, dtype, device
-        self.buckets = [1 << i for i in range(max(max_batch - 1, 0).bit_length() + 1)]
-        self.capture = capture
-        self._graphs: dict[tuple[int, int], _Captured] = {}
-        self._met: Counter[tuple[int, int]] = Counter()
+    def __init__(self, device: torch.device, capture: bool = True) -> None:
+        self.device, self.capture = device, capture
+        self._graphs: dict[Hashable, _Captured] = {}
+        self._met: Counter[Hashable] = Counter()
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.num_replays = 0
+        self.last_steady = True  # the last run replayed a graph captured before it
 
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)
 
-    def bucket(self, batch_size: int) -> int:
-        return next((b for b in self.buckets if b >= batch_size), batch_size)
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._met.clear()
 
-    def run(self, features: torch.Tensor, tokens: torch.Tensor, steps: int) -> torch.Tensor:
-        """``chain(features [n, hidden_size], tokens [n], steps)``: drafts ``[n, steps]``."""
-        n = features.shape[0]
-        key = (self.bucket(n), steps)
+    def run(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``body(*inputs)``, replayed from the graph of ``key`` once it has one. Every call
+        with one ``key`` must pass inputs of the same shapes and dtypes."""
         captured = self._graphs.get(key)
+        self.last_steady = captured is not None
         if captured is None:
             self._met[key] += 1
             if self._met[key] < CAPTURE_AT:
-                return self.chain(features, tokens, steps)
-            captured = self._graphs[key] = self._capture(*key)
-        captured.features[:n].copy_(features)
-        captured.features[n:].zero_()
-        captured.tokens[:n].copy_(tokens)
-        captured.tokens[n:].zero_()
-        if captured.graph is None:  # (capture=False: the padded layout, eagerly)
-            captured.out.copy_(self.chain(captured.features, captured.tokens, steps))
+                return body(*inputs)
+            captured = self._graphs[key] = self._capture(body, inputs)
+        for static, value in zip(captured.inputs, inputs, strict=True):
+            static.copy_(value)
+        if captured.graph is None:  # (capture=False: the static layout, eagerly)
+            captured.out.copy_(body(*captured.inputs))
         else:
             captured.graph.replay()
         self.num_replays += 1
-        return captured.out[:n]
+        return captured.out
 
-    def _capture(self, bucket: int, steps: int) -> _Captured:
-        features = torch.zeros((bucket, self.hidden_size), dtype=self.dtype, device=self.device)
-        tokens = torch.zeros(bucket, dtype=torch.long, device=self.device)
+    def _capture(self, body: Body, inputs: Sequence[torch.Tensor]) -> _Captured:
+        static = [x.clone() for x in inputs]
         if not self.capture:
-            return _Captured(None, features, tokens, self.chain(features, tokens, steps))
+            return _Captured(None, static, body(*static))
         side = torch.cuda.Stream(self.device)  # (warm-up off the capture, as CUDA graphs want)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self.chain(features, tokens, steps)
+            body(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self.chain(features, tokens, steps)
-        return _Captured(graph, features, tokens, out)
+            out = body(*static)
+        return _Captured(graph, static, out)

@@ -168,8 +168,10 @@ class ModelRunner:
         # the last forward timed like the steps after it (not a graph bucket's eager first step
         # or its capture): what the speculation controller's step costs may record
         self.last_step_steady = True
-        # [num_logits, hidden_size] the last forward's final hidden states of its scored rows
-        self.last_hidden: torch.Tensor | None = None
+        # [total_new_tokens, hidden_size] the last forward's final hidden states of every new
+        # token, slot order then token order (kept only after keep_features(True): a draft head)
+        self.all_hidden: torch.Tensor | None = None
+        self._keep_features = False
         if not isinstance(cuda_graph_max_new, int) or cuda_graph_max_new < 0:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
         # (a spread model's hooks move weights or activations: not capturable; every step eager)
@@ -257,10 +259,12 @@ class ModelRunner:
         # a bucket pads with scratch sequences, and each sequence with scratch tokens
         rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
         host, token_rows = self._plan_step(slots, token_ids, starts, rows_new, rows_batch)
-        if logits_indices is not None and not on_device:
-            token_rows = [token_rows[i] for i in logits_indices]
-        meta = self._to_device(host + token_rows)  # one host-to-device copy
-        rows_t = meta[len(host):]  # [num_logits] padded index of each kept row
+        # (a draft head's features: the rows of every new token, before the kept ones)
+        num_all = len(token_rows) if self._keep_features else 0
+        kept = token_rows if logits_indices is None or on_device else [
+            token_rows[i] for i in logits_indices]
+        meta = self._to_device(host + token_rows[:num_all] + kept)  # one host-to-device copy
+        rows_t = meta[len(host) + num_all:]  # [num_logits] padded index of each kept row
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
         self.last_step_steady = True
@@ -275,9 +279,16 @@ class ModelRunner:
                                   uniform, run)
         # (device_map="auto" may leave the last layer and the head on other devices than the
         # embeddings: hidden states and logits come back to the runner's device)
+        if self._keep_features:  # (a draft head reads the target's features)
+            all_rows = meta[len(host):len(host) + num_all].to(hidden.device)
+            self.all_hidden = hidden.index_select(0, all_rows).to(self.device)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        self.last_hidden = hidden.to(self.device)  # (a draft head reads the target's features)
         return self._lm_head(hidden).float().to(self.device)
+
+    def keep_features(self, keep: bool) -> None:
+        """Keep every forward's final hidden states of all new tokens in :attr:`all_hidden`."""
+        self._keep_features = keep
+        self.all_hidden = None
 
     def _hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                 query_offset: int = 0, uniform: bool = False,

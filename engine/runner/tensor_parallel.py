@@ -92,7 +92,7 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
 class LeaderRunner:
     """Rank 0's runner under tensor parallelism: a :class:`ModelRunner` whose state-changing calls
     are replayed by every follower rank (see the module docstring). Everything else (budget,
-    ``vocab_size``, ``last_hidden`` ...) is the wrapped runner's."""
+    ``vocab_size``, ``all_hidden`` ...) is the wrapped runner's."""
 
     def __init__(self, runner: ModelRunner):
         self._runner = runner

@@ -93,10 +93,10 @@ CASES = {
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory, target):
     """A random draft head for the target (method eagle): its drafts are right by chance."""
-    from proposers.draft_head import DraftHead
+    from proposers.head_model import head_for
 
     torch.manual_seed(5)
-    head = DraftHead(target.config.hidden_size, 2 * target.config.hidden_size)
+    head = head_for(target.config)
     directory = tmp_path_factory.mktemp("head")
     head.save(directory)
     return directory

@@ -21,7 +21,7 @@ def test_training_saves_a_head_that_the_engine_drafts_with(tmp_path):
 
     model_dir = save_tiny_model(tmp_path / "tiny")
     card = main(["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
-                 "--epochs", "2", "--batch-windows", "128", "--out", str(tmp_path / "head")])
+                 "--epochs", "2", "--batch-tokens", "256", "--out", str(tmp_path / "head")])
     assert [h["epoch"] for h in card["history"]] == [1, 2]
     assert all(0.0 <= h["first_draft"] <= 1.0 and h["positions"] > 0 for h in card["history"])
     head = DraftHead.load(tmp_path / "head")

@@ -1,25 +1,28 @@
-"""The draft head (method ``eagle``): its weights' round trip, its chained drafts, the features
-the engine hands it, and greedy output equal to Hugging Face's with it on."""
+"""The draft head (method ``eagle``): its weights' round trip, its cached drafts against a
+written-out oracle, the features the engine hands it, and greedy output equal to Hugging Face's
+with it on (batches, staggered arrivals, chunked prefill, preemption)."""
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from proposers.base import ProposeRequest
-from proposers.draft_head import DraftHead, DraftHeadProposer
+from proposers.base import FeatureUpdate, ProposeRequest
+from proposers.draft_head import DraftHeadProposer
+from proposers.head_model import DraftHead, head_for
 from tests.conftest import tiny_model
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
 
 VOCAB = 96
 
 
-def random_head(hidden: int, seed: int = 0) -> DraftHead:
+def random_head(config, seed: int = 0) -> DraftHead:
     torch.manual_seed(seed)
-    head = DraftHead(hidden, 2 * hidden)
+    head = head_for(config)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return head.eval()
@@ -32,130 +35,215 @@ def target():
 
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory, target):
+    """A head whose drafts repeat the newest token: its prediction is the normed feature
+    itself (no attention or MLP output), whose argmax is the token the feature gave. The tiny
+    target repeats tokens often, so some drafts are accepted and some rejected."""
+    head = random_head(target.config)
+    hidden = target.config.hidden_size
+    with torch.no_grad():
+        head.o_proj.weight.zero_()
+        head.down.weight.zero_()
+        head.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1))
+        head.feature_norm.weight.fill_(1.0)
     directory = tmp_path_factory.mktemp("head")
-    random_head(target.config.hidden_size).save(directory, {"trained": "no (a test head)"})
+    head.save(directory, {"trained": "no (a test head)"})
     return directory
 
 
-def test_a_saved_head_loads_with_the_same_weights_and_a_missing_file_is_named(tmp_path):
-    head = random_head(16, seed=1)
+def test_a_saved_head_loads_with_the_same_weights_and_bad_directories_are_named(tmp_path,
+                                                                                  target):
+    head = random_head(target.config, seed=1)
     head.save(tmp_path / "h")
     loaded = DraftHead.load(tmp_path / "h")
-    f, e = torch.randn(3, 16), torch.randn(3, 16)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(f, e), head(f, e), rtol=0, atol=0)
+    for name, tensor in head.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], tensor, rtol=0, atol=0)
+    assert loaded.shape() == head.shape()
+    config = json.loads((tmp_path / "h" / "draft_head.json").read_text())
+    (tmp_path / "h" / "draft_head.json").write_text(json.dumps({**config, "version": 1}))
+    with pytest.raises(ValueError, match="version=1"):
+        DraftHead.load(tmp_path / "h")
     (tmp_path / "h" / "draft_head.safetensors").unlink()
     with pytest.raises(ValueError, match="draft_head.safetensors"):
         DraftHead.load(tmp_path / "h")
 
 
-def test_drafts_chain_the_heads_predicted_features_through_the_output_head(target):
-    head = random_head(target.config.hidden_size, seed=2)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    proposer = DraftHeadProposer(head, embed, lm_head, VOCAB)
-    features = torch.randn(2, target.config.hidden_size)
-    proposer.on_features(["a", "b"], features)
-    requests = [ProposeRequest("a", [5, 6, 7], 3, SamplingParams(temperature=0)),
-                ProposeRequest("b", [9], 2, SamplingParams(temperature=0)),
-                ProposeRequest("c", [4, 4], 3, SamplingParams(temperature=0))]  # no feature yet
-    got = proposer.propose(requests).draft_token_ids
-    want = []
+def oracle_drafts(head, embed, lm_head, features, tokens, steps) -> list[int]:
+    """Written out: the pairs (``f_j``, ``x_{j+1}``) of the whole context as one causal
+    sequence, each draft a fresh full forward with the previous prediction and its argmax
+    appended as the next pair; no cache, no batching, no padding."""
+    feats, toks = list(features), list(tokens[1:])
+    drafts = []
     with torch.no_grad():
-        for f, last, k in ((features[0], 7, 3), (features[1], 9, 2)):
-            drafts, token = [], last
-            for _ in range(k):  # written out one sequence, one step at a time
-                f = head(f[None], embed(torch.tensor([token])))[0]
-                token = int(lm_head(f).argmax())
-                drafts.append(token)
-            want.append(drafts)
-    assert got == want + [[]]
+        for _ in range(steps):
+            n = len(toks)
+            x = head.inputs(torch.stack(feats)[None], embed(torch.tensor([toks])))
+            pos = torch.arange(n)[None]
+            k, v = head.keys_values(x, pos)
+            causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+            pred = head.attend(x, pos, k, v, causal)[0, -1]
+            token = int(lm_head(pred).argmax())
+            drafts.append(token)
+            feats.append(pred)
+            toks.append(token)
+    return drafts
+
+
+def hidden_of(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens]),
+                     output_hidden_states=True).hidden_states[-1][0]  # [len, hidden]
+
+
+def make_proposer(target, head, graphs: bool = False, max_pending: int = 4):
+    return DraftHeadProposer(head, target.get_input_embeddings(),
+                             target.get_output_embeddings(), VOCAB, max_num_seqs=4,
+                             max_model_len=64, max_pending=max_pending, graphs=graphs,
+                             capture=False)
+
+
+def feed(proposer, target, contexts: dict, verified: dict) -> None:
+    """Hand ``verified[req] = (start, count)`` features of each request's context."""
+    updates, rows = [], []
+    for req, (start, count) in verified.items():
+        tokens = contexts[req]
+        updates.append(FeatureUpdate(req, start, count, tokens))
+        rows.append(hidden_of(target, tokens)[start:start + count])
+    proposer.on_features(updates, torch.cat(rows))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_cached_drafts_equal_the_written_out_oracle_across_steps(target, graphs):
+    """Prompts of several lengths (one longer than the pending bound: written at once), then
+    steps that verify 1-3 positions each, one request skipping a proposal: every proposal equals
+    the oracle over the whole context, exact shapes or padded to a graph layout (eagerly)."""
+    head = random_head(target.config, seed=2)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    g = torch.Generator().manual_seed(0)
+    contexts = {"a": [5, 6, 7], "b": [9, 3], "c": torch.randint(0, VOCAB, (11,), generator=g)
+                .tolist()}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    plan = [{"a": 3, "b": 2, "c": 3}, {"a": 2, "c": 1}, {"a": 3, "b": 3, "c": 2},
+            {"a": 1, "b": 2, "c": 3}]
+    for step, ks in enumerate(plan):
+        requests = [ProposeRequest(r, contexts[r], k, SamplingParams(temperature=0))
+                    for r, k in ks.items()]
+        got = proposer.propose(requests).draft_token_ids
+        for req, drafts in zip(ks, got, strict=True):
+            want = oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[req])[:-1],
+                                 contexts[req], ks[req])
+            assert drafts == want, (step, req)
+        verified = {}
+        for req, tokens in contexts.items():  # accept the first draft or none, then a bonus
+            start = len(tokens) - 1
+            drafts = dict(zip(ks, got, strict=True)).get(req, [])
+            new = drafts[:(step + len(req)) % 2] + [(step * 7 + len(tokens)) % VOCAB]
+            tokens.extend(new)
+            verified[req] = (start, len(new))
+        feed(proposer, target, contexts, verified)
+    assert proposer.cache.length["c"] > 0
+
+
+def test_a_gap_in_the_features_stops_drafts_until_the_request_is_removed(target):
+    proposer = make_proposer(target, random_head(target.config))
+    tokens = [5, 6, 7, 8]
+    feed(proposer, target, {"a": tokens}, {"a": (1, 2)})  # not from position 0
+    request = ProposeRequest("a", tokens, 2, SamplingParams(temperature=0))
+    assert proposer.propose([request]).draft_token_ids == [[]]
     proposer.remove("a")
-    assert proposer.propose(requests[:1]).draft_token_ids == [[]]
-
-
-def written_out_drafts(head, embed, lm_head, features, last_tokens, steps) -> list[list[int]]:
-    """The oracle: each sequence's chain one step at a time, no batching, no padding."""
-    want = []
-    with torch.no_grad():
-        for f, token in zip(features, last_tokens, strict=True):
-            drafts = []
-            for _ in range(steps):
-                f = head(f[None], embed(torch.tensor([token], device=f.device)))[0]
-                token = int(lm_head(f).argmax())
-                drafts.append(token)
-            want.append(drafts)
-    return want
-
-
-@pytest.mark.parametrize("batch, steps", [(1, 1), (3, 2), (5, 3)])
-def test_a_bucket_padded_with_zero_rows_drafts_what_the_batch_alone_does(target, batch, steps):
-    """Each bucket's layout (batch rounded up to a power of two, padding rows of zero features
-    and token 0) run eagerly, as its CUDA graph replays it: the real rows' drafts are unchanged."""
-    from proposers.head_graphs import HeadGraphs
-
-    head = random_head(target.config.hidden_size, seed=4)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    proposer = DraftHeadProposer(head, embed, lm_head, VOCAB)
-    graphs = HeadGraphs(proposer.chain, target.config.hidden_size, torch.float32,
-                        torch.device("cpu"), max_batch=8, capture=False)
-    features = torch.randn(batch, target.config.hidden_size)
-    tokens = torch.randint(0, VOCAB, (batch,))
-    want = written_out_drafts(head, embed, lm_head, features, tokens.tolist(), steps)
-    with torch.no_grad():
-        for _ in range(3):  # first meeting eager, then the bucket's padded layout
-            assert graphs.run(features, tokens, steps).tolist() == want
-    assert graphs.num_graphs == 1 and graphs.num_replays == 2
-    assert graphs.bucket(batch) == {1: 1, 3: 4, 5: 8}[batch]
+    feed(proposer, target, {"a": tokens}, {"a": (0, 3)})
+    assert len(proposer.propose([request]).draft_token_ids[0]) == 2
+    proposer.remove("a")
+    assert "a" not in proposer.cache.slot_of and not proposer._pending
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
-def test_the_draft_chain_replays_cuda_graphs_that_match_the_eager_chain(target):
-    model = copy.deepcopy(target).cuda()
-    head = random_head(model.config.hidden_size, seed=5).cuda()
-    proposer = DraftHeadProposer(head, model.get_input_embeddings(),
-                                 model.get_output_embeddings(), VOCAB, graphs_max_batch=8)
-    assert proposer.graphs is not None
-    for batch, steps in [(2, 3), (2, 3), (2, 3), (7, 1), (7, 1), (8, 4), (8, 4)]:
-        features = torch.randn(batch, model.config.hidden_size, device="cuda")
-        tokens = torch.randint(0, VOCAB, (batch,), device="cuda")
-        with torch.inference_mode():
-            got = proposer.graphs.run(features, tokens, steps).tolist()
-            assert got == proposer.chain(features, tokens, steps).tolist()
-    assert proposer.graphs.num_graphs == 3 and proposer.graphs.num_replays == 4
+def test_the_proposal_replays_cuda_graphs_that_match_the_eager_proposal():
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)).cuda()
+    head = random_head(model.config, seed=5).cuda()
+    make = lambda graphs: DraftHeadProposer(  # noqa: E731
+        head, model.get_input_embeddings(), model.get_output_embeddings(), VOCAB, 4, 64, 4,
+        graphs=graphs)
+    eager, graphed = make(False), make(True)
+    contexts = {r: [3 + i, 9, 4 + i] for i, r in enumerate("abc")}
+    for step in range(5):
+        updates, rows = [], []
+        for req, tokens in contexts.items():
+            start = 0 if step == 0 else len(tokens) - 2
+            updates.append(FeatureUpdate(req, start, len(tokens) - 1 - start, tokens))
+            with torch.no_grad():
+                rows.append(model(input_ids=torch.tensor([tokens], device="cuda"),
+                                  output_hidden_states=True).hidden_states[-1][0][start:-1])
+        requests = [ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                    for r, t in contexts.items()]
+        for p in (eager, graphed):
+            p.on_features(updates, torch.cat(rows))
+        got = graphed.propose(requests).draft_token_ids
+        assert got == eager.propose(requests).draft_token_ids
+        for tokens, drafts in zip(contexts.values(), got, strict=True):
+            tokens.append(drafts[0] if step % 2 else (tokens[-1] + 1) % VOCAB)
+    assert graphed.graphs.num_graphs >= 1 and graphed.graphs.num_replays >= 1
 
 
-def make_llm(target, head_dir, **spec) -> LLM:
+def make_llm(target, head_dir, **kwargs) -> LLM:
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3,
+            **kwargs.pop("spec", {})}
     return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=4,
-               speculative_config={"method": "eagle", "model": str(head_dir),
-                                   "num_speculative_tokens": 3, **spec})
+               speculative_config=spec, **kwargs)
 
 
-def test_the_engine_hands_the_feature_of_the_last_verified_position(target, head_dir):
-    llm = make_llm(target, head_dir, adaptive_k=False)
-    engine = llm.engine
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, head_dir):
+    """After each step the head's committed keys are those of the pairs (``f_j``, ``x_{j+1}``)
+    that Hugging Face's hidden states give, at every position so far."""
+    llm = make_llm(target, head_dir, spec={"adaptive_k": False})
+    engine, proposer = llm.engine, llm.engine.proposer
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     engine.add_request("r", None, [5, 17, 3, 60, 22], params)
     (seq,) = engine.requests["r"]
-    for _ in range(3):
+    for _ in range(4):
         engine.step()
         tokens = seq.all_token_ids
-        with torch.inference_mode():
-            hidden = target(input_ids=torch.tensor([tokens]),
-                            output_hidden_states=True).hidden_states[-1][0]
-        # the newest token was sampled from the position before it: that is the feature
-        torch.testing.assert_close(engine.proposer._features[seq.seq_id], hidden[-2],
+        hidden = hidden_of(target, tokens)
+        n = proposer.cache.length[seq.seq_id] + len(proposer._pending[seq.seq_id].tokens)
+        assert n == len(tokens) - 1  # every position before the newest token
+        committed = proposer.cache.length[seq.seq_id]
+        with torch.no_grad():
+            x = proposer.head.inputs(hidden[:committed], target.get_input_embeddings()(
+                torch.tensor(tokens[1:committed + 1])))
+            keys, _ = proposer.head.keys_values(x, torch.arange(committed))
+        slot = proposer.cache.slot_of[seq.seq_id]
+        torch.testing.assert_close(proposer.cache.keys[slot, :committed], keys,
                                    atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_output_with_the_draft_head_equals_hugging_face(target, head_dir, batch):
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31], [40]][:batch]
-    llm = make_llm(target, head_dir, adaptive_k=False)  # every step verifies 3 drafts
+    llm = make_llm(target, head_dir, spec={"adaptive_k": False})  # every step verifies 3
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(target, prompt, 16)
-    assert llm.get_metrics().num_drafted > 0
+    metrics = llm.get_metrics()  # (prompt 0 repeats one token: all its drafts pass)
+    assert 0 < metrics.num_accepted <= metrics.num_drafted
+    assert batch == 1 or metrics.num_accepted < metrics.num_drafted
+
+
+def test_chunked_prefill_and_preemption_keep_greedy_output_and_free_the_head(target, head_dir):
+    """Prompts longer than a step's token budget arrive in chunks (each chunk's features are
+    handed over); a KV cache too small for all of them preempts and recomputes."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (21, 17, 9)]
+    llm = make_llm(target, head_dir, spec={"adaptive_k": False},
+                   max_num_batched_tokens=8, kv_cache_tokens=56)
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 14)
+    metrics = llm.get_metrics()
+    assert metrics.num_preemptions > 0 and 0 < metrics.num_accepted < metrics.num_drafted
+    proposer = llm.engine.proposer
+    assert not proposer.cache.slot_of and not proposer._pending and not proposer._broken
 
 
 def test_staggered_arrivals_and_a_seeded_sample_repeat(target, head_dir):

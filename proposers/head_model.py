@@ -1,0 +1,182 @@
+"""The draft head's network: one decoder layer over the target's features (EAGLE-style).
+
+EAGLE (Li et al., arXiv 2401.15077) drafts from the target's *features*, the final hidden state
+that its output head reads: the pair (feature ``f_j`` at position ``j``, embedding of the token
+``x_{j+1}`` sampled there) predicts ``f_{j+1}``, which the target's own output head turns into
+the next draft; the prediction is fed back for the next draft. Version 2 of this head (version 1
+had no attention) is one LLaMA-style decoder layer::
+
+    x_j  = fc([norm(f_j); norm(e(x_{j+1}))])                 # [hidden]
+    h_j  = x_j + o(attention(q(norm(x_j)), keys/values of x_0..x_j))
+    f'_j = h_j + down(silu(gate(norm(h_j))) * up(norm(h_j)))   # predicts f_{j+1}
+
+With one layer, the key and value of a position depend on its own pair alone (they are projected
+from ``x_j``, before any attention): the engine's verified positions are written into the head's
+KV cache without running the rest of the layer, and only the newest position is queried. Rotary
+positions as in LLaMA (``rope_theta`` the target's).
+
+The same three pieces (:meth:`DraftHead.inputs`, :meth:`DraftHead.keys_values`,
+:meth:`DraftHead.attend`) serve the proposer's cached drafting and training's unrolled blocks
+(:meth:`DraftHead.unrolled`), so training sees exactly the computation that drafts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONFIG_NAME, WEIGHTS_NAME = "draft_head.json", "draft_head.safetensors"
+VERSION = 2
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "rope_theta")
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x [..., heads, head_dim]`` at ``positions [...]`` (LLaMA's
+    half-split layout)."""
+    angles = positions[..., None].float() * inv_freq  # [..., head_dim / 2]
+    cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., 1, head_dim / 2]
+    a, b = x.float().chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
+
+
+class DraftHead(nn.Module):
+    """One decoder layer over (feature, next token embedding) pairs; see the module docstring."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int,
+                 num_kv_heads: int, rope_theta: float = 10000.0, eps: float = 1e-5) -> None:
+        super().__init__()
+        if hidden_size % num_heads or num_heads % num_kv_heads:
+            raise ValueError(f"draft head shape is invalid: hidden_size={hidden_size} must be "
+                             f"a multiple of num_heads={num_heads}, and that of "
+                             f"num_kv_heads={num_kv_heads}")
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.rope_theta = float(rope_theta)
+        self.feature_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.token_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size, bias=False)
+        self.attn_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
+        self.kv_proj = nn.Linear(hidden_size, 2 * num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
+        self.mlp_norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
+        inv_freq = 1.0 / self.rope_theta ** (
+            torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim / 2]
+
+    def inputs(self, features: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
+        """``x [..., hidden]`` of pairs (``features [..., hidden]``, ``token_embeddings``)."""
+        both = torch.cat([self.feature_norm(features),
+                          self.token_norm(token_embeddings.to(features.dtype))], dim=-1)
+        return self.fc(both)
+
+    def keys_values(self, x: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's (rotated) key and its value, ``[..., num_kv_heads, head_dim]`` each."""
+        kv = self.kv_proj(self.attn_norm(x)).unflatten(-1, (2, self.num_kv_heads, self.head_dim))
+        return rotate(kv[..., 0, :, :], positions, self.inv_freq), kv[..., 1, :, :]
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The predicted next features ``[b, q, hidden]`` of the pairs ``x [b, q, hidden]`` at
+        ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads, head_dim]``
+        where ``mask [b or 1, q, k]`` (bool) allows; every query must allow one key."""
+        q = rotate(self.q_proj(self.attn_norm(x)).unflatten(-1, (self.num_heads, self.head_dim)),
+                   positions, self.inv_freq)  # [b, q, heads, head_dim]
+        groups = self.num_heads // self.num_kv_heads
+        k = keys.repeat_interleave(groups, dim=-2).transpose(1, 2)  # [b, heads, k, head_dim]
+        v = values.repeat_interleave(groups, dim=-2).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None])
+        h = x + self.o_proj(out.transpose(1, 2).flatten(-2))  # [b, q, hidden]
+        gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+    def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, embed: nn.Module,
+                 lm_head: nn.Module | None, steps: int) -> list[torch.Tensor]:
+        """Training's and evaluation's view of drafting: from every position ``j`` of
+        ``features [b, T, hidden]`` / ``tokens [b, T]`` (``f_j``, ``x_j``), ``steps`` chained
+        predictions, as the proposer makes them. Block 0 reads the true pairs
+        (``f_j``, ``x_{j+1}``) with causal attention; block ``u`` reads block ``u - 1``'s
+        prediction with the token ``x_{j+u+1}`` (teacher forcing, ``lm_head`` None) or the argmax
+        of that prediction through ``lm_head`` (the drafts), at position ``j + u``, attending to
+        the true pairs up to ``j`` and to its own chain's earlier blocks, as the proposer's cache
+        holds them. Returns ``steps`` tensors ``[b, T - 1, hidden]``: block ``u`` at ``j``
+        predicts ``f_{j+u+1}`` (rows past a sequence's end are garbage; mask them)."""
+        b, t = tokens.shape
+        n = t - 1
+        pos = torch.arange(n, device=features.device).expand(b, n)  # [b, n]
+        x = self.inputs(features[:, :-1], embed(tokens[:, 1:]))  # [b, n, hidden]
+        k, v = self.keys_values(x, pos)
+        keys, values = [k], [v]
+        j = torch.arange(n, device=features.device)
+        causal = j[None, :] <= j[:, None]  # [n, n]
+        diagonal = torch.eye(n, dtype=torch.bool, device=features.device)
+        out = []
+        for u in range(steps):
+            mask = torch.cat([causal] + [diagonal] * u, dim=1)[None]  # [1, n, (u + 1) n]
+            pred = self.attend(x, pos + u, torch.cat(keys, 1), torch.cat(values, 1), mask)
+            out.append(pred)
+            if u + 1 == steps:
+                break
+            if lm_head is None:  # the true next tokens (clamped past the end: masked anyway)
+                nxt = tokens[:, torch.clamp(j + u + 2, max=t - 1)]
+            else:
+                nxt = lm_head(pred).argmax(-1)
+            x = self.inputs(pred, embed(nxt))
+            k, v = self.keys_values(x, pos + u + 1)
+            keys.append(k)
+            values.append(v)
+        return out
+
+    def shape(self) -> dict[str, Any]:
+        return {"version": VERSION, "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size, "num_heads": self.num_heads,
+                "num_kv_heads": self.num_kv_heads, "rope_theta": self.rope_theta}
+
+    def save(self, directory: str | Path, card: dict[str, Any] | None = None) -> None:
+        """The weights and shape, in ``directory`` (plus ``card``: how it was trained)."""
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()},
+                  str(out / WEIGHTS_NAME))
+        (out / CONFIG_NAME).write_text(json.dumps({**self.shape(), **(card or {})}, indent=1))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> DraftHead:
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+        for f in (config_file, weights_file):
+            if not f.is_file():
+                raise ValueError(f"draft head directory {str(path)!r} lacks {f.name}: a head is "
+                                 f"saved by DraftHead.save (examples/train_draft_head.py)")
+        shape = json.loads(config_file.read_text())
+        if shape.get("version") != VERSION:
+            raise ValueError(f"{config_file} has version={shape.get('version')!r}: this engine "
+                             f"loads draft heads of version {VERSION} (one decoder layer); "
+                             "retrain it with examples/train_draft_head.py")
+        head = cls(*(shape[k] for k in SHAPE_KEYS))
+        head.load_state_dict(load_file(str(weights_file)))
+        return head
+
+
+def head_for(target_config: Any, intermediate_size: int | None = None) -> DraftHead:
+    """A fresh head shaped after the target's own layers (its heads, KV heads, rope theta)."""
+    hidden = target_config.hidden_size
+    heads = target_config.num_attention_heads
+    kv_heads = getattr(target_config, "num_key_value_heads", None) or heads
+    theta = getattr(target_config, "rope_theta", None) or (
+        (getattr(target_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0))
+    return DraftHead(hidden, intermediate_size or target_config.intermediate_size, heads,
+                     kv_heads, theta)
