@@ -23,8 +23,10 @@ KEY_OUTPUTS = {
                       "finish reason:", "deltas for"],
     "02_speedups": ["tokens/s", "speedup", "best k="],
     "03_samplers": ["total variation to p", "posterior_alpha", "one_hot drafts"],
+    "04_draft_head": ["held-out after epoch", "same text with and without the draft head: True",
+                      "acceptance per position:"],
 }
-NUM_FIGURES = {"01_quickstart": 1, "02_speedups": 3, "03_samplers": 3}
+NUM_FIGURES = {"01_quickstart": 1, "02_speedups": 3, "03_samplers": 3, "04_draft_head": 2}
 
 
 def _text(nb: nbformat.NotebookNode) -> str:
