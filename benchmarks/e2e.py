@@ -34,7 +34,7 @@ from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  
 from engine import LLM  # noqa: E402
 
 # "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
-METHODS = ("ngram", "early_exit", "eagle", "draft_model", "eager")
+METHODS = ("ngram", "early_exit", "eagle", "ngram_eagle", "draft_model", "eager")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,7 +103,7 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
         spec["num_early_exit_layers"] = args.num_early_exit_layers
     if method == "draft_model":
         spec["model"] = args.draft_model
-    if method == "eagle" and args.eagle_head:
+    if method in ("eagle", "ngram_eagle") and args.eagle_head:
         spec["model"] = args.eagle_head
     return spec
 

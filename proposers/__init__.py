@@ -10,6 +10,7 @@ from proposers import (  # noqa: F401 (they register themselves)
     draft_model,
     early_exit,
     ngram,
+    ngram_or_head,
 )
 from proposers.base import (
     DraftRunner,

@@ -259,3 +259,31 @@ def test_staggered_arrivals_and_a_seeded_sample_repeat(target, head_dir):
     a = llm.generate([[5, 6]], seeded, use_tqdm=False)[0].outputs[0].token_ids
     b = llm.generate([[5, 6]], seeded, use_tqdm=False)[0].outputs[0].token_ids
     assert a == b and len(a) == 10
+
+
+def test_ngram_or_head_drafts_from_a_match_else_from_the_head_and_stays_lossless(target,
+                                                                                  head_dir):
+    """Method ``ngram_eagle``: a request whose suffix repeats gets n-gram's drafts, one without
+    a match the head's; greedy output equals Hugging Face's either way."""
+    from proposers.ngram_or_head import MIN_MATCH
+
+    llm = make_llm(target, head_dir, spec={"method": "ngram_eagle", "adaptive_k": False})
+    proposer = llm.engine.proposer
+    calls = {"ngram": 0, "head": 0}
+    for name, part in (("ngram", proposer.ngram), ("head", proposer.head)):
+        original = part.propose
+
+        def counted(requests, original=original, name=name):
+            calls[name] += len(requests)
+            return original(requests)
+        part.propose = counted
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [30, 41, 52, 63, 74]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 16)
+    # every request is looked up; the head is asked only for those without a long match
+    assert calls["ngram"] > calls["head"] > 0
+    requests = [ProposeRequest("x", [5, 6, 7, 5, 6, 7, 5, 6], 3, SamplingParams(temperature=0))]
+    proposal = proposer.propose(requests)
+    assert proposal.num_backed[0] >= MIN_MATCH and proposal.draft_token_ids == [[7, 5, 6]]
