@@ -35,7 +35,9 @@ class HeadKVCache:
         """Room for positions ``0 .. needed - 1`` in every slot."""
         if needed <= self.capacity:
             return
-        capacity = max(MIN_CAPACITY, 1 << (needed - 1).bit_length())
+        # (doubling, but never past what the longest sequence needs: max_len)
+        capacity = max(MIN_CAPACITY, min(1 << (needed - 1).bit_length(),
+                                         max(self.max_len, needed)))
         slots, heads, dim = self._shape
         keys = torch.zeros((slots, capacity, heads, dim), dtype=self.dtype, device=self.device)
         values = torch.zeros_like(keys)  # [num_slots + 1, capacity, num_kv_heads, head_dim]
