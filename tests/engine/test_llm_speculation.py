@@ -81,3 +81,31 @@ def test_sampling_params_cap_or_turn_off_a_requests_speculation(target):
     assert drafted[0] == 0
     assert 0 < drafted[1] <= steps[1]
     assert drafted[2] > steps[2]  # more than one draft per step somewhere
+
+
+def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
+    """A proposal the proposer marks as not steady (it captured a CUDA graph, met a new shape)
+    reaches the controller without its time (None); the steady ones are timed."""
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "adaptive_k": False})
+    engine = llm.engine
+    proposer, calls, seen = engine.proposer, [], []
+    original = proposer.propose
+
+    def propose(requests):
+        proposer.last_proposal_steady = len(calls) % 2 == 1  # every other proposal not steady
+        calls.append(proposer.last_proposal_steady)
+        return original(requests)
+
+    record = engine.spec_policy.record_step
+
+    def recorded(items, drafts, step_s, propose_s):
+        seen.append((calls[-1] if calls else None, propose_s))
+        return record(items, drafts, step_s, propose_s)
+
+    proposer.propose = propose
+    engine.spec_policy.record_step = recorded
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    timed = seen[2:]  # (past the first look at the prompt, never timed)
+    assert any(steady for steady, _ in timed) and any(not steady for steady, _ in timed)
+    assert all((s is not None) == steady for steady, s in timed)

@@ -287,3 +287,24 @@ def test_ngram_or_head_drafts_from_a_match_else_from_the_head_and_stays_lossless
     requests = [ProposeRequest("x", [5, 6, 7, 5, 6, 7, 5, 6], 3, SamplingParams(temperature=0))]
     proposal = proposer.propose(requests)
     assert proposal.num_backed[0] >= MIN_MATCH and proposal.draft_token_ids == [[7, 5, 6]]
+
+
+def test_a_proposal_that_captures_or_moves_the_cache_is_not_steady(target):
+    """The controller learns costs only from proposals timed like the ones after them: a graph
+    layout's first two meetings (eager, then capture) and a proposal that grew the head's cache
+    are not steady; replays are."""
+    proposer = make_proposer(target, random_head(target.config), graphs=True)
+    tokens = [5, 6, 7]
+    feed(proposer, target, {"a": tokens}, {"a": (0, 2)})
+    steady = []
+    for step in range(4):
+        steady.append(proposer.propose([ProposeRequest("a", tokens, 2, SamplingParams(
+            temperature=0))]).draft_token_ids and proposer.last_proposal_steady)
+        tokens.append((step * 5 + 3) % VOCAB)
+        feed(proposer, target, {"a": tokens}, {"a": (len(tokens) - 2, 1)})
+    assert steady == [False, False, True, True]
+    # past the cache's capacity the tensors move: graphs dropped, the proposal not steady
+    long = tokens + [4] * (proposer.cache.capacity - len(tokens) + 1)
+    feed(proposer, target, {"a": long}, {"a": (len(tokens) - 1, len(long) - len(tokens))})
+    proposer.propose([ProposeRequest("a", long, 2, SamplingParams(temperature=0))])
+    assert not proposer.last_proposal_steady and proposer.graphs.num_graphs == 0
