@@ -478,7 +478,7 @@ class LLMEngine:
             return
         hidden = self.runner.all_hidden  # [total_new_tokens, hidden_size]
         results = dict(zip(batch.sampling, batch.verified, strict=True))
-        updates, rows, offset = [], [], 0
+        updates, offset = [], 0
         for i, item in enumerate(batch.items):
             seq, start = item.seq, offset
             offset += item.num_context_tokens + len(batch.drafts[i])
@@ -489,11 +489,9 @@ class LLMEngine:
             # (a chunk that does not sample has already counted its tokens as computed)
             first = (result.num_tokens_before if result else seq.num_computed_tokens) \
                 - item.num_context_tokens
-            updates.append(FeatureUpdate(seq.seq_id, first, count, seq.all_token_ids))
-            rows.extend(range(start, start + count))
-        if updates and hidden is not None:
-            self.proposer.on_features(updates, hidden.index_select(
-                0, torch.tensor(rows, device=hidden.device)))
+            updates.append(FeatureUpdate(seq.seq_id, first, count, seq.all_token_ids, start))
+        if updates and hidden is not None:  # (each update names its rows: no gather, no copy)
+            self.proposer.on_features(updates, hidden)
 
     def _update_policy(self, batch: _StepBatch) -> None:
         """The speculation controller learns the step's acceptance, all sequences at once (a

@@ -138,9 +138,10 @@ def unrolled_loss(head: DraftHead, embed, lm_head, feats: torch.Tensor, tokens: 
     j = torch.arange(tokens.shape[1] - 1, device=tokens.device)
     total = 0.0
     for u, pred in enumerate(preds):
-        valid = j[None, :] + u + 1 < lengths[:, None]  # [b, T - 1]
-        target = feats[:, 1 + u:][valid[:, :feats.shape[1] - 1 - u]]  # [n, hidden]
-        pred = pred[:, :feats.shape[1] - 1 - u][valid[:, :feats.shape[1] - 1 - u]]
+        n = tokens.shape[1] - 1 - u  # positions j whose target f_{j+u+1} exists in the batch
+        valid = j[None, :n] + u + 1 < lengths[:, None]  # [b, n]: ... and in the sequence
+        target = feats[:, 1 + u:][valid]  # [rows, hidden]
+        pred = pred[:, :n][valid]
         with torch.no_grad():
             p = F.softmax(lm_head(target).float(), dim=-1)
         logp = F.log_softmax(lm_head(pred).float(), dim=-1)

@@ -107,8 +107,8 @@ class Proposer(ABC):
 
     def on_features(self, updates: Sequence[FeatureUpdate],  # noqa: B027
                     features: torch.Tensor) -> None:
-        """``features [sum(u.count for u in updates), hidden_size]``: the target's final hidden
-        states of the positions each update names, in order (called only when
+        """``features [rows, hidden_size]``: the target's final hidden states; update ``u``'s
+        positions are the ``u.count`` rows from ``u.row`` (called only when
         ``needs_features``)."""
 
 
@@ -118,12 +118,14 @@ class FeatureUpdate:
     count - 1`` (every position whose token the target computed on a context it keeps: a
     prefill chunk's, or a verification's fed token and its accepted drafts). ``token_ids`` is
     the request's context after the step, so ``token_ids[j + 1]`` is the token that position
-    ``j``'s logits gave."""
+    ``j``'s logits gave. ``row``: its first row in the features handed with it (None: right
+    after the previous update's rows)."""
 
     req_id: str | int
     start: int
     count: int
     token_ids: Sequence[int]
+    row: int | None = None
 
 
 class DraftRunner(Protocol):

@@ -89,7 +89,8 @@ class DraftHeadProposer(Proposer):
         flush: list[tuple[str | int, int]] = []  # (request, pairs to write now)
         offset = 0
         for u in updates:
-            rows, offset = features[offset:offset + u.count], offset + u.count
+            first = offset if u.row is None else u.row
+            rows, offset = features[first:first + u.count], first + u.count  # (a view)
             if u.req_id in self._broken or u.count == 0:
                 continue
             if u.req_id not in self.cache.slot_of:
