@@ -76,8 +76,8 @@ class AcceptanceModel:
         self.stamp = 0  # the engine step of the engine counts' last update with drafts
         self.version = 0  # bumped by every change of the counts
         self.engine_rates = self._engine_rates()  # [max_k + 2] (kept with the counts)
-        self._estimated: tuple[tuple[int, ...], int, np.ndarray] | None = None  # the last
-        # estimates: (rows, version, values)
+        self._estimated: tuple[tuple[int, ...], int, np.ndarray, np.ndarray] | None = None
+        # the last estimates: (rows, version, values, standard errors)
         self.counts = np.zeros((capacity, 2, k + 2))  # [rows, 2, max_k + 2]
         self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last drafts
         self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
@@ -148,21 +148,43 @@ class AcceptanceModel:
         """``[len(reqs), max_k + 2]`` each request's rates, columns as the counts': its own
         counts plus ``PRIOR_WEIGHT`` tries at the engine's rate. Read only: the same requests'
         estimates are reused until the counts change (a step plans, then chooses its width)."""
+        return self._estimate(reqs)[0]
+
+    def _estimate(self, reqs: list[RequestAcceptance]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`estimates` and their standard errors ``[len(reqs), max_k + 2]`` (a rate
+        ``r`` of ``n`` tries, the prior's included: the binomial ``sqrt(r (1 - r) / n)``; it
+        is 0 at a rate of 0, so that drafts that are never accepted are not kept up by it)."""
         rows = tuple(map(_row, reqs))
         last = self._estimated
         if last is not None and last[1] == self.version and last[0] == rows:
-            return last[2]
+            return last[2], last[3]
         counts = self.counts[np.array(rows, dtype=np.int64)]  # [n, 2, max_k + 2]
-        values = ((counts[:, HITS] + PRIOR_WEIGHT * self.engine_rates)
-                  / (counts[:, TRIES] + PRIOR_WEIGHT))
-        self._estimated = (rows, self.version, values)
-        return values
+        tries = counts[:, TRIES] + PRIOR_WEIGHT  # [n, max_k + 2]
+        values = (counts[:, HITS] + PRIOR_WEIGHT * self.engine_rates) / tries
+        errors = np.sqrt(values * (1.0 - values) / tries)
+        self._estimated = (rows, self.version, values, errors)
+        return values, errors
+
+    def optimistic(self, reqs: list[RequestAcceptance], spread: float) -> np.ndarray:
+        """``[len(reqs), max_k + 2]``: :meth:`estimates` with the first draft's rate raised by
+        ``spread`` standard errors, at most 1 (an upper confidence bound: see
+        ``scheduler.goodput``, "Decisions under uncertainty"). Only the first: every drafting
+        step tests it, and it gates the rest; a later position that is seldom reached keeps
+        its estimate (an untested one reads the engine's optimistic start, and raising both
+        would count the same doubt twice)."""
+        values, errors = self._estimate(reqs)
+        if not spread:
+            return values
+        out = values.copy()
+        out[:, 0] = np.minimum(values[:, 0] + spread * errors[:, 0], 1.0)
+        return out
 
     def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None,
               estimates: np.ndarray | None = None) -> np.ndarray:
         """``[len(reqs), max_k]`` conditional acceptance of each request's draft positions;
         positions past ``backed[i]`` read the pooled unbacked rate (None: all backed).
-        ``estimates``: this step's :meth:`estimates` of ``reqs``, if taken already."""
+        ``estimates``: this step's :meth:`estimates` of ``reqs`` (or :meth:`optimistic`
+        ones), if taken already."""
         est = self.estimates(reqs) if estimates is None else estimates
         k = self.max_k
         if backed is None:

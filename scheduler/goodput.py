@@ -35,6 +35,20 @@ the wait is what keeps the probes' expected overhead at ``PROBE_BUDGET`` of the 
 that costs 10% more than a plain step comes every 5 steps). A probe verifies the full cap of
 free drafts (all positions are measured at once) or one costly draft.
 
+Decisions under uncertainty: a request's acceptance is known from a few decayed steps (it has
+to follow the text), so at batch 1 its estimate is noisy: with every draft accepted 45% of the
+time, three rejected steps in a row (one chance in six) put it below the break-even of a head
+whose proposal costs a quarter of a plain step, and the engine then went plain until a probe,
+a wait of about 19 steps, found otherwise (measured on the H100 with the default model and its
+draft head: 77 plain steps of 105 in one run). So while the controller is drafting, the first
+draft's rate is read ``CONFIDENCE`` standard errors high, over ``sqrt(b)`` at batch size ``b``
+(the errors of the step's sequences add in quadrature): noise does not stop drafts that pay, and
+a wrong call can only happen near the break-even, where it costs little (in simulations of
+batch 1 and 8 with i.i.d. acceptance and the H100's relative costs, the controller kept 0.97 of
+the best fixed k or more where drafts pay, and 0.97 of plain decoding where they do not).
+To start drafting again the estimates are read as they are, and the error is the binomial one
+(``sqrt(r (1 - r) / n)``), which vanishes at a rate of 0: at acceptance 0 the drafts stop.
+
 Costs not measured yet are taken as ``1 + DEFAULT_VERIFY_COST * (w - 1)`` for the forward, and
 ``draft_cost * k`` for a costly proposer: optimistic, so a width is tried, measured and then
 judged on its measured cost; until a width holds ``TRUSTED`` samples at a batch size it costs no
@@ -58,8 +72,17 @@ DEFAULT_VERIFY_COST = 0.1  # one more scored token per sequence / a plain step, 
 MARGIN = 0.02  # drafting must beat plain decoding by this fraction of its goodput
 PROBE_BUDGET = 0.02  # the probes' expected overhead, as a fraction of plain decoding's time
 MIN_PROBE_WAIT = 2
+CONFIDENCE = 1.5  # standard errors of the step's expected tokens added (see the docstring)
 MIN_PLAIN_SAMPLES = 2  # plain steps measured at a batch size before its costs are relative
 PLAIN_EVERY = 4  # while a batch size lacks them, at most every this many steps is made plain
+
+
+def confidence_spread(batch_size: int) -> float:
+    """Standard errors added to each sequence's acceptance estimates in a step of
+    ``batch_size`` sequences: ``CONFIDENCE / sqrt(batch_size)``, so that the step's expected
+    tokens are raised by about ``CONFIDENCE`` standard errors of their sum (the errors of
+    independent sequences add in quadrature)."""
+    return CONFIDENCE / math.sqrt(max(batch_size, 1))
 
 
 def sequence_tokens(rates: np.ndarray, avail: np.ndarray | list[int]) -> np.ndarray:
@@ -136,6 +159,7 @@ class GoodputController:
         self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
         self._keep_asking = False  # the last free proposal paid with its own cost counted
+        self.drafting = False  # the last decision drafted (a probe does not count)
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
         # (cost table version, step_cost)
 
@@ -209,7 +233,7 @@ class GoodputController:
         key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version)
         if self._idle_key == key:
             return self._idle_or_probe(self._probe_overhead)
-        estimates = self.acceptance.estimates(accs)  # [n, max_k + 2]
+        estimates = self.acceptance.optimistic(accs, self._spread(b))  # [n, max_k + 2]
         rates = self.acceptance.rates(accs, estimates=estimates)  # [n, max_k]
         widened = 1.0  # the chance that the step verifies drafts at all
         if self.free:  # a sequence gains only when the proposer finds drafts it backs
@@ -225,6 +249,7 @@ class GoodputController:
                                                                          measured_draft_cost)
             cost[w] = 1.0 + widened * (step[w + 1] - 1.0) + proposal
         w = best_width(per_sequence.sum(axis=0), cost, min_width, typical_tokens(per_sequence))
+        self.drafting = w > 0
         if w > 0:
             self.idle, self._idle_key = 0, None
             return self.max_k if self.free else w
@@ -248,7 +273,8 @@ class GoodputController:
         self.acceptance.record_proposals(accs, avail if backed is None else backed)
         if not accs:
             return min_width
-        rates = self.acceptance.rates(accs, backed)  # [n, max_k]
+        rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
+            accs, self._spread(len(accs))))  # [n, max_k]
         per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
         tokens, typical = per_sequence.sum(axis=0), typical_tokens(per_sequence)
         cost = self.step_cost(len(accs))[1:]  # [max_k + 1]: the proposal is paid already
@@ -261,9 +287,15 @@ class GoodputController:
         self._keep_asking = w > 0 and (tokens[w] / (cost[w] + proposal)
                                        > tokens[0] * (1.0 + MARGIN)
                                        and typical[w] >= cost[w] + proposal)
+        self.drafting = w > 0 and not self.probing
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))
         return w
+
+    def _spread(self, batch_size: int) -> float:
+        """Standard errors added to the first draft's acceptance: while drafting, enough that
+        noise does not stop it (:func:`confidence_spread`); none to start drafting again."""
+        return confidence_spread(batch_size) if self.drafting else 0.0
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
                propose_s: float) -> None:
