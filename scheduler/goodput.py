@@ -44,8 +44,9 @@ draft head: 77 plain steps of 105 in one run). So while the controller is drafti
 draft's rate is read ``CONFIDENCE`` standard errors high, over ``sqrt(b)`` at batch size ``b``
 (the errors of the step's sequences add in quadrature): noise does not stop drafts that pay, and
 a wrong call can only happen near the break-even, where it costs little (in simulations of
-batch 1 and 8 with i.i.d. acceptance and the H100's relative costs, the controller kept 0.97 of
-the best fixed k or more where drafts pay, and 0.97 of plain decoding where they do not).
+batch 1 and 8 with i.i.d. acceptance and the H100's relative costs, the controller kept at least
+0.94 of the best fixed k where drafts pay, and at least 0.96 of plain decoding where they do
+not).
 To start drafting again the estimates are read as they are, and the error is the binomial one
 (``sqrt(r (1 - r) / n)``), which vanishes at a rate of 0: at acceptance 0 the drafts stop.
 
