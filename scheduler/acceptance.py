@@ -77,7 +77,7 @@ class AcceptanceModel:
         self.version = 0  # bumped by every change of the counts
         self.engine_rates = self._engine_rates()  # [max_k + 2] (kept with the counts)
         self._estimated: tuple[tuple[int, ...], int, np.ndarray, np.ndarray] | None = None
-        # the last estimates: (rows, version, values, standard errors)
+        # the last estimates: (rows, version, values, the first column's standard errors)
         self.counts = np.zeros((capacity, 2, k + 2))  # [rows, 2, max_k + 2]
         self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last drafts
         self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
@@ -151,9 +151,10 @@ class AcceptanceModel:
         return self._estimate(reqs)[0]
 
     def _estimate(self, reqs: list[RequestAcceptance]) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`estimates` and their standard errors ``[len(reqs), max_k + 2]`` (a rate
-        ``r`` of ``n`` tries, the prior's included: the binomial ``sqrt(r (1 - r) / n)``; it
-        is 0 at a rate of 0, so that drafts that are never accepted are not kept up by it)."""
+        """:meth:`estimates` and the standard errors of their first column ``[len(reqs)]``
+        (the only one :meth:`optimistic` raises; a rate ``r`` of ``n`` tries, the prior's
+        included: the binomial ``sqrt(r (1 - r) / n)``, 0 at a rate of 0, so that drafts that
+        are never accepted are not kept up by it)."""
         rows = tuple(map(_row, reqs))
         last = self._estimated
         if last is not None and last[1] == self.version and last[0] == rows:
@@ -161,7 +162,8 @@ class AcceptanceModel:
         counts = self.counts[np.array(rows, dtype=np.int64)]  # [n, 2, max_k + 2]
         tries = counts[:, TRIES] + PRIOR_WEIGHT  # [n, max_k + 2]
         values = (counts[:, HITS] + PRIOR_WEIGHT * self.engine_rates) / tries
-        errors = np.sqrt(values * (1.0 - values) / tries)
+        first = values[:, 0]  # [n]
+        errors = np.sqrt(first * (1.0 - first) / tries[:, 0])  # [n]
         self._estimated = (rows, self.version, values, errors)
         return values, errors
 
@@ -176,7 +178,7 @@ class AcceptanceModel:
         if not spread:
             return values
         out = values.copy()
-        out[:, 0] = np.minimum(values[:, 0] + spread * errors[:, 0], 1.0)
+        out[:, 0] = np.minimum(values[:, 0] + spread * errors, 1.0)
         return out
 
     def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None,

@@ -128,6 +128,7 @@ class LeaderRunner:
         if self._stopped:
             return
         self._stopped = True
+        atexit.unregister(self._exit)  # (the caller's process group is the caller's)
         if dist.is_initialized():
             self._send(STOP)
 
