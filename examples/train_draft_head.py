@@ -3,8 +3,10 @@
 1. **Data**: the target answers the prompts of :mod:`examples.draft_head_prompts` itself
    through the engine (greedy, and ``--samples`` times sampled; every second sampled answer
    goes on past the end of its turn, the text the target writes under ``ignore_eos``), with its
-   chat template. ``--data-cache`` keeps the token ids for another run (``--epochs 0``: data
-   only).
+   chat template. ``--copy-prompts N`` adds copy tasks (:func:`examples.draft_head_prompts.
+   copy_prompts`: repeat, quote or lightly edit a text given in the prompt) over the target's
+   greedy answers to N training prompts, answered the same way. ``--data-cache`` keeps the token
+   ids for another run (``--epochs 0``: data only).
 2. **Features**: one target forward over each prompt + answer gives the final hidden state
    ``f_j`` of every position (the feature the output head reads).
 3. **Training**, whole sequences at a time: from every pair (``f_j``, ``x_{j+1}``) the head
@@ -18,7 +20,12 @@
 4. **Held-out acceptance** each epoch, on the greedy answers to prompts about topics no training
    prompt has: from each position the head drafts 4 tokens chained on its own argmax drafts, as
    the engine does; a draft is accepted while it equals the target's greedy continuation. Printed:
-   acceptance of the first draft, per position (conditional), and mean accepted drafts.
+   acceptance of the first draft, per position (conditional), and mean accepted drafts; with
+   ``--copy-prompts``, also on copy tasks over held-out answers (``copy``).
+
+``--checkpoint PATH`` saves the head, optimizer and schedule after every epoch and resumes from
+there; with ``--time-limit`` a run stops after the epoch that passes it, and the same command
+goes on in a later run (machines that take commands of at most 10 minutes).
 
     python examples/train_draft_head.py --device cuda --out proposers/heads/smollm2-135m
     python examples/train_draft_head.py --model tiny-path --num-prompts 16 --epochs 1  # CPU
@@ -38,7 +45,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLM, SamplingParams  # noqa: E402
-from examples.draft_head_prompts import draft_head_prompts  # noqa: E402
+from examples.draft_head_prompts import copy_prompts, draft_head_prompts  # noqa: E402
 from proposers.head_model import DraftHead, head_for  # noqa: E402
 
 DRAFTS = 4  # drafts chained in the held-out acceptance
@@ -50,6 +57,8 @@ def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
     """Token ids of prompt + the target's answer for every prompt (chat template when the
     tokenizer has one), and each prompt's length in tokens. ``ignore_eos``: the answer goes on
     past the end of the turn (what the target writes there, as under ``ignore_eos``)."""
+    if not prompts:
+        return [], []
     tokenizer = llm.get_tokenizer()
     if getattr(tokenizer, "chat_template", None):
         inputs = llm.chat_inputs([[{"role": "user", "content": p}] for p in prompts])
@@ -62,6 +71,12 @@ def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
     return ([ids + list(o.outputs[0].token_ids) for ids, o in zip(prompt_ids, outputs,
                                                                     strict=True)],
             [len(ids) for ids in prompt_ids])
+
+
+def answers(tokenizer, sequences: list[list[int]], starts: list[int], count: int) -> list[str]:
+    """The text of the first ``count`` answers (each sequence past its prompt)."""
+    return [tokenizer.decode(seq[n:], skip_special_tokens=True)
+            for seq, n in zip(sequences[:count], starts[:count], strict=True)]
 
 
 def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
@@ -199,11 +214,21 @@ def main(argv: list[str] | None = None) -> dict:
                         "temperature 0.8, 1.0, 0.8 ...; the second, fourth ... ignore EOS)")
     p.add_argument("--self-instruct", action="store_true",
                    help="also train on the target's own rewordings of the training prompts")
+    p.add_argument("--copy-prompts", type=int, default=0,
+                   help="copy tasks over the greedy answers to this many training prompts "
+                        "(and as many, in proportion, over held-out answers)")
+    p.add_argument("--checkpoint", default=None,
+                   help="save training state here after every epoch; resume from it if it "
+                        "exists")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds: stop after the epoch that passes them (with --checkpoint)")
     p.add_argument("--out", default=None, help="save the head here")
     p.add_argument("--data-cache", default=None,
                    help="the generated token ids: read from this file if it exists, else "
                         "written there (to train again on the same data)")
     args = p.parse_args(argv)
+    if args.time_limit is not None and args.checkpoint is None:
+        p.error("--time-limit needs --checkpoint (where the next run resumes)")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     torch.manual_seed(args.seed)
     started = time.perf_counter()
@@ -220,12 +245,22 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         if args.self_instruct:
             train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed)
-        train = generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)[0]
+        train, starts = generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)
+        held = generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)
+        held_copy = None
+        if args.copy_prompts:
+            tokenizer = llm.get_tokenizer()
+            copies = copy_prompts(answers(tokenizer, train, starts, args.copy_prompts), args.seed)
+            num_held = max(1, args.copy_prompts * len(held[0]) // len(train))
+            held_copies = copy_prompts(answers(tokenizer, *held, num_held), args.seed + 1)
+            train += generate(llm, copies, args.max_tokens, 0.0, args.seed)[0]
+            train_prompts = train_prompts + copies
+            held_copy = generate(llm, held_copies, args.max_tokens, 0.0, args.seed)
         for s in range(args.samples):  # sampled answers, every other one past the turn's end
             train += generate(llm, train_prompts, args.max_tokens, SAMPLE_TEMPERATURES[s % 2],
                               args.seed + 10 + s, ignore_eos=s % 2 == 1)[0]
-        data = {"train_prompts": train_prompts, "train": train,
-                "held": generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)}
+        data = {"train_prompts": train_prompts, "train": train, "held": held,
+                "held_copy": held_copy}
         if cache is not None:
             torch.save(data, cache)
     train_seqs, (held_seqs, held_starts) = data["train"], data["held"]
@@ -234,8 +269,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"data: {len(train_seqs)} training sequences, {len(held_seqs)} held out; "
               f"generated in {data_s:.0f} s (--epochs 0: no training)")
         return {"history": []}
+    held_copy = data.get("held_copy")
     train_feats = features_of(model, train_seqs, device)
     held_feats = features_of(model, held_seqs, device)
+    copy_feats = features_of(model, held_copy[0], device) if held_copy else None
     head = head_for(model.config, args.intermediate_size).to(device)
     for param in model.parameters():
         param.requires_grad_(False)
@@ -248,8 +285,20 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"data: {len(train_seqs)} training sequences ({sum(lengths)} positions), "
           f"{len(held_seqs)} held out; generated in {data_s:.0f} s; head "
           f"{sum(p.numel() for p in head.parameters()) / 1e6:.2f} M parameters")
-    history = []
-    for epoch in range(args.epochs):
+    history, first_epoch, spent = [], 0, 0.0
+    checkpoint = Path(args.checkpoint) if args.checkpoint else None
+    if checkpoint is not None and checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        shuffle.set_state(state["shuffle"])
+        if state["epochs"] != args.epochs:
+            raise ValueError(f"checkpoint {str(checkpoint)!r} is of a run of "
+                             f"--epochs {state['epochs']}, not {args.epochs}")
+        history, first_epoch, spent = state["history"], state["epoch"], state["seconds"]
+        print(f"resumed from {checkpoint} after epoch {first_epoch}")
+    for epoch in range(first_epoch, args.epochs):
         head.train()
         total = 0.0
         groups = batches(lengths, args.batch_tokens, shuffle)
@@ -267,22 +316,40 @@ def main(argv: list[str] | None = None) -> dict:
         head.eval()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             acc = held_out_acceptance(head, embed, lm_head, held_feats, held_seqs, held_starts)
+            if copy_feats is not None:
+                acc["copy"] = held_out_acceptance(head, embed, lm_head, copy_feats, *held_copy)
         history.append({"epoch": epoch + 1, "loss": total / len(groups), **acc})
         print(f"epoch {epoch + 1}: loss {total / len(groups):.4f}, held-out first draft "
               f"{acc['first_draft']:.3f}, per position "
               f"{[round(x, 3) for x in acc['per_position']]}, mean accepted "
-              f"{acc['mean_accepted']:.2f} of {DRAFTS} ({acc['positions']} positions)")
-    elapsed = time.perf_counter() - started
+              f"{acc['mean_accepted']:.2f} of {DRAFTS} ({acc['positions']} positions)"
+              + (f"; copy tasks: first draft {acc['copy']['first_draft']:.3f}, mean accepted "
+                 f"{acc['copy']['mean_accepted']:.2f}" if "copy" in acc else ""))
+        if checkpoint is not None:
+            torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(),
+                        "schedule": schedule.state_dict(), "shuffle": shuffle.get_state(),
+                        "history": history, "epoch": epoch + 1, "epochs": args.epochs,
+                        "seconds": spent + time.perf_counter() - started}, checkpoint)
+            if (args.time_limit is not None and epoch + 1 < args.epochs
+                    and time.perf_counter() - started > args.time_limit):
+                print(f"stopped after epoch {epoch + 1} (--time-limit); the same command "
+                      f"resumes from {checkpoint}")
+                return {"history": history}
+    elapsed = spent + time.perf_counter() - started
+    copy_note = (f"; copy tasks over the greedy answers to {args.copy_prompts} of them"
+                 if args.copy_prompts else "")
+    held_note = f" and {len(held_copy[0])} copy tasks over their answers" if held_copy else ""
     card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
             "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py"
-                    f"{', and the target rewording each' if args.self_instruct else ''}), "
+                    f"{', and the target rewording each' if args.self_instruct else ''}"
+                    f"{copy_note}), "
                     f"answered by the target greedily and {args.samples} times sampled "
                     f"(temperatures {SAMPLE_TEMPERATURES}, alternately; every second sampled "
                     f"answer goes on past the end of the turn, as under ignore_eos), up to "
                     f"{args.max_tokens} tokens: {len(train_seqs)} sequences, "
                     f"{sum(lengths)} positions; held out: {len(held_prompts)} prompts on "
-                    f"unseen topics",
+                    f"unseen topics{held_note}",
             "seconds": round(elapsed, 1), "device": str(device), "history": history}
     if args.out:
         head.to(dtype=getattr(torch, dtype)).save(args.out, card)

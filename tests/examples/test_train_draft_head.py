@@ -1,7 +1,7 @@
 """``examples/train_draft_head.py`` on a tiny model: it trains, saves a head the ``eagle``
 proposer loads, and the engine's greedy output with that head is Hugging Face's."""
 
-from examples.draft_head_prompts import TASKS, TOPICS, draft_head_prompts
+from examples.draft_head_prompts import COPY_CHARS, TASKS, TOPICS, copy_prompts, draft_head_prompts
 from examples.train_draft_head import main
 from proposers.draft_head import DraftHead
 from tests.engine.cli.cli_helpers import save_tiny_model
@@ -34,3 +34,35 @@ def test_training_saves_a_head_that_the_engine_drafts_with(tmp_path):
                        use_tqdm=False)[0]
     assert out.outputs[0].token_ids == hf_greedy(llm.engine.model, prompt, 12)
     assert llm.get_metrics().num_drafted > 0
+
+
+def test_copy_prompts_carry_their_text_and_skip_short_ones():
+    text = ("Kites fly when the wind lifts them. Children hold the string and run across the "
+            "field. Some kites have long tails that keep them steady in gusty weather.")
+    prompts = copy_prompts([text, "too short: skipped", text], seed=1)
+    assert len(prompts) == 2
+    words = text.split()
+    for p in prompts:
+        # the text itself, or with a few misspelt words: most of its words are in the prompt
+        assert sum(w in p for w in words) >= 0.8 * len(words), p
+    long = "A sentence about kites. " * 60
+    assert all(len(p) < COPY_CHARS + 200 for p in copy_prompts([long] * 8))
+
+
+def test_training_stops_at_its_time_limit_and_resumes_from_its_checkpoint(tmp_path, capsys):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    args = ["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
+            "--batch-tokens", "256", "--data-cache", str(tmp_path / "data.pt"), "--epochs", "2",
+            "--checkpoint", str(tmp_path / "state.pt"), "--copy-prompts", "4",
+            "--out", str(tmp_path / "head")]
+    first = main(args + ["--time-limit", "0"])
+    assert [h["epoch"] for h in first["history"]] == [1]  # stopped after one epoch
+    assert "copy" in first["history"][0]  # held-out copy tasks were built and measured
+    assert not (tmp_path / "head").exists()  # no head before the last epoch
+    capsys.readouterr()
+    second = main(args)
+    printed = capsys.readouterr().out
+    assert "resumed from" in printed and "epoch 1:" not in printed  # epoch 2 alone trained
+    assert [h["epoch"] for h in second["history"]] == [1, 2]
+    assert second["history"][0] == first["history"][0]
+    assert DraftHead.load(tmp_path / "head").hidden_size > 0
