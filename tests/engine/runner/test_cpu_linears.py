@@ -1,6 +1,6 @@
-"""The decoder's linear maps on MKL-packed weights (engine/runner/cpu_linears.py): the same numbers
-as ``nn.Linear`` up to float32 rounding, used exactly for steps of MIN_ROWS..MAX_ROWS rows, removed
-after every forward, shared between runners over the same weights."""
+"""The decoder's linear maps on oneDNN-reordered weights (engine/runner/cpu_linears.py): the same
+numbers as ``nn.Linear`` up to float32 rounding, used exactly for steps of MIN_ROWS..MAX_ROWS
+rows, removed after every forward, shared between runners over the same weights."""
 
 from __future__ import annotations
 
@@ -12,13 +12,12 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from engine.runner import cpu_linears
-from engine.runner.cpu_linears import MAX_ROWS, MIN_ROWS, PackedLinears
+from engine.runner.cpu_linears import MAX_ROWS, MIN_ROWS, PackedLinears, available
 from engine.runner.model_runner import ModelRunner
 from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.skipif(
-    not (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")),
-    reason="this PyTorch has no MKL packed GEMM (torch.ops.mkl._mkl_linear)")
+    not available(), reason="this PyTorch has no oneDNN linear (torch.ops.mkldnn)")
 
 
 def linears(model: nn.Module) -> list[nn.Linear]:
@@ -26,10 +25,10 @@ def linears(model: nn.Module) -> list[nn.Linear]:
 
 
 def packed_calls(fn, *args) -> int:
-    """How many times ``fn(*args)`` ran MKL's packed GEMM."""
+    """How many times ``fn(*args)`` ran oneDNN's linear on a reordered weight."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
-    return sum(e.count for e in prof.key_averages() if e.key == "mkl::_mkl_linear")
+    return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
 
 
 def test_packed_maps_match_nn_linear_for_every_row_count_in_range():
@@ -71,13 +70,14 @@ def test_the_override_is_removed_when_the_forward_raises():
 
 def test_runner_steps_take_the_packed_route_by_rows_and_only_when_asked():
     model = tiny_model("llama", num_layers=2)
-    for pack, wanted in ((True, 2 * 7), (False, 0)):
+    # (+ 1: the output head over several rows takes oneDNN's route too, cpu_lm_head.py)
+    for pack, wanted in ((True, 2 * 7 + 1), (False, 1)):
         runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=32,
                              pack_cpu_weights=pack)
         slots = [runner.allocate_slot(), runner.allocate_slot()]
         runner.forward(slots, [[1, 2, 3], [4, 5, 6]])
-        # 2 sequences x 1 token: below MIN_ROWS; 2 x 5 (verification): packed
-        assert packed_calls(runner.forward, slots, [[7], [8]]) == 0
+        # 1 sequence x 1 token: below MIN_ROWS; 2 x 5 (verification): reordered
+        assert packed_calls(runner.forward, slots[:1], [[7]]) == 0
         assert packed_calls(runner.forward, slots, [[9] * 5, [10] * 5]) == wanted
         assert all("forward" not in m.__dict__ for m in linears(model))
 
