@@ -23,6 +23,11 @@
    acceptance of the first draft, per position (conditional), and mean accepted drafts; with
    ``--copy-prompts``, also on copy tasks over held-out answers (``copy``).
 
+``--draft-vocab N`` gives the head a draft vocabulary (``proposers.head_model``): the N tokens
+most frequent in the training sequences, the only ones it drafts (its output head's cost on CPU
+falls with N). ``--vocab-into DIR`` (with ``--epochs 0``) writes such a vocabulary, from the
+data of this run, into the head already saved in DIR.
+
 ``--checkpoint PATH`` saves the head, optimizer and schedule after every epoch and resumes from
 there; with ``--time-limit`` a run stops after the epoch that passes it, and the same command
 goes on in a later run (machines that take commands of at most 10 minutes).
@@ -36,8 +41,10 @@ The head and a model card (``draft_head.json``: shape, command, data, metrics) g
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -46,7 +53,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLM, SamplingParams  # noqa: E402
 from examples.draft_head_prompts import copy_prompts, draft_head_prompts  # noqa: E402
-from proposers.head_model import DraftHead, head_for  # noqa: E402
+from proposers.head_model import CONFIG_NAME, DraftHead, head_for  # noqa: E402
 
 DRAFTS = 4  # drafts chained in the held-out acceptance
 SAMPLE_TEMPERATURES = (0.8, 1.0)  # of the sampled answers, alternately
@@ -77,6 +84,39 @@ def answers(tokenizer, sequences: list[list[int]], starts: list[int], count: int
     """The text of the first ``count`` answers (each sequence past its prompt)."""
     return [tokenizer.decode(seq[n:], skip_special_tokens=True)
             for seq, n in zip(sequences[:count], starts[:count], strict=True)]
+
+
+def top_tokens(sequences: list[list[int]], size: int) -> list[int]:
+    """The ``size`` tokens most frequent in ``sequences`` (ties: the smaller id first)."""
+    counts = Counter(t for seq in sequences for t in seq)
+    return [t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:size]]
+
+
+def vocab_coverage(vocab: list[int], sequences: list[list[int]], starts: list[int]) -> float:
+    """The share of the answers' tokens (each sequence past its prompt) inside ``vocab``."""
+    inside, total = set(vocab), 0
+    hits = 0
+    for seq, n in zip(sequences, starts, strict=True):
+        total += len(seq) - n
+        hits += sum(t in inside for t in seq[n:])
+    return hits / max(total, 1)
+
+
+def add_vocab(directory: Path, vocab: list[int] | None, coverage: float | None,
+              argv: list[str] | None) -> None:
+    """Write ``vocab`` into the head saved in ``directory``, its card kept (and told how)."""
+    if vocab is None:
+        raise ValueError("--vocab-into needs --draft-vocab N (the vocabulary's size)")
+    head = DraftHead.load(directory)
+    card = json.loads((directory / CONFIG_NAME).read_text())
+    dtype = head.fc.weight.dtype
+    head.set_vocab(vocab)
+    extra = {k: v for k, v in card.items() if k not in head.shape() and k != "draft_vocab_size"}
+    extra["draft_vocab"] = {
+        "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
+        "size": len(vocab), "held_out_coverage": coverage}
+    head.to(dtype=dtype).save(directory, extra)
+    print(f"wrote a draft vocabulary of {len(vocab)} tokens into {directory}")
 
 
 def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
@@ -217,6 +257,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--copy-prompts", type=int, default=0,
                    help="copy tasks over the greedy answers to this many training prompts "
                         "(and as many, in proportion, over held-out answers)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="the head drafts only the N tokens most frequent in its training data "
+                        "(0: every token)")
+    p.add_argument("--vocab-into", default=None,
+                   help="with --epochs 0 and --draft-vocab: add the vocabulary to the head "
+                        "saved in this directory")
     p.add_argument("--checkpoint", default=None,
                    help="save training state here after every epoch; resume from it if it "
                         "exists")
@@ -265,10 +311,17 @@ def main(argv: list[str] | None = None) -> dict:
             torch.save(data, cache)
     train_seqs, (held_seqs, held_starts) = data["train"], data["held"]
     data_s = time.perf_counter() - started
+    vocab = top_tokens(train_seqs, args.draft_vocab) if args.draft_vocab else None
+    coverage = None if vocab is None else vocab_coverage(vocab, held_seqs, held_starts)
+    if vocab is not None:
+        print(f"draft vocabulary: {len(vocab)} tokens; they are {coverage:.4f} of the held-out "
+              "answers' tokens")
     if args.epochs == 0:
         print(f"data: {len(train_seqs)} training sequences, {len(held_seqs)} held out; "
               f"generated in {data_s:.0f} s (--epochs 0: no training)")
-        return {"history": []}
+        if args.vocab_into:
+            add_vocab(Path(args.vocab_into), vocab, coverage, argv)
+        return {"history": [], "vocab_coverage": coverage}
     held_copy = data.get("held_copy")
     train_feats = features_of(model, train_seqs, device)
     held_feats = features_of(model, held_seqs, device)
@@ -339,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict:
     copy_note = (f"; copy tasks over the greedy answers to {args.copy_prompts} of them"
                  if args.copy_prompts else "")
     held_note = f" and {len(held_copy[0])} copy tasks over their answers" if held_copy else ""
+    if vocab is not None:
+        head.set_vocab(vocab)
     card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
             "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py"
@@ -350,7 +405,8 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{args.max_tokens} tokens: {len(train_seqs)} sequences, "
                     f"{sum(lengths)} positions; held out: {len(held_prompts)} prompts on "
                     f"unseen topics{held_note}",
-            "seconds": round(elapsed, 1), "device": str(device), "history": history}
+            "seconds": round(elapsed, 1), "device": str(device), "history": history,
+            "draft_vocab_coverage": coverage}
     if args.out:
         head.to(dtype=getattr(torch, dtype)).save(args.out, card)
         print(f"saved to {args.out} ({elapsed:.0f} s in all)")

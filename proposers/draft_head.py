@@ -69,6 +69,19 @@ class DraftHeadProposer(Proposer):
                  graphs: bool = False, capture: bool = True) -> None:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.vocab_size, self.max_pending = vocab_size, max_pending
+        self._readout_weight = self._readout_bias = self._vocab = None
+        if head.vocab is not None:  # the draft vocabulary's rows of the output head
+            weight = getattr(lm_head, "weight", None)
+            if not isinstance(lm_head, nn.Linear) or weight is None:
+                raise ValueError("a draft head with a draft vocabulary needs the target's "
+                                 f"output head to be an nn.Linear, not {type(lm_head).__name__}")
+            if int(head.vocab.max()) >= vocab_size:
+                raise ValueError(f"the draft head's vocabulary has token id "
+                                 f"{int(head.vocab.max())}; the target has {vocab_size} tokens")
+            self._vocab = head.vocab.to(weight.device)  # [draft_vocab_size]
+            self._readout_weight = weight.detach()[self._vocab].contiguous()  # [V', hidden]
+            if lm_head.bias is not None:
+                self._readout_bias = lm_head.bias.detach()[self._vocab]
         weight = head.fc.weight
         self.cache = HeadKVCache(max_num_seqs, head.num_kv_heads, head.head_dim, weight.dtype,
                                  weight.device, max_model_len + max_pending + 1)
@@ -142,6 +155,14 @@ class DraftHeadProposer(Proposer):
         self._broken.discard(req_id)
 
     # ---- drafts out -------------------------------------------------------------------------
+
+    def _readout(self, feature: torch.Tensor) -> torch.Tensor:
+        """The greedy draft ``[batch]`` of each ``feature [batch, hidden_size]``: through the
+        target's output head, or its draft vocabulary's rows only."""
+        if self._vocab is None:
+            return self.lm_head(feature)[:, :self.vocab_size].argmax(dim=-1)
+        logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
+        return self._vocab[logits.argmax(dim=-1)]  # [batch]: full token ids
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -234,7 +255,7 @@ class DraftHeadProposer(Proposer):
             keys = cache.keys[slots, :num_keys]  # [batch, num_keys, kv_heads, head_dim]
             feature = head.attend(x[:, None], pos[:, None], keys, cache.values[slots, :num_keys],
                                   mask)[:, 0]  # [batch, hidden_size]
-            token = self.lm_head(feature)[:, :self.vocab_size].argmax(dim=-1)  # [batch]
+            token = self._readout(feature)  # [batch]
             out.append(token)
             if s + 1 < steps:
                 x, pos = head.inputs(feature, self.embed(token)), pos + 1

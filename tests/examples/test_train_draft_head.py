@@ -1,8 +1,12 @@
 """``examples/train_draft_head.py`` on a tiny model: it trains, saves a head the ``eagle``
 proposer loads, and the engine's greedy output with that head is Hugging Face's."""
 
+import json
+
+import torch
+
 from examples.draft_head_prompts import COPY_CHARS, TASKS, TOPICS, copy_prompts, draft_head_prompts
-from examples.train_draft_head import main
+from examples.train_draft_head import main, top_tokens
 from proposers.draft_head import DraftHead
 from tests.engine.cli.cli_helpers import save_tiny_model
 
@@ -66,3 +70,23 @@ def test_training_stops_at_its_time_limit_and_resumes_from_its_checkpoint(tmp_pa
     assert [h["epoch"] for h in second["history"]] == [1, 2]
     assert second["history"][0] == first["history"][0]
     assert DraftHead.load(tmp_path / "head").hidden_size > 0
+
+
+def test_top_tokens_are_the_most_frequent_ties_by_id():
+    assert top_tokens([[5, 3, 3, 9], [9, 3, 7]], 3) == [3, 9, 5]
+
+
+def test_a_draft_vocabulary_from_the_data_goes_into_a_saved_head(tmp_path):
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    common = ["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
+              "--batch-tokens", "256", "--data-cache", str(tmp_path / "data.pt")]
+    main(common + ["--epochs", "1", "--out", str(tmp_path / "head")])
+    assert DraftHead.load(tmp_path / "head").vocab is None
+    card = main(common + ["--epochs", "0", "--draft-vocab", "20",
+                          "--vocab-into", str(tmp_path / "head")])
+    assert 0.0 < card["vocab_coverage"] <= 1.0
+    data = torch.load(tmp_path / "data.pt")
+    head = DraftHead.load(tmp_path / "head")
+    assert head.vocab.tolist() == top_tokens(data["train"], 20)
+    saved = json.loads((tmp_path / "head" / "draft_head.json").read_text())
+    assert saved["draft_vocab"]["size"] == 20 and len(saved["history"]) == 1  # card kept

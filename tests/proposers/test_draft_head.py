@@ -308,3 +308,64 @@ def test_a_proposal_that_captures_or_moves_the_cache_is_not_steady(target):
     feed(proposer, target, {"a": long}, {"a": (len(tokens) - 1, len(long) - len(tokens))})
     proposer.propose([ProposeRequest("a", long, 2, SamplingParams(temperature=0))])
     assert not proposer.last_proposal_steady and proposer.graphs.num_graphs == 0
+
+
+def test_a_draft_vocabulary_is_saved_with_the_head_and_checked(tmp_path, target):
+    head = random_head(target.config, seed=1)
+    head.set_vocab([7, 3, 40])
+    head.save(tmp_path / "h")
+    assert json.loads((tmp_path / "h" / "draft_head.json").read_text())["draft_vocab_size"] == 3
+    assert DraftHead.load(tmp_path / "h").vocab.tolist() == [7, 3, 40]
+    for bad in ([], [3, 3], [-1, 2]):
+        with pytest.raises(ValueError, match="draft vocabulary"):
+            head.set_vocab(bad)
+    head.set_vocab([VOCAB + 5])
+    with pytest.raises(ValueError, match=f"token id {VOCAB + 5}"):
+        make_proposer(target, head)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_a_draft_vocabulary_reads_out_its_rows_only_and_maps_back_to_token_ids(target, graphs):
+    """With every token in a shuffled order the drafts are the full head's; with a part, each
+    draft is the best token of that part (the written-out oracle over its rows)."""
+    head = random_head(target.config, seed=4)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    contexts = {"a": [5, 6, 7, 9, 11], "b": [9, 3, 4]}
+    full = make_proposer(target, head, graphs=graphs)
+    feed(full, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    requests = [ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                for r, t in contexts.items()]
+    want = full.propose(requests).draft_token_ids
+    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0)).tolist()
+    part = perm[:VOCAB // 3]
+    for vocab in (perm, part):
+        restricted = copy.deepcopy(head)
+        restricted.set_vocab(vocab)
+        proposer = make_proposer(target, restricted, graphs=graphs)
+        feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+        got = proposer.propose(requests).draft_token_ids
+        if vocab is perm:
+            assert got == want
+            continue
+        rows = torch.tensor(part)
+
+        def part_head(feature, rows=rows):  # the full head's logits at the part's ids only
+            return torch.full((VOCAB,), -torch.inf).index_copy(0, rows, lm_head(feature)[rows])
+
+        for req, drafts in zip(contexts, got, strict=True):
+            assert set(drafts) <= set(part)
+            assert drafts == oracle_drafts(head, embed, part_head,
+                                           hidden_of(target, contexts[req])[:-1],
+                                           contexts[req], 3)
+
+
+def test_greedy_output_with_a_draft_vocabulary_equals_hugging_face(tmp_path, target, head_dir):
+    head = DraftHead.load(head_dir)
+    head.set_vocab(list(range(0, VOCAB, 2)))  # half the tokens: many drafts cannot be right
+    head.save(tmp_path / "half")
+    llm = make_llm(target, tmp_path / "half", spec={"adaptive_k": False})
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 16)
+    assert llm.get_metrics().num_drafted > 0
