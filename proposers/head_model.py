@@ -76,10 +76,20 @@ class DraftHead(nn.Module):
         self.mlp_norm = nn.RMSNorm(hidden_size, eps=eps)
         self.gate_up = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down = nn.Linear(intermediate_size, hidden_size, bias=False)
-        inv_freq = 1.0 / self.rope_theta ** (
-            torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [head_dim / 2]
+        self.register_buffer("inv_freq", self._frequencies(None),
+                             persistent=False)  # [head_dim / 2] float32
         self.vocab: torch.Tensor | None = None  # [draft_vocab_size] long: see the module doc
+
+    def _frequencies(self, device: torch.device | None) -> torch.Tensor:
+        return 1.0 / self.rope_theta ** (torch.arange(
+            0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim)
+
+    def _apply(self, fn, recurse=True):  # (what .to(), .cuda(), .half() run)
+        super()._apply(fn, recurse)
+        # the rotary frequencies stay float32 whatever the weights' dtype: bfloat16 rounds them
+        # by up to 0.4%, an angle off by a radian 300 positions away
+        self.inv_freq = self._frequencies(self.inv_freq.device)
+        return self
 
     def set_vocab(self, token_ids: torch.Tensor | list[int] | None) -> None:
         """The draft vocabulary (distinct token ids, most frequent first), or None: all."""
@@ -190,9 +200,9 @@ class DraftHead(nn.Module):
             raise ValueError(f"{config_file} has version={shape.get('version')!r}: this engine "
                              f"loads draft heads of version {VERSION} (one decoder layer); "
                              "retrain it with examples/train_draft_head.py")
-        head = cls(*(shape[k] for k in SHAPE_KEYS))
         tensors = load_file(str(weights_file))
         vocab = tensors.pop(VOCAB_KEY, None)
+        head = cls(*(shape[k] for k in SHAPE_KEYS)).to(tensors["fc.weight"].dtype)  # (as stored)
         head.load_state_dict(tensors)
         head.set_vocab(vocab)
         return head
