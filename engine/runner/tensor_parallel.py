@@ -124,19 +124,22 @@ class LeaderRunner:
         return self._runner.forward(*args)
 
     def shutdown(self) -> None:
-        """Tell the followers to return (once; at interpreter exit at the latest)."""
+        """Tell the followers to return (once; at interpreter exit at the latest), and wait
+        until every rank has the message (a rank that tears its group down while another is
+        still receiving can abort)."""
         if self._stopped:
             return
         self._stopped = True
-        atexit.unregister(self._exit)  # (the caller's process group is the caller's)
         if dist.is_initialized():
             self._send(STOP)
+            dist.barrier(group=control_group())
 
     def _exit(self) -> None:
-        """At interpreter exit: stop the followers and take the process group down, as they do
-        (left to the interpreter's teardown, gloo's threads were sometimes destroyed while
-        joinable: rank 0 aborted with "terminate called without an active exception" after its
-        work was done, seen once in a fresh clone's test run)."""
+        """At interpreter exit: stop the followers (if :meth:`shutdown` has not) and take the
+        process group down, as they do. Left to the interpreter's teardown, gloo's threads were
+        sometimes destroyed while joinable: rank 0 aborted with "terminate called without an
+        active exception" after its work was done (seen in two fresh clones' test runs; the
+        second had the teardown here but no barrier after the stop message)."""
         self.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -159,6 +162,7 @@ def follow(runner: ModelRunner) -> int:
     while True:
         message = broadcast()
         if message == STOP:
+            dist.barrier(group=control_group())  # (the leader's, in LeaderRunner.shutdown)
             return forwards
         for name, args in message:
             if name not in (*_MUTATING, "forward"):
