@@ -102,11 +102,9 @@ def vocab_coverage(vocab: list[int], sequences: list[list[int]], starts: list[in
     return hits / max(total, 1)
 
 
-def add_vocab(directory: Path, vocab: list[int] | None, coverage: float | None,
+def add_vocab(directory: Path, vocab: list[int], coverage: float | None,
               argv: list[str] | None) -> None:
     """Write ``vocab`` into the head saved in ``directory``, its card kept (and told how)."""
-    if vocab is None:
-        raise ValueError("--vocab-into needs --draft-vocab N (the vocabulary's size)")
     head = DraftHead.load(directory)
     card = json.loads((directory / CONFIG_NAME).read_text())
     dtype = head.fc.weight.dtype
@@ -275,6 +273,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.time_limit is not None and args.checkpoint is None:
         p.error("--time-limit needs --checkpoint (where the next run resumes)")
+    if args.vocab_into is not None and (args.epochs or not args.draft_vocab):
+        p.error("--vocab-into needs --epochs 0 and --draft-vocab N (a trained head gets its "
+                "vocabulary from --draft-vocab alone)")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     torch.manual_seed(args.seed)
     started = time.perf_counter()
@@ -342,13 +343,13 @@ def main(argv: list[str] | None = None) -> dict:
     checkpoint = Path(args.checkpoint) if args.checkpoint else None
     if checkpoint is not None and checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
+        if state["epochs"] != args.epochs:
+            raise ValueError(f"checkpoint {str(checkpoint)!r} is of a run of "
+                             f"--epochs {state['epochs']}, not {args.epochs}")
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         shuffle.set_state(state["shuffle"])
-        if state["epochs"] != args.epochs:
-            raise ValueError(f"checkpoint {str(checkpoint)!r} is of a run of "
-                             f"--epochs {state['epochs']}, not {args.epochs}")
         history, first_epoch, spent = state["history"], state["epoch"], state["seconds"]
         print(f"resumed from {checkpoint} after epoch {first_epoch}")
     for epoch in range(first_epoch, args.epochs):

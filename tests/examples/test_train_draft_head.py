@@ -3,6 +3,7 @@ proposer loads, and the engine's greedy output with that head is Hugging Face's.
 
 import json
 
+import pytest
 import torch
 
 from examples.draft_head_prompts import COPY_CHARS, TASKS, TOPICS, copy_prompts, draft_head_prompts
@@ -70,6 +71,14 @@ def test_training_stops_at_its_time_limit_and_resumes_from_its_checkpoint(tmp_pa
     assert [h["epoch"] for h in second["history"]] == [1, 2]
     assert second["history"][0] == first["history"][0]
     assert DraftHead.load(tmp_path / "head").hidden_size > 0
+    with pytest.raises(ValueError, match="--epochs 2, not 3"):  # another schedule: refused
+        main(args[:args.index("--epochs")] + ["--epochs", "3"] + args[args.index("--epochs") + 2:])
+
+
+def test_vocab_into_asks_for_data_only_and_a_size():
+    for extra in (["--epochs", "1", "--draft-vocab", "8"], ["--epochs", "0"]):
+        with pytest.raises(SystemExit):
+            main(["--vocab-into", "somewhere", *extra])
 
 
 def test_top_tokens_are_the_most_frequent_ties_by_id():
