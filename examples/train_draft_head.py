@@ -94,12 +94,9 @@ def top_tokens(sequences: list[list[int]], size: int) -> list[int]:
 
 def vocab_coverage(vocab: list[int], sequences: list[list[int]], starts: list[int]) -> float:
     """The share of the answers' tokens (each sequence past its prompt) inside ``vocab``."""
-    inside, total = set(vocab), 0
-    hits = 0
-    for seq, n in zip(sequences, starts, strict=True):
-        total += len(seq) - n
-        hits += sum(t in inside for t in seq[n:])
-    return hits / max(total, 1)
+    inside = set(vocab)
+    tokens = [t for seq, n in zip(sequences, starts, strict=True) for t in seq[n:]]
+    return sum(t in inside for t in tokens) / max(len(tokens), 1)
 
 
 def add_vocab(directory: Path, vocab: list[int], coverage: float | None,

@@ -40,7 +40,9 @@ MAX_ROWS = 64
 _PACKED: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
 
-def _packed_weight(weight: torch.Tensor) -> torch.Tensor:
+def reordered_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` reordered for :func:`reordered_linear`, one copy per weight (shared
+    by every runner over it: the early-exit draft's layers and head are the target's)."""
     key = id(weight)
     entry = _PACKED.get(key)
     if entry is None or entry[0]() is not weight:
@@ -64,12 +66,17 @@ def _packable(module: nn.Module) -> bool:
             and not hasattr(module, "_hf_hook"))
 
 
+def reordered_linear(x: torch.Tensor, packed: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """``x [rows, in] -> [rows, out]`` through a :func:`reordered_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
 def _packed_forward(packed: torch.Tensor,
                     bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     def forward(x: torch.Tensor) -> torch.Tensor:  # x [..., in_features]
         rows = x.numel() // x.shape[-1]
-        out = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(rows, x.shape[-1]), packed, bias, "none", [None], "")  # [rows, out]
+        out = reordered_linear(x.reshape(rows, x.shape[-1]), packed, bias)  # [rows, out]
         return out.view(*x.shape[:-1], out.shape[-1])
 
     return forward
@@ -89,7 +96,7 @@ class PackedLinears:
                 if not _packable(module):
                     continue
                 bias = None if module.bias is None else module.bias.detach()
-                self._forwards.append((module, _packed_forward(_packed_weight(module.weight),
+                self._forwards.append((module, _packed_forward(reordered_weight(module.weight),
                                                                bias)))
 
     def __len__(self) -> int:

@@ -20,22 +20,23 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from engine.runner.cpu_linears import available, reordered_linear, reordered_weight
+
 
 def output_head(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """``hidden [rows, hidden_size] -> logits [rows, vocab_size]`` for ``model``'s head."""
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
     if (not isinstance(head, nn.Linear) or weight.device.type != "cpu"
-            or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available()
-            or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+            or weight.dtype != torch.float32 or not available()):
         return head
     with torch.no_grad():
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())  # [vocab, hidden] blocked
+        packed = reordered_weight(weight)  # [vocab, hidden] blocked
     bias = None if head.bias is None else head.bias.detach()  # [vocab_size]
 
     def packed_head(hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] == 1:  # one row: MKL's GEMV already reads the weight once
             return head(hidden)
-        return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [None], "")
+        return reordered_linear(hidden, packed, bias)
 
     return packed_head
