@@ -36,12 +36,21 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
   verification graph would multiply their tokens) runs eager the first time it is met and is
   captured the second;
 - a bucket that one covers replays the smallest such graph, padded (scratch sequences and
-  tokens, masked key columns), until it has been met ``CAPTURE_AFTER_COVERED`` times, and is
-  captured then if the device keeps ``COVERED_GRAPH_RESERVE`` free (else the cover serves it for
-  good). The batch sizes at the end of a batch of requests (each met a few times as sequences
-  finish) and a width the controller tries once cost a padded replay, not an eager step and a
-  capture each (measured on the H100 with the 1B at batch 32, 64 tokens, before covers: the eager
-  steps and captures after the prefill took 29-55% of a warm run's time);
+  tokens, masked key columns), and is captured once the padding it has cost reaches what a
+  capture costs (the ski-rental rule: the padding paid is then at most one capture, and the
+  captures made at most twice what the best choice in hindsight costs), if the device keeps
+  ``COVERED_GRAPH_RESERVE`` free (else the cover serves it for good). Both sides are measured:
+  every capture's host time, and every captured graph's replay (timed on its scratch inputs
+  right after the capture). What one padded step costs is bounded above by the cover's replay
+  less the slowest captured graph that the bucket itself covers (its own replay cannot be
+  faster), or the cover's whole replay when none is. On a small model, where a wider graph
+  replays in about the time of a narrower one, a covered bucket is then almost never captured
+  (a capture costs 50-100 ms, inside someone's request); on a large one, where padding costs,
+  within a few dozen steps. The batch sizes at the end of a batch of requests (each met a few
+  times as sequences finish) and a width the controller tries once cost a padded replay, not
+  an eager step and a capture each (measured on the H100 with the 1B at batch 32, 64 tokens,
+  before covers: the eager steps and captures after the prefill took 29-55% of a warm run's
+  time);
 - a decode bucket's capture also captures its widest verification twin (same batch and key
   length, ``max_num_new`` tokens), which covers every width of its batch and key length.
 
@@ -58,9 +67,7 @@ from dataclasses import dataclass
 import torch
 
 KV_STEP = 128  # the smallest kv_len rounding
-# A bucket that a captured one covers is captured when met this many times (a capture costs
-# about three eager steps, 20-120 ms for the 1B on an H100; a padded replay a few ms at most).
-CAPTURE_AFTER_COVERED = 16
+TIMED_REPLAYS = 3  # replays of a new graph timed right after its capture
 # Free device bytes below which a covered bucket gets no graph of its own (each graph keeps tens
 # of MB: docs/design.md, "CUDA graphs").
 COVERED_GRAPH_RESERVE = 2 << 30
@@ -105,12 +112,10 @@ class CudaGraphs:
 
     def __init__(self, body: Body, scratch_inputs: Callable[[int, int], list[int]],
                  max_batch_size: int, max_num_new: int, max_kv_len: int,
-                 device: torch.device, capture: bool = True,
-                 capture_after_covered: int = CAPTURE_AFTER_COVERED) -> None:
+                 device: torch.device, capture: bool = True) -> None:
         self.max_batch_size = batch_bucket(max_batch_size)
         self.max_num_new = max_num_new
         self.max_kv_len = max_kv_len
-        self.capture_after_covered = capture_after_covered
         self._body = body
         self._scratch_inputs = scratch_inputs
         self._device = device
@@ -119,6 +124,9 @@ class CudaGraphs:
         self._pool = None  # the memory pool all graphs share (made at the first capture)
         self._side: torch.cuda.Stream | None = None  # the captures' warm-up stream
         self._met: dict[Key, int] = {}  # steps of each bucket without a graph of its own so far
+        self._padding_s: dict[Key, float] = {}  # what padding has cost each covered bucket
+        self._replay_s: dict[Key, float] = {}  # each captured graph's replay, measured
+        self._captures: list[float] = []  # each capture's host seconds (warm-up and capture)
         self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
         self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
         self.num_replays = 0  # steps run through a bucket
@@ -133,19 +141,21 @@ class CudaGraphs:
     def bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
         """The graph bucket a step runs in, or None when it runs eager (too many new tokens or
         sequences). A bucket without a graph of its own is served by the smallest captured one
-        that covers it, until it has been met ``capture_after_covered`` times (then it is
-        captured; see the module docstring)."""
+        that covers it until the padding has cost it a capture (then it is captured; see the
+        module docstring)."""
         if num_new > self.max_num_new or batch_size > self.max_batch_size:
             return None
         key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
         self.padded = False
         if key in self._graphs or not self._capture_graphs:
             return key
-        met = self._met[key] = self._met.get(key, 0) + 1
+        self._met[key] = self._met.get(key, 0) + 1
         cover = self._cover(key)
         if cover is None:
             return key  # eager the first time, captured the next (replay)
-        if met > self.capture_after_covered:
+        paid = self._padding_s[key] = self._padding_s.get(key, 0.0) + self._padding(key, cover)
+        if paid >= self.capture_cost():
+            self._met[key] = 2  # (captured at this replay)
             if self._room_for_another():
                 return key  # captured now
             return cover  # for good: what its steps cost (steady)
@@ -163,6 +173,19 @@ class CudaGraphs:
                     and (k[1] >= num_new if num_new > 1 else k[1] == 1)]
             self._covers[key] = min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
         return self._covers[key]
+
+    def _padding(self, key: Key, cover: Key) -> float:
+        """An upper bound on what replaying ``cover`` for a step of ``key`` costs over ``key``'s
+        own graph: the cover's replay less the slowest captured graph inside ``key`` (smaller
+        or equal in every size), which ``key``'s own replay cannot beat."""
+        batch, num_new, kv_len = key
+        inside = max((t for k, t in self._replay_s.items()
+                      if k[0] <= batch and k[1] <= num_new and k[2] <= kv_len), default=0.0)
+        return max(self._replay_s.get(cover, 0.0) - inside, 0.0)
+
+    def capture_cost(self) -> float:
+        """Seconds a capture costs, the mean of those measured (the first one's when only one)."""
+        return sum(self._captures) / len(self._captures) if self._captures else 0.0
 
     def _room_for_another(self) -> bool:
         """Whether the device keeps ``COVERED_GRAPH_RESERVE`` bytes free for one more graph of
@@ -200,14 +223,33 @@ class CudaGraphs:
             return None, False
         batch_size, num_new, kv_len = key
         twin = (batch_size, self.max_num_new, kv_len)  # the widest verification steps' bucket
-        start = time.perf_counter()
-        graph = self._graphs[key] = self._capture(*key)
-        if num_new == 1 and twin not in self._graphs:
-            self._graphs[twin] = self._capture(*twin)
+        for bucket in (key, twin) if num_new == 1 and twin not in self._graphs else (key,):
+            start = time.perf_counter()
+            graph = self._graphs[bucket] = self._capture(*bucket)
+            self._replay_s[bucket] = self._time_replays(graph)
+            spent = time.perf_counter() - start
+            self._captures.append(spent)
+            self.capture_seconds += spent
         self._met.pop(key, None)
+        self._padding_s.pop(key, None)
         self._covers.clear()
-        self.capture_seconds += time.perf_counter() - start
-        return graph, True
+        return self._graphs[key], True
+
+    def _time_replays(self, graph: _Graph) -> float:
+        """Seconds of one replay of a new graph (on its scratch inputs: it writes scratch rows
+        only), the mean of ``TIMED_REPLAYS``, on the device's clock."""
+        if self._device.type != "cuda":
+            start = time.perf_counter()
+            for _ in range(TIMED_REPLAYS):
+                graph.graph.replay()
+            return (time.perf_counter() - start) / TIMED_REPLAYS
+        begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        begin.record()
+        for _ in range(TIMED_REPLAYS):
+            graph.graph.replay()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3 / TIMED_REPLAYS
 
     def _capture(self, batch_size: int, num_new: int, kv_len: int) -> _Graph:
         inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long,

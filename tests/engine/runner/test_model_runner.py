@@ -120,18 +120,30 @@ def _eager_capture(self, batch_size: int, num_new: int, kv_len: int):
     return _Graph(_EagerGraph(run), inputs, hidden)
 
 
-def test_a_bucket_replays_a_captured_cover_until_met_often_enough(monkeypatch):
-    """Graph bookkeeping, with captures that run eagerly: a bucket that a captured one covers
-    (larger batch or more tokens per sequence) replays it padded (not steady: its time is
-    another bucket's) until met ``capture_after_covered`` times, is captured then (not steady
-    either), and is steady from then on; every step's logits stay those of a full forward."""
+def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkeypatch):
+    """Graph bookkeeping, with captures that run eagerly and set costs: a capture costs 2.5 ms
+    and a graph of ``b`` sequences replays in ``b * (1 + 0.01 * (num_new - 1))`` ms. A bucket
+    that a captured one covers replays it padded (not steady: its time is another bucket's)
+    until the padding has cost a capture: batch 1 padded to batch 2 (2 ms a step, no graph
+    inside it) is captured at its second step; 2 tokens padded to the 3-token twin (at most
+    0.02 ms a step over the batch-1 decode graph inside it) never is in these steps. Every
+    step's logits stay those of a full forward."""
     from engine.runner.cuda_graphs import CudaGraphs
 
     monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
+    captured = []
+
+    def replay_seconds(self, graph):
+        key = next(k for k, g in self._graphs.items() if g is graph)
+        captured.append(key)
+        batch_size, num_new, _ = key
+        return batch_size * (1 + 0.01 * (num_new - 1)) / 1e3
+
+    monkeypatch.setattr(CudaGraphs, "_time_replays", replay_seconds)
+    monkeypatch.setattr(CudaGraphs, "capture_cost", lambda self: 2.5e-3)
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=96, max_model_len=40)
     runner.use_graph_buckets(3, capture=True)
-    runner.graphs.capture_after_covered = 2
     prompts = {runner.allocate_slot(): [3, 4, 5, 6], runner.allocate_slot(): [9, 8, 7]}
     for slot, prompt in prompts.items():
         runner.forward([slot], [prompt])  # prefills: eager
@@ -149,10 +161,29 @@ def test_a_bucket_replays_a_captured_cover_until_met_often_enough(monkeypatch):
         for slot in new:
             runner.truncate(slot, len(prompts[slot]))
     # batch 2 decode: eager, captured (with its 3-token twin), replayed; batch 1 decode: padded
-    # in the batch-2 graph twice, captured (with its twin), replayed; 2 tokens: padded in the
-    # batch-1 twin twice, captured, replayed; 3 tokens: the twin, replayed
-    assert steady == [False, False, True] + [False, False, False, True] * 2 + [True]
-    assert graphs == [0, 2, 2] + [2, 2, 4, 4] + [4, 4, 5, 5] + [5]
+    # in the batch-2 graph once (2 ms paid), captured at the second (4 ms >= 2.5; with its
+    # twin), replayed; 2 tokens: padded in the batch-1 twin every time (0.02 ms a step);
+    # 3 tokens: the twin, replayed
+    assert steady == [False, False, True] + [False, False, True, True] + [False] * 4 + [True]
+    assert graphs == [0, 2, 2] + [2, 4, 4, 4] + [4, 4, 4, 4] + [4]
+    kv = captured[0][2]
+    assert captured == [(2, 1, kv), (2, 3, kv), (1, 1, kv), (1, 3, kv)]
+
+
+def test_the_padding_bound_and_the_capture_cost_are_the_measured_ones():
+    """A covered step's padding is bounded by the cover's replay less the slowest captured
+    graph inside the bucket (none: the whole replay); the capture cost is the captures' mean."""
+    from engine.runner.cuda_graphs import CudaGraphs
+
+    graphs = CudaGraphs(None, None, 8, 3, 256, torch.device("cpu"))
+    graphs._replay_s = {(8, 3, 256): 5e-3, (2, 1, 128): 1e-3, (4, 1, 256): 3e-3,
+                        (8, 1, 128): 4e-3}
+    assert graphs._padding((4, 2, 256), (8, 3, 256)) == pytest.approx(2e-3)  # (4, 1, 256)
+    assert graphs._padding((8, 2, 128), (8, 3, 256)) == pytest.approx(1e-3)  # (8, 1, 128)
+    assert graphs._padding((1, 2, 256), (8, 3, 256)) == pytest.approx(5e-3)  # nothing inside
+    assert graphs.capture_cost() == 0.0
+    graphs._captures = [0.05, 0.07]
+    assert graphs.capture_cost() == pytest.approx(0.06)
 
 
 def test_a_decode_step_is_covered_only_by_a_decode_graph():
