@@ -60,10 +60,13 @@ SAMPLE_TEMPERATURES = (0.8, 1.0)  # of the sampled answers, alternately
 
 
 def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
-             seed: int, ignore_eos: bool = False) -> tuple[list[list[int]], list[int]]:
+             seed: int, ignore_eos: bool = False,
+             wave: int = 0) -> tuple[list[list[int]], list[int]]:
     """Token ids of prompt + the target's answer for every prompt (chat template when the
     tokenizer has one), and each prompt's length in tokens. ``ignore_eos``: the answer goes on
-    past the end of the turn (what the target writes there, as under ``ignore_eos``)."""
+    past the end of the turn (what the target writes there, as under ``ignore_eos``).
+    ``wave``: hand the engine this many prompts at a time, the next ones once all of them are
+    answered (0: all at once, a new one admitted as each finishes)."""
     if not prompts:
         return [], []
     tokenizer = llm.get_tokenizer()
@@ -74,7 +77,9 @@ def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
         prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
                             ignore_eos=ignore_eos)
-    outputs = llm.generate(prompt_ids, params, use_tqdm=False)
+    step = wave or len(prompt_ids)
+    outputs = [o for i in range(0, len(prompt_ids), step)
+               for o in llm.generate(prompt_ids[i:i + step], params, use_tqdm=False)]
     return ([ids + list(o.outputs[0].token_ids) for ids, o in zip(prompt_ids, outputs,
                                                                     strict=True)],
             [len(ids) for ids in prompt_ids])
@@ -114,13 +119,13 @@ def add_vocab(directory: Path, vocab: list[int], coverage: float | None,
     print(f"wrote a draft vocabulary of {len(vocab)} tokens into {directory}")
 
 
-def self_instruct(llm: LLM, prompts: list[str], seed: int) -> list[str]:
+def self_instruct(llm: LLM, prompts: list[str], seed: int, wave: int = 0) -> list[str]:
     """The target's own rewordings of ``prompts``: one new request per prompt, in its words
     (more varied phrasing than the templates; empty answers are dropped)."""
     asks = [f"Write one different request that a user could send to an AI assistant on the "
             f"same subject as this one, and nothing else: {p}" for p in prompts]
     tokenizer = llm.get_tokenizer()
-    seqs, lens = generate(llm, asks, 48, 0.9, seed + 1)
+    seqs, lens = generate(llm, asks, 48, 0.9, seed + 1, wave=wave)
     out = []
     for seq, n in zip(seqs, lens, strict=True):
         text = tokenizer.decode(seq[n:], skip_special_tokens=True).strip().split("\n")[0]
@@ -180,44 +185,73 @@ def padded(features: list[torch.Tensor], sequences: list[list[int]], group: list
 
 
 def unrolled_loss(head: DraftHead, embed, lm_head, feats: torch.Tensor, tokens: torch.Tensor,
-                  lengths: torch.Tensor, unroll: int, ce_weight: float) -> torch.Tensor:
+                  lengths: torch.Tensor, unroll: int, ce_weight: float,
+                  vocab: torch.Tensor | None = None) -> torch.Tensor:
     """Block ``u`` at position ``j`` predicts ``f_{j+u+1}`` (see ``DraftHead.unrolled``): smooth
     L1 to the target's feature plus ``ce_weight`` times the cross entropy to the target's own
-    next-token distribution, over the positions inside each sequence."""
+    next-token distribution, over the positions inside each sequence. ``vocab [draft_vocab]``:
+    the head's draft vocabulary; the cross entropy is then over those tokens, read out through
+    their rows of the output head as the proposer does (the target's probabilities of them, out
+    of its whole distribution). The target's distributions are made once for all blocks (block
+    ``u`` reads the one of position ``j + u + 1``): with the default model's 49,152 tokens the
+    output-head work was nine tenths of a step's time."""
     preds = head.unrolled(feats, tokens, embed, None, unroll)
     j = torch.arange(tokens.shape[1] - 1, device=tokens.device)
+    with torch.no_grad():  # [b, T - 1, vocab]: the target's next-token distribution at 1 .. T-1
+        target_p = F.softmax(lm_head(feats[:, 1:]).float(), dim=-1)
+        if vocab is not None:
+            target_p = target_p[..., vocab]
+    rows = lm_head.weight if vocab is None else lm_head.weight[vocab]  # [vocab, hidden]
     total = 0.0
     for u, pred in enumerate(preds):
         n = tokens.shape[1] - 1 - u  # positions j whose target f_{j+u+1} exists in the batch
         valid = j[None, :n] + u + 1 < lengths[:, None]  # [b, n]: ... and in the sequence
         target = feats[:, 1 + u:][valid]  # [rows, hidden]
+        p = target_p[:, u:][valid]  # [rows, vocab]
         pred = pred[:, :n][valid]
-        with torch.no_grad():
-            p = F.softmax(lm_head(target).float(), dim=-1)
-        logp = F.log_softmax(lm_head(pred).float(), dim=-1)
+        logp = F.log_softmax(F.linear(pred, rows).float(), dim=-1)
         total = total + F.smooth_l1_loss(pred.float(), target.float()) \
             - ce_weight * (p * logp).sum(-1).mean()
     return total / unroll
 
 
-@torch.no_grad()
+class VocabReadout(torch.nn.Module):
+    """The output head through a draft vocabulary, for the held-out drafts: ``forward(x
+    [..., hidden])`` gives logits ``[..., vocab_size]`` that are -inf outside the vocabulary, so
+    that an argmax is the proposer's draft, as a token id."""
+
+    def __init__(self, lm_head: torch.nn.Module, vocab: torch.Tensor) -> None:
+        super().__init__()
+        self.rows = lm_head.weight[vocab]  # [draft_vocab, hidden]
+        self.ids = vocab  # [draft_vocab]
+        self.vocab_size = lm_head.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        part = F.linear(x, self.rows)  # [..., draft_vocab]
+        out = part.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.ids] = part
+        return out
+
+
 def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
                         sequences: list[list[int]], prompt_lens: list[int]) -> dict:
-    """Chained greedy drafts from every answer position against the target's greedy text."""
+    """Chained greedy drafts from every answer position against the target's greedy text
+    (through the head's draft vocabulary when it has one, as the proposer drafts)."""
     accepted = torch.zeros(DRAFTS)
     tried = torch.zeros(DRAFTS)
     device = features[0].device
+    readout = lm_head if head.vocab is None else VocabReadout(lm_head, head.vocab.to(device))
     for f, seq, start in zip(features, sequences, prompt_lens, strict=True):
         # positions j with x_{j+1} in the answer and DRAFTS more tokens after it
         last = len(seq) - 1 - DRAFTS
         if last < start:
             continue
         ids = torch.tensor(seq, device=device)
-        preds = head.unrolled(f[None], ids[None], embed, lm_head, DRAFTS)  # DRAFTS x [1, n, h]
+        preds = head.unrolled(f[None], ids[None], embed, readout, DRAFTS)  # DRAFTS x [1, n, h]
         js = torch.arange(start - 1, last, device=device)
         alive = torch.ones(len(js), dtype=torch.bool, device=device)
         for d, pred in enumerate(preds):
-            hit = lm_head(pred[0, js]).argmax(-1) == ids[js + 2 + d]
+            hit = readout(pred[0, js]).argmax(-1) == ids[js + 2 + d]
             tried[d] += alive.sum().item()
             alive = alive & hit
             accepted[d] += alive.sum().item()
@@ -264,6 +298,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds: stop after the epoch that passes them (with --checkpoint)")
     p.add_argument("--out", default=None, help="save the head here")
+    p.add_argument("--wave", type=int, default=0,
+                   help="generate the data N prompts at a time (0: all at once, continuous "
+                        "batching)")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="the engine's batch while generating (default: 256 on CUDA, 64 on CPU)")
     p.add_argument("--data-cache", default=None,
                    help="the generated token ids: read from this file if it exists, else "
                         "written there (to train again on the same data)")
@@ -277,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     llm = LLM(model=args.model, device=args.device, dtype=dtype,
-              max_num_seqs=256 if args.device.startswith("cuda") else 64)
+              max_num_seqs=args.max_num_seqs or (256 if args.device.startswith("cuda") else 64))
     model = llm.engine.model
     device = next(model.parameters()).device
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
@@ -288,21 +327,25 @@ def main(argv: list[str] | None = None) -> dict:
         train_prompts = data["train_prompts"]
     else:
         if args.self_instruct:
-            train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed)
-        train, starts = generate(llm, train_prompts, args.max_tokens, 0.0, args.seed)
-        held = generate(llm, held_prompts, args.max_tokens, 0.0, args.seed)
+            train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed, args.wave)
+        def ask(prompts: list[str], temperature: float, seed: int, ignore_eos: bool = False):
+            return generate(llm, prompts, args.max_tokens, temperature, seed, ignore_eos,
+                            args.wave)
+
+        train, starts = ask(train_prompts, 0.0, args.seed)
+        held = ask(held_prompts, 0.0, args.seed)
         held_copy = None
         if args.copy_prompts:
             tokenizer = llm.get_tokenizer()
             copies = copy_prompts(answers(tokenizer, train, starts, args.copy_prompts), args.seed)
             num_held = max(1, args.copy_prompts * len(held[0]) // len(train))
             held_copies = copy_prompts(answers(tokenizer, *held, num_held), args.seed + 1)
-            train += generate(llm, copies, args.max_tokens, 0.0, args.seed)[0]
+            train += ask(copies, 0.0, args.seed)[0]
             train_prompts = train_prompts + copies
-            held_copy = generate(llm, held_copies, args.max_tokens, 0.0, args.seed)
+            held_copy = ask(held_copies, 0.0, args.seed)
         for s in range(args.samples):  # sampled answers, every other one past the turn's end
-            train += generate(llm, train_prompts, args.max_tokens, SAMPLE_TEMPERATURES[s % 2],
-                              args.seed + 10 + s, ignore_eos=s % 2 == 1)[0]
+            train += ask(train_prompts, SAMPLE_TEMPERATURES[s % 2], args.seed + 10 + s,
+                         ignore_eos=s % 2 == 1)[0]
         data = {"train_prompts": train_prompts, "train": train, "held": held,
                 "held_copy": held_copy}
         if cache is not None:
@@ -325,6 +368,8 @@ def main(argv: list[str] | None = None) -> dict:
     held_feats = features_of(model, held_seqs, device)
     copy_feats = features_of(model, held_copy[0], device) if held_copy else None
     head = head_for(model.config, args.intermediate_size).to(device)
+    head.set_vocab(vocab)  # (trained and measured through it, as the proposer drafts)
+    vocab_rows = None if vocab is None else head.vocab.to(device)  # [draft_vocab]
     for param in model.parameters():
         param.requires_grad_(False)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
@@ -351,26 +396,27 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"resumed from {checkpoint} after epoch {first_epoch}")
     for epoch in range(first_epoch, args.epochs):
         head.train()
-        total = 0.0
+        total = torch.zeros((), device=device)
         groups = batches(lengths, args.batch_tokens, shuffle)
         for group in groups:
             feats, tokens, lens = padded(train_feats, train_seqs, group, device)
             with torch.autocast(device.type, dtype=torch.bfloat16,
                                 enabled=device.type == "cuda"):
                 loss = unrolled_loss(head, embed, lm_head, feats.float(), tokens, lens,
-                                     args.unroll, args.ce_weight)
+                                     args.unroll, args.ce_weight, vocab_rows)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
-            total += loss.item()
+            total += loss.detach()  # (no sync per step)
         head.eval()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             acc = held_out_acceptance(head, embed, lm_head, held_feats, held_seqs, held_starts)
             if copy_feats is not None:
                 acc["copy"] = held_out_acceptance(head, embed, lm_head, copy_feats, *held_copy)
-        history.append({"epoch": epoch + 1, "loss": total / len(groups), **acc})
-        print(f"epoch {epoch + 1}: loss {total / len(groups):.4f}, held-out first draft "
+        mean_loss = total.item() / len(groups)
+        history.append({"epoch": epoch + 1, "loss": mean_loss, **acc})
+        print(f"epoch {epoch + 1}: loss {mean_loss:.4f}, held-out first draft "
               f"{acc['first_draft']:.3f}, per position "
               f"{[round(x, 3) for x in acc['per_position']]}, mean accepted "
               f"{acc['mean_accepted']:.2f} of {DRAFTS} ({acc['positions']} positions)"

@@ -99,3 +99,66 @@ def test_a_draft_vocabulary_from_the_data_goes_into_a_saved_head(tmp_path):
     assert head.vocab.tolist() == top_tokens(data["train"], 20)
     saved = json.loads((tmp_path / "head" / "draft_head.json").read_text())
     assert saved["draft_vocab"]["size"] == 20 and len(saved["history"]) == 1  # card kept
+
+
+def _loss_setup(seed: int = 0):
+    """A fresh head on a tiny target, features and tokens of two sequences (one padded)."""
+    from proposers.head_model import head_for
+    from tests.conftest import tiny_model
+
+    model = tiny_model("llama", vocab_size=96, seed=seed)
+    torch.manual_seed(seed)
+    head = head_for(model.config)
+    feats = torch.randn(2, 9, model.config.hidden_size)  # [b, T, hidden]
+    tokens = torch.randint(0, 96, (2, 9))  # [b, T]
+    lengths = torch.tensor([9, 6])
+    return head, model.get_input_embeddings(), model.get_output_embeddings(), feats, tokens, \
+        lengths
+
+
+def test_the_loss_is_the_written_out_one_with_and_without_a_draft_vocabulary():
+    """Written out position by position: block u at j (inside its sequence) against f_{j+u+1},
+    smooth L1 plus 0.1 x the cross entropy to the target's distribution there; with a draft
+    vocabulary the head's distribution is over its tokens (their output-head rows) and the
+    target's probabilities are those tokens' of its whole distribution."""
+    import torch.nn.functional as F
+
+    from examples.train_draft_head import unrolled_loss
+
+    head, embed, lm_head, feats, tokens, lengths = _loss_setup()
+    preds = head.unrolled(feats, tokens, embed, None, 2)
+    for vocab in (None, torch.tensor([5, 0, 17, 95, 40, 3])):
+        rows = lm_head.weight if vocab is None else lm_head.weight[vocab]
+        blocks = []
+        for u, pred in enumerate(preds):
+            l1, ce = [], []
+            for b in range(2):
+                for j in range(int(lengths[b]) - 1 - u):
+                    target = feats[b, j + u + 1]
+                    p = torch.softmax(lm_head(target), -1)
+                    p = p if vocab is None else p[vocab]
+                    logq = torch.log_softmax(rows @ pred[b, j], -1)
+                    l1.append(F.smooth_l1_loss(pred[b, j], target, reduction="sum")
+                              / target.numel())
+                    ce.append(-(p * logq).sum())
+            blocks.append(torch.stack(l1).mean() + 0.1 * torch.stack(ce).mean())
+        expected = torch.stack(blocks).mean()
+        got = unrolled_loss(head, embed, lm_head, feats, tokens, lengths, 2, 0.1, vocab)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_held_out_drafts_go_through_the_draft_vocabulary():
+    """The readout through a whole vocabulary in another order drafts what the full output
+    head does (rows map back to token ids); through a vocabulary of one token every draft is
+    that token, so the first draft is accepted where the text has it."""
+    from examples.train_draft_head import VocabReadout, held_out_acceptance
+
+    head, embed, lm_head, feats, tokens, _ = _loss_setup(seed=3)
+    x = torch.randn(20, lm_head.weight.shape[1])
+    perm = torch.randperm(96, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(VocabReadout(lm_head, perm)(x).argmax(-1), lm_head(x).argmax(-1))
+    ids = [4, 9, 7, 7, 2, 7, 8, 7, 7]  # position j's first draft is checked against ids[j + 2]
+    head.set_vocab(torch.tensor([7]))
+    got = held_out_acceptance(head, embed, lm_head, [feats[0]], [ids], [1])
+    hits = [ids[j + 2] == 7 for j in range(0, len(ids) - 1 - 4)]  # j = 0 .. 3
+    assert got["first_draft"] == pytest.approx(sum(hits) / len(hits)) == 0.75
