@@ -136,21 +136,25 @@ def self_instruct(llm: LLM, prompts: list[str], seed: int, wave: int = 0) -> lis
 
 @torch.inference_mode()
 def features_of(model: torch.nn.Module, sequences: list[list[int]], device: torch.device,
-                batch_size: int = 16) -> list[torch.Tensor]:
-    """Each sequence's final hidden states ``[len, hidden_size]`` (one forward per batch,
-    right-padded; padding never reaches a real position in a causal model)."""
-    out = []
-    for start in range(0, len(sequences), batch_size):
-        group = sequences[start:start + batch_size]
-        width = max(map(len, group))
+                batch_size: int = 64) -> list[torch.Tensor]:
+    """Each sequence's final hidden states ``[len, hidden_size]`` (one forward per batch of
+    sequences of similar length, right-padded; padding never reaches a real position in a
+    causal model)."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        group = order[start:start + batch_size]
+        width = max(len(sequences[i]) for i in group)
         ids = torch.zeros((len(group), width), dtype=torch.long)  # [batch, width]
         mask = torch.zeros((len(group), width), dtype=torch.long)  # [batch, width]
-        for i, seq in enumerate(group):
-            ids[i, :len(seq)] = torch.tensor(seq)
-            mask[i, :len(seq)] = 1
-        hidden = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                       output_hidden_states=True).hidden_states[-1]  # [batch, width, hidden]
-        out += [hidden[i, :len(seq)].clone() for i, seq in enumerate(group)]
+        for row, i in enumerate(group):
+            ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
+            mask[row, :len(sequences[i])] = 1
+        # (the decoder's output, normed: what the output head reads; no logits, no other layers)
+        hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device)
+                                  ).last_hidden_state  # [batch, width, hidden]
+        for row, i in enumerate(group):
+            out[i] = hidden[row, :len(sequences[i])].clone()
     return out
 
 
@@ -298,9 +302,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds: stop after the epoch that passes them (with --checkpoint)")
     p.add_argument("--out", default=None, help="save the head here")
-    p.add_argument("--wave", type=int, default=0,
-                   help="generate the data N prompts at a time (0: all at once, continuous "
-                        "batching)")
+    p.add_argument("--wave", type=int, default=None,
+                   help="generate the data N prompts at a time (default: the engine's batch; "
+                        "0: all at once, continuous batching). Waves: 12.0k tokens/s against "
+                        "7.0k for greedy answers on the H100 (a step that admits a request "
+                        "runs eager)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="the engine's batch while generating (default: 256 on CUDA, 64 on CPU)")
     p.add_argument("--data-cache", default=None,
@@ -315,8 +321,10 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    llm = LLM(model=args.model, device=args.device, dtype=dtype,
-              max_num_seqs=args.max_num_seqs or (256 if args.device.startswith("cuda") else 64))
+    max_num_seqs = args.max_num_seqs or (256 if args.device.startswith("cuda") else 64)
+    if args.wave is None:
+        args.wave = max_num_seqs
+    llm = LLM(model=args.model, device=args.device, dtype=dtype, max_num_seqs=max_num_seqs)
     model = llm.engine.model
     device = next(model.parameters()).device
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()

@@ -162,3 +162,17 @@ def test_held_out_drafts_go_through_the_draft_vocabulary():
     got = held_out_acceptance(head, embed, lm_head, [feats[0]], [ids], [1])
     hits = [ids[j + 2] == 7 for j in range(0, len(ids) - 1 - 4)]  # j = 0 .. 3
     assert got["first_draft"] == pytest.approx(sum(hits) / len(hits)) == 0.75
+
+
+def test_features_are_each_sequences_own_final_hidden_states():
+    """Batched by length and padded, in the sequences' order: each one's own forward's last
+    hidden states."""
+    from examples.train_draft_head import features_of
+    from tests.conftest import tiny_model
+
+    model = tiny_model("llama", vocab_size=96, seed=2)
+    seqs = [[5, 6, 7, 8, 9, 10], [3, 4], [11, 12, 13], [20]]
+    feats = features_of(model, seqs, torch.device("cpu"), batch_size=2)
+    for seq, f in zip(seqs, feats, strict=True):
+        alone = model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1]
+        torch.testing.assert_close(f, alone[0], rtol=1e-5, atol=1e-5)
