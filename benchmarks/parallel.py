@@ -13,7 +13,11 @@ their JSON files and prints the ratios to the one-GPU engine without speculation
         --methods $m --model /tmp/llama8b --json tp-$m.json; done
     python benchmarks/parallel.py table single.json pipeline.json tp-none.json tp-ngram.json
 
-``save`` writes a random-weight checkpoint of a real shape (seeded; bfloat16 on CUDA). With random
+``save`` writes a random-weight checkpoint of a real shape (seeded; bfloat16 on CUDA), made
+decisive as ``benchmarks/efficiency.py`` makes its target (its output head a permutation of its
+embeddings, the layers' output projections zeroed: the same cost), so that the layouts' greedy
+outputs can be compared token for token in bf16: on the first two-GPU run, with plain random
+weights, near-tied logits made every multi-GPU layout's text differ from one GPU's. With random
 weights n-gram drafts are accepted only where the model repeats itself: the speculation columns
 measure what speculation costs and keeps across layouts, not what real text would gain.
 """
@@ -37,6 +41,7 @@ from benchmarks.e2e_workloads import (  # noqa: E402
     build_prompts,
     word_tokenizer,
 )
+from benchmarks.efficiency import decisive  # noqa: E402
 from engine import LLM  # noqa: E402
 
 SHAPES = {**RANDOM_LLAMAS,
@@ -80,7 +85,10 @@ def save_checkpoint(name: str, out: Path) -> None:
     with torch.device("cuda" if on_gpu else "cpu"):
         model = AutoModelForCausalLM.from_config(
             config, dtype=torch.bfloat16 if on_gpu else torch.float32)
-    model.save_pretrained(out)
+    # (decisive: greedy margins far above bf16 noise, so that every layout's greedy text can be
+    # compared with one GPU's; the same bytes and FLOPs. The exactness of tensor parallelism
+    # itself, zeroed projections included, is in tests/engine/runner/test_tensor_parallel.py.)
+    decisive(model).save_pretrained(out)
     word_tokenizer(config.vocab_size).save_pretrained(out)
     print(f"wrote {name} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters) "
           f"to {out}")
