@@ -113,18 +113,18 @@ plt.show()
 ## 4. Where it pays
 
 Measured on an H100 with the default model in bf16 (`docs/performance.md`, "Draft head";
-`benchmarks/e2e.py`, 128 greedy tokens per prompt), 2 drafts every step: 1.30x the engine
-without speculation on open-ended prompts at batch 1, 1.09x at batch 8 and 1.06x at batch 32. On
-copy-heavy prompts n-gram is the better proposer (1.69x at batch 1), and the combined
-`ngram_eagle` (n-gram where the text has a match, the head elsewhere) takes the better of the two
-at batch 1: 1.26x on open prompts, 1.78x on copy prompts. The whole proposal replays one CUDA
-graph there.
+`benchmarks/e2e.py`, 128 greedy tokens per prompt), with the adaptive controller: 1.20x the
+engine without speculation on open-ended prompts at batch 1, 0.96x at batch 8 and 0.95x at batch
+32; with 4 drafts every step, 1.36x at batch 1. On copy-heavy prompts n-gram is the better
+proposer (1.62x at batch 1), and the combined `ngram_eagle` (n-gram where the text has a match,
+the head elsewhere) takes the better of the two at batch 1: 1.32x on open prompts, 1.82x on copy
+prompts. The whole proposal replays one CUDA graph there.
 
 On this CPU it pays too. A verification forward costs about what a decode step does (the
 decoder's linear maps run on oneDNN-reordered weights), and the head drafts from a draft
 vocabulary of 16,384 tokens instead of the whole 49,152-wide output head (a proposal of 2 drafts
-took about 13 ms against a 65 ms step). With the adaptive controller at batch 1: 1.42x on open
-prompts, 1.26x on copy prompts, and `ngram_eagle` 1.56x and 2.27x. The timings of the short run
+took about 13 ms against a 65 ms step). With the adaptive controller at batch 1: 1.49x on open
+prompts, 1.17x on copy prompts, and `ngram_eagle` 1.45x and 1.86x. The timings of the short run
 above (`LLM.get_metrics`) are one sample of that.
 
 To train a head for another model or on other text:
