@@ -237,6 +237,7 @@ class VocabReadout(torch.nn.Module):
         return out
 
 
+@torch.no_grad()
 def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
                         sequences: list[list[int]], prompt_lens: list[int]) -> dict:
     """Chained greedy drafts from every answer position against the target's greedy text

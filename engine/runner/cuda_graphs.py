@@ -128,6 +128,7 @@ class CudaGraphs:
         self._replay_s: dict[Key, float] = {}  # each captured graph's replay, measured
         self._captures: list[float] = []  # each capture's host seconds (warm-up and capture)
         self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
+        self._bounds: dict[Key, float] = {}  # a padded step's cost bound, per covered bucket
         self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
         self.num_replays = 0  # steps run through a bucket
         self.steady = True  # the last step replayed its own graph (or nothing is captured)
@@ -177,11 +178,15 @@ class CudaGraphs:
     def _padding(self, key: Key, cover: Key) -> float:
         """An upper bound on what replaying ``cover`` for a step of ``key`` costs over ``key``'s
         own graph: the cover's replay less the slowest captured graph inside ``key`` (smaller
-        or equal in every size), which ``key``'s own replay cannot beat."""
-        batch, num_new, kv_len = key
-        inside = max((t for k, t in self._replay_s.items()
-                      if k[0] <= batch and k[1] <= num_new and k[2] <= kv_len), default=0.0)
-        return max(self._replay_s.get(cover, 0.0) - inside, 0.0)
+        or equal in every size), which ``key``'s own replay cannot beat. Kept until the next
+        capture."""
+        bound = self._bounds.get(key)
+        if bound is None:
+            batch, num_new, kv_len = key
+            inside = max((t for k, t in self._replay_s.items()
+                          if k[0] <= batch and k[1] <= num_new and k[2] <= kv_len), default=0.0)
+            bound = self._bounds[key] = max(self._replay_s.get(cover, 0.0) - inside, 0.0)
+        return bound
 
     def capture_cost(self) -> float:
         """Seconds a capture costs, the mean of those measured (the first one's when only one)."""
@@ -233,6 +238,7 @@ class CudaGraphs:
         self._met.pop(key, None)
         self._padding_s.pop(key, None)
         self._covers.clear()
+        self._bounds.clear()
         return self._graphs[key], True
 
     def _time_replays(self, graph: _Graph) -> float:
