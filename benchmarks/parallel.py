@@ -137,12 +137,14 @@ def run_layout(args: argparse.Namespace) -> None:
                 seconds.append(time.perf_counter() - start)
             best = min(seconds)
             stats = llm.llm_engine.metrics
-            rows.append({"layout": args.layout, "method": method, "batch_size": b,
+            layout = args.layout + ("-capped" if args.layout == "pipeline" and args.max_memory
+                                    else "")  # (a run with --max-memory is named apart)
+            rows.append({"layout": layout, "method": method, "batch_size": b,
                          "tokens_per_s": b * args.max_tokens / best, "seconds": seconds,
                          "acceptance_rate": stats.num_accepted / stats.num_drafted
                          if stats.num_drafted else None, "placement": placed,
                          "outputs": outputs})
-            print(f"{args.layout:<9} {method:<6} batch {b:>3}: "
+            print(f"{layout:<9} {method:<6} batch {b:>3}: "
                   f"{rows[-1]['tokens_per_s']:9.1f} tokens/s ({placed})", flush=True)
         del llm
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -153,7 +155,7 @@ def run_layout(args: argparse.Namespace) -> None:
 def print_table(files: list[Path]) -> list[dict]:
     rows = [row for f in files for row in json.loads(f.read_text())["rows"]]
     base = {(r["batch_size"], r["method"]): r for r in rows if r["layout"] == "single"}
-    print(f"{'layout':<9} {'method':<6} {'batch':>5} {'tok/s':>9} {'vs 1 GPU':>8} "
+    print(f"{'layout':<16} {'method':<6} {'batch':>5} {'tok/s':>9} {'vs 1 GPU':>8} "
           f"{'vs 1 GPU none':>13} {'accept':>6} {'=1 GPU':>6}")
     table = []
     for r in rows:
@@ -168,7 +170,7 @@ def print_table(files: list[Path]) -> list[dict]:
                      "outputs"]}
         table.append(entry)
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
-        print(f"{r['layout']:<9} {r['method']:<6} {r['batch_size']:>5} {r['tokens_per_s']:>9.1f} "
+        print(f"{r['layout']:<16} {r['method']:<6} {r['batch_size']:>5} {r['tokens_per_s']:>9.1f} "
               f"{fmt(entry['vs_single']):>8} {fmt(entry['vs_single_none']):>13} "
               f"{fmt(entry['acceptance_rate']):>6} {str(entry['outputs_equal_single']):>6}")
     return table

@@ -6,8 +6,9 @@
 #
 #     bash benchmarks/parallel_gpus.sh [OUT_DIR]      # default OUT_DIR: ./parallel-out
 #
-# Writes OUT_DIR/{tests.txt, single.json, pipeline.json, tp-none.json, tp-ngram.json, table.txt}.
-# MODEL (default random-llama-8b), BATCH_SIZES (1,32) and MAX_TOKENS (128) can be set in the
+# Writes OUT_DIR/{tests.txt, single.json, pipeline.json, pipeline-capped.json, tp-none.json,
+# tp-ngram.json, table.txt}. MODEL (default random-llama-8b), BATCH_SIZES (1,32), MAX_TOKENS (128)
+# and CAPPED (accelerate's max_memory for the capped pipeline run) can be set in the
 # environment; CKPT (default /tmp/specdec-<MODEL>) is where the random checkpoint is written.
 set -euo pipefail
 
@@ -16,6 +17,7 @@ MODEL=${MODEL:-random-llama-8b}
 BATCH_SIZES=${BATCH_SIZES:-1,32}
 MAX_TOKENS=${MAX_TOKENS:-128}
 CKPT=${CKPT:-/tmp/specdec-$MODEL}
+CAPPED=${CAPPED:-'{"0": "6GiB", "1": "60GiB"}'}  # (the 8B's weights: 16 GB)
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 
@@ -35,9 +37,13 @@ $PY -m pytest -q -rs tests/engine/runner/test_tensor_parallel.py \
 common=(--model "$CKPT" --batch-sizes "$BATCH_SIZES" --max-tokens "$MAX_TOKENS")
 $PY benchmarks/parallel.py run --layout single "${common[@]}" --json "$OUT/single.json"
 $PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --json "$OUT/pipeline.json"
+# The same with the first GPU's memory capped below the model (issue 19: a target too large for
+# one GPU's memory setting runs with speculation, and its greedy text equals one GPU's).
+$PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --max-memory "$CAPPED" \
+    --json "$OUT/pipeline-capped.json"
 for method in none ngram; do
     torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
         --methods "$method" "${common[@]}" --json "$OUT/tp-$method.json"
 done
 $PY benchmarks/parallel.py table "$OUT/single.json" "$OUT/pipeline.json" \
-    "$OUT/tp-none.json" "$OUT/tp-ngram.json" | tee "$OUT/table.txt"
+    "$OUT/pipeline-capped.json" "$OUT/tp-none.json" "$OUT/tp-ngram.json" | tee "$OUT/table.txt"
