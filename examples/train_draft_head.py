@@ -314,6 +314,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the generated token ids: read from this file if it exists, else "
                         "written there (to train again on the same data)")
     args = p.parse_args(argv)
+    if args.wave is not None and args.wave < 0:
+        p.error(f"--wave {args.wave}: allowed 0 (all at once) or a number of prompts >= 1")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        p.error(f"--max-num-seqs {args.max_num_seqs}: allowed >= 1")
     if args.time_limit is not None and args.checkpoint is None:
         p.error("--time-limit needs --checkpoint (where the next run resumes)")
     if args.vocab_into is not None and (args.epochs or not args.draft_vocab):

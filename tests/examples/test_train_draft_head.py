@@ -81,6 +81,26 @@ def test_vocab_into_asks_for_data_only_and_a_size():
             main(["--vocab-into", "somewhere", *extra])
 
 
+def test_bad_wave_and_batch_are_refused_by_name(capsys):
+    for args, name in ((["--wave", "-1"], "--wave -1"), (["--max-num-seqs", "0"],
+                                                          "--max-num-seqs 0")):
+        with pytest.raises(SystemExit):
+            main(args)
+        assert name in capsys.readouterr().err
+
+
+def test_generating_in_waves_answers_every_prompt_in_order(tmp_path):
+    """Waves of 2 prompts give the texts that all the prompts at once give (greedy)."""
+    from engine import LLM
+    from examples.train_draft_head import generate
+
+    llm = LLM(model=str(save_tiny_model(tmp_path / "tiny")), max_num_seqs=4)
+    prompts = ["w5 w6", "w7 w8 w9", "w10", "w11 w12", "w13"]
+    together = generate(llm, prompts, 6, 0.0, 0)
+    assert generate(llm, prompts, 6, 0.0, 0, wave=2) == together
+    assert len(together[0]) == 5
+
+
 def test_top_tokens_are_the_most_frequent_ties_by_id():
     assert top_tokens([[5, 3, 3, 9], [9, 3, 7]], 3) == [3, 9, 5]
 
