@@ -113,6 +113,8 @@ def where(llm: LLM) -> str:
 
 def run_layout(args: argparse.Namespace) -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    layout = args.layout + ("-capped" if args.layout == "pipeline" and args.max_memory
+                            else "")  # (a run with --max-memory is named apart)
     methods = args.methods.split(",")
     if args.layout == "tp" and len(methods) > 1:
         raise SystemExit("--layout tp measures one method per torchrun launch (the other ranks "
@@ -137,8 +139,6 @@ def run_layout(args: argparse.Namespace) -> None:
                 seconds.append(time.perf_counter() - start)
             best = min(seconds)
             stats = llm.llm_engine.metrics
-            layout = args.layout + ("-capped" if args.layout == "pipeline" and args.max_memory
-                                    else "")  # (a run with --max-memory is named apart)
             rows.append({"layout": layout, "method": method, "batch_size": b,
                          "tokens_per_s": b * args.max_tokens / best, "seconds": seconds,
                          "acceptance_rate": stats.num_accepted / stats.num_drafted

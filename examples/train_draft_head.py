@@ -205,7 +205,7 @@ def unrolled_loss(head: DraftHead, embed, lm_head, feats: torch.Tensor, tokens: 
         target_p = F.softmax(lm_head(feats[:, 1:]).float(), dim=-1)
         if vocab is not None:
             target_p = target_p[..., vocab]
-    rows = lm_head.weight if vocab is None else lm_head.weight[vocab]  # [vocab, hidden]
+    rows, bias = readout_rows(lm_head, vocab)  # [vocab, hidden], [vocab] or None
     total = 0.0
     for u, pred in enumerate(preds):
         n = tokens.shape[1] - 1 - u  # positions j whose target f_{j+u+1} exists in the batch
@@ -213,10 +213,20 @@ def unrolled_loss(head: DraftHead, embed, lm_head, feats: torch.Tensor, tokens: 
         target = feats[:, 1 + u:][valid]  # [rows, hidden]
         p = target_p[:, u:][valid]  # [rows, vocab]
         pred = pred[:, :n][valid]
-        logp = F.log_softmax(F.linear(pred, rows).float(), dim=-1)
+        logp = F.log_softmax(F.linear(pred, rows, bias).float(), dim=-1)
         total = total + F.smooth_l1_loss(pred.float(), target.float()) \
             - ce_weight * (p * logp).sum(-1).mean()
     return total / unroll
+
+
+def readout_rows(lm_head: torch.nn.Module, vocab: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's weight and bias rows of ``vocab`` (None: all), as the proposer reads
+    out through them."""
+    bias = getattr(lm_head, "bias", None)
+    if vocab is None:
+        return lm_head.weight, bias
+    return lm_head.weight[vocab], None if bias is None else bias[vocab]
 
 
 class VocabReadout(torch.nn.Module):
@@ -226,12 +236,12 @@ class VocabReadout(torch.nn.Module):
 
     def __init__(self, lm_head: torch.nn.Module, vocab: torch.Tensor) -> None:
         super().__init__()
-        self.rows = lm_head.weight[vocab]  # [draft_vocab, hidden]
+        self.rows, self.bias = readout_rows(lm_head, vocab)  # [draft_vocab, hidden], bias
         self.ids = vocab  # [draft_vocab]
         self.vocab_size = lm_head.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        part = F.linear(x, self.rows)  # [..., draft_vocab]
+        part = F.linear(x, self.rows, self.bias)  # [..., draft_vocab]
         out = part.new_full((*x.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.ids] = part
         return out
@@ -449,8 +459,6 @@ def main(argv: list[str] | None = None) -> dict:
     copy_note = (f"; copy tasks over the greedy answers to {args.copy_prompts} of them"
                  if args.copy_prompts else "")
     held_note = f" and {len(held_copy[0])} copy tasks over their answers" if held_copy else ""
-    if vocab is not None:
-        head.set_vocab(vocab)
     card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
             "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py"

@@ -126,7 +126,7 @@ class CudaGraphs:
         self._met: dict[Key, int] = {}  # steps of each bucket without a graph of its own so far
         self._padding_s: dict[Key, float] = {}  # what padding has cost each covered bucket
         self._replay_s: dict[Key, float] = {}  # each captured graph's replay, measured
-        self._captures: list[float] = []  # each capture's host seconds (warm-up and capture)
+        self._num_captures = 0  # graphs captured (their host time: capture_seconds)
         self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
         self._bounds: dict[Key, float] = {}  # a padded step's cost bound, per covered bucket
         self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
@@ -190,7 +190,7 @@ class CudaGraphs:
 
     def capture_cost(self) -> float:
         """Seconds a capture costs, the mean of those measured (the first one's when only one)."""
-        return sum(self._captures) / len(self._captures) if self._captures else 0.0
+        return self.capture_seconds / self._num_captures if self._num_captures else 0.0
 
     def _room_for_another(self) -> bool:
         """Whether the device keeps ``COVERED_GRAPH_RESERVE`` bytes free for one more graph of
@@ -232,9 +232,8 @@ class CudaGraphs:
             start = time.perf_counter()
             graph = self._graphs[bucket] = self._capture(*bucket)
             self._replay_s[bucket] = self._time_replays(graph)
-            spent = time.perf_counter() - start
-            self._captures.append(spent)
-            self.capture_seconds += spent
+            self.capture_seconds += time.perf_counter() - start
+            self._num_captures += 1
         self._met.pop(key, None)
         self._padding_s.pop(key, None)
         self._covers.clear()

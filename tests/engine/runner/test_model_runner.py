@@ -182,7 +182,7 @@ def test_the_padding_bound_and_the_capture_cost_are_the_measured_ones():
     assert graphs._padding((8, 2, 128), (8, 3, 256)) == pytest.approx(1e-3)  # (8, 1, 128)
     assert graphs._padding((1, 2, 256), (8, 3, 256)) == pytest.approx(5e-3)  # nothing inside
     assert graphs.capture_cost() == 0.0
-    graphs._captures = [0.05, 0.07]
+    graphs.capture_seconds, graphs._num_captures = 0.12, 2  # (two captures: 0.05 and 0.07 s)
     assert graphs.capture_cost() == pytest.approx(0.06)
 
 
