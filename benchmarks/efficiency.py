@@ -9,7 +9,15 @@ otherwise, for free. Then for each (batch, alpha, policy):
   step-cost ratio ``c(k)`` that alpha = 0 measures (every draft rejected: one token per step of
   k + 1 scored tokens, so ``c(k)`` = plain tokens/s over alpha-0 tokens/s); for the adaptive
   policy, the best k's ideal;
-- efficiency = speedup / ideal.
+- efficiency = speedup / ideal;
+- ideal at the batch's end and its efficiency: the same costs, counting what the first ideal
+  leaves out. Each run is one closed batch (every prompt asks for ``--max-tokens`` tokens), so
+  it lasts until its *slowest* sequence is done, and its prefill costs the same with or without
+  drafts. So an engine whose steps cost exactly what alpha = 0 measures takes ``P + (T0 - P)
+  D(alpha, k) / D(0)`` seconds: ``P`` a run of one token per prompt (prefill and the call's
+  fixed work, timed), ``T0`` the alpha-0 run, ``D`` the mean decode steps until every one of
+  the batch's sequences has all its tokens (simulated from the same i.i.d. draws; ``D(0) =
+  max_tokens - 1``). What this efficiency misses is the speculative path's own cost per step.
 
 Policies: every fixed k (``--ks``) and the default goodput controller (printed ``adaptive``: the
 ``adaptive_k`` option; at most the largest k). ``--drift``: one engine with the controller serves
@@ -34,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +95,21 @@ def prompts_for(batch: int, vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (32,), generator=g).tolist() for _ in range(batch)]
 
 
+def batch_steps(alpha: float, k: int, max_tokens: int, batch: int, trials: int = 4000,
+                seed: int = 0) -> float:
+    """Mean decode steps until each of ``batch`` sequences has ``max_tokens`` tokens (the
+    prefill gives the first), each step verifying ``k`` drafts accepted i.i.d. with probability
+    ``alpha`` up to the first rejection, never past ``max_tokens``."""
+    rng = np.random.default_rng(seed)
+    left = np.full((trials, batch), max_tokens - 1)  # [trials, batch] tokens still to come
+    steps = np.zeros(trials)  # [trials]
+    while (left > 0).any():
+        accepted = np.cumprod(rng.random((trials, batch, k)) < alpha, axis=2).sum(axis=2)
+        steps += (left > 0).any(axis=1)
+        left = np.maximum(left - 1 - accepted, 0)
+    return float(steps.mean())
+
+
 WARMUPS = (2, 8)  # warm-up runs: at least, and at most while CUDA graphs are still captured
 
 
@@ -132,7 +156,10 @@ def run(args: argparse.Namespace) -> dict:
         prompts = prompts_for(batch, vocab)
         base_tps, want = timed(plain, prompts, params, args.repeats)
         STATE["references"] = [p + w for p, w in zip(prompts, want, strict=True)]
-        cost = {}
+        cost, alpha0_s = {}, {}
+        run_tokens = batch * args.max_tokens
+        one_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        prefill_s = batch / timed(plain, prompts, one_token, args.repeats)[0]  # P: one token
         for alpha in [0.0, *args.alphas]:
             STATE["alpha"] = alpha
             # the plain engine again beside each group: on a noisy machine a ratio holds only
@@ -149,14 +176,21 @@ def run(args: argparse.Namespace) -> dict:
                                          "differs from the plain engine's")
                 if alpha == 0.0 and k is not None:
                     cost[k] = base_tps / tps  # a step of k drafts over a plain step
-                ideal = (max(expected_tokens(alpha, j) / cost[j] for j in args.ks) if k is None
-                         else expected_tokens(alpha, k) / cost[k])
+                    alpha0_s[k] = run_tokens / tps  # T0: one run at alpha 0
+                ks = args.ks if k is None else [k]
+                ideal = max(expected_tokens(alpha, j) / cost[j] for j in ks)
+                plain_s = run_tokens / base_tps
+                ideal_end = max(plain_s / (prefill_s + (alpha0_s[j] - prefill_s) * batch_steps(
+                    alpha, j, args.max_tokens, batch) / (args.max_tokens - 1)) for j in ks)
                 speedup = tps / base_tps
                 rows.append(dict(batch=batch, alpha=alpha, policy=policy, tokens_per_s=tps,
-                                 speedup=speedup, ideal=ideal, efficiency=speedup / ideal))
+                                 speedup=speedup, ideal=ideal, efficiency=speedup / ideal,
+                                 ideal_end=ideal_end, efficiency_end=speedup / ideal_end,
+                                 prefill_s=prefill_s))
                 print(f"batch {batch:3d} alpha {alpha:4.2f} {policy:9s} {tps:9.1f} tok/s  "
                       f"speedup {speedup:5.2f}  ideal {ideal:5.2f}  "
-                      f"efficiency {speedup / ideal:5.2f}", flush=True)
+                      f"efficiency {speedup / ideal:5.2f}  at the batch's end: ideal "
+                      f"{ideal_end:5.2f}  efficiency {speedup / ideal_end:5.2f}", flush=True)
         if args.drift:
             drift.append(run_drift(model, tokenizer, args, prompts, params, base_tps, batch))
     return {"args": vars(args), "rows": rows, "drift": drift}

@@ -81,14 +81,15 @@ class StepClock:
                 self._cur[name.strip("_")] = took
         return run
 
-    def _on_choose_width(self, accs, avail, backed, min_width):
+    def _on_choose_width(self, accs, avail, backed, min_width, critical=None, batch_size=None):
         ctl = self.engine.spec_policy.controller
         probing = ctl.probing
-        width = self._choose_width(accs, avail, backed, min_width)
+        width = self._choose_width(accs, avail, backed, min_width, critical, batch_size)
         if accs:
             tokens = expected_by_width(ctl.acceptance.rates(accs, backed), avail)
-            cost = ctl.step_cost(len(accs))[1:]
+            cost = ctl.step_cost(len(accs) if batch_size is None else batch_size)[1:]
             self.decisions.append({"probe": probing, "width": width, "n": len(accs),
+                                   "critical": len(accs) if critical is None else sum(critical),
                                    "predicted": float(tokens[width] / tokens[0]),
                                    "cost": float(cost[width])})
         return width

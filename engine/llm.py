@@ -92,7 +92,7 @@ class LLM:
     def _generate(self, inputs: list[tuple[str | None, list[int]]],
                   sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None,
                   use_tqdm: bool) -> list[RequestOutput]:
-        ids = self._add(inputs, sampling_params)
+        ids = self._add(inputs, sampling_params, together=True)
         outputs: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), disable=not use_tqdm, desc="Processed prompts") as bar:
             for seq, last in self._updates(ids, self._inboxes[ids[0]] if ids else deque()):
@@ -214,7 +214,10 @@ class LLM:
 
     # ------------------------------------------------------------------ helpers
     def _add(self, prompts: list[tuple[str | None, list[int]]],
-             sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None) -> list[str]:
+             sampling_params: SamplingParams | abc.Sequence[SamplingParams] | None,
+             together: bool = False) -> list[str]:
+        """Add the requests; ``together``: the caller returns when all have finished
+        (``generate``, not a stream: see ``LLMEngine.add_request``)."""
         if sampling_params is None:
             sampling_params = self.default_sampling_params
         if isinstance(sampling_params, SamplingParams):
@@ -241,7 +244,7 @@ class LLM:
                     token_ids = token_ids[-p.truncate_prompt_tokens:]  # (vLLM: keep the end)
                 ids.append(str(next(self._ids)))
                 self._inboxes[ids[-1]] = inbox
-                self.engine.add_request(ids[-1], text, token_ids, p)
+                self.engine.add_request(ids[-1], text, token_ids, p, together)
         except BaseException:
             self._release(ids)
             raise

@@ -142,16 +142,18 @@ class LLMEngine:
         check_sampling_params(params, self.vocab_size, self.tokenizer)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams) -> list[Sequence]:
+                    params: SamplingParams, together: bool = False) -> list[Sequence]:
         """Queue the ``params.n`` samples of one prompt. A request that cannot run (empty prompt,
-        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set."""
+        prompt too long, ids outside the vocabulary) finishes at once with ``error`` set.
+        ``together``: its caller waits for every request it adds this way before it returns
+        (``LLM.generate``), so speculation weighs the batch's end (``scheduler.spec_policy``)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         now = time.perf_counter()
         seqs = [Sequence(request_id, i, prompt, prompt_token_ids, params, self.tokenizer,
                          self.eos_token_ids, now) for i in range(params.n)]
         for seq in seqs:
-            seq.speculation = self.spec_policy.new_tracker(seq)
+            seq.speculation = self.spec_policy.new_tracker(seq, together)
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
         error = self._request_error(prompt_token_ids, params)
@@ -252,7 +254,7 @@ class LLMEngine:
 
     def _schedule(self) -> _StepBatch | None:
         """1. Pick this step's sequences and their number of drafts; None when nothing runs."""
-        self.spec_policy.begin_step(self.scheduler.running)
+        self.spec_policy.begin_step(self.scheduler.running, bool(self.scheduler.waiting))
         free_kv_tokens = self.runner.num_free_tokens
         plan = self.scheduler.schedule(self.spec_policy.num_spec_tokens, free_kv_tokens)
         for seq in plan.admitted:

@@ -212,16 +212,23 @@ class GoodputController:
 
     # ---- decisions ----------------------------------------------------------------------------
     def plan(self, accs: list[RequestAcceptance], caps: list[int], min_width: int,
-             measured_draft_cost: float = 0.0) -> int:
+             measured_draft_cost: float = 0.0, critical: list[bool] | None = None,
+             batch_size: int | None = None) -> int:
         """Before proposing: the drafts to ask for (0: none). ``accs``/``caps``: the running
         sequences whose drafts the controller chooses, and the most each may verify;
-        ``min_width``: drafts some sequence verifies anyway (seeded sampling keeps its k). For a
-        free proposer the answer is 0 or ``max_k`` (each sequence then asks for its cap and
-        :meth:`choose_width` decides after)."""
+        ``min_width``: drafts some sequence verifies anyway (seeded sampling keeps its k);
+        ``critical``: which of ``accs`` count (None: all; a closed batch counts only the
+        sequences with the most tokens left, ``scheduler.spec_policy``); ``batch_size``: the
+        step's sequences, whose cost it is (None: ``len(accs)``). For a free proposer the answer
+        is 0 or ``max_k`` (each sequence then asks for its cap and :meth:`choose_width` decides
+        after)."""
         self.clock += 1
         self.acceptance.tick()
         self.probing = False
-        b = len(accs)
+        b = len(accs) if batch_size is None else batch_size
+        if critical is not None:
+            accs = [a for a, c in zip(accs, critical, strict=True) if c]
+            caps = [n for n, c in zip(caps, critical, strict=True) if c]
         if not accs or max(caps, default=0) == 0:
             return 0
         if min_width == 0 and self.wants_plain_step(b):
@@ -234,7 +241,7 @@ class GoodputController:
         key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version)
         if self._idle_key == key:
             return self._idle_or_probe(self._probe_overhead)
-        estimates = self.acceptance.optimistic(accs, self._spread(b))  # [n, max_k + 2]
+        estimates = self.acceptance.optimistic(accs, self._spread(len(accs)))  # [n, max_k + 2]
         rates = self.acceptance.rates(accs, estimates=estimates)  # [n, max_k]
         widened = 1.0  # the chance that the step verifies drafts at all
         if self.free:  # a sequence gains only when the proposer finds drafts it backs
@@ -266,25 +273,33 @@ class GoodputController:
         return self.max_k if self.free else 1
 
     def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
-                     backed: list[int] | None, min_width: int) -> int:
+                     backed: list[int] | None, min_width: int,
+                     critical: list[bool] | None = None, batch_size: int | None = None) -> int:
         """After a free proposer answered: how many drafts the step verifies at most.
         ``avail[i]``: the drafts sequence ``i`` got (within its cap); ``backed``: how many of
-        them the proposer's evidence backs (None: all)."""
+        them the proposer's evidence backs (None: all); ``critical``, ``batch_size``: as
+        :meth:`plan`'s (every sequence learns from the proposal; the critical ones decide)."""
         # (found: drafts the proposer stands by; guesses past its evidence do not count)
         self.acceptance.record_proposals(accs, avail if backed is None else backed)
+        b = len(accs) if batch_size is None else batch_size
+        if critical is not None:
+            accs = [a for a, c in zip(accs, critical, strict=True) if c]
+            avail = [n for n, c in zip(avail, critical, strict=True) if c]
+            if backed is not None:
+                backed = [n for n, c in zip(backed, critical, strict=True) if c]
         if not accs:
             return min_width
         rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
             accs, self._spread(len(accs))))  # [n, max_k]
         per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
         tokens, typical = per_sequence.sum(axis=0), typical_tokens(per_sequence)
-        cost = self.step_cost(len(accs))[1:]  # [max_k + 1]: the proposal is paid already
+        cost = self.step_cost(b)[1:]  # [max_k + 1]: the proposal is paid already
         # (read only)
         w = best_width(tokens, cost, min_width, typical)
         # Would this step have paid with the proposal's cost too? Then the next step asks the
         # proposer again without weighing it first (text that pays goes on paying; a step whose
         # drafts stop paying chooses 0 here, and the next one plans in full).
-        proposal = self.propose_cost(len(accs), self.max_k, 0.0)
+        proposal = self.propose_cost(b, self.max_k, 0.0)
         self._keep_asking = w > 0 and (tokens[w] / (cost[w] + proposal)
                                        > tokens[0] * (1.0 + MARGIN)
                                        and typical[w] >= cost[w] + proposal)

@@ -277,3 +277,27 @@ def test_drafts_that_are_never_accepted_stop_whatever_the_proposal_costs(proposa
     """Acceptance 0: only probes draft (the confidence bound must not keep a cheap proposer
     drafting on the optimistic start of positions never tested)."""
     assert run_iid(head_like_table(proposal), [0.0] * 4, 3000) <= 0.2
+
+
+def test_a_closed_batch_weighs_only_its_critical_sequences():
+    """Seven sequences loop (every draft passes), one finds nothing. Counted all together the
+    step pays; in a closed batch where the one that finds nothing has the most tokens left,
+    drafting would not bring the batch's end closer, so the step stays plain; where the looping
+    ones are the critical ones, it drafts. Every sequence learns from the proposal either way."""
+    ctl = table(0.05)
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    looping, stuck = accs[:7], accs[7:]
+    backed = [4] * 7 + [0]
+    for _ in range(20):  # the n-gram proposer backs the looping ones' drafts, never the other's
+        ctl.acceptance.tick()
+        ctl.acceptance.record_proposals(accs, backed)
+        ctl.acceptance.update(looping, [4] * 7, [4] * 7, [4] * 7)
+        ctl.acceptance.update(stuck, [4], [0], [0])
+    assert ctl.choose_width(accs, [4] * 8, backed, 0) == 4  # open batch: the total counts
+    only_stuck = [False] * 7 + [True]
+    assert ctl.choose_width(accs, [4] * 8, backed, 0, only_stuck, 8) == 0
+    looping_first = [True] * 7 + [False]
+    assert ctl.choose_width(accs, [4] * 8, backed, 0, looping_first, 8) == 4
+    assert ctl.plan(accs, [4] * 8, 0, 0.0, looping_first, 8) == 4
+    # a seeded sample's width is verified whatever the critical sequences gain
+    assert ctl.choose_width(accs, [4] * 8, backed, 2, only_stuck, 8) == 2

@@ -69,3 +69,34 @@ def test_drafts_past_the_kv_caches_spare_rows_are_cut():
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None)
     assert kept(drafts, items, proposal, free_kv=7) == [4, 1]  # 2 rows for the context
     assert kept(drafts, items, proposal, free_kv=2) == [0, 0]
+
+
+def decoding(policy, name, num_output, params=GREEDY, together=True):
+    """A running sequence of a 3-token prompt that has ``num_output`` tokens already."""
+    seq = Sequence(name, 0, None, [1, 2, 3], params, None, frozenset(), 0.0)
+    for _ in range(num_output):
+        seq.append_token(7, with_text=False)
+    seq.speculation = policy.new_tracker(seq, together)
+    return seq
+
+
+def critical_after_begin(policy, seqs, waiting=False):
+    policy.begin_step(seqs, waiting)
+    return [s.speculation.critical for s in seqs]
+
+
+def test_a_closed_batch_marks_the_sequences_with_the_most_tokens_left():
+    """``max_tokens=100``: 90, 87 and 86 tokens left for the first three (within k = 4 of the
+    most), 60 for the last: it is ahead and does not count, until something waits to be
+    admitted, a request has no max_tokens, or the caller does not wait for the whole batch."""
+    drafts = policy()
+    seqs = [decoding(drafts, n, out) for n, out in zip("abcd", (10, 13, 14, 40), strict=True)]
+    assert critical_after_begin(drafts, seqs) == [True, True, True, False]
+    assert critical_after_begin(drafts, seqs, waiting=True) == [True] * 4
+    unbounded = decoding(drafts, "e", 0, SamplingParams(temperature=0, max_tokens=None))
+    assert critical_after_begin(drafts, seqs + [unbounded]) == [True] * 5
+    streamed = decoding(drafts, "f", 0, together=False)
+    assert critical_after_begin(drafts, seqs + [streamed]) == [True] * 5
+    # a seeded sample with the most tokens left makes every steered sequence ahead of it
+    seeded = decoding(drafts, "g", 0, SamplingParams(temperature=0.8, seed=1, max_tokens=100))
+    assert critical_after_begin(drafts, seqs + [seeded]) == [False] * 4 + [True]
