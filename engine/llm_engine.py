@@ -76,6 +76,7 @@ class _StepBatch:
     first_proposal: bool = False  # a sequence's first, or the first after steps without one
     # (the proposer reads what it missed: slow)
     proposed: bool = False  # the proposer was asked for drafts
+    observed: bool = False  # or shown the contexts instead (``Proposer.observe``)
     # timed like the proposals after it (not a first look at a prompt, a graph capture ...)
     typical_proposal: bool = False
     num_draft_steps: int = 0
@@ -244,6 +245,7 @@ class LLMEngine:
         self._propose(batch)
         logits = self._forward(batch)
         if logits is not None:
+            self._observe(batch)
             self._adjust(batch, logits)
             tokens, logprob_rows = self._verify(batch, logits)
             updated += self._append_and_stop(batch, tokens, logprob_rows)
@@ -307,6 +309,21 @@ class LLMEngine:
         batch.propose_s = time.perf_counter() - start
         batch.typical_proposal = not batch.first_proposal and self.proposer.last_proposal_steady
         batch.num_draft_steps = max(len(d) for d in proposal.draft_token_ids)
+
+    def _observe(self, batch: _StepBatch) -> None:
+        """On a GPU, while the forward runs: a proposer that indexes the text and was not asked
+        for drafts this step sees the sampling sequences' contexts (``Proposer.observe``), so
+        that a later proposal does not catch up on every token since the last one. Measured on
+        the H100 with the default model, open prompts: a probe's proposal after up to 16 steps
+        without one (the catch-up, the drafts and the controller's choice) took 0.5-1.6 ms at
+        batch 8, where a step takes about 4 ms, and 0.8-4.3 ms at batch 32."""
+        if (batch.proposed or self.proposer is None or not self.proposer.observes
+                or self.device.type != "cuda"):
+            return
+        self.proposer.observe([
+            ProposeRequest(seq.seq_id, seq.all_token_ids, 0, seq.params)
+            for item in batch.items if item.samples for seq in [item.seq]])
+        batch.observed = True
 
     def _forward(self, batch: _StepBatch) -> torch.Tensor | None:
         """3. One target forward over the batch; on ``KVCacheFull`` preempt and retry.
@@ -538,7 +555,7 @@ class LLMEngine:
         (decode steps only, timed like the steps after them: see
         ``ModelRunner.last_step_steady``)."""
         end = time.perf_counter()
-        self._proposed_last_step = batch.proposed
+        self._proposed_last_step = batch.proposed or batch.observed
         if (batch.verified_at and self.runner.last_step_steady
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.drafts,

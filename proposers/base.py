@@ -91,10 +91,18 @@ class Proposer(ABC):
     # ``needs_features``: the proposer drafts from the target's final hidden states, which the
     # engine hands it after each forward (:meth:`on_features`)
     needs_features: bool = False
+    # ``observes``: :meth:`observe` does work (an index of the text kept current)
+    observes: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         """Draft up to ``num_spec_tokens`` tokens for each request."""
+
+    def observe(self, requests: Sequence[ProposeRequest]) -> None:  # noqa: B027
+        """The contexts of a step that asked for no drafts (each request's
+        ``num_spec_tokens`` is 0), shown while the GPU runs the step's forward: a proposer that
+        indexes the text (n-gram) brings its index up to date in the forward's shadow, instead
+        of catching up on every token since its last proposal when it is next asked."""
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:  # noqa: B027
         """Verification kept the first ``num_tokens`` tokens of the request's context + drafts.

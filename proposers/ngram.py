@@ -89,6 +89,7 @@ class NgramProposer(Proposer):
     """Prompt lookup decoding (one-hot drafts, no probabilities); see the module docstring."""
 
     drafts_are_free = True
+    observes = True
 
     def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                  table_capacity: int = 1 << 16) -> None:
@@ -192,6 +193,10 @@ class NgramProposer(Proposer):
             for i, k in enumerate(ks):
                 del drafts[i][k:]
         return Proposal(drafts, None, list(map(min, map(len, drafts), matched.tolist())))
+
+    def observe(self, requests: Sequence[ProposeRequest]) -> None:
+        """Index the contexts (a proposal of no drafts: the same reads and table update)."""
+        self.propose(requests)
 
     def _counting(self, n: int) -> np.ndarray:
         """``[0, 1, .. n - 1]``, a view of an array kept between steps."""

@@ -28,6 +28,7 @@ MIN_MATCH = 2
 
 class NgramOrHeadProposer(Proposer):
     needs_features = True
+    observes = True
 
     def __init__(self, ngram: NgramProposer, head: DraftHeadProposer) -> None:
         self.ngram, self.head = ngram, head
@@ -39,6 +40,9 @@ class NgramOrHeadProposer(Proposer):
 
     def on_features(self, updates: Sequence[FeatureUpdate], features: torch.Tensor) -> None:
         self.head.on_features(updates, features)
+
+    def observe(self, requests: Sequence[ProposeRequest]) -> None:
+        self.ngram.observe(requests)
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
         self.ngram.on_accepted(req_id, num_tokens)

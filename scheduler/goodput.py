@@ -161,6 +161,7 @@ class GoodputController:
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
         self._keep_asking = False  # the last free proposal paid with its own cost counted
         self.drafting = False  # the last decision drafted (a probe does not count)
+        self.settled = False  # the last plan weighed drafting and chose none (not a probe)
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
         # (cost table version, step_cost)
 
@@ -224,7 +225,7 @@ class GoodputController:
         after)."""
         self.clock += 1
         self.acceptance.tick()
-        self.probing = False
+        self.probing = self.settled = False
         b = len(accs) if batch_size is None else batch_size
         if critical is not None:
             accs = [a for a, c in zip(accs, critical, strict=True) if c]
@@ -264,10 +265,19 @@ class GoodputController:
         self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
         return self._idle_or_probe(self._probe_overhead)
 
+    def plan_idle(self) -> int:
+        """:meth:`plan` for a step of the same sequences as the last one, which drafted none,
+        with nothing learnt since (the caller knows): none, or a probe when its wait is over."""
+        self.clock += 1
+        self.acceptance.tick()
+        self.probing = self.settled = False
+        return self._idle_or_probe(self._probe_overhead)
+
     def _idle_or_probe(self, overhead: float) -> int:
         """A step where drafting does not pay: none, or a probe when its wait is over."""
         self.idle += 1
         if self.idle < probe_wait(overhead, self.max_wait):
+            self.settled = True
             return 0
         self.idle, self.probing, self._idle_key = 0, True, None
         return self.max_k if self.free else 1

@@ -93,6 +93,8 @@ class SpeculationPolicy:
             batch_bucket)
         self._step_k = 0  # drafts asked for this step by the sequences the controller steers
         self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
+        self._idle: tuple[list[SpeculatingSequence], bool, int] | None = None  # the last
+        # step's running sequences, waiting flag and acceptance version, when it drafted none
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         """The state of a new sequence (the engine keeps it as ``seq.speculation``);
@@ -131,6 +133,15 @@ class SpeculationPolicy:
         if not self.adaptive:
             self._step_k = self.max_k
             return
+        if (self._idle is not None and running == self._idle[0]
+                and (waiting, self.controller.acceptance.version) == self._idle[1:]):
+            # The same sequences as the last step, which drafted nothing, and nothing learnt
+            # since: each one's tokens left went down by one, so the answer is still none (a
+            # cap only shrinks, and who has the most tokens left is who had them), save a probe.
+            self._step_k = self.controller.plan_idle()
+            if self._step_k:
+                self._idle = None
+            return
         steered: list[RequestSpeculation] = []
         caps: list[int] = []
         min_width, step, closed = 0, self._step, not waiting
@@ -147,6 +158,9 @@ class SpeculationPolicy:
         critical = self._critical(running) if closed and len(running) > 1 else None
         self._step_k = self.controller.plan(steered, caps, min_width, self.measured_draft_cost(),
                                             critical, len(running))
+        self._idle = None
+        if self.controller.settled and not min_width:
+            self._idle = (list(running), waiting, self.controller.acceptance.version)
 
     def _critical(self, running: list[SpeculatingSequence]) -> list[bool] | None:
         """In a closed batch: which steered sequences are within ``max_k`` tokens of the most
@@ -164,6 +178,8 @@ class SpeculationPolicy:
     def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
         """The drafts ``seq`` asks the proposer for this step."""
         spec = seq.speculation
+        if not self._step_k and not spec.fixed:
+            return 0
         if spec.step != self._step:  # (admitted this step, or no decision was made)
             spec.cap, spec.step = self.cap(seq), self._step
         if spec.fixed:

@@ -104,6 +104,25 @@ def test_k_zero_drafts_nothing_but_indexes():
     assert propose_one(proposer, [1, 2, 3, 1, 2], 2) == [3, 1]
 
 
+def test_observed_steps_leave_proposals_as_the_rule_says():
+    """Steps without drafts shown to ``observe`` (the engine does it in a GPU forward's
+    shadow), then a proposal: the drafts are the rule's, as if it had read it all at once."""
+    rng = random.Random(3)
+    observed, fresh = NgramProposer(1, 4), NgramProposer(1, 4)
+    contexts = {i: [rng.randrange(5) for _ in range(20)] for i in range(4)}
+    for step in range(40):
+        for context in contexts.values():
+            context.append(rng.randrange(5))
+        if step % 7 == 6:
+            requests = [ProposeRequest(i, list(c), 4, GREEDY) for i, c in contexts.items()]
+            got = observed.propose(requests).draft_token_ids
+            assert got == [brute_force(r.token_ids, 4, 1, 4) for r in requests], step
+            assert got == fresh.propose(requests).draft_token_ids
+        else:
+            observed.observe([ProposeRequest(i, list(c), 0, GREEDY)
+                              for i, c in contexts.items()])
+
+
 def test_batch_of_different_k_and_requests():
     proposer = get_proposer("ngram", SpeculativeConfig(prompt_lookup_min=1, prompt_lookup_max=3),
                             None)

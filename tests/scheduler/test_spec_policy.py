@@ -100,3 +100,31 @@ def test_a_closed_batch_marks_the_sequences_with_the_most_tokens_left():
     # a seeded sample with the most tokens left makes every steered sequence ahead of it
     seeded = decoding(drafts, "g", 0, SamplingParams(temperature=0.8, seed=1, max_tokens=100))
     assert critical_after_begin(drafts, seqs + [seeded]) == [False] * 4 + [True]
+
+
+def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_never_does():
+    """Drafts that were all rejected: the same sequences step after step draft nothing (the
+    policy does not weigh them again while nothing changes) except a probe at least every
+    ``adaptive_probe_interval`` steps; a request that opts out is never asked for drafts."""
+    drafts = policy()
+    seqs = [decoding(drafts, n, 0) for n in "abc"]
+    items = [ScheduledSequence(s, 1, True, 4) for s in seqs]
+    for _ in range(30):
+        drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
+    asked = []
+    for _ in range(64):
+        drafts.begin_step(seqs)
+        asked.append([drafts.num_spec_tokens(s) for s in seqs])
+        if asked[-1][0]:  # a probe: its drafts are rejected again
+            kept(drafts, items, Proposal([[1, 2, 3, 4]] * 3, None, [4] * 3))
+            drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
+    probes = [i for i, a in enumerate(asked) if a[0]]
+    assert all(a in ([0] * 3, [4] * 3) for a in asked)
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert probes and probes[0] < 16 and all(gap <= 16 for gap in gaps)
+    assert len(probes) < 16  # mostly plain steps
+    off = decoding(drafts, "off", 0, SamplingParams(temperature=0, max_tokens=100,
+                                                    num_speculative_tokens=0))
+    for _ in range(64):
+        drafts.begin_step([off])
+        assert drafts.num_spec_tokens(off) == 0
