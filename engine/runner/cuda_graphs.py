@@ -54,8 +54,14 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
 - a decode bucket's capture also captures its widest verification twin (same batch and key
   length, ``max_num_new`` tokens), which covers every width of its batch and key length.
 
-A step padded to a cover is not *steady* (:attr:`CudaGraphs.steady`): its time is another
-bucket's, and the speculation controller does not record it as its own bucket's cost.
+A step padded to a cover is *steady* (:attr:`CudaGraphs.steady`): it times like every later
+step of its bucket until the bucket gets a graph of its own, so its time is what the
+speculation controller pays for that width now, and the controller records it as such. (It did
+not before: a width served by its twin then read as cheap as a narrower graph would be, and
+the controller chose it for the wider one's cost. On the H100, batch 8 of the decisive 1B,
+alpha 0.5, the controller kept 0.76 of k = 4 fixed at `5a86990`, where a simulation of the
+policy on the same relative costs, every width at its own cost, kept 0.98.) An eager first
+step and a capture are not steady: their costs are one-time.
 """
 
 from __future__ import annotations
@@ -131,7 +137,8 @@ class CudaGraphs:
         self._bounds: dict[Key, float] = {}  # a padded step's cost bound, per covered bucket
         self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
         self.num_replays = 0  # steps run through a bucket
-        self.steady = True  # the last step replayed its own graph (or nothing is captured)
+        self.steady = True  # the last step replayed a graph it did not capture (its own or a
+        # cover), or nothing is captured
         self.padded = False  # the last bucket() answer was a larger bucket that covers the step
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
 
@@ -208,10 +215,9 @@ class CudaGraphs:
         later step of its bucket."""
         self.num_replays += 1
         graph, captured = self._graph(key) if self._capture_graphs else (None, False)
-        # an eager first step, a capture, a step padded to a covering bucket: none of them
-        # times like the rest
-        self.steady = not self._capture_graphs or (graph is not None and not captured
-                                                   and not self.padded)
+        # an eager first step and a capture time like no other step (a padded replay does:
+        # see the module docstring)
+        self.steady = not self._capture_graphs or (graph is not None and not captured)
         if graph is None:  # (a bucket's first step, or no capture off-GPU)
             return self._body(inputs, *key)
         graph.inputs.copy_(inputs)

@@ -123,7 +123,7 @@ def _eager_capture(self, batch_size: int, num_new: int, kv_len: int):
 def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkeypatch):
     """Graph bookkeeping, with captures that run eagerly and set costs: a capture costs 2.5 ms
     and a graph of ``b`` sequences replays in ``b * (1 + 0.01 * (num_new - 1))`` ms. A bucket
-    that a captured one covers replays it padded (not steady: its time is another bucket's)
+    that a captured one covers replays it padded (steady: what its width costs until then)
     until the padding has cost a capture: batch 1 padded to batch 2 (2 ms a step, no graph
     inside it) is captured at its second step; 2 tokens padded to the 3-token twin (at most
     0.02 ms a step over the batch-1 decode graph inside it) never is in these steps. Every
@@ -164,7 +164,8 @@ def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkey
     # in the batch-2 graph once (2 ms paid), captured at the second (4 ms >= 2.5; with its
     # twin), replayed; 2 tokens: padded in the batch-1 twin every time (0.02 ms a step);
     # 3 tokens: the twin, replayed
-    assert steady == [False, False, True] + [False, False, True, True] + [False] * 4 + [True]
+    # (eager first steps and captures are not steady; replays are, padded or not)
+    assert steady == [False, False, True] + [True, False, True, True] + [True] * 4 + [True]
     assert graphs == [0, 2, 2] + [2, 4, 4, 4] + [4, 4, 4, 4] + [4]
     kv = captured[0][2]
     assert captured == [(2, 1, kv), (2, 3, kv), (1, 1, kv), (1, 3, kv)]
