@@ -464,7 +464,8 @@ class LLMEngine:
 
     def _append_and_stop(self, batch: _StepBatch, tokens: list[list[int]],
                          logprob_rows: torch.Tensor | None) -> list[Sequence]:
-        """6. Append each sequence's verified tokens with stop checks; finished ones leave."""
+        """6. Append each sequence's verified tokens with stop checks; finished ones leave (after
+        the controller has learnt from their drafts: leaving frees their acceptance rows)."""
         updated, row = [], 0
         for j, (i, out) in enumerate(zip(batch.sampling, tokens, strict=True)):
             seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
@@ -482,10 +483,11 @@ class LLMEngine:
                     seq.add_logprobs(logprob_rows[first:first + result.kept],
                                      new_tokens[:result.kept])
                 self._account(seq, result)
-            if seq.is_finished:
-                self._release(seq)
             updated.append(seq)
         self._update_policy(batch)
+        for seq in updated:
+            if seq.is_finished:
+                self._release(seq)
         return updated
 
     def _hand_features(self, batch: _StepBatch) -> None:

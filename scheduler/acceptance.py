@@ -208,6 +208,9 @@ class AcceptanceModel:
         its steps with drafts."""
         n, k1 = len(reqs), self.max_k + 1
         rows = self._rows(reqs)
+        if n and rows.min() < 0:
+            raise ValueError("AcceptanceModel.update: a request whose row was released (it "
+                             "left the engine) cannot be updated")
         codes = np.fromiter(((d * k1 + min(a, d)) * k1 + (d if b is None else min(b, d))
                              for d, a, b in zip(num_drafted, num_accepted, num_backed,
                                                 strict=True)), dtype=np.int64, count=n)

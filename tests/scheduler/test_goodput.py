@@ -301,3 +301,13 @@ def test_a_closed_batch_weighs_only_its_critical_sequences():
     assert ctl.plan(accs, [4] * 8, 0, 0.0, looping_first, 8) == 4
     # a seeded sample's width is verified whatever the critical sequences gain
     assert ctl.choose_width(accs, [4] * 8, backed, 2, only_stuck, 8) == 2
+
+
+def test_a_released_request_cannot_be_updated():
+    """A finished request's row goes back to the pool: updating it would write another
+    request's counts, so it is refused by name."""
+    model = AcceptanceModel(4)
+    done, live = model.new_request(), model.new_request()
+    model.release(done)
+    with pytest.raises(ValueError, match="released"):
+        model.update([live, done], [4, 4], [2, 2], [4, 4])
