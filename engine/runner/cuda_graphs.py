@@ -59,9 +59,9 @@ step of its bucket until the bucket gets a graph of its own, so its time is what
 speculation controller pays for that width now, and the controller records it as such. (It did
 not before: a width served by its twin then read as cheap as a narrower graph would be, and
 the controller chose it for the wider one's cost. On the H100, batch 8 of the decisive 1B,
-alpha 0.5, the controller kept 0.76 of k = 4 fixed at `5a86990`, where a simulation of the
-policy on the same relative costs, every width at its own cost, kept 0.98.) An eager first
-step and a capture are not steady: their costs are one-time.
+alpha 0.5, the controller kept 0.75 of the best fixed k at `5a86990`, 0.91 and 0.88 in two runs
+after the change, docs/performance.md.) An eager first step and a capture are not steady:
+their costs are one-time.
 """
 
 from __future__ import annotations
