@@ -320,10 +320,12 @@ class LLMEngine:
         if (batch.proposed or self.proposer is None or not self.proposer.observes
                 or self.device.type != "cuda"):
             return
-        self.proposer.observe([
-            ProposeRequest(seq.seq_id, seq.all_token_ids, 0, seq.params)
-            for item in batch.items if item.samples for seq in [item.seq]])
-        batch.observed = True
+        requests = [ProposeRequest(seq.seq_id, seq.all_token_ids, 0, seq.params)
+                    for item in batch.items if item.samples for seq in [item.seq]
+                    if seq.speculation.limit]  # (a request that never drafts: never indexed)
+        if requests:
+            self.proposer.observe(requests)
+            batch.observed = True
 
     def _forward(self, batch: _StepBatch) -> torch.Tensor | None:
         """3. One target forward over the batch; on ``KVCacheFull`` preempt and retry.
@@ -484,10 +486,12 @@ class LLMEngine:
                                      new_tokens[:result.kept])
                 self._account(seq, result)
             updated.append(seq)
-        self._update_policy(batch)
-        for seq in updated:
-            if seq.is_finished:
-                self._release(seq)
+        try:
+            self._update_policy(batch)
+        finally:  # (finished sequences leave whatever happens)
+            for seq in updated:
+                if seq.is_finished:
+                    self._release(seq)
         return updated
 
     def _hand_features(self, batch: _StepBatch) -> None:

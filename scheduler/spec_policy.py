@@ -10,13 +10,14 @@ different k draws different, equally distributed, tokens), so the same seed give
 A batch whose caller waits for all of it (``LLM.generate``: the call returns when its last
 request finishes) is *closed* once nothing waits to be admitted and each running request has a
 ``max_tokens``: a token then shortens the call only when it goes to a sequence with the most
-tokens left. So in a closed batch the controller weighs only the *critical* sequences, those
-within ``max_k`` tokens of the most left (a step can move any of them to the front); the others
-still verify drafts in the steps it widens. Measured on the H100 with the default model (32
-open-ended prompts of 128 tokens each, n-gram): without it the controller drafted in up to 20 of
-128 steps for sequences that finished early, the batch still took 128 steps, and it ran at
-0.91-0.93 of the engine without speculation. A server's requests are not closed: each one's own
-finish counts.
+tokens left (unless a stop, such as EOS, ends the others first). So in a closed batch the
+controller weighs only the *critical* sequences, the decoding ones within ``max_k`` tokens of
+the most left (a step can move any of them to the front; a sequence still in its prefill cannot
+draft yet and is left out); the others still verify drafts in the steps it widens. Measured
+on the H100 with the default model (32 open-ended prompts of 128 tokens each, n-gram): without
+it the controller drafted in up to 20 of 128 steps for sequences that finished early, the batch
+still took 128 steps, and it ran at 0.91-0.93 of the engine without speculation. A server's
+requests are not closed: each one's own finish counts.
 
 The engine calls, per step: :meth:`SpeculationPolicy.begin_step` (before scheduling),
 :meth:`~SpeculationPolicy.num_spec_tokens` (drafts to ask for, per sequence),
@@ -71,6 +72,7 @@ class SpeculatingSequence(Protocol):
     speculation: RequestSpeculation
     num_tokens: int
     num_prompt_tokens: int
+    num_uncached_tokens: int
 
 
 class SpeculationPolicy:
@@ -93,6 +95,7 @@ class SpeculationPolicy:
             batch_bucket)
         self._step_k = 0  # drafts asked for this step by the sequences the controller steers
         self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
+        self._batch_size = 0  # the running sequences at this step's begin_step (its cost's)
         self._idle: tuple[list[SpeculatingSequence], bool, int] | None = None  # the last
         # step's running sequences, waiting flag and acceptance version, when it drafted none
 
@@ -135,9 +138,11 @@ class SpeculationPolicy:
             return
         if (self._idle is not None and running == self._idle[0]
                 and (waiting, self.controller.acceptance.version) == self._idle[1:]):
-            # The same sequences as the last step, which drafted nothing, and nothing learnt
-            # since: each one's tokens left went down by one, so the answer is still none (a
-            # cap only shrinks, and who has the most tokens left is who had them), save a probe.
+            # The same sequences as the last step, all decoding then, which drafted nothing,
+            # and nothing learnt since: each one's tokens left went down by one (unless the
+            # token budget skipped one), so the answer is still none (a cap only shrinks, and
+            # who has the most tokens left is who had them), save a probe; at worst a change is
+            # seen at the next probe, within ``adaptive_probe_interval`` steps.
             self._step_k = self.controller.plan_idle()
             if self._step_k:
                 self._idle = None
@@ -145,6 +150,7 @@ class SpeculationPolicy:
         steered: list[RequestSpeculation] = []
         caps: list[int] = []
         min_width, step, closed = 0, self._step, not waiting
+        self._batch_size = len(running)
         for seq in running:
             spec = seq.speculation
             spec.cap = cap = self.cap(seq)
@@ -159,20 +165,28 @@ class SpeculationPolicy:
         self._step_k = self.controller.plan(steered, caps, min_width, self.measured_draft_cost(),
                                             critical, len(running))
         self._idle = None
-        if self.controller.settled and not min_width:
+        if (self.controller.settled and not min_width
+                and all(seq.num_uncached_tokens == 1 for seq in running)):
             self._idle = (list(running), waiting, self.controller.acceptance.version)
 
     def _critical(self, running: list[SpeculatingSequence]) -> list[bool] | None:
-        """In a closed batch: which steered sequences are within ``max_k`` tokens of the most
-        tokens left (marked on their state), or None when all are."""
-        left = [seq.speculation.end - seq.num_tokens for seq in running]  # [n] tokens left - 1
-        least = max(left) - self.max_k
-        critical = [n >= least for n, seq in zip(left, running, strict=True)
+        """In a closed batch: which steered sequences decode and are within ``max_k`` tokens of
+        the most tokens left among the decoding ones (marked on their state), or None when all
+        are (or none decodes)."""
+        # [n] tokens left - 1, for the sequences that decode this step (None: in a prefill)
+        left = [seq.speculation.end - seq.num_tokens if seq.num_uncached_tokens == 1 else None
+                for seq in running]
+        most = max((n for n in left if n is not None), default=None)
+        if most is None:
+            return None
+        least = most - self.max_k
+        marks = [n is not None and n >= least for n in left]
+        critical = [c for c, seq in zip(marks, running, strict=True)
                     if not seq.speculation.fixed]
         if all(critical):
             return None
-        for seq, n in zip(running, left, strict=True):
-            seq.speculation.critical = n >= least
+        for seq, c in zip(running, marks, strict=True):
+            seq.speculation.critical = c
         return critical
 
     def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
@@ -181,7 +195,7 @@ class SpeculationPolicy:
         if not self._step_k and not spec.fixed:
             return 0
         if spec.step != self._step:  # (admitted this step, or no decision was made)
-            spec.cap, spec.step = self.cap(seq), self._step
+            spec.cap, spec.step, spec.critical = self.cap(seq), self._step, True
         if spec.fixed:
             return spec.cap
         return min(self._step_k, spec.cap) if self._step_k else 0
@@ -205,7 +219,7 @@ class SpeculationPolicy:
             critical = [s.critical for s in steered]
             width = self.controller.choose_width(steered, avail, backed, min_width,
                                                  None if all(critical) else critical,
-                                                 len(items))
+                                                 max(self._batch_size, len(items)))
             got = [g if s.fixed else min(g, width) for g, s in zip(got, specs, strict=True)]
         if free_kv_tokens is not None:
             spare = free_kv_tokens - sum(item.num_context_tokens for item in items)

@@ -112,3 +112,26 @@ def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
     timed = seen[2:]  # (past the first look at the prompt, never timed)
     assert any(steady for steady, _ in timed) and any(not steady for steady, _ in timed)
     assert all((s is not None) == steady for steady, s in timed)
+
+
+def test_generate_closes_its_batch_and_a_stream_does_not(target, monkeypatch):
+    """``LLM.generate`` returns when its last request is done, so its requests are added as one
+    closed batch (the controller then weighs the sequences with the most tokens left); a
+    stream's requests each count on their own."""
+    from scheduler import SpeculationPolicy
+
+    seen = []
+    new_tracker = SpeculationPolicy.new_tracker
+
+    def spy(self, seq, together=False):
+        seen.append(together)
+        return new_tracker(self, seq, together)
+
+    monkeypatch.setattr(SpeculationPolicy, "new_tracker", spy)
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert seen == [True] * len(PROMPTS)
+    seen.clear()
+    list(llm.generate_stream(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4)))
+    assert seen == [False]

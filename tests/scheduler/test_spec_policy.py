@@ -76,6 +76,7 @@ def decoding(policy, name, num_output, params=GREEDY, together=True):
     seq = Sequence(name, 0, None, [1, 2, 3], params, None, frozenset(), 0.0)
     for _ in range(num_output):
         seq.append_token(7, with_text=False)
+    seq.num_computed_tokens = seq.num_tokens - 1  # (its newest token is fed next step)
     seq.speculation = policy.new_tracker(seq, together)
     return seq
 
@@ -100,6 +101,10 @@ def test_a_closed_batch_marks_the_sequences_with_the_most_tokens_left():
     # a seeded sample with the most tokens left makes every steered sequence ahead of it
     seeded = decoding(drafts, "g", 0, SamplingParams(temperature=0.8, seed=1, max_tokens=100))
     assert critical_after_begin(drafts, seqs + [seeded]) == [False] * 4 + [True]
+    # a sequence still in its prefill (it cannot draft yet) is left out, whatever it has left
+    prefilling = decoding(drafts, "h", 0)
+    prefilling.num_computed_tokens = 0
+    assert critical_after_begin(drafts, seqs + [prefilling]) == [True, True, True, False, False]
 
 
 def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_never_does():
@@ -111,7 +116,14 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
     items = [ScheduledSequence(s, 1, True, 4) for s in seqs]
     for _ in range(30):
         drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
-    asked = []
+    asked, plans = [], [0]
+    full_plan = drafts.controller.plan
+
+    def counted_plan(*args, **kwargs):
+        plans[0] += 1
+        return full_plan(*args, **kwargs)
+
+    drafts.controller.plan = counted_plan
     for _ in range(64):
         drafts.begin_step(seqs)
         asked.append([drafts.num_spec_tokens(s) for s in seqs])
@@ -119,10 +131,16 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
             kept(drafts, items, Proposal([[1, 2, 3, 4]] * 3, None, [4] * 3))
             drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
     probes = [i for i, a in enumerate(asked) if a[0]]
+    # weighed in full only after a probe (what it learnt changes the answer's inputs); the
+    # other steps reuse the answer
+    assert plans[0] <= len(probes) + 1 < 64
     assert all(a in ([0] * 3, [4] * 3) for a in asked)
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert probes and probes[0] < 16 and all(gap <= 16 for gap in gaps)
     assert len(probes) < 16  # mostly plain steps
+    before = plans[0]
+    drafts.begin_step(seqs[:2])  # a sequence left: weighed again
+    assert plans[0] == before + 1
     off = decoding(drafts, "off", 0, SamplingParams(temperature=0, max_tokens=100,
                                                     num_speculative_tokens=0))
     for _ in range(64):
