@@ -297,7 +297,8 @@ class GoodputController:
             avail = [n for n, c in zip(avail, critical, strict=True) if c]
             if backed is not None:
                 backed = [n for n, c in zip(backed, critical, strict=True) if c]
-        if not accs:
+        if not accs:  # (no sequence it steers counts this step: nothing drafted for them)
+            self._keep_asking = self.drafting = False
             return min_width
         rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
             accs, self._spread(len(accs))))  # [n, max_k]
