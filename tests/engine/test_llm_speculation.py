@@ -135,3 +135,27 @@ def test_generate_closes_its_batch_and_a_stream_does_not(target, monkeypatch):
     seen.clear()
     list(llm.generate_stream(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4)))
     assert seen == [False]
+
+
+def test_steps_without_drafts_show_the_ngram_index_their_contexts(target, monkeypatch):
+    """Where the forward runs asynchronously (a GPU), a step that asks n-gram for no drafts
+    shows it the sampling sequences' contexts while the forward runs; the path is forced here
+    on CPU. The greedy output is still the target's own, and the proposals after observed steps
+    are not first looks (their time is the controller's typical proposal cost)."""
+    from proposers.ngram import NgramProposer
+
+    observed = []
+    observe = NgramProposer.observe
+
+    def spy(self, requests):
+        observed.append(len(requests))
+        return observe(self, requests)
+
+    monkeypatch.setattr(NgramProposer, "observe", spy)
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                  "verify_cost_per_token": 2.0})  # (drafts never pay: idle)
+    llm.engine.forward_is_async = True
+    out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [hf_greedy(target, p, 40) for p in PROMPTS]
+    assert observed and max(observed) == len(PROMPTS)
