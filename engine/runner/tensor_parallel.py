@@ -26,6 +26,7 @@ every step runs eager (see docs/design.md, "Across GPUs").
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -85,8 +86,20 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
     if dist.get_rank() == 0:
         return LeaderRunner(runner)
     follow(runner)
-    dist.destroy_process_group()
+    take_down()
     raise SystemExit(0)
+
+
+def take_down() -> None:
+    """Destroy the process groups and drop this module's reference to the control group, so
+    that gloo's threads end now and not in the interpreter's teardown (a group object still
+    referenced there was destroyed with its threads joinable: "terminate called without an
+    active exception", rank 0 aborting after its work was done; seen in three fresh clones' test
+    runs, the third after the stop message and barrier below were added)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _GROUP.clear()
+    gc.collect()
 
 
 class LeaderRunner:
@@ -136,13 +149,9 @@ class LeaderRunner:
 
     def _exit(self) -> None:
         """At interpreter exit: stop the followers (if :meth:`shutdown` has not) and take the
-        process group down, as they do. Left to the interpreter's teardown, gloo's threads were
-        sometimes destroyed while joinable: rank 0 aborted with "terminate called without an
-        active exception" after its work was done (seen in two fresh clones' test runs; the
-        second had the teardown here but no barrier after the stop message)."""
+        process groups down, as they do (:func:`take_down`)."""
         self.shutdown()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        take_down()
 
     def _record(self, name: str, args: tuple) -> Any:
         result = getattr(self._runner, name)(*args)  # raises before recording a refused call
