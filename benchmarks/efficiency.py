@@ -113,19 +113,19 @@ def batch_steps(alpha: float, k: int, max_tokens: int, batch: int, trials: int =
 
 WARMUPS = (2, 8)  # warm-up runs: at least, and at most while CUDA graphs are still captured
 TIMINGS = 3  # timed rounds at most: one with a capture inside is timed again
-LAST_CAPTURES = [0, 0.0]  # graphs captured inside the last timed() call's kept round, seconds
 
 
 def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
-          repeats: int) -> tuple[float, list[list[int]]]:
-    """Tokens/s over ``repeats`` runs of the warm engine, and the last run's tokens.
+          repeats: int) -> tuple[float, list[list[int]], tuple[int, float]]:
+    """Tokens/s over ``repeats`` runs of the warm engine, the last run's tokens, and the graphs
+    captured inside the kept timed round (count, seconds).
 
     Warm-up until a whole run captures no CUDA graph (a bucket is captured the second time it
     is met, or once padding in a larger one has cost a capture: that can come runs later, and
     measured on the H100 it came inside 1-4 timed rounds of most fixed-k cells, 0.03-0.18 s in
     rounds of 0.2-1 s). A timed round with a capture inside is timed again (at most
     ``TIMINGS`` rounds): the numbers are the steady engine's, and a capture left in the last
-    round is reported (:data:`LAST_CAPTURES`)."""
+    round is reported."""
     graphs = llm.engine.runner.graphs
     for i in range(WARMUPS[1]):
         before = 0 if graphs is None else graphs.num_graphs
@@ -139,11 +139,11 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
             outs = llm.generate(prompts, params, use_tqdm=False)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
         tps = tokens / (time.perf_counter() - start)
-        if graphs is None or graphs.num_graphs == before[0]:
-            LAST_CAPTURES[:] = [0, 0.0]
+        captures = (0, 0.0) if graphs is None else (graphs.num_graphs - before[0],
+                                                     graphs.capture_seconds - before[1])
+        if not captures[0]:
             break
-        LAST_CAPTURES[:] = [graphs.num_graphs - before[0], graphs.capture_seconds - before[1]]
-    return tps, [o.outputs[0].token_ids for o in outs]
+    return tps, [o.outputs[0].token_ids for o in outs], captures
 
 
 def release(llm: LLM) -> None:
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> dict:
     rows, drift = [], []
     for batch in args.batches:
         prompts = prompts_for(batch, vocab)
-        base_tps, want = timed(plain, prompts, params, args.repeats)
+        base_tps, want, _ = timed(plain, prompts, params, args.repeats)
         STATE["references"] = [p + w for p, w in zip(prompts, want, strict=True)]
         cost, alpha0_s = {}, {}
         run_tokens = batch * args.max_tokens
@@ -184,9 +184,7 @@ def run(args: argparse.Namespace) -> dict:
                 policy = "adaptive" if k is None else f"k={k}"
                 llm = engine(model, tokenizer, args, max(args.ks) if k is None else k,
                              adaptive=k is None)
-                LAST_CAPTURES[:] = [0, 0.0]
-                tps, got = timed(llm, prompts, params, args.repeats)
-                captures, capture_s = LAST_CAPTURES
+                tps, got, (captures, capture_s) = timed(llm, prompts, params, args.repeats)
                 release(llm)
                 if got != want:
                     raise AssertionError(f"batch {batch}, alpha {alpha}, {policy}: the output "
@@ -227,7 +225,7 @@ def run_drift(model, tokenizer, args, prompts, params, base_tps, batch) -> dict:
     none of them)."""
     STATE["alpha"] = 0.9
     fresh = engine(model, tokenizer, args, max(args.ks), True)
-    fresh_tps, _ = timed(fresh, prompts, params, args.repeats)
+    fresh_tps = timed(fresh, prompts, params, args.repeats)[0]
     release(fresh)
     STATE["alpha"] = 0.0
     llm = engine(model, tokenizer, args, max(args.ks), True)

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import compress
 from operator import attrgetter
 
 import numpy as np
@@ -223,13 +224,10 @@ class GoodputController:
         step's sequences, whose cost it is (None: ``len(accs)``). For a free proposer the answer
         is 0 or ``max_k`` (each sequence then asks for its cap and :meth:`choose_width` decides
         after)."""
-        self.clock += 1
-        self.acceptance.tick()
-        self.probing = self.settled = False
+        self._new_step()
         b = len(accs) if batch_size is None else batch_size
         if critical is not None:
-            accs = [a for a, c in zip(accs, critical, strict=True) if c]
-            caps = [n for n, c in zip(caps, critical, strict=True) if c]
+            accs, caps = list(compress(accs, critical)), list(compress(caps, critical))
         if not accs or max(caps, default=0) == 0:
             return 0
         if min_width == 0 and self.wants_plain_step(b):
@@ -268,10 +266,13 @@ class GoodputController:
     def plan_idle(self) -> int:
         """:meth:`plan` for a step of the same sequences as the last one, which drafted none,
         with nothing learnt since (the caller knows): none, or a probe when its wait is over."""
+        self._new_step()
+        return self._idle_or_probe(self._probe_overhead)
+
+    def _new_step(self) -> None:
         self.clock += 1
         self.acceptance.tick()
         self.probing = self.settled = False
-        return self._idle_or_probe(self._probe_overhead)
 
     def _idle_or_probe(self, overhead: float) -> int:
         """A step where drafting does not pay: none, or a probe when its wait is over."""
@@ -293,10 +294,9 @@ class GoodputController:
         self.acceptance.record_proposals(accs, avail if backed is None else backed)
         b = len(accs) if batch_size is None else batch_size
         if critical is not None:
-            accs = [a for a, c in zip(accs, critical, strict=True) if c]
-            avail = [n for n, c in zip(avail, critical, strict=True) if c]
+            accs, avail = list(compress(accs, critical)), list(compress(avail, critical))
             if backed is not None:
-                backed = [n for n, c in zip(backed, critical, strict=True) if c]
+                backed = list(compress(backed, critical))
         if not accs:  # (no sequence it steers counts this step: nothing drafted for them)
             self._keep_asking = self.drafting = False
             return min_width

@@ -139,7 +139,6 @@ class CudaGraphs:
         self.num_replays = 0  # steps run through a bucket
         self.steady = True  # the last step replayed a graph it did not capture (its own or a
         # cover), or nothing is captured
-        self.padded = False  # the last bucket() answer was a larger bucket that covers the step
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
 
     @property
@@ -154,7 +153,6 @@ class CudaGraphs:
         if num_new > self.max_num_new or batch_size > self.max_batch_size:
             return None
         key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
-        self.padded = False
         if key in self._graphs or not self._capture_graphs:
             return key
         self._met[key] = self._met.get(key, 0) + 1
@@ -167,7 +165,6 @@ class CudaGraphs:
             if self._room_for_another():
                 return key  # captured now
             return cover  # for good: what its steps cost (steady)
-        self.padded = True
         return cover
 
     def _cover(self, key: Key) -> Key | None:
