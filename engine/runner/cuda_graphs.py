@@ -21,10 +21,11 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
 
 Every graph reads its inputs from one static long tensor laid out as the runner's host plan
-(input ids, positions, pool rows, slot-table cells, slots) and writes the last hidden states
-``[batch_size * num_new, hidden_size]`` into a static output; ``lm_head`` runs after the replay on
-the rows asked for only. All graphs share one memory pool; replays run in stream order, so
-sharing is safe, and each graph's output stays alive as long as the graph.
+(input ids, positions, pool rows, slot-table cells, mask limits, tree ancestors, slots) and
+writes the last hidden states ``[batch_size * num_new, hidden_size]`` into a static output;
+``lm_head`` runs after the replay on the rows asked for only. All graphs share one memory
+pool; replays run in stream order, so sharing is safe, and each graph's output stays alive as
+long as the graph.
 
 When a bucket is captured. A capture (a warm-up forward plus the capture) costs about three
 eager steps (20-120 ms for the 1B at batch 32 on an H100), and each graph keeps memory of its
@@ -99,7 +100,7 @@ Key = tuple[int, int, int]  # (batch_size, num_new, kv_len) of a bucket
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: torch.Tensor  # [4 * batch_size * num_new + batch_size] long: the host plan's layout
+    inputs: torch.Tensor  # [6 * batch_size * num_new + batch_size] long: the host plan's layout
     hidden: torch.Tensor  # [batch_size * num_new, hidden_size]
 
 

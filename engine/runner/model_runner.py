@@ -53,7 +53,15 @@ from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 
-__all__ = ["KVCacheFull", "ModelRunner"]
+__all__ = ["KVCacheFull", "ModelRunner", "Tree"]
+
+# A draft tree among one slot's new tokens: ``(first, parents)``; the tokens from index ``first``
+# on are its nodes, in an order where a parent comes before its children; ``parents[j]`` is the
+# node index of node ``j``'s parent, -1 for the token at ``first - 1`` (the tree's root).
+Tree = tuple[int, Sequence[int]]
+MAX_TREE_NODES = 62  # a node's ancestors are bits of an int64 (and the shift stays defined)
+LAYOUT_ROWS = 6  # the host plan's per-token rows (ids, positions, pool rows, cells, limits,
+# ancestors), before the slots
 
 
 def _positive(name: str, value: int) -> int:
@@ -229,6 +237,29 @@ class ModelRunner:
         del rows[length:]
         self._ascending[slot] = self._ascending[slot] or not rows
 
+    def keep_path(self, slot: int, first: int, path: Sequence[int]) -> None:
+        """After a tree step: the nodes ``path`` (node indices, root's child first) of the tree
+        whose nodes the slot caches from column ``first`` on become the cached tokens at
+        columns ``first, first + 1, ...`` (their keys were computed at those positions); the
+        other nodes follow them, for :meth:`truncate` to forget. Moves no keys or values: the
+        slot table's columns are pointed at the path's pool rows."""
+        rows = self._slot_rows(slot)
+        nodes = rows[first:]
+        if (not isinstance(first, int) or not 0 <= first <= len(rows)
+                or len(set(path)) != len(path) or any(not 0 <= j < len(nodes) for j in path)):
+            raise ValueError(f"keep_path: slot {slot} caches {len(nodes)} tokens from column "
+                             f"{first!r}; path must be distinct indices among them, got "
+                             f"{list(path)}")
+        if list(path) == list(range(len(path))):
+            return  # (the first nodes already: nothing moves)
+        kept = [nodes[j] for j in path]
+        rows[first:] = kept + [r for j, r in enumerate(nodes) if j not in set(path)]
+        self._ascending[slot] = False
+        width = self.max_model_len + 1
+        # one small copy: the cells, then the rows they point at
+        change = self._to_device([slot * width + first + i for i in range(len(kept))] + kept)
+        self.cache.slot_table.view(-1).index_copy_(0, change[:len(kept)], change[len(kept):])
+
     def _slot_rows(self, slot: int) -> list[int]:
         rows = self._rows.get(slot)
         if rows is None:
@@ -239,14 +270,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
-                logits_indices: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+                logits_indices: Sequence[int] | torch.Tensor | None = None,
+                trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
         """Append each slot's new tokens at positions ``seq_len(slot) ...`` and score them.
 
         Returns float32 logits ``[total_new_tokens, vocab_size]``, rows in slot order then token
         order (or only the rows ``logits_indices`` of that layout). Raises :class:`KVCacheFull`
         before changing anything when the budget cannot hold the new tokens.
+
+        ``trees[i]`` (None: a chain): ``(first, parents)``, the slot's new tokens from index
+        ``first`` on are the nodes of a draft tree (see :data:`Tree`): each node sits one
+        position past its parent and sees only the tokens before ``first`` and its own
+        ancestors. The slot then caches every node, in node order, until :meth:`keep_path`.
         """
         starts = self._check_step(slots, token_ids)
+        trees = self._check_trees(trees, token_ids)
         num_rows = sum(len(t) for t in token_ids)
         if num_rows > len(self._free_rows):
             raise KVCacheFull(num_rows, len(self._free_rows))
@@ -258,7 +296,7 @@ class ModelRunner:
         bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
         # a bucket pads with scratch sequences, and each sequence with scratch tokens
         rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
-        host, token_rows = self._plan_step(slots, token_ids, starts, rows_new, rows_batch)
+        host, token_rows = self._plan_step(slots, token_ids, starts, rows_new, rows_batch, trees)
         # (a draft head's features: the rows of every new token, before the kept ones)
         num_all = len(token_rows) if self._keep_features else 0
         kept = token_rows if logits_indices is None or on_device else [
@@ -273,7 +311,8 @@ class ModelRunner:
             self.last_step_steady = self.graphs.steady
         else:
             # one length and one number of new tokens for all: transformers' causal mask is exact
-            uniform = len(set(starts)) == 1 and num_rows == batch_size * num_new
+            uniform = (len(set(starts)) == 1 and num_rows == batch_size * num_new
+                       and not any(trees))
             run = self._rows[slots[0]][0] if batch_size == 1 and self._ascending[slots[0]] else None
             hidden = self._hidden(meta[:len(host)], batch_size, num_new, kv_len, starts[0],
                                   uniform, run)
@@ -296,10 +335,12 @@ class ModelRunner:
         """The model's last hidden states ``[batch_size * num_new, hidden_size]`` for a step laid
         out in ``inputs`` (see :meth:`_plan_step`); also the body of every CUDA graph."""
         padded = batch_size * num_new
-        input_ids, positions, write_rows, cells = inputs[:4 * padded].view(4, batch_size, num_new)
-        slots_t = inputs[4 * padded:]  # [batch_size]
+        # each [batch_size, num_new]
+        input_ids, positions, write_rows, cells, limits, ancestors = inputs[
+            :LAYOUT_ROWS * padded].view(LAYOUT_ROWS, batch_size, num_new)
+        slots_t = inputs[LAYOUT_ROWS * padded:]  # [batch_size]
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
-        mask = None if uniform else self._mask(positions, kv_len)
+        mask = None if uniform else self._mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
                 self._linears.use(padded):
@@ -322,31 +363,39 @@ class ModelRunner:
         self._staged.record()
         return out
 
-    def _mask(self, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a token at position
-        ``p`` iff ``j <= p``. Additive (0 / dtype min) in the model's dtype, so that ``sdpa``
-        converts nothing per layer, on rows padded to 16 columns (its memory-efficient kernel
-        copies a mask whose row stride is not a multiple of 16)."""
+    def _mask(self, limits: torch.Tensor, ancestors: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a new token iff
+        ``j <= limit`` (its own column for a chain token: causal), or ``j = limit + 1 + b`` for
+        a set bit ``b`` of its ``ancestors`` (a tree node's own column and its ancestors', the
+        nodes' columns starting right after the last column before the tree); ``limits``,
+        ``ancestors [batch_size, num_new]``. Additive (0 / dtype min) in the model's dtype, so
+        that ``sdpa`` converts nothing per layer, on rows padded to 16 columns (its
+        memory-efficient kernel copies a mask whose row stride is not a multiple of 16)."""
         width = -(-kv_len // 16) * 16
-        visible = self._positions[:width].view(1, 1, 1, width) <= positions[:, None, :, None]
+        columns = self._positions[:width].view(1, 1, 1, width)
+        limit = limits[:, None, :, None]  # [batch_size, 1, num_new, 1]
+        after = columns - limit - 1  # [batch_size, 1, num_new, width] bit of a column
+        in_tree = (ancestors[:, None, :, None] >> after.clamp(0, MAX_TREE_NODES - 1)) & 1
+        visible = (after < 0) | ((in_tree == 1) & (after < MAX_TREE_NODES))
         return torch.where(visible, self._zero, self._min)[..., :kv_len]
 
     def _plan_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
-                   starts: list[int], num_new: int,
-                   rows_batch: int) -> tuple[list[int], list[int]]:
+                   starts: list[int], num_new: int, rows_batch: int,
+                   trees: Sequence[Tree | None]) -> tuple[list[int], list[int]]:
         """Give every new token a pool row and lay out the step's index tensors on the host.
 
-        Returns ``host``: input ids, positions, pool rows, slot-table cells (each
-        ``[rows_batch * num_new]``; padding: last position, scratch row, scratch column; the
-        ``rows_batch - len(slots)`` padding sequences are the scratch slot at position 0), then
-        the ``rows_batch`` slots; ``token_rows``: the padded index of every new token.
+        Returns ``host``: input ids, positions, pool rows, slot-table cells, mask limits and
+        ancestor bits (:meth:`_mask`) (each ``[rows_batch * num_new]``; padding: last
+        position, scratch row, scratch column, last column, none; the ``rows_batch -
+        len(slots)`` padding sequences are the scratch slot at position 0), then the
+        ``rows_batch`` slots; ``token_rows``: the padded index of every new token.
         """
         width = self.max_model_len + 1
         padded = rows_batch * num_new
         host = self._scratch_plan(rows_batch, num_new)
-        host[4 * padded:4 * padded + len(slots)] = slots
+        host[LAYOUT_ROWS * padded:LAYOUT_ROWS * padded + len(slots)] = slots
         token_rows: list[int] = []
-        for b, (slot, ids) in enumerate(zip(slots, token_ids, strict=True)):
+        for b, (slot, ids, tree) in enumerate(zip(slots, token_ids, trees, strict=True)):
             start, n, base, pad = starts[b], len(ids), b * num_new, num_new - len(ids)
             rows = self._free_rows[-n:][::-1]  # ascending while the pool is unfragmented
             del self._free_rows[-n:]
@@ -354,13 +403,26 @@ class ModelRunner:
             self._ascending[slot] = self._ascending[slot] and rows == list(
                 range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
             held.extend(rows)
+            positions = [*range(start, start + n)]
+            limits = list(positions)
+            ancestors = [0] * n
+            if tree is not None:
+                first, parents = tree
+                root = start + first - 1  # the last column (and position) before the nodes
+                for j, parent in enumerate(parents):
+                    up = ancestors[first + parent] if parent >= 0 else 0
+                    ancestors[first + j] = up | 1 << j
+                    positions[first + j] = (positions[first + parent] if parent >= 0
+                                            else root) + 1
+                    limits[first + j] = root
             host[base:base + n] = ids
-            host[padded + base:padded + base + num_new] = [*range(start, start + n)] + [
-                start + n - 1] * pad
+            host[padded + base:padded + base + num_new] = positions + [positions[-1]] * pad
             host[2 * padded + base:2 * padded + base + n] = rows
             host[3 * padded + base:3 * padded + base + num_new] = [
                 slot * width + p for p in range(start, start + n)] + [
                 slot * width + self.cache.scratch_column] * pad
+            host[4 * padded + base:4 * padded + base + num_new] = limits + [limits[-1]] * pad
+            host[5 * padded + base:5 * padded + base + n] = ancestors
             token_rows.extend(range(base, base + n))
         return host, token_rows
 
@@ -370,7 +432,7 @@ class ModelRunner:
         padded = rows_batch * num_new
         cell = self.cache.scratch_slot * (self.max_model_len + 1) + self.cache.scratch_column
         return ([0] * (2 * padded) + [self.cache.scratch_row] * padded + [cell] * padded
-                + [self.cache.scratch_slot] * rows_batch)
+                + [0] * (2 * padded) + [self.cache.scratch_slot] * rows_batch)
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""
@@ -389,6 +451,28 @@ class ModelRunner:
                 raise ValueError(f"slot {slot}: token ids must be in [0, {self.vocab_size})")
             starts.append(start)
         return starts
+
+    @staticmethod
+    def _check_trees(trees: Sequence[Tree | None] | None,
+                     token_ids: Sequence[Sequence[int]]) -> list[Tree | None]:
+        """``trees`` validated (see :meth:`forward`), one per slot (None: all chains)."""
+        if trees is None:
+            return [None] * len(token_ids)
+        if len(trees) != len(token_ids):
+            raise ValueError(f"trees must have one entry per slot ({len(token_ids)}), got "
+                             f"{len(trees)}")
+        for ids, tree in zip(token_ids, trees, strict=True):
+            if tree is None:
+                continue
+            first, parents = tree
+            if (not 1 <= first <= len(ids) or len(parents) != len(ids) - first
+                    or len(parents) > MAX_TREE_NODES
+                    or any(not -1 <= p < j for j, p in enumerate(parents))):
+                raise ValueError(f"a tree (first={first}, parents={list(parents)}) must start "
+                                 f"after at least one token, give each of the {len(ids)} new "
+                                 f"tokens from first on (at most {MAX_TREE_NODES}) a parent -1 "
+                                 "or an earlier node")
+        return list(trees)
 
     @staticmethod
     def _check_logits_indices(logits_indices: Sequence[int], num_rows: int) -> list[int]:
