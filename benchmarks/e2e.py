@@ -34,7 +34,8 @@ from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  
 from engine import LLM  # noqa: E402
 
 # "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
-METHODS = ("ngram", "early_exit", "eagle", "ngram_eagle", "draft_model", "eager")
+METHODS = ("ngram", "early_exit", "eagle", "ngram_eagle", "draft_model", "eager",
+           "eagle_tree", "ngram_eagle_tree")  # (*_tree: the method with --draft-tree)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="every step verifies k drafts (adaptive_k off): the proposer alone")
     p.add_argument("--eagle-head", default=None,
                    help="draft head directory for method eagle (default: the shipped head)")
+    p.add_argument("--draft-tree", default="3,2",
+                   help="candidates per node at each depth for the *_tree methods (draft_tree)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
     p.add_argument("--kinds", default="copy,open")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
@@ -96,14 +99,16 @@ def cpu_name() -> str:
 def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
     if method in ("none", "eager"):
         return None
-    spec = {"method": method, "num_speculative_tokens": args.k}
+    spec = {"method": method.removesuffix("_tree"), "num_speculative_tokens": args.k}
+    if method.endswith("_tree"):
+        spec["draft_tree"] = [int(b) for b in args.draft_tree.split(",")]
     if args.fixed_k:
         spec["adaptive_k"] = False
     if method == "early_exit" and args.num_early_exit_layers is not None:
         spec["num_early_exit_layers"] = args.num_early_exit_layers
     if method == "draft_model":
         spec["model"] = args.draft_model
-    if method in ("eagle", "ngram_eagle") and args.eagle_head:
+    if spec["method"] in ("eagle", "ngram_eagle") and args.eagle_head:
         spec["model"] = args.eagle_head
     return spec
 

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.runner.loader import load_model  # noqa: E402
-from engine.runner.model_runner import ModelRunner  # noqa: E402
+from engine.runner.model_runner import ModelRunner, cache_argument  # noqa: E402
 
 # About Llama-3.2-1B's shapes: 1.24 B parameters.
 RANDOM_LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -91,12 +91,12 @@ def hf_step(model, batch: int, context: int, num_new: int):
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device),
-              past_key_values=cache, use_cache=True)
+              use_cache=True, **{cache_argument(model.base_model): cache})
     new = torch.randint(vocab, (batch, num_new), generator=gen).to(device)
 
     @torch.inference_mode()
     def step():
-        model(input_ids=new, past_key_values=cache, use_cache=True)
+        model(input_ids=new, use_cache=True, **{cache_argument(model.base_model): cache})
         for layer in cache.layers:  # roll back (DynamicCache.crop's sign convention changed)
             layer.keys, layer.values = layer.keys[:, :, :context], layer.values[:, :, :context]
 

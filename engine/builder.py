@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, tree_size
 from engine.runner.loader import load_model, load_tokenizer
 from engine.runner.model_runner import ModelRunner, attention_devices, execution_device
 from engine.runner.tensor_parallel import agreed_minimum, check_launch, lead_or_follow
@@ -182,7 +182,11 @@ def graph_max_new(config: EngineConfig) -> int:
     if config.enforce_eager or config.tensor_parallel_size > 1:
         return 0
     spec = config.speculative_config
-    return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    if spec is None:
+        return 1
+    if spec.draft_tree is not None:  # (a tree step verifies every node)
+        return 1 + tree_size(spec.draft_tree, spec.num_speculative_tokens)
+    return 1 + spec.num_speculative_tokens
 
 
 def build_components(config: EngineConfig) -> EngineComponents:

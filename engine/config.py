@@ -16,11 +16,25 @@ from typing import Any
 
 from engine.logprobs import LOGPROBS_MODES
 from engine.runner.loader import DTYPES
+from engine.runner.model_runner import MAX_TREE_NODES
 from proposers import available_proposers
 from proposers.ngram_table import MAX_N
 from samplers import MAX_SPEC_LEN, available_samplers
 
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
+
+
+TREE_METHODS = ("eagle", "ngram_eagle")  # the proposers that draft trees
+
+
+def tree_size(branching: list[int], depth: int) -> int:
+    """Nodes of a full draft tree of ``depth`` levels, ``branching[d]`` children per node at
+    level ``d`` (1 past the list's end)."""
+    total, width = 0, 1
+    for d in range(depth):
+        width *= branching[d] if d < len(branching) else 1
+        total += width
+    return total
 
 
 def _fail(cls: str, name: str, value: object, allowed: str) -> None:
@@ -89,6 +103,13 @@ class SpeculativeConfig:
     ``adaptive_probe_interval``: the longest wait, in steps, between two probes while drafting
     does not pay (a probe drafts anyway, to see whether acceptance came back; cheap probes come
     sooner).
+    ``draft_tree``: draft a *tree* instead of a chain (methods ``eagle`` and ``ngram_eagle``,
+    for the draft head's drafts): the number of candidates per node at each depth, e.g.
+    ``[3, 2]``: the head's 3 likeliest first drafts, the 2 likeliest second drafts after each,
+    then one per node down to ``num_speculative_tokens`` (3 + 6 + 6 + 6 = 21 nodes at k = 4).
+    One target forward verifies every node (each sees only its own branch) and the longest
+    branch the target agrees with is kept. Greedy requests without penalties, biases or
+    logprobs get trees; the others get the chain of the likeliest drafts. None: chains.
     """
 
     method: str = "ngram"
@@ -106,6 +127,7 @@ class SpeculativeConfig:
     verify_cost_per_token: float | None = None
     draft_cost_ratio: float | None = None
     adaptive_probe_interval: int = 16
+    draft_tree: list[int] | None = None
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"
@@ -147,6 +169,24 @@ class SpeculativeConfig:
         p = self.adaptive_probe_interval
         if not _is_int(p) or p < 1:
             _fail(name, "adaptive_probe_interval", p, "an integer >= 1")
+        self._check_tree()
+
+    def _check_tree(self) -> None:
+        tree = self.draft_tree
+        if tree is None:
+            return
+        allowed = (f"None or a list of at most num_speculative_tokens="
+                   f"{self.num_speculative_tokens} integers >= 1 (candidates per node at each "
+                   f"depth) with at most {MAX_TREE_NODES} nodes in all")
+        if not isinstance(tree, list | tuple) or not all(_is_int(b) and b >= 1 for b in tree):
+            _fail("SpeculativeConfig", "draft_tree", tree, allowed)
+        if self.method not in TREE_METHODS:
+            _fail("SpeculativeConfig", "draft_tree", tree,
+                  f"None with method={self.method!r} (trees: {' | '.join(TREE_METHODS)})")
+        self.draft_tree = list(tree)
+        if len(tree) > self.num_speculative_tokens or tree_size(
+                self.draft_tree, self.num_speculative_tokens) > MAX_TREE_NODES:
+            _fail("SpeculativeConfig", "draft_tree", tree, allowed)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpeculativeConfig:

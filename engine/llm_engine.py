@@ -48,11 +48,13 @@ from scheduler import ScheduledSequence, Scheduler, SpeculationPolicy
 class _Verified:
     """One sampling sequence's result, from verification to rollback."""
 
-    num_drafted: int
+    num_drafted: int  # drafts verified (a tree's nodes): its rows are num_drafted + 1
     num_accepted: int  # drafts the sampler accepted (before stop checks)
     num_tokens_before: int  # the sequence's tokens before this step's append
     first_row: int  # its first row among the step's kept logits rows
     kept: int = 0  # tokens appended (the stop checks may cut the accepted run)
+    depth: int = 0  # drafts as the controller and the metrics count them (a tree's levels)
+    path: list[int] | None = None  # a tree's accepted nodes, root's child first
 
 
 @dataclass
@@ -65,6 +67,8 @@ class _StepBatch:
     probs: list[torch.Tensor | None] = field(default_factory=list)
     # [batch_size] per item: how many of its drafts the proposer's evidence backs (None: all)
     backed: list[int | None] = field(default_factory=list)
+    # [batch_size] per item: its drafts' tree parents (``Proposal.parents``), None: a chain
+    trees: list[list[int] | None] = field(default_factory=list)
     free_kv_tokens: int | None = None  # the KV cache's free rows before this step
     failed: set[int] = field(default_factory=set)  # sampling indices whose logits are unusable
     verified: list[_Verified] = field(default_factory=list)  # [num sampling items]
@@ -82,6 +86,8 @@ class _StepBatch:
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
+    runner_trees: list | None = None  # the forward's trees (ModelRunner.forward), or None
+    tree_paths: dict[int, list[int]] = field(default_factory=dict)  # item -> accepted nodes
 
     @property
     def sampling(self) -> list[int]:
@@ -95,6 +101,45 @@ class _StepBatch:
         self.drafts = [self.drafts[i] for i in keep]
         self.probs = [self.probs[i] for i in keep]
         self.backed = [self.backed[i] for i in keep]
+        self.trees = [self.trees[i] for i in keep]
+
+    def levels(self) -> list[list[int]]:
+        """Each item's drafts, a tree's as one per level (how the controller counts them: it
+        chooses a tree's depth, and a tree step's time is that depth's)."""
+        if not any(self.trees):
+            return self.drafts
+        return [d if t is None else [0] * tree_depth(t) for d, t in zip(self.drafts, self.trees,
+                                                                       strict=True)]
+
+    def depth(self, i: int) -> int:
+        """Item ``i``'s drafts as the controller counts them: a tree's levels."""
+        tree = self.trees[i]
+        return len(self.drafts[i]) if tree is None else tree_depth(tree)
+
+
+def tree_depth(parents: list[int]) -> int:
+    """Levels of a tree given by its nodes' parents (a parent before its children)."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return max(depths, default=0)
+
+
+def pruned_tree(drafts: list[int], parents: list[int], depth: int,
+                max_nodes: int) -> tuple[list[int], list[int]]:
+    """The nodes of a draft tree within ``depth`` levels, at most ``max_nodes`` of them (a
+    prefix of those: parents come first), renumbered."""
+    index: dict[int, int] = {}
+    depths: list[int] = []
+    kept, kept_parents = [], []
+    for j, (token, p) in enumerate(zip(drafts, parents, strict=True)):
+        d = 1 if p < 0 else depths[p] + 1
+        depths.append(d)
+        if d <= depth and len(kept) < max_nodes and (p < 0 or p in index):
+            index[j] = len(kept)
+            kept.append(token)
+            kept_parents.append(-1 if p < 0 else index[p])
+    return kept, kept_parents
 
 
 def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any) -> None:
@@ -285,6 +330,7 @@ class LLMEngine:
         batch.drafts = [[] for _ in batch.items]
         batch.probs = [None for _ in batch.items]
         batch.backed = [None for _ in batch.items]
+        batch.trees = [None for _ in batch.items]
         wanted = [i for i, item in enumerate(batch.items) if item.num_spec_tokens > 0]
         if not wanted or self.proposer is None:
             return
@@ -295,23 +341,62 @@ class LLMEngine:
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
                            seq.params, seq.generator,
-                           seq.adjuster.adjust_prefix if seq.adjuster.active else None)
+                           seq.adjuster.adjust_prefix if seq.adjuster.active else None,
+                           tree=self._tree_ok(seq))
             for i in wanted for seq in [batch.items[i].seq]])
-        keep = self.spec_policy.kept_drafts([batch.items[i] for i in wanted],
-                                            proposal.draft_token_ids, proposal.num_backed,
+        trees = proposal.parents or [None] * len(wanted)
+        # (a tree counts as its levels: the controller chooses how deep it goes)
+        levels = [d if t is None else [0] * tree_depth(t)
+                  for d, t in zip(proposal.draft_token_ids, trees, strict=True)]
+        backed = proposal.num_backed
+        if backed is not None and proposal.parents is not None:
+            backed = [b if t is None else len(d) for b, t, d in zip(backed, trees, levels,
+                                                                    strict=True)]
+        keep = self.spec_policy.kept_drafts([batch.items[i] for i in wanted], levels, backed,
                                             batch.free_kv_tokens)
         offset = 0
         for j, (i, proposed, k) in enumerate(zip(wanted, proposal.draft_token_ids, keep,
                                                  strict=True)):
+            if trees[j] is not None:
+                continue
             batch.drafts[i] = list(proposed)[:k]
-            if proposal.num_backed is not None:
-                batch.backed[i] = min(proposal.num_backed[j], k)
+            if backed is not None:
+                batch.backed[i] = min(backed[j], k)
             if proposal.draft_probs is not None:
                 batch.probs[i] = proposal.draft_probs[offset:offset + len(batch.drafts[i])]
             offset += len(proposed)
+        self._keep_trees(batch, wanted, proposal.draft_token_ids, trees, keep)
         batch.propose_s = time.perf_counter() - start
         batch.typical_proposal = not batch.first_proposal and self.proposer.last_proposal_steady
-        batch.num_draft_steps = max(len(d) for d in proposal.draft_token_ids)
+        batch.num_draft_steps = max(map(len, levels))
+
+    def _tree_ok(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may verify a draft tree: greedy, with nothing that makes a position's
+        logits depend on the drafts before it (penalties, bias, bad words, min tokens) and no
+        logprobs (their rows would be the tree's)."""
+        return (self.config.speculative_config is not None
+                and self.config.speculative_config.draft_tree is not None
+                and seq.params.greedy and not seq.adjuster.active
+                and seq.params.logprobs is None)
+
+    def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],
+                    trees: list[list[int] | None], keep: list[int]) -> None:
+        """The trees' nodes within the levels the controller kept, within the KV cache's
+        spare rows after every chain's drafts (as ``kept_drafts`` cuts chains), and within the
+        sequence's columns (``max_model_len``: every node takes one until verification)."""
+        if not any(trees):
+            return
+        spare = (batch.free_kv_tokens if batch.free_kv_tokens is not None else 1 << 62) - sum(
+            item.num_context_tokens + len(d) for item, d in zip(batch.items, batch.drafts,
+                                                                 strict=True))
+        for j, (i, tree) in enumerate(zip(wanted, trees, strict=True)):
+            if tree is None:
+                continue
+            room = self.max_model_len - batch.items[i].seq.num_tokens
+            nodes, parents = pruned_tree(drafts[j], tree, keep[j], max(min(spare, room), 0))
+            spare -= len(nodes)
+            if nodes:
+                batch.drafts[i], batch.trees[i] = nodes, parents
 
     def _observe(self, batch: _StepBatch) -> None:
         """On a GPU, while the forward runs: a proposer that indexes the text and was not asked
@@ -339,7 +424,8 @@ class LLMEngine:
         while batch.items:
             slots, tokens, logits_indices, num_kept = self._plan_forward(batch)
             try:
-                logits = self.runner.forward(slots, tokens, logits_indices)
+                logits = self.runner.forward(slots, tokens, logits_indices,
+                                             trees=batch.runner_trees)
             except KVCacheFull:
                 self._preempt_one(batch)
                 continue
@@ -357,7 +443,7 @@ class LLMEngine:
         logits are kept (each sampling sequence's last context position and its drafts), and
         after them the rows of prompt positions whose logprobs were asked for; with the number
         of kept rows."""
-        slots, tokens, kept, prompt = [], [], [], []
+        slots, tokens, kept, prompt, trees = [], [], [], [], []
         batch.prompt_rows = []
         offset = 0
         for i, (item, drafts) in enumerate(zip(batch.items, batch.drafts, strict=True)):
@@ -366,6 +452,8 @@ class LLMEngine:
             new = seq.all_token_ids[start:start + item.num_context_tokens] + drafts
             slots.append(seq.slot)
             tokens.append(new)
+            tree = batch.trees[i] if batch.trees else None
+            trees.append(None if tree is None else (item.num_context_tokens, tree))
             if item.samples:
                 kept.extend(range(offset + len(new) - len(drafts) - 1, offset + len(new)))
             first = seq.next_prompt_logprob_position  # (None: nothing asked, or all there)
@@ -374,6 +462,7 @@ class LLMEngine:
                 prompt.extend(range(offset + first - start, offset + last - start))
                 batch.prompt_rows.append((i, last - first))
             offset += len(new)
+        batch.runner_trees = trees if any(trees) else None
         return slots, tokens, kept + prompt, len(kept)
 
     def _record_prompt_logprobs(self, batch: _StepBatch, logits: torch.Tensor) -> None:
@@ -457,15 +546,75 @@ class LLMEngine:
         mode = self.config.logprobs_mode
         if mode.startswith("processed") and any(s.params.logprobs is not None for s in seqs):
             batch.logprob_logits = logits.clone()  # [num_rows, vocab_size], adjusted
-        sampler = self.sampler
-        if self.greedy_sampler is not None and sampling.all_greedy:
-            sampler = self.greedy_sampler  # the argmax match, without the probability work
-        tokens = sampler.verify(logits, metadata, sampling, draft_probs).tolist()
+        if batch.runner_trees is None:
+            tokens = self._sampler_for(sampling).verify(logits, metadata, sampling,
+                                                        draft_probs).tolist()
+        else:
+            tokens = self._verify_trees(batch, logits, seqs, drafts)
         batch.verified_at = time.perf_counter()  # forward + verify done (synchronised)
         values = batch.logprob_logits
         if values is not None and mode.startswith("processed"):
             values = process_logits(values, sampling, [len(d) + 1 for d in drafts])
         return tokens, None if values is None else to_values(values, mode)
+
+    def _sampler_for(self, sampling: SamplingTensors):
+        if self.greedy_sampler is not None and sampling.all_greedy:
+            return self.greedy_sampler  # the argmax match, without the probability work
+        return self.sampler
+
+    def _verify_trees(self, batch: _StepBatch, logits: torch.Tensor, seqs: list[Sequence],
+                      drafts: list[list[int]]) -> list[list[int]]:
+        """5, with draft trees: the chains' rows go through the sampler as in a step without
+        trees; each tree (greedy by construction: ``_tree_ok``) keeps the longest branch whose
+        every node is the target's argmax after its parent, then the argmax after the last
+        one. Its accepted nodes are kept in ``batch.tree_paths``."""
+        bounds, row = [], 0
+        for d in drafts:  # (each sampling sequence's rows: its last context position, drafts)
+            bounds.append((row, row + len(d) + 1))
+            row += len(d) + 1
+        trees = [batch.trees[i] for i in batch.sampling]
+        out: list[list[int]] = [[] for _ in seqs]
+        chains = [j for j, t in enumerate(trees) if t is None]
+        if chains:
+            rows = torch.tensor([r for j in chains for r in range(*bounds[j])],
+                                device=logits.device)
+            sampling = SamplingTensors.from_params(
+                [seqs[j].params for j in chains], [seqs[j].generator for j in chains],
+                self.device, self.generator)
+            verified = self._sampler_for(sampling).verify(
+                logits.index_select(0, rows),
+                SpecDecodeMetadata.from_lists([drafts[j] for j in chains], self.device),
+                sampling, None).tolist()
+            for j, t in zip(chains, verified, strict=True):
+                out[j] = t
+        tree_js = [j for j, t in enumerate(trees) if t is not None]
+        rows = torch.tensor([r for j in tree_js for r in range(*bounds[j])], device=logits.device)
+        picked = logits.index_select(0, rows)  # [tree rows, vocab_size]
+        # (one sync: each row's argmax and whether the row is usable)
+        best, finite = torch.stack([picked.argmax(dim=1),
+                                    torch.isfinite(picked.amax(dim=1)).long()]).tolist()
+        offset = 0
+        for j in tree_js:
+            nodes, parents = drafts[j], trees[j]
+            n = len(nodes) + 1
+            if not all(finite[offset:offset + n]):
+                out[j] = [INVALID_TOKEN_ID]
+                offset += n
+                continue
+            children: dict[int, list[int]] = {}
+            for c, p in enumerate(parents):
+                children.setdefault(p, []).append(c)
+            path, node = [], -1
+            while True:
+                target = best[offset + node + 1]  # (row 0: the root; node c: row c + 1)
+                node = next((c for c in children.get(node, ()) if nodes[c] == target), None)
+                if node is None:
+                    break
+                path.append(node)
+            out[j] = [nodes[c] for c in path] + [target]
+            batch.tree_paths[batch.sampling[j]] = path
+            offset += n
+        return out
 
     def _append_and_stop(self, batch: _StepBatch, tokens: list[list[int]],
                          logprob_rows: torch.Tensor | None) -> list[Sequence]:
@@ -476,7 +625,8 @@ class LLMEngine:
             seq, num_drafted = batch.items[i].seq, len(batch.drafts[i])
             first, row = row, row + num_drafted + 1  # this sequence's logits rows
             new_tokens = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
-            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens, first)
+            result = _Verified(num_drafted, len(new_tokens) - 1, seq.num_tokens, first,
+                               depth=batch.depth(i), path=batch.tree_paths.get(i))
             batch.verified.append(result)
             if j in batch.failed or (out and out[0] == INVALID_TOKEN_ID):
                 seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
@@ -507,6 +657,7 @@ class LLMEngine:
         hidden = self.runner.all_hidden  # [total_new_tokens, hidden_size]
         results = dict(zip(batch.sampling, batch.verified, strict=True))
         updates, offset = [], 0
+        gather: list[int] = []  # with trees: every update's rows, in update order
         for i, item in enumerate(batch.items):
             seq, start = item.seq, offset
             offset += item.num_context_tokens + len(batch.drafts[i])
@@ -517,7 +668,18 @@ class LLMEngine:
             # (a chunk that does not sample has already counted its tokens as computed)
             first = (result.num_tokens_before if result else seq.num_computed_tokens) \
                 - item.num_context_tokens
+            if batch.runner_trees is not None:
+                rows = list(range(start, start + item.num_context_tokens))
+                if result is not None and result.path is not None:  # the accepted branch's
+                    rows += [start + item.num_context_tokens + c
+                             for c in result.path[:result.num_accepted]]
+                else:
+                    rows = list(range(start, start + count))
+                start = len(gather)
+                gather += rows
             updates.append(FeatureUpdate(seq.seq_id, first, count, seq.all_token_ids, start))
+        if gather and hidden is not None:
+            hidden = hidden.index_select(0, torch.tensor(gather, device=hidden.device))
         if updates and hidden is not None:  # (each update names its rows: no gather, no copy)
             self.proposer.on_features(updates, hidden)
 
@@ -529,7 +691,7 @@ class LLMEngine:
         done = [(i, r) for i, r in zip(batch.sampling, batch.verified, strict=True)
                 if batch.items[i].seq.finish_reason != "error"]
         self.spec_policy.update([batch.items[i].seq for i, _ in done],
-                                [r.num_drafted for _, r in done],
+                                [r.depth for _, r in done],
                                 [r.num_accepted for _, r in done],
                                 [batch.backed[i] for i, _ in done])
 
@@ -541,6 +703,8 @@ class LLMEngine:
             if seq.is_finished:
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
+            if result.path is not None:  # (the accepted branch's nodes, next to the context)
+                self.runner.keep_path(seq.slot, result.num_tokens_before, result.path)
             self.runner.truncate(seq.slot, seq.num_computed_tokens)
             if result.num_drafted and self.proposer is not None:
                 self.proposer.on_accepted(
@@ -549,7 +713,7 @@ class LLMEngine:
     def _account(self, seq: Sequence, result: _Verified) -> None:
         now = time.perf_counter()
         m = seq.metrics
-        m.num_drafted += result.num_drafted
+        m.num_drafted += result.depth  # (a tree: its levels, the most it can accept)
         m.num_accepted += result.num_accepted
         m.num_steps += 1
         m.num_generated += result.kept
@@ -557,7 +721,7 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.metrics.record_request_step(result.num_drafted, result.num_accepted, result.kept)
+        self.metrics.record_request_step(result.depth, result.num_accepted, result.kept)
 
     def _record(self, batch: _StepBatch, start: float) -> None:
         """The step's timings, for the metrics and the speculation controller's step costs
@@ -567,7 +731,7 @@ class LLMEngine:
         self._proposed_last_step = batch.proposed or batch.observed
         if (batch.verified_at and self.runner.last_step_steady
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
-            self.spec_policy.record_step(batch.items, batch.drafts,
+            self.spec_policy.record_step(batch.items, batch.levels(),
                                          end - start - batch.propose_s,
                                          batch.propose_s if batch.typical_proposal else None)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,

@@ -43,6 +43,9 @@ class ProposeRequest:
     sampling_params: SamplingParams
     generator: torch.Generator | None = None
     adjust_logits: AdjustLogits | None = None
+    # the engine verifies a draft *tree* for this request (greedy, nothing that makes a
+    # position's logits depend on the drafts before it): see ``Proposal.parents``
+    tree: bool = False
 
     def __post_init__(self) -> None:
         k = self.num_spec_tokens
@@ -64,12 +67,18 @@ class Proposal:
     ``num_backed[i]``, when given, is how many of request ``i``'s leading drafts the proposer's
     own evidence backs (an n-gram match of n tokens backs n); the rest are cheap guesses that an
     adaptive engine verifies only where the step pays for them anyway. None: all are backed.
+    ``parents[i]``, when given and not None (only for a request asked with ``tree``): request
+    ``i``'s drafts are the nodes of a tree, a parent before its children; ``parents[i][j]`` is
+    the index of draft ``j``'s parent among them, -1 for a child of the context's last token.
+    The nodes at depth ``d`` are candidates for the ``d``-th token: a tree of depth ``k`` counts
+    as ``k`` drafts for ``num_spec_tokens``.
     """
 
     draft_token_ids: list[list[int]]
     # [num_tokens, vocab_size] float32, or None for one-hot drafts
     draft_probs: torch.Tensor | None = None
     num_backed: list[int] | None = None  # [batch_size], each <= len(draft_token_ids[i])
+    parents: list[list[int] | None] | None = None  # [batch_size] (see above)
 
     @property
     def num_tokens(self) -> int:

@@ -27,6 +27,7 @@ model (:data:`DEFAULT_HEAD_DIR`). Training: ``examples/train_draft_head.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,12 @@ class DraftHeadProposer(Proposer):
 
     def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, max_pending: int,
-                 graphs: bool = False, capture: bool = True) -> None:
+                 graphs: bool = False, capture: bool = True,
+                 tree: list[int] | None = None) -> None:
         self.head, self.embed, self.lm_head = head, embed, lm_head
+        # candidates per node at each depth (1 past the list), or None: chains only
+        self.branching = None if tree is None else list(tree)
+        self._trees: dict[int, DraftTree] = {}  # depth -> its tree's static layout
         self.vocab_size, self.max_pending = vocab_size, max_pending
         self._readout_weight = self._readout_bias = self._vocab = None
         if head.vocab is not None:  # the draft vocabulary's rows of the output head
@@ -83,8 +88,11 @@ class DraftHeadProposer(Proposer):
             if lm_head.bias is not None:
                 self._readout_bias = lm_head.bias.detach()[self._vocab]
         weight = head.fc.weight
+        # (a tree's nodes sit past the newest pair, in node order)
+        room = max_pending if tree is None else max_pending + DraftTree(
+            tree, max_pending - 1, weight.device).num_nodes
         self.cache = HeadKVCache(max_num_seqs, head.num_kv_heads, head.head_dim, weight.dtype,
-                                 weight.device, max_model_len + max_pending + 1)
+                                 weight.device, max_model_len + room + 1)
         self._pending: dict[str | int, _Pending] = {}
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = HeadGraphs(weight.device, capture) if graphs else None
@@ -164,6 +172,14 @@ class DraftHeadProposer(Proposer):
         logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
         return self._vocab[logits.argmax(dim=-1)]  # [batch]: full token ids
 
+    def _candidates(self, feature: torch.Tensor, count: int) -> torch.Tensor:
+        """The ``count`` likeliest drafts ``[..., count]`` (likeliest first) of each ``feature
+        [..., hidden_size]``, as :meth:`_readout` reads them out."""
+        if self._vocab is None:
+            return self.lm_head(feature)[..., :self.vocab_size].topk(count, dim=-1).indices
+        logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
+        return self._vocab[logits.topk(count, dim=-1).indices]
+
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         drafts: list[list[int]] = [[] for _ in requests]
@@ -185,24 +201,44 @@ class DraftHeadProposer(Proposer):
             slots.append(self.cache.slot_of[req_id])
             last_pos.append(start + n - 1)
         generation = self.cache.generation
-        self._ensure(max(last_pos) + steps + 1)
-        num_keys = max(last_pos) + steps
+        tree = None
+        if self.branching is not None and any(requests[i].tree for i in ready):
+            tree = self._tree(steps)
+        width = steps if tree is None else tree.num_nodes  # drafts per request
+        self._ensure(max(last_pos) + width + 1)
+        num_keys = max(last_pos) + width + (tree is not None)
+        body = self._draft if tree is None else partial(self._draft_tree, tree=tree)
         if self.graphs is None:
-            out = self._draft(torch.cat(feats).to(self.cache.dtype),
-                              *self._index(tokens, row_slots, row_pos, last_rows, slots,
-                                           last_pos), steps=steps, num_keys=num_keys)
+            out = body(torch.cat(feats).to(self.cache.dtype),
+                       *self._index(tokens, row_slots, row_pos, last_rows, slots, last_pos),
+                       steps=steps, num_keys=num_keys)
         else:
             out = self._draft_graphed(feats, tokens, row_slots, row_pos, last_rows, slots,
-                                      last_pos, steps, num_keys)
+                                      last_pos, steps, num_keys, body, tree)
         self.last_proposal_steady = generation == self.cache.generation and (
             self.graphs is None or self.graphs.last_steady)
         for i in ready:
             req_id = requests[i].req_id
             self.cache.length[req_id] += len(self._pending[req_id].tokens)
             self._pending[req_id] = _Pending()
+        if tree is None:
+            for row, i in zip(out[:len(ready)].tolist(), ready, strict=True):
+                drafts[i] = row[:requests[i].num_spec_tokens]
+            return Proposal(drafts, None)
+        parents: list[list[int] | None] = [None] * len(requests)
         for row, i in zip(out[:len(ready)].tolist(), ready, strict=True):
-            drafts[i] = row[:requests[i].num_spec_tokens]
-        return Proposal(drafts, None)
+            k = requests[i].num_spec_tokens
+            if requests[i].tree:  # (its first k levels: a prefix in level order)
+                drafts[i], parents[i] = row[:tree.sizes[k]], tree.parents[:tree.sizes[k]]
+            else:  # the likeliest child of each likeliest node: the chain
+                drafts[i] = [row[j] for j in tree.chain[:k]]
+        return Proposal(drafts, None, parents=parents)
+
+    def _tree(self, depth: int) -> DraftTree:
+        tree = self._trees.get(depth)
+        if tree is None:
+            tree = self._trees[depth] = DraftTree(self.branching, depth, self.cache.device)
+        return tree
 
     def _ready(self, req_id: str | int, num_tokens: int) -> bool:
         """Its features reach the newest token (every position before it is verified)."""
@@ -217,7 +253,8 @@ class DraftHeadProposer(Proposer):
 
     def _draft_graphed(self, feats: list[torch.Tensor], tokens: list[int], row_slots: list[int],
                        row_pos: list[int], last_rows: list[int], slots: list[int],
-                       last_pos: list[int], steps: int, num_keys: int) -> torch.Tensor:
+                       last_pos: list[int], steps: int, num_keys: int, body,
+                       tree: DraftTree | None) -> torch.Tensor:
         """:meth:`_draft` padded to its layout's static shapes, through :class:`HeadGraphs`:
         padding rows write into the scratch slot and query its position 0."""
         batch = _pow2(len(slots))
@@ -232,9 +269,9 @@ class DraftHeadProposer(Proposer):
                             row_pos + [0] * pad, last_rows + [0] * pad_b,
                             slots + [scratch] * pad_b, last_pos + [0] * pad_b)
         features = torch.cat(feats + [feats[0].new_zeros((pad, feats[0].shape[-1]))])
-        key = (batch, steps, num_keys)
+        key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
-            key, lambda *a: self._draft(*a, steps=steps, num_keys=num_keys),
+            key, lambda *a: body(*a, steps=steps, num_keys=num_keys),
             [features.to(self.cache.dtype), *index])[:len(slots)]
 
     def _draft(self, features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
@@ -263,6 +300,86 @@ class DraftHeadProposer(Proposer):
         return torch.stack(out, dim=1)  # [batch, steps]
 
 
+    def _draft_tree(self, features: torch.Tensor, tokens: torch.Tensor,
+                    row_slots: torch.Tensor, row_pos: torch.Tensor, last_rows: torch.Tensor,
+                    slots: torch.Tensor, last_pos: torch.Tensor, steps: int, num_keys: int,
+                    tree: DraftTree) -> torch.Tensor:
+        """:meth:`_draft` for a tree of ``steps`` levels: the same writes, then level by level
+        every node of the level queries the head (seeing the verified pairs and its own
+        ancestors) and its children are its likeliest drafts. Node ``j``'s key is written at
+        column ``last_pos + 1 + j``, rotated to its own position ``last_pos + depth``:
+        ``[batch, num_nodes]`` tokens in level order."""
+        head, cache = self.head, self.cache
+        x = head.inputs(features, self.embed(tokens))  # [rows, hidden_size]
+        cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
+        batch = slots.shape[0]
+        x = x[last_rows][:, None]  # [batch, 1, hidden_size]: the newest pair queries first
+        key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
+        rel = key_pos[None, :] - last_pos[:, None] - 1  # [batch, num_keys] node of a column
+        in_tree = (rel >= 0) & (rel < tree.num_nodes)  # [batch, num_keys]
+        rel = rel.clamp(0, tree.num_nodes - 1)[:, None, :]  # [batch, 1, num_keys]
+        keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
+        out, queries = [], None  # queries: the level's node indices (None: the root)
+        for level in range(steps):
+            if queries is None:
+                mask = key_pos[None, None, :] <= last_pos[:, None, None]  # [batch, 1, keys]
+            else:
+                anc = tree.ancestors[queries]  # [q, num_nodes] own column and ancestors'
+                seen = anc[None].expand(batch, -1, -1).gather(
+                    2, rel.expand(-1, len(queries), -1))  # [batch, q, num_keys]
+                mask = (key_pos[None, None, :] <= last_pos[:, None, None]) | (
+                    seen & in_tree[:, None])
+            pos = last_pos[:, None] + level  # [batch, 1]: the queries' position
+            feature = head.attend(x, pos.expand(-1, x.shape[1]), keys, values,
+                                  mask)  # [batch, q, hidden_size]
+            branch = tree.branching[level]
+            children = self._candidates(feature, branch)  # [batch, q, branch]
+            out.append(children.flatten(1))
+            if level + 1 == steps:
+                break
+            x = head.inputs(feature.repeat_interleave(branch, dim=1),
+                            self.embed(children.flatten(1)))  # [batch, q * branch, hidden]
+            nodes = tree.levels[level]  # the children's node indices
+            cols = last_pos[:, None] + 1 + nodes[None, :]  # [batch, q * branch]
+            k, v = head.keys_values(x, pos + 1)
+            cache.keys[slots[:, None], cols] = k
+            cache.values[slots[:, None], cols] = v
+            keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
+            queries = nodes
+        return torch.cat(out, dim=1)  # [batch, num_nodes]
+
+
+class DraftTree:
+    """The static layout of a full draft tree of ``depth`` levels, ``branching[d]`` children
+    per node at level ``d`` (1 past the list), nodes numbered level by level, a parent's
+    children together, likeliest first: ``parents`` (-1: the root), ``sizes[k]`` (nodes in
+    the first ``k`` levels: a prefix), ``chain`` (each level's first node: the likeliest
+    chain), ``levels[d]`` (the node indices at depth ``d + 1``, a tensor) and ``ancestors
+    [num_nodes, num_nodes]`` (bool: node ``j`` is node ``i`` or one of its ancestors)."""
+
+    def __init__(self, branching: list[int], depth: int, device: torch.device) -> None:
+        self.branching = [branching[d] if d < len(branching) else 1 for d in range(depth)]
+        self.parents: list[int] = []
+        self.sizes = [0]
+        self.chain: list[int] = []
+        levels, above = [], [-1]
+        for b in self.branching:
+            first = len(self.parents)
+            self.parents += [p for p in above for _ in range(b)]
+            above = list(range(first, len(self.parents)))
+            levels.append(above)
+            self.sizes.append(len(self.parents))
+            self.chain.append(first)
+        self.num_nodes = len(self.parents)
+        anc = torch.zeros((self.num_nodes, self.num_nodes), dtype=torch.bool)
+        for j, p in enumerate(self.parents):
+            anc[j, j] = True
+            if p >= 0:
+                anc[j] |= anc[p]
+        self.ancestors = anc.to(device)
+        self.levels = [torch.tensor(nodes, device=device) for nodes in levels]
+
+
 @register_proposer("eagle")
 def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     """``SpeculativeConfig.model``: a head directory (None: the one shipped for the default
@@ -279,4 +396,4 @@ def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     return DraftHeadProposer(head, target.get_input_embeddings(),
                              target.get_output_embeddings(), ctx.vocab_size, ctx.max_num_seqs,
                              ctx.max_model_len, config.num_speculative_tokens + 1,
-                             graphs=ctx.cuda_graphs)
+                             graphs=ctx.cuda_graphs, tree=config.draft_tree)

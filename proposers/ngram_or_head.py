@@ -59,12 +59,14 @@ class NgramOrHeadProposer(Proposer):
         backed = list(copied.num_backed or [len(d) for d in drafts])
         rest = [i for i, r in enumerate(requests)
                 if r.num_spec_tokens > 0 and backed[i] < MIN_MATCH]
+        parents: list[list[int] | None] = [None] * len(requests)
         if rest:
             guessed = self.head.propose([requests[i] for i in rest])
-            for i, row in zip(rest, guessed.draft_token_ids, strict=True):
+            trees = guessed.parents or [None] * len(rest)
+            for i, row, tree in zip(rest, guessed.draft_token_ids, trees, strict=True):
                 if row:  # (a head not ready for a request keeps n-gram's guess)
-                    drafts[i], backed[i] = row, len(row)
-        return Proposal(drafts, None, backed)
+                    drafts[i], backed[i], parents[i] = row, len(row), tree
+        return Proposal(drafts, None, backed, parents if any(parents) else None)
 
 
 @register_proposer("ngram_eagle")

@@ -5,12 +5,17 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
 
 - ``position_ids [batch_size, num_new]``: each token's own position ``seq_len(slot) + t``
   (padding repeats the sequence's last position, so absolute position tables stay in range);
-- ``past_key_values``: a :class:`~engine.runner.kv_cache.PagedKVCache`, whose ``update`` writes the
+- ``past_key_values`` (``cache`` in recent transformers): a
+  :class:`~engine.runner.kv_cache.PagedKVCache`, whose ``update`` writes the
   new keys and values into preallocated token pools and returns each sequence's cached tokens
   gathered ``[batch_size, heads, kv_len, head_dim]`` in position order;
 - ``attention_mask [batch_size, 1, num_new, kv_len]``: key column ``j`` is visible to a token at
   position ``p`` iff ``j <= p``. transformers passes a prepared 4-D mask through as is, so the
   mask covers causality, the columns past each sequence's length, and rows of other lengths.
+  A *draft tree* (``forward(trees=...)``) puts its nodes in columns of their own after the
+  context, each at its parent's position + 1 and seeing only its ancestors' columns
+  (:meth:`ModelRunner._mask`); :meth:`ModelRunner.keep_path` then points the slot's columns at
+  the accepted branch (no keys or values move).
   A *uniform* step (every sequence has the same length and brings the same number of tokens,
   e.g. batch 1) passes no mask: transformers builds the causal mask itself from the cache's
   ``get_query_offset`` / ``get_mask_sizes``, and ``sdpa`` skips it for a decode step or a prefill
@@ -37,6 +42,7 @@ tracks the tokens kept.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -77,6 +83,14 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
         if isinstance(layers, nn.ModuleList):
             return layers
     raise ValueError(f"{type(model).__name__} has no decoder layer list (layers or h)")
+
+
+def cache_argument(module: nn.Module) -> str:
+    """The name under which ``module.forward`` takes its KV cache: ``cache`` in recent
+    transformers (5.24 warns on every forward given ``past_key_values``), else
+    ``past_key_values``."""
+    parameters = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def execution_device(module: nn.Module) -> torch.device:
@@ -142,6 +156,7 @@ class ModelRunner:
             raise ValueError(f"max_model_len must be <= n_positions={max_positions} for "
                              f"{config.model_type}, got {max_model_len}")
         self.model = model.eval()
+        self._cache_arg = cache_argument(model.base_model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         tp = _positive("tensor_parallel_size", tensor_parallel_size)
         # oneDNN-packed on CPU in float32 (a tensor-parallel head gathers the logits: its own)
@@ -346,7 +361,7 @@ class ModelRunner:
                 self._linears.use(padded):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                past_key_values=self.cache, use_cache=True).last_hidden_state
+                use_cache=True, **{self._cache_arg: self.cache}).last_hidden_state
         return hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
 
     def _to_device(self, values: list[int]) -> torch.Tensor:

@@ -34,14 +34,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.runner.model_runner import KVCacheFull, ModelRunner
+from engine.runner.model_runner import KVCacheFull, ModelRunner, Tree
 
 __all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow"]
 
 # A message: the calls a follower replays, in order, as (method name, positional arguments).
 Calls = list[tuple[str, tuple]]
 STOP = "stop"
-_MUTATING = ("allocate_slot", "free_slot", "truncate")
+_MUTATING = ("allocate_slot", "free_slot", "truncate", "keep_path")
 
 _GROUP: list[Any] = []  # the control group, made once per process
 
@@ -125,13 +125,19 @@ class LeaderRunner:
     def truncate(self, slot: int, length: int) -> None:
         self._record("truncate", (slot, length))
 
+    def keep_path(self, slot: int, first: int, path: Sequence[int]) -> None:
+        self._record("keep_path", (slot, first, list(path)))
+
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
-                logits_indices: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+                logits_indices: Sequence[int] | torch.Tensor | None = None,
+                trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
         """Send the recorded calls and this forward to the followers, then run it here."""
         if isinstance(logits_indices, torch.Tensor):
             logits_indices = logits_indices.tolist()
         args = (list(slots), [list(t) for t in token_ids],
-                None if logits_indices is None else list(logits_indices))
+                None if logits_indices is None else list(logits_indices),
+                None if trees is None else [None if t is None else (t[0], list(t[1]))
+                                            for t in trees])
         self._send([*self._pending, ("forward", args)])
         self._pending = []
         return self._runner.forward(*args)

@@ -1,0 +1,188 @@
+"""Draft trees (``SpeculativeConfig.draft_tree``): the head's tree against a written-out
+oracle, and greedy output equal to Hugging Face's when the engine verifies trees (batches,
+staggered arrivals, chunked prefill and preemption, requests that get chains beside them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config import SpeculativeConfig
+from engine.llm_engine import pruned_tree, tree_depth
+from proposers.base import ProposeRequest
+from proposers.draft_head import DraftTree
+from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
+from tests.proposers.test_draft_head import (
+    VOCAB,
+    feed,
+    head_dir,  # noqa: F401 - a fixture
+    hidden_of,
+    make_proposer,
+    random_head,
+    target,  # noqa: F401 - a fixture
+)
+
+
+def oracle_children(head, embed, lm_head, features, tokens, branch, count) -> list[int]:
+    """Written out: the head over the whole context's pairs as one causal sequence, then the
+    branch's tokens fed one by one with the previous prediction (no cache, no tree mask);
+    the ``count`` likeliest next tokens after the branch."""
+    feats, toks = list(features), list(tokens[1:])
+    with torch.no_grad():
+        for step in range(len(branch) + 1):
+            n = len(toks)
+            x = head.inputs(torch.stack(feats)[None], embed(torch.tensor([toks])))
+            pos = torch.arange(n)[None]
+            k, v = head.keys_values(x, pos)
+            causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+            pred = head.attend(x, pos, k, v, causal)[0, -1]
+            if step == len(branch):
+                return lm_head(pred).topk(count).indices.tolist()
+            feats.append(pred)
+            toks.append(branch[step])
+    raise AssertionError("unreachable")
+
+
+def test_tree_layout():
+    tree = DraftTree([3, 2], 4, torch.device("cpu"))
+    assert tree.num_nodes == 3 + 6 + 6 + 6 and tree.sizes == [0, 3, 9, 15, 21]
+    assert tree.parents[:9] == [-1, -1, -1, 0, 0, 1, 1, 2, 2]
+    assert tree.parents[9:15] == [3, 4, 5, 6, 7, 8] and tree.chain == [0, 3, 9, 15]
+    assert tree.ancestors[15].nonzero().flatten().tolist() == [0, 3, 9, 15]
+    assert tree_depth(tree.parents) == 4 and tree_depth([-1, -1]) == 1
+    # within 2 levels, then within 4 nodes (a prefix: parents first)
+    assert pruned_tree(list(range(21)), tree.parents, 2, 99) == (
+        list(range(9)), tree.parents[:9])
+    assert pruned_tree(list(range(21)), tree.parents, 4, 4) == ([0, 1, 2, 3], [-1, -1, -1, 0])
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_tree_drafts_equal_the_written_out_oracle(target, graphs):  # noqa: F811
+    """Every node's children are the head's likeliest tokens after that node's branch alone;
+    a request not allowed a tree gets the chain of the likeliest, as without trees."""
+    head = random_head(target.config, seed=4)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    proposer.branching = [3, 2]
+    chains = make_proposer(target, head, graphs=graphs)
+    contexts = {"a": [5, 6, 7, 8, 9], "b": [9, 3], "c": [11, 40, 2, 7, 7, 30, 1]}
+    for p in (proposer, chains):
+        feed(p, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    requests = [ProposeRequest("a", contexts["a"], 3, SamplingParams(temperature=0), tree=True),
+                ProposeRequest("b", contexts["b"], 2, SamplingParams(temperature=0), tree=True),
+                ProposeRequest("c", contexts["c"], 3, SamplingParams(temperature=0))]
+    got = proposer.propose(requests)
+    tree = DraftTree([3, 2], 3, torch.device("cpu"))
+    for r, nodes, parents in zip(requests, got.draft_token_ids, got.parents, strict=True):
+        feats = hidden_of(target, contexts[r.req_id])[:-1]
+        if not r.tree:
+            assert parents is None
+            assert nodes == chains.propose([r]).draft_token_ids[0]
+            continue
+        assert parents == tree.parents[:tree.sizes[r.num_spec_tokens]]
+        for node in [-1, *range(len(nodes))]:
+            kids = [c for c, p in enumerate(parents) if p == node]
+            if not kids:
+                continue
+            branch, up = [], node
+            while up >= 0:
+                branch.insert(0, nodes[up])
+                up = parents[up]
+            want = oracle_children(head, embed, lm_head, feats, contexts[r.req_id], branch,
+                                   len(kids))
+            assert [nodes[c] for c in kids] == want, (r.req_id, node)
+
+
+def tree_llm(target, head_dir, tree, **kwargs) -> LLM:  # noqa: F811
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3,
+            "draft_tree": tree, "adaptive_k": False, **kwargs.pop("spec", {})}
+    return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=4,
+               speculative_config=spec, **kwargs)
+
+
+def off_chain_paths(llm: LLM) -> list[list[int]]:
+    """Record the accepted branches that are not the tree's first nodes (the runner moves
+    its columns for those only)."""
+    moved = []
+    runner = llm.engine.runner
+    keep = runner.keep_path
+
+    def recording(slot, first, path):
+        if list(path) != list(range(len(path))):
+            moved.append(list(path))
+        keep(slot, first, path)
+
+    runner.keep_path = recording
+    return moved
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch):  # noqa: F811
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31], [40]][:batch]
+    llm = tree_llm(target, head_dir, [3, 2])
+    moved = off_chain_paths(llm)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 24)
+    assert moved  # (branches other than the likeliest chain were accepted)
+    metrics = llm.get_metrics()
+    assert 0 < metrics.num_accepted <= metrics.num_drafted
+
+
+def test_trees_with_chunked_prefill_preemption_and_staggered_arrivals(target,  # noqa: F811
+                                                                     head_dir):  # noqa: F811
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (21, 17, 9)]
+    llm = tree_llm(target, head_dir, [2, 2], max_num_batched_tokens=16, kv_cache_tokens=72)
+    moved = off_chain_paths(llm)
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+    stream = llm.generate_stream([[5, 17, 3]], params)
+    first = next(stream)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    rest = [first, *stream]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 14)
+    assert [t for d in rest for t in d.token_ids] == hf_greedy(target, [5, 17, 3], 14)
+    assert llm.get_metrics().num_preemptions > 0 and moved
+    proposer = llm.engine.proposer
+    assert not proposer.cache.slot_of and not proposer._pending
+    assert llm.engine.runner.num_cached_tokens == 0
+
+
+def test_a_tree_near_the_context_limit_takes_only_the_columns_left(target,  # noqa: F811
+                                                                  head_dir):  # noqa: F811
+    """Every node takes a column until verification: at the end of ``max_model_len`` the tree
+    is cut to the columns left (a 10-node tree, 2 columns left: no error, same output)."""
+    llm = tree_llm(target, head_dir, [2, 2], max_model_len=20)
+    params = SamplingParams(temperature=0, max_tokens=15, ignore_eos=True)
+    out = llm.generate([[5, 17, 3, 60, 22]], params, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == hf_greedy(target, [5, 17, 3, 60, 22], 15)
+
+
+def test_requests_that_cannot_verify_trees_get_chains_beside_them(target,  # noqa: F811
+                                                                   head_dir):  # noqa: F811
+    """A penalised greedy request and a seeded sample run in the same steps as greedy tree
+    requests: each gives what it gives with chains only."""
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32]]
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
+                             repetition_penalty=1.3),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)]
+    with_trees = tree_llm(target, head_dir, [3, 2])
+    moved = off_chain_paths(with_trees)
+    chains = tree_llm(target, head_dir, None)
+    got = [o.outputs[0].token_ids for o in with_trees.generate(prompts, params, use_tqdm=False)]
+    want = [o.outputs[0].token_ids for o in chains.generate(prompts, params, use_tqdm=False)]
+    assert got == want and got[0] == hf_greedy(target, prompts[0], 16) and moved
+
+
+def test_the_tree_option_is_checked():
+    with pytest.raises(ValueError, match="draft_tree"):
+        SpeculativeConfig(method="ngram", draft_tree=[2])
+    with pytest.raises(ValueError, match="draft_tree"):
+        SpeculativeConfig(method="eagle", num_speculative_tokens=2, draft_tree=[2, 2, 2])
+    with pytest.raises(ValueError, match="draft_tree"):
+        SpeculativeConfig(method="eagle", draft_tree=[8, 8])  # 8 + 64 + ... nodes
+    assert SpeculativeConfig(method="ngram_eagle", draft_tree=(2,)).draft_tree == [2]
