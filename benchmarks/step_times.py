@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default="none,ngram",
                    help="comma-separated: none, ngram, ngram-fixed (no controller), "
                         "early_exit, eagle, eagle-eager (its draft chain without CUDA graphs), "
-                        "oracle, oracle-fixed")
+                        "eagle_tree, ngram_eagle_tree (with --draft-tree), oracle, oracle-fixed")
+    p.add_argument("--draft-tree", default="3,2",
+                   help="candidates per node at each depth for eagle_tree / ngram_eagle_tree")
     p.add_argument("--alpha", type=float, default=0.9,
                    help="the oracle's chance that a draft is right")
     p.add_argument("-k", type=int, default=4)
@@ -222,8 +224,10 @@ def main(argv: list[str] | None = None) -> None:
     for method in methods:
         name, _, fixed = method.partition("-")  # "ngram-fixed": every step verifies k drafts
         spec = None if name == "none" else {
-            "method": "oracle_bench" if name == "oracle" else name,
+            "method": "oracle_bench" if name == "oracle" else name.removesuffix("_tree"),
             "num_speculative_tokens": args.k, "adaptive_k": fixed != "fixed"}
+        if name.endswith("_tree"):  # "eagle_tree": eagle drafting trees (--draft-tree)
+            spec["draft_tree"] = [int(b) for b in args.draft_tree.split(",")]
         llm = build(spec)
         if fixed == "eager":  # the head's draft chain eager, the rest as usual
             llm.engine.proposer.graphs = None

@@ -117,6 +117,15 @@ class _StepBatch:
         return len(self.drafts[i]) if tree is None else tree_depth(tree)
 
 
+# Draft-tree nodes one step verifies over all its sequences, at most (each keeps at least the
+# chain of its likeliest drafts). Measured on the H100 with the default model and its head,
+# trees of 21 nodes (draft_tree [3, 2], k = 4) at every batch size, open prompts: 2.2-2.4
+# tokens per step against 1.7-1.8 for chains, and 1.31x the engine without speculation at batch 1
+# (chains 1.21x), but 0.80x at batch 32 (chains 0.95x): 32 x 22 tokens a step cost more than
+# the extra tokens gave (docs/performance.md, "Draft trees").
+TREE_STEP_NODES = 64
+
+
 def tree_depth(parents: list[int]) -> int:
     """Levels of a tree given by its nodes' parents (a parent before its children)."""
     depths: list[int] = []
@@ -127,19 +136,26 @@ def tree_depth(parents: list[int]) -> int:
 
 def pruned_tree(drafts: list[int], parents: list[int], depth: int,
                 max_nodes: int) -> tuple[list[int], list[int]]:
-    """The nodes of a draft tree within ``depth`` levels, at most ``max_nodes`` of them (a
-    prefix of those: parents come first), renumbered."""
-    index: dict[int, int] = {}
+    """The best ``max_nodes`` nodes of a draft tree within ``depth`` levels, renumbered (a
+    parent still before its children). Siblings come likeliest first (``Proposal.parents``),
+    so a node's *rank* is the sum of its own and its ancestors' places among their siblings:
+    the likeliest chain ranks 0 and is kept first, then the branches one step off it, and so
+    on (ties: the shallower first). A node never ranks below its parent: what is kept is a
+    tree."""
     depths: list[int] = []
-    kept, kept_parents = [], []
-    for j, (token, p) in enumerate(zip(drafts, parents, strict=True)):
-        d = 1 if p < 0 else depths[p] + 1
-        depths.append(d)
-        if d <= depth and len(kept) < max_nodes and (p < 0 or p in index):
-            index[j] = len(kept)
-            kept.append(token)
-            kept_parents.append(-1 if p < 0 else index[p])
-    return kept, kept_parents
+    ranks: list[int] = []
+    seen: dict[int, int] = {}  # parent -> children so far
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+        place = seen.get(p, 0)
+        seen[p] = place + 1
+        ranks.append(place + (ranks[p] if p >= 0 else 0))
+    order = sorted((j for j in range(len(parents)) if depths[j] <= depth),
+                   key=lambda j: (ranks[j], depths[j], j))
+    chosen = sorted(order[:max(max_nodes, 0)])
+    index = {j: n for n, j in enumerate(chosen)}
+    return ([drafts[j] for j in chosen],
+            [-1 if parents[j] < 0 else index[parents[j]] for j in chosen])
 
 
 def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any) -> None:
@@ -381,10 +397,13 @@ class LLMEngine:
 
     def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],
                     trees: list[list[int] | None], keep: list[int]) -> None:
-        """The trees' nodes within the levels the controller kept, within the KV cache's
-        spare rows after every chain's drafts (as ``kept_drafts`` cuts chains), and within the
-        sequence's columns (``max_model_len``: every node takes one until verification)."""
-        if not any(trees):
+        """The trees' best nodes (:func:`pruned_tree`) within the levels the controller kept,
+        within the step's tree budget (``TREE_STEP_NODES`` shared by the step's trees, and
+        never less than the chain), within the KV cache's spare rows after every chain's
+        drafts (as ``kept_drafts`` cuts chains), and within the sequence's columns
+        (``max_model_len``: every node takes one until verification)."""
+        num_trees = sum(t is not None for t in trees)
+        if not num_trees:
             return
         spare = (batch.free_kv_tokens if batch.free_kv_tokens is not None else 1 << 62) - sum(
             item.num_context_tokens + len(d) for item, d in zip(batch.items, batch.drafts,
@@ -393,7 +412,8 @@ class LLMEngine:
             if tree is None:
                 continue
             room = self.max_model_len - batch.items[i].seq.num_tokens
-            nodes, parents = pruned_tree(drafts[j], tree, keep[j], max(min(spare, room), 0))
+            share = max(TREE_STEP_NODES // num_trees, keep[j])  # (the chain at the least)
+            nodes, parents = pruned_tree(drafts[j], tree, keep[j], min(share, spare, room))
             spare -= len(nodes)
             if nodes:
                 batch.drafts[i], batch.trees[i] = nodes, parents
@@ -588,8 +608,10 @@ class LLMEngine:
             for j, t in zip(chains, verified, strict=True):
                 out[j] = t
         tree_js = [j for j, t in enumerate(trees) if t is not None]
-        rows = torch.tensor([r for j in tree_js for r in range(*bounds[j])], device=logits.device)
-        picked = logits.index_select(0, rows)  # [tree rows, vocab_size]
+        picked = logits  # [tree rows, vocab_size]
+        if chains:
+            picked = logits.index_select(0, torch.tensor(
+                [r for j in tree_js for r in range(*bounds[j])], device=logits.device))
         # (one sync: each row's argmax and whether the row is usable)
         best, finite = torch.stack([picked.argmax(dim=1),
                                     torch.isfinite(picked.amax(dim=1)).long()]).tolist()
@@ -678,7 +700,7 @@ class LLMEngine:
                 start = len(gather)
                 gather += rows
             updates.append(FeatureUpdate(seq.seq_id, first, count, seq.all_token_ids, start))
-        if gather and hidden is not None:
+        if gather and hidden is not None and gather != list(range(len(gather))):
             hidden = hidden.index_select(0, torch.tensor(gather, device=hidden.device))
         if updates and hidden is not None:  # (each update names its rows: no gather, no copy)
             self.proposer.on_features(updates, hidden)

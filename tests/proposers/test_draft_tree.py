@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, llm_engine
 from engine.config import SpeculativeConfig
 from engine.llm_engine import pruned_tree, tree_depth
 from proposers.base import ProposeRequest
@@ -51,10 +51,14 @@ def test_tree_layout():
     assert tree.parents[9:15] == [3, 4, 5, 6, 7, 8] and tree.chain == [0, 3, 9, 15]
     assert tree.ancestors[15].nonzero().flatten().tolist() == [0, 3, 9, 15]
     assert tree_depth(tree.parents) == 4 and tree_depth([-1, -1]) == 1
-    # within 2 levels, then within 4 nodes (a prefix: parents first)
+    # within 2 levels; then the best 4 nodes: the likeliest chain; then 6: the chain and the
+    # two branches one step off it nearest the root (node 1, the second first draft, and node
+    # 4, the second draft after node 0)
     assert pruned_tree(list(range(21)), tree.parents, 2, 99) == (
         list(range(9)), tree.parents[:9])
-    assert pruned_tree(list(range(21)), tree.parents, 4, 4) == ([0, 1, 2, 3], [-1, -1, -1, 0])
+    assert pruned_tree(list(range(21)), tree.parents, 4, 4) == ([0, 3, 9, 15], [-1, 0, 1, 2])
+    assert pruned_tree(list(range(21)), tree.parents, 4, 6) == (
+        [0, 1, 3, 4, 9, 15], [-1, -1, 0, 0, 2, 4])
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
@@ -129,6 +133,30 @@ def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch): 
     assert moved  # (branches other than the likeliest chain were accepted)
     metrics = llm.get_metrics()
     assert 0 < metrics.num_accepted <= metrics.num_drafted
+
+
+def test_a_step_shares_its_tree_budget(target, head_dir, monkeypatch):  # noqa: F811
+    """With a budget of 8 nodes a step, 3 trees of 9 nodes (depth 3) get 3 each (the chain:
+    never less), 2 get 4 each, 1 gets 8; the output stays Hugging Face's."""
+    monkeypatch.setattr(llm_engine, "TREE_STEP_NODES", 8)
+    llm = tree_llm(target, head_dir, [3, 2])
+    sizes: list[list[int]] = []
+    forward = llm.engine.runner.forward
+
+    def recording(slots, tokens, logits_indices=None, trees=None):
+        sizes.append([len(t[1]) for t in trees or [] if t is not None])
+        return forward(slots, tokens, logits_indices, trees=trees)
+
+    llm.engine.runner.forward = recording
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 12)
+    # (3 running; then 2 once the shortest prompt's request is done; then 1. Near the end a
+    # tree is as deep as the tokens left: [2, 3, 3], [3].)
+    assert [3, 3, 3] in sizes and [4, 4] in sizes and [8] in sizes
+    assert all(sum(s) <= 9 for s in sizes)
 
 
 def test_trees_with_chunked_prefill_preemption_and_staggered_arrivals(target,  # noqa: F811
