@@ -190,6 +190,11 @@ class LLMEngine:
         self.max_model_len_source = parts.max_model_len_source
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
+        graphs = getattr(self.runner, "graphs", None)
+        if graphs is not None and spec is not None and spec.draft_tree is not None:
+            # (a batch's trees share TREE_STEP_NODES: its widest step narrows with the batch)
+            graphs.twin_width = lambda batch_size, widest=graphs.max_num_new: min(
+                widest, 1 + max(max_k, TREE_STEP_NODES // batch_size))
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
         self.spec_policy = SpeculationPolicy(
@@ -354,12 +359,16 @@ class LLMEngine:
         batch.first_proposal = not self._proposed_last_step or any(
             batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
+        tree_ok = [self._tree_ok(batch.items[i].seq) for i in wanted]
+        if any(tree_ok) and TREE_STEP_NODES // sum(tree_ok) <= max(
+                batch.items[i].num_spec_tokens for i in wanted):
+            tree_ok = [False] * len(wanted)  # (the budget leaves each tree its chain only)
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
                            seq.params, seq.generator,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None,
-                           tree=self._tree_ok(seq))
-            for i in wanted for seq in [batch.items[i].seq]])
+                           tree=ok)
+            for i, ok in zip(wanted, tree_ok, strict=True) for seq in [batch.items[i].seq]])
         trees = proposal.parents or [None] * len(wanted)
         # (a tree counts as its levels: the controller chooses how deep it goes)
         levels = [d if t is None else [0] * tree_depth(t)

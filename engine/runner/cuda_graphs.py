@@ -53,7 +53,9 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
   before covers: the eager steps and captures after the prefill took 29-55% of a warm run's
   time);
 - a decode bucket's capture also captures its widest verification twin (same batch and key
-  length, ``max_num_new`` tokens), which covers every width of its batch and key length.
+  length, ``max_num_new`` tokens, or ``twin_width(batch)`` where the engine's widest steps
+  narrow with the batch, as draft trees do), which covers every width of its batch and key
+  length.
 
 A step padded to a cover is *steady* (:attr:`CudaGraphs.steady`): it times like every later
 step of its bucket until the bucket gets a graph of its own, so its time is what the
@@ -122,6 +124,9 @@ class CudaGraphs:
                  device: torch.device, capture: bool = True) -> None:
         self.max_batch_size = batch_bucket(max_batch_size)
         self.max_num_new = max_num_new
+        # twin_width(batch bucket): the widest verification of that batch (a decode bucket's
+        # twin; an engine whose widest steps shrink with the batch, as draft trees do, sets it)
+        self.twin_width: Callable[[int], int] = lambda batch_size: max_num_new
         self.max_kv_len = max_kv_len
         self._body = body
         self._scratch_inputs = scratch_inputs
@@ -231,7 +236,7 @@ class CudaGraphs:
         if self._met.get(key, 0) < 2:
             return None, False
         batch_size, num_new, kv_len = key
-        twin = (batch_size, self.max_num_new, kv_len)  # the widest verification steps' bucket
+        twin = (batch_size, self.twin_width(batch_size), kv_len)  # the widest verifications
         for bucket in (key, twin) if num_new == 1 and twin not in self._graphs else (key,):
             start = time.perf_counter()
             graph = self._graphs[bucket] = self._capture(*bucket)

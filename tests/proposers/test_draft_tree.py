@@ -136,8 +136,9 @@ def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch): 
 
 
 def test_a_step_shares_its_tree_budget(target, head_dir, monkeypatch):  # noqa: F811
-    """With a budget of 8 nodes a step, 3 trees of 9 nodes (depth 3) get 3 each (the chain:
-    never less), 2 get 4 each, 1 gets 8; the output stays Hugging Face's."""
+    """With a budget of 8 nodes a step, 3 requests that could draft trees of 9 nodes (depth 3)
+    draft chains (8 // 3 nodes is less than a chain), 2 get trees of 4 nodes, 1 gets 8; the
+    output stays Hugging Face's."""
     monkeypatch.setattr(llm_engine, "TREE_STEP_NODES", 8)
     llm = tree_llm(target, head_dir, [3, 2])
     sizes: list[list[int]] = []
@@ -153,10 +154,11 @@ def test_a_step_shares_its_tree_budget(target, head_dir, monkeypatch):  # noqa: 
     outputs = llm.generate(prompts, params, use_tqdm=False)
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(target, prompt, 12)
-    # (3 running; then 2 once the shortest prompt's request is done; then 1. Near the end a
-    # tree is as deep as the tokens left: [2, 3, 3], [3].)
-    assert [3, 3, 3] in sizes and [4, 4] in sizes and [8] in sizes
-    assert all(sum(s) <= 9 for s in sizes)
+    # (3 running: 8 // 3 nodes each would be less than the chain, so chains, no trees; then 2
+    # once the shortest prompt's request is done; then 1. Near the end a tree is as deep as
+    # the tokens left.)
+    assert [4, 4] in sizes and [8] in sizes and not any(len(s) == 3 for s in sizes)
+    assert all(sum(s) <= 8 for s in sizes)
 
 
 def test_trees_with_chunked_prefill_preemption_and_staggered_arrivals(target,  # noqa: F811

@@ -199,6 +199,23 @@ def test_a_decode_step_is_covered_only_by_a_decode_graph():
     assert graphs._cover((16, 2, 41)) is None
 
 
+def test_a_decode_captures_the_twin_its_batch_can_use(monkeypatch):
+    """With draft trees a batch's widest step narrows with the batch (``twin_width``): a decode
+    bucket's capture brings that twin, not the widest of all."""
+    from engine.runner.cuda_graphs import CudaGraphs
+
+    monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
+    model = tiny_model("llama", vocab_size=96, seed=1)
+    runner = ModelRunner(model, max_num_seqs=8, max_num_tokens=200, max_model_len=40)
+    runner.use_graph_buckets(9)
+    runner.graphs.twin_width = lambda batch_size: 1 + max(4, 16 // batch_size)
+    slots = [runner.allocate_slot() for _ in range(4)]
+    runner.forward(slots, [[1, 2, 3]] * 4)
+    for _ in range(2):  # met, then captured with its twin
+        runner.forward(slots, [[5]] * 4)
+    assert set(runner.graphs._graphs) == {(4, 1, 41), (4, 5, 41)}  # (not (4, 9, 41))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_cuda_graphs_match_full_forward(family):
