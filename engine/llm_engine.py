@@ -118,12 +118,13 @@ class _StepBatch:
 
 
 # Draft-tree nodes one step verifies over all its sequences, at most (each keeps at least the
-# chain of its likeliest drafts). Measured on the H100 with the default model and its head,
-# trees of 21 nodes (draft_tree [3, 2], k = 4) at every batch size, open prompts: 2.2-2.4
-# tokens per step against 1.7-1.8 for chains, and 1.31x the engine without speculation at batch 1
-# (chains 1.21x), but 0.80x at batch 32 (chains 0.95x): 32 x 22 tokens a step cost more than
-# the extra tokens gave (docs/performance.md, "Draft trees").
-TREE_STEP_NODES = 64
+# chain of its likeliest drafts; a step whose share would be less drafts chains only). Measured
+# on the H100 with the default model and its head (draft_tree [3, 2], k = 4, the controller on,
+# open prompts, over the engine without speculation): at batch 1 trees of 21 nodes gave
+# 2.36-2.42 tokens per step against 1.83 for chains, and 1.22-1.31x against 1.16-1.21x; at
+# batch 8, trees of 8 nodes ran at 0.88-0.97x against 1.05-1.07x for chains (docs/
+# performance.md, "Draft trees"). So trees go to batches of at most 4 sequences (8 nodes each).
+TREE_STEP_NODES = 32
 
 
 def tree_depth(parents: list[int]) -> int:

@@ -19,7 +19,8 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_the_expected_presets_ship():
     names = {p.stem for p in PRESETS}
-    assert {"default", "early_exit", "greedy", "typical", "draft_model", "eagle"} <= names
+    assert {"default", "early_exit", "greedy", "typical", "draft_model", "eagle",
+            "eagle_tree"} <= names
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
