@@ -730,13 +730,17 @@ class LLMEngine:
     def _rollback(self, batch: _StepBatch) -> None:
         """7. Cut each running sequence's target cache back to its kept context (the newest
         token stays uncached: it is fed next step) and tell the proposer what was kept."""
+        if batch.runner_trees is not None:  # (each tree's accepted branch, next to the context)
+            self.runner.keep_paths([
+                (seq.slot, result.num_tokens_before, result.path)
+                for i, result in zip(batch.sampling, batch.verified, strict=True)
+                for seq in [batch.items[i].seq]
+                if result.path is not None and not seq.is_finished])
         for i, result in zip(batch.sampling, batch.verified, strict=True):
             seq = batch.items[i].seq
             if seq.is_finished:
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
-            if result.path is not None:  # (the accepted branch's nodes, next to the context)
-                self.runner.keep_path(seq.slot, result.num_tokens_before, result.path)
             self.runner.truncate(seq.slot, seq.num_computed_tokens)
             if result.num_drafted and self.proposer is not None:
                 self.proposer.on_accepted(

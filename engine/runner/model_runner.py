@@ -258,22 +258,38 @@ class ModelRunner:
         columns ``first, first + 1, ...`` (their keys were computed at those positions); the
         other nodes follow them, for :meth:`truncate` to forget. Moves no keys or values: the
         slot table's columns are pointed at the path's pool rows."""
-        rows = self._slot_rows(slot)
-        nodes = rows[first:]
-        if (not isinstance(first, int) or not 0 <= first <= len(rows)
-                or len(set(path)) != len(path) or any(not 0 <= j < len(nodes) for j in path)):
-            raise ValueError(f"keep_path: slot {slot} caches {len(nodes)} tokens from column "
-                             f"{first!r}; path must be distinct indices among them, got "
-                             f"{list(path)}")
-        if list(path) == list(range(len(path))):
-            return  # (the first nodes already: nothing moves)
-        kept = [nodes[j] for j in path]
-        rows[first:] = kept + [r for j, r in enumerate(nodes) if j not in set(path)]
-        self._ascending[slot] = False
+        self.keep_paths([(slot, first, path)])
+
+    def keep_paths(self, paths: Sequence[tuple[int, int, Sequence[int]]]) -> None:
+        """:meth:`keep_path` for several ``(slot, first, path)`` at once: one small host-to-
+        device copy and one write into the slot table for all of them. Checks every one before
+        changing anything."""
         width = self.max_model_len + 1
-        # one small copy: the cells, then the rows they point at
-        change = self._to_device([slot * width + first + i for i in range(len(kept))] + kept)
-        self.cache.slot_table.view(-1).index_copy_(0, change[:len(kept)], change[len(kept):])
+        for slot, first, path in paths:
+            rows = self._slot_rows(slot)
+            if (not isinstance(first, int) or not 0 <= first <= len(rows)
+                    or len(set(path)) != len(path)
+                    or any(not 0 <= j < len(rows) - first for j in path)):
+                raise ValueError(f"keep_path: slot {slot} caches {len(rows) - first} tokens "
+                                 f"from column {first!r}; path must be distinct indices among "
+                                 f"them, got {list(path)}")
+        cells: list[int] = []
+        moved: list[int] = []
+        for slot, first, path in paths:
+            if list(path) == list(range(len(path))):
+                continue  # (the first nodes already: nothing moves)
+            rows = self._rows[slot]
+            nodes = rows[first:]
+            kept = [nodes[j] for j in path]
+            chosen = set(path)
+            rows[first:] = kept + [r for j, r in enumerate(nodes) if j not in chosen]
+            self._ascending[slot] = False
+            cells += range(slot * width + first, slot * width + first + len(kept))
+            moved += kept
+        if cells:  # (one small copy: the cells, then the rows they point at)
+            change = self._to_device(cells + moved)
+            self.cache.slot_table.view(-1).index_copy_(0, change[:len(cells)],
+                                                       change[len(cells):])
 
     def _slot_rows(self, slot: int) -> list[int]:
         rows = self._rows.get(slot)

@@ -41,7 +41,7 @@ __all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_
 # A message: the calls a follower replays, in order, as (method name, positional arguments).
 Calls = list[tuple[str, tuple]]
 STOP = "stop"
-_MUTATING = ("allocate_slot", "free_slot", "truncate", "keep_path")
+_MUTATING = ("allocate_slot", "free_slot", "truncate", "keep_paths")
 
 _GROUP: list[Any] = []  # the control group, made once per process
 
@@ -126,7 +126,10 @@ class LeaderRunner:
         self._record("truncate", (slot, length))
 
     def keep_path(self, slot: int, first: int, path: Sequence[int]) -> None:
-        self._record("keep_path", (slot, first, list(path)))
+        self.keep_paths([(slot, first, path)])
+
+    def keep_paths(self, paths: Sequence[tuple[int, int, Sequence[int]]]) -> None:
+        self._record("keep_paths", ([(s, f, list(p)) for s, f, p in paths],))
 
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 logits_indices: Sequence[int] | torch.Tensor | None = None,

@@ -110,14 +110,13 @@ def off_chain_paths(llm: LLM) -> list[list[int]]:
     its columns for those only)."""
     moved = []
     runner = llm.engine.runner
-    keep = runner.keep_path
+    keep = runner.keep_paths
 
-    def recording(slot, first, path):
-        if list(path) != list(range(len(path))):
-            moved.append(list(path))
-        keep(slot, first, path)
+    def recording(paths):
+        moved.extend(list(p) for _, _, p in paths if list(p) != list(range(len(p))))
+        keep(paths)
 
-    runner.keep_path = recording
+    runner.keep_paths = recording
     return moved
 
 

@@ -1,5 +1,5 @@
 """Tree steps: every node of a draft tree scores exactly as a plain forward of its own branch,
-and after ``keep_path`` + ``truncate`` the slot continues as if only that branch had been fed."""
+and after ``keep_paths`` + ``truncate`` the slot continues as if only that branch had been fed."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def tree_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> 
             break
         out = runner.forward(slots, tokens, trees=trees)
         row = 0
+        keeps = []  # (slot, first column, kept nodes): all the step's trees at once
         for slot, new, tree in zip(slots, tokens, trees, strict=True):
             start = len(seqs[slot])
             if tree is None:
@@ -72,11 +73,13 @@ def tree_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> 
                                                rtol=ATOL)
                 kept = branch(parents, rng.randrange(len(parents)))[:rng.randint(0, 7)]
                 moved += kept != list(range(len(kept)))
-                runner.keep_path(slot, start + first, kept)
+                keeps.append((slot, start + first, kept))
                 seqs[slot] = context + [new[first + i] for i in kept]
-                runner.truncate(slot, len(seqs[slot]))
-            assert runner.seq_len(slot) == len(seqs[slot])
             row += len(new)
+        runner.keep_paths(keeps)
+        for slot in slots:
+            runner.truncate(slot, len(seqs[slot]))
+            assert runner.seq_len(slot) == len(seqs[slot])
         assert runner.num_cached_tokens == sum(len(s) for s in seqs.values())
     # whatever was kept, the next plain steps see exactly the kept tokens
     check_step(runner, model, seqs, {s: [rng.randrange(vocab_size)] for s in seqs})
