@@ -117,14 +117,15 @@ class _StepBatch:
         return len(self.drafts[i]) if tree is None else tree_depth(tree)
 
 
-# Draft-tree nodes one step verifies over all its sequences, at most (each keeps at least the
-# chain of its likeliest drafts; a step whose share would be less drafts chains only). Measured
-# on the H100 with the default model and its head (draft_tree [3, 2], k = 4, the controller on,
-# open prompts, over the engine without speculation): at batch 1 trees of 21 nodes gave
-# 2.36-2.42 tokens per step against 1.83 for chains, and 1.22-1.31x against 1.16-1.21x; at
-# batch 8, trees of 8 nodes ran at 0.88-0.97x against 1.05-1.07x for chains (docs/
-# performance.md, "Draft trees"). So trees go to batches of at most 4 sequences (8 nodes each).
-TREE_STEP_NODES = 32
+# A step verifies draft trees only when at most this many of its sequences may draft one (the
+# others, and every sequence of a larger batch, draft chains). Measured on the H100 with the
+# default model and its head (draft_tree [3, 2], k = 4, the controller on, open prompts, over
+# the engine without speculation; docs/performance.md, "Draft trees"): trees won at batch 1
+# (1.22-1.31x against 1.14-1.21x for chains, four runs) and 2 (1.42x against 1.10x), and lost at
+# batch 4 (eagle 1.11x against 1.08x, but ngram_eagle 0.81x against 0.98x; 0.87x against 1.22x
+# the run before) and 8 (0.88-0.97x against 1.05-1.07x): each tree node is a token of the
+# target's forward and a query of the head, and a tree step's host work grows with the batch.
+TREE_MAX_SEQS = 2
 
 
 def tree_depth(parents: list[int]) -> int:
@@ -193,9 +194,9 @@ class LLMEngine:
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
         graphs = getattr(self.runner, "graphs", None)
         if graphs is not None and spec is not None and spec.draft_tree is not None:
-            # (a batch's trees share TREE_STEP_NODES: its widest step narrows with the batch)
-            graphs.twin_width = lambda batch_size, widest=graphs.max_num_new: min(
-                widest, 1 + max(max_k, TREE_STEP_NODES // batch_size))
+            # (trees only in small batches: a larger one's widest step is a chain's)
+            graphs.twin_width = lambda batch_size, widest=graphs.max_num_new: (
+                widest if batch_size <= TREE_MAX_SEQS else max_k + 1)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
         self.spec_policy = SpeculationPolicy(
@@ -361,9 +362,8 @@ class LLMEngine:
             batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
         tree_ok = [self._tree_ok(batch.items[i].seq) for i in wanted]
-        if any(tree_ok) and TREE_STEP_NODES // sum(tree_ok) <= max(
-                batch.items[i].num_spec_tokens for i in wanted):
-            tree_ok = [False] * len(wanted)  # (the budget leaves each tree its chain only)
+        if sum(tree_ok) > TREE_MAX_SEQS:
+            tree_ok = [False] * len(wanted)  # (a larger batch: chains)
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
                            seq.params, seq.generator,
@@ -408,12 +408,10 @@ class LLMEngine:
     def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],
                     trees: list[list[int] | None], keep: list[int]) -> None:
         """The trees' best nodes (:func:`pruned_tree`) within the levels the controller kept,
-        within the step's tree budget (``TREE_STEP_NODES`` shared by the step's trees, and
-        never less than the chain), within the KV cache's spare rows after every chain's
-        drafts (as ``kept_drafts`` cuts chains), and within the sequence's columns
-        (``max_model_len``: every node takes one until verification)."""
-        num_trees = sum(t is not None for t in trees)
-        if not num_trees:
+        within the KV cache's spare rows after every chain's drafts (as ``kept_drafts`` cuts
+        chains), and within the sequence's columns (``max_model_len``: every node takes one
+        until verification)."""
+        if not any(trees):
             return
         spare = (batch.free_kv_tokens if batch.free_kv_tokens is not None else 1 << 62) - sum(
             item.num_context_tokens + len(d) for item, d in zip(batch.items, batch.drafts,
@@ -422,8 +420,7 @@ class LLMEngine:
             if tree is None:
                 continue
             room = self.max_model_len - batch.items[i].seq.num_tokens
-            share = max(TREE_STEP_NODES // num_trees, keep[j])  # (the chain at the least)
-            nodes, parents = pruned_tree(drafts[j], tree, keep[j], min(share, spare, room))
+            nodes, parents = pruned_tree(drafts[j], tree, keep[j], min(spare, room))
             spare -= len(nodes)
             if nodes:
                 batch.drafts[i], batch.trees[i] = nodes, parents

@@ -134,11 +134,10 @@ def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch): 
     assert 0 < metrics.num_accepted <= metrics.num_drafted
 
 
-def test_a_step_shares_its_tree_budget(target, head_dir, monkeypatch):  # noqa: F811
-    """With a budget of 8 nodes a step, 3 requests that could draft trees of 9 nodes (depth 3)
-    draft chains (8 // 3 nodes is less than a chain), 2 get trees of 4 nodes, 1 gets 8; the
-    output stays Hugging Face's."""
-    monkeypatch.setattr(llm_engine, "TREE_STEP_NODES", 8)
+def test_trees_only_in_small_batches(target, head_dir):  # noqa: F811
+    """At most ``TREE_MAX_SEQS`` (2) sequences that may draft trees: a tree each; 3: chains for
+    all; the output stays Hugging Face's."""
+    assert llm_engine.TREE_MAX_SEQS == 2
     llm = tree_llm(target, head_dir, [3, 2])
     sizes: list[list[int]] = []
     forward = llm.engine.runner.forward
@@ -149,15 +148,16 @@ def test_a_step_shares_its_tree_budget(target, head_dir, monkeypatch):  # noqa: 
 
     llm.engine.runner.forward = recording
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31]]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 12)
-    # (3 running: 8 // 3 nodes each would be less than the chain, so chains, no trees; then 2
-    # once the shortest prompt's request is done; then 1. Near the end a tree is as deep as
-    # the tokens left.)
-    assert [4, 4] in sizes and [8] in sizes and not any(len(s) == 3 for s in sizes)
-    assert all(sum(s) <= 8 for s in sizes)
+    lengths = [12, 9, 6]  # (3 run, then 2, then 1)
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n,
+                                                    ignore_eos=True) for n in lengths],
+                           use_tqdm=False)
+    for prompt, n, out in zip(prompts, lengths, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, n)
+    # (the prefill, then 3 decoding: chains; then 2 trees; then 1. A full tree of 3 levels has
+    # 3 + 6 + 6 nodes; near its end a sequence's tree is only as deep as its tokens left)
+    assert sizes[:4] == [[]] * 4 and not any(len(s) > 2 for s in sizes)
+    assert [15, 3] in sizes and any(len(s) == 1 for s in sizes)
 
 
 def test_trees_with_chunked_prefill_preemption_and_staggered_arrivals(target,  # noqa: F811
