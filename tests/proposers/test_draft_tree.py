@@ -207,6 +207,28 @@ def test_requests_that_cannot_verify_trees_get_chains_beside_them(target,  # noq
     assert got == want and got[0] == hf_greedy(target, prompts[0], 16) and moved
 
 
+def test_ngram_chains_and_head_trees_in_one_step(target, head_dir):  # noqa: F811
+    """Method ``ngram_eagle`` with trees: a request whose suffix repeats verifies n-gram's chain,
+    the other the head's tree, in the same steps; greedy output equals Hugging Face's."""
+    llm = tree_llm(target, head_dir, [3, 2], spec={"method": "ngram_eagle"})
+    moved = off_chain_paths(llm)
+    kinds: list[tuple[bool, ...]] = []
+    forward = llm.engine.runner.forward
+
+    def recording(slots, tokens, logits_indices=None, trees=None):
+        if trees is not None:
+            kinds.append(tuple(t is not None for t in trees))
+        return forward(slots, tokens, logits_indices, trees=trees)
+
+    llm.engine.runner.forward = recording
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [30, 41, 52, 63, 74]]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 20)
+    assert (False, True) in kinds and moved  # (a chain beside a tree, in one forward)
+
+
 def test_the_tree_option_is_checked():
     with pytest.raises(ValueError, match="draft_tree"):
         SpeculativeConfig(method="ngram", draft_tree=[2])
