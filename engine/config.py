@@ -107,9 +107,11 @@ class SpeculativeConfig:
     for the draft head's drafts): the number of candidates per node at each depth, e.g.
     ``[3, 2]``: the head's 3 likeliest first drafts, the 2 likeliest second drafts after each,
     then one per node down to ``num_speculative_tokens`` (3 + 6 + 6 + 6 = 21 nodes at k = 4).
-    One target forward verifies every node (each sees only its own branch) and the longest
-    branch the target agrees with is kept. Greedy requests without penalties, biases or
-    logprobs get trees; the others get the chain of the likeliest drafts. None: chains.
+    One target forward verifies every node (each sees only its own branch) and one branch is
+    kept: greedy, the longest the target agrees with; sampled, by multi-candidate rejection
+    (lossless, :mod:`samplers.tree_verify`). Requests without penalties, biases or logprobs,
+    greedy or unseeded under the rejection sampler, in steps of at most 2 such requests, get
+    trees; the others get the chain of the likeliest drafts. None: chains.
     """
 
     method: str = "ngram"

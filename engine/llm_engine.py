@@ -23,6 +23,7 @@ One :meth:`LLMEngine.step`:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +38,15 @@ from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.stop_checker import append_until_stop
 from proposers import FeatureUpdate, ProposeRequest
-from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
+from samplers import (
+    INVALID_TOKEN_ID,
+    PLACEHOLDER_TOKEN_ID,
+    SamplingParams,
+    SamplingTensors,
+    tree_verify,
+)
 from samplers.logits_adjust import tokenize_bad_words
-from samplers.logits_processing import process_logits
+from samplers.logits_processing import logits_to_probs, process_logits
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import ScheduledSequence, Scheduler, SpeculationPolicy
 
@@ -397,13 +404,17 @@ class LLMEngine:
         batch.num_draft_steps = max(map(len, levels))
 
     def _tree_ok(self, seq: Sequence) -> bool:
-        """Whether ``seq`` may verify a draft tree: greedy, with nothing that makes a position's
-        logits depend on the drafts before it (penalties, bias, bad words, min tokens) and no
-        logprobs (their rows would be the tree's)."""
-        return (self.config.speculative_config is not None
-                and self.config.speculative_config.draft_tree is not None
-                and seq.params.greedy and not seq.adjuster.active
-                and seq.params.logprobs is None)
+        """Whether ``seq`` may verify a draft tree: nothing that makes a position's logits depend
+        on the drafts before it (penalties, bias, bad words, min tokens), no logprobs (their
+        rows would be the tree's), and greedy, or sampled without a seed under the lossless
+        rejection sampler (a seeded sample keeps its chains: whether a step drafts a tree
+        depends on the batch, and the same seed must give the same text)."""
+        spec = self.config.speculative_config
+        params = seq.params
+        return (spec is not None and spec.draft_tree is not None and not seq.adjuster.active
+                and params.logprobs is None
+                and (params.greedy or (params.seed is None
+                                       and spec.acceptance_method == "rejection_sampler")))
 
     def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],
                     trees: list[list[int] | None], keep: list[int]) -> None:
@@ -592,9 +603,10 @@ class LLMEngine:
     def _verify_trees(self, batch: _StepBatch, logits: torch.Tensor, seqs: list[Sequence],
                       drafts: list[list[int]]) -> list[list[int]]:
         """5, with draft trees: the chains' rows go through the sampler as in a step without
-        trees; each tree (greedy by construction: ``_tree_ok``) keeps the longest branch whose
-        every node is the target's argmax after its parent, then the argmax after the last
-        one. Its accepted nodes are kept in ``batch.tree_paths``."""
+        trees; each tree keeps the branch that :mod:`samplers.tree_verify` walks (greedy: the
+        longest whose every node is the target's argmax after its parent; sampled: SpecInfer's
+        multi-candidate rejection, lossless for one-hot drafts), then the token after it. Its
+        kept nodes go to ``batch.tree_paths``."""
         bounds, row = [], 0
         for d in drafts:  # (each sampling sequence's rows: its last context position, drafts)
             bounds.append((row, row + len(d) + 1))
@@ -619,29 +631,34 @@ class LLMEngine:
         if chains:
             picked = logits.index_select(0, torch.tensor(
                 [r for j in tree_js for r in range(*bounds[j])], device=logits.device))
-        # (one sync: each row's argmax and whether the row is usable)
-        best, finite = torch.stack([picked.argmax(dim=1),
-                                    torch.isfinite(picked.amax(dim=1)).long()]).tolist()
+        finite = torch.isfinite(picked.amax(dim=1)).long()  # [tree rows] usable rows
+        choice = None
+        if all(seqs[j].params.greedy for j in tree_js):
+            # (one sync: each row's argmax and whether the row is usable)
+            tokens, finite = torch.stack([picked.argmax(dim=1), finite]).tolist()
+        else:  # (sampled trees: every row's multi-candidate rejection at once, one sync)
+            sampling = SamplingTensors.from_params([seqs[j].params for j in tree_js],
+                                                   None, self.device, self.generator)
+            rows = [len(drafts[j]) + 1 for j in tree_js]
+            width = max(max(Counter(trees[j]).values()) for j in tree_js)
+            cands = torch.tensor([c for j in tree_js
+                                  for c in tree_verify.candidates(drafts[j], trees[j], width)],
+                                 device=picked.device)  # [tree rows, width]
+            probs = logits_to_probs(torch.where(finite[:, None].bool(), picked, 0.0),
+                                    sampling, rows)  # [tree rows, vocab_size]
+            chosen, drawn = tree_verify.sample_rows(probs, cands, self.generator)
+            choice, tokens, finite = torch.stack([chosen, drawn, finite]).tolist()
         offset = 0
         for j in tree_js:
             nodes, parents = drafts[j], trees[j]
             n = len(nodes) + 1
             if not all(finite[offset:offset + n]):
                 out[j] = [INVALID_TOKEN_ID]
-                offset += n
-                continue
-            children: dict[int, list[int]] = {}
-            for c, p in enumerate(parents):
-                children.setdefault(p, []).append(c)
-            path, node = [], -1
-            while True:
-                target = best[offset + node + 1]  # (row 0: the root; node c: row c + 1)
-                node = next((c for c in children.get(node, ()) if nodes[c] == target), None)
-                if node is None:
-                    break
-                path.append(node)
-            out[j] = [nodes[c] for c in path] + [target]
-            batch.tree_paths[batch.sampling[j]] = path
+            else:
+                path, out[j] = tree_verify.walk(
+                    parents, nodes, None if choice is None else choice[offset:offset + n],
+                    tokens[offset:offset + n])
+                batch.tree_paths[batch.sampling[j]] = path
             offset += n
         return out
 

@@ -133,3 +133,35 @@ def test_a_wrong_distribution_is_detected(target):
     counts = sampled_joint(llm, params)
     wrong = exact_joint(target, SamplingParams(temperature=1.0))
     assert chi_square_pvalue(counts, wrong) < 1e-6
+
+
+@pytest.mark.parametrize("case", ["temperature", "top_k_top_p"])
+def test_sampled_tokens_through_draft_trees_follow_the_target(target, head_dir, monkeypatch,
+                                                              case):
+    """Unseeded samples (the engine's seed) verified through the head's draft trees, by
+    multi-candidate rejection: the first two tokens' joint distribution is the target's. Trees
+    go to every sequence here (the batch limit is a speed policy, not a correctness one)."""
+    from engine import llm_engine
+    from samplers import tree_verify
+
+    monkeypatch.setattr(llm_engine, "TREE_MAX_SEQS", 10_000)
+    params = SamplingParams(n=NUM_SAMPLES, max_tokens=3, ignore_eos=True, **CASES[case])
+    spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3,
+            "adaptive_k": False, "draft_tree": [3, 2]}
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
+              max_num_seqs=256, seed=77)
+    kept = []  # every tree's kept branch
+    walk = tree_verify.walk
+
+    def recording(*args):
+        path, tokens = walk(*args)
+        kept.append(path)
+        return path, tokens
+
+    monkeypatch.setattr(tree_verify, "walk", recording)
+    counts = sampled_joint(llm, params)
+    moved = [p for p in kept if p and p != list(range(len(p)))]
+    metrics = llm.get_metrics()
+    # (some kept a candidate other than the head's likeliest)
+    assert 0 < metrics.num_accepted < metrics.num_drafted and len(moved) > 50
+    assert chi_square_pvalue(counts, exact_joint(target, params)) > 1e-3
