@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-rounds", type=int, default=2,
                    help="untimed runs of every system at each batch size before timing")
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the engine's sampling temperature (0: greedy; sampled runs need "
+                        "--no-hf: Hugging Face runs greedy)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="every engine without CUDA graphs (method 'eager' adds one such row)")
     p.add_argument("--quick", action="store_true",
@@ -73,6 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for m in args.methods:
         if m not in METHODS:
             p.error(f"--methods: unknown method {m!r}; allowed: {', '.join(METHODS)}")
+    if args.temperature and not args.no_hf:
+        p.error("--temperature > 0 needs --no-hf (the Hugging Face rows are greedy)")
     if "draft_model" in args.methods and not args.draft_model:
         p.error("--methods draft_model needs --draft-model")
     if args.draft_model and "draft_model" not in args.methods:
@@ -118,7 +123,8 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
     """Every system on ``prompts`` in groups of ``b``, taking turns group by group."""
     systems = {method: (RunResult("engine", method, kind, b,
                                   0 if method in ("none", "eager") else args.k),
-                        lambda g, llm=llm: engine_generate(llm, g, args.max_tokens))
+                        lambda g, llm=llm: engine_generate(llm, g, args.max_tokens,
+                                                           args.temperature))
                for method, llm in llms.items()}
     if not args.no_hf:
         systems["hf"] = (RunResult("hf", "none", kind, b, 0),
@@ -195,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                "cpu_count": os.cpu_count(),
                "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                "python": platform.python_version()}
-    print(f"\nmodel {args.model} ({args.dtype}) on {machine['device_name']}, greedy, "
+    decoding = f"temperature {args.temperature}" if args.temperature else "greedy"
+    print(f"\nmodel {args.model} ({args.dtype}) on {machine['device_name']}, {decoding}, "
           f"{args.max_tokens} tokens per prompt, k = {args.k}")
     if args.model in RANDOM_LLAMAS:
         print("note: random weights: the output ignores the prompt's meaning, so n-gram "

@@ -110,9 +110,11 @@ def graph_stats(llm: Any) -> tuple[int, float]:
     return sum(g.num_graphs for g in graphs), sum(g.capture_seconds for g in graphs)
 
 
-def engine_generate(llm: Any, group: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy engine generation of exactly ``max_tokens`` tokens per prompt, one batch."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+def engine_generate(llm: Any, group: list[list[int]], max_tokens: int,
+                    temperature: float = 0.0) -> list[list[int]]:
+    """Engine generation of exactly ``max_tokens`` tokens per prompt, one batch (greedy, or
+    sampled at ``temperature`` without a seed)."""
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(group, params, use_tqdm=False)]
 
 
