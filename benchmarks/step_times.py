@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated: none, ngram, ngram-fixed (no controller), "
                         "early_exit, eagle, eagle-eager (its draft chain without CUDA graphs), "
                         "eagle_tree, ngram_eagle_tree (with --draft-tree), oracle, oracle-fixed")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampled runs (no seed) at this temperature; 0: greedy")
     p.add_argument("--draft-tree", default="3,2",
                    help="candidates per node at each depth for eagle_tree / ngram_eagle_tree")
     p.add_argument("--alpha", type=float, default=0.9,
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = build_model(args.model, args.device, dtype)
     methods = args.methods.split(",")
     oracle = any(m.startswith("oracle") for m in methods)
+    if oracle and args.temperature:
+        p.error("the oracle methods check greedy output: --temperature must be 0")
     if oracle and args.model in RANDOM_LLAMAS:
         model = decisive(model)  # (greedy margins above bf16 noise: the oracle stays in sync)
     vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -232,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         if fixed == "eager":  # the head's draft chain eager, the rest as usual
             llm.engine.proposer.graphs = None
         for _ in range(args.warmups):
-            engine_generate(llm, prompts, args.max_tokens)
+            engine_generate(llm, prompts, args.max_tokens, args.temperature)
         engines[method] = (llm, StepClock(llm.engine))
     results: dict[str, list[dict]] = defaultdict(list)
     for _ in range(args.repeats):
@@ -241,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            got = engine_generate(llm, prompts, args.max_tokens)
+            got = engine_generate(llm, prompts, args.max_tokens, args.temperature)
             results[method].append(summary(clock, time.perf_counter() - start))
             if want is not None and got != want:
                 raise AssertionError(f"{method}: the output differs from the plain engine's")
