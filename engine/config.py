@@ -110,8 +110,8 @@ class SpeculativeConfig:
     One target forward verifies every node (each sees only its own branch) and one branch is
     kept: greedy, the longest the target agrees with; sampled, by multi-candidate rejection
     (lossless, :mod:`samplers.tree_verify`). Requests without penalties, biases or logprobs,
-    greedy or unseeded under the rejection sampler, in steps of at most 2 such requests, get
-    trees; the others get the chain of the likeliest drafts. None: chains.
+    greedy or unseeded under the rejection sampler, in steps of at most 2 sequences, get trees;
+    the others get the chain of the likeliest drafts. None: chains.
     """
 
     method: str = "ngram"
@@ -177,10 +177,11 @@ class SpeculativeConfig:
         tree = self.draft_tree
         if tree is None:
             return
-        allowed = (f"None or a list of at most num_speculative_tokens="
+        allowed = (f"None or a list of 1 to num_speculative_tokens="
                    f"{self.num_speculative_tokens} integers >= 1 (candidates per node at each "
                    f"depth) with at most {MAX_TREE_NODES} nodes in all")
-        if not isinstance(tree, list | tuple) or not all(_is_int(b) and b >= 1 for b in tree):
+        if (not isinstance(tree, list | tuple) or not tree
+                or not all(_is_int(b) and b >= 1 for b in tree)):
             _fail("SpeculativeConfig", "draft_tree", tree, allowed)
         if self.method not in TREE_METHODS:
             _fail("SpeculativeConfig", "draft_tree", tree,

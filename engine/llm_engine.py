@@ -124,8 +124,8 @@ class _StepBatch:
         return len(self.drafts[i]) if tree is None else tree_depth(tree)
 
 
-# A step verifies draft trees only when at most this many of its sequences may draft one (the
-# others, and every sequence of a larger batch, draft chains). Measured on the H100 with the
+# A step verifies draft trees only when it runs at most this many sequences (a larger batch
+# drafts chains). Measured on the H100 with the
 # default model and its head (draft_tree [3, 2], k = 4, the controller on, open prompts, over
 # the engine without speculation; docs/performance.md, "Draft trees"): trees won at batch 1
 # (1.22-1.31x against 1.14-1.21x for chains, four runs) and 2 (1.42x against 1.10x), and lost at
@@ -368,9 +368,10 @@ class LLMEngine:
         batch.first_proposal = not self._proposed_last_step or any(
             batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
-        tree_ok = [self._tree_ok(batch.items[i].seq) for i in wanted]
-        if sum(tree_ok) > TREE_MAX_SEQS:
-            tree_ok = [False] * len(wanted)  # (a larger batch: chains)
+        # (trees only in a step of at most TREE_MAX_SEQS sequences: a decode graph's twin is
+        # as wide as a tree step only there)
+        small = len(batch.items) <= TREE_MAX_SEQS
+        tree_ok = [small and self._tree_ok(batch.items[i].seq) for i in wanted]
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids, batch.items[i].num_spec_tokens,
                            seq.params, seq.generator,
@@ -419,14 +420,16 @@ class LLMEngine:
     def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],
                     trees: list[list[int] | None], keep: list[int]) -> None:
         """The trees' best nodes (:func:`pruned_tree`) within the levels the controller kept,
-        within the KV cache's spare rows after every chain's drafts (as ``kept_drafts`` cuts
-        chains), and within the sequence's columns (``max_model_len``: every node takes one
-        until verification)."""
+        within the KV cache's spare rows and the step's token budget (``max_num_batched_tokens``)
+        after every chain's drafts (as ``kept_drafts`` cuts chains), and within the sequence's
+        columns (``max_model_len``: every node takes one until verification)."""
         if not any(trees):
             return
-        spare = (batch.free_kv_tokens if batch.free_kv_tokens is not None else 1 << 62) - sum(
-            item.num_context_tokens + len(d) for item, d in zip(batch.items, batch.drafts,
-                                                                 strict=True))
+        step_tokens = sum(item.num_context_tokens + len(d)
+                          for item, d in zip(batch.items, batch.drafts, strict=True))
+        free = batch.free_kv_tokens if batch.free_kv_tokens is not None else 1 << 62
+        # (the KV cache's spare rows, and the step's token budget: a tree's nodes count)
+        spare = min(free, self.config.max_num_batched_tokens) - step_tokens
         for j, (i, tree) in enumerate(zip(wanted, trees, strict=True)):
             if tree is None:
                 continue

@@ -63,9 +63,12 @@ def sample_rows(probs: torch.Tensor, tokens: torch.Tensor,
         # a rejected child leaves the residual (a padded column writes its own value back)
         residual.scatter_(1, column, torch.where(open_ & ~keep, 0.0, mass)[:, None])
     total = residual.sum(dim=1, keepdim=True)
-    fallback = probs.float()  # (a row whose mass went to its kept child draws from p: ignored)
-    drawn = torch.multinomial(torch.where(total > 0, residual, fallback), 1,
-                              generator=generator)[:, 0]
+    # (a row whose mass all went to its kept child draws from p instead: ignored)
+    weights = torch.where(total > 0, residual, probs.float())  # [rows, vocab_size]
+    # one draw per row from weights / sum: the exponential race, argmax(w_x / E_x) with E_x
+    # ~ Exp(1) i.i.d. comes out x with probability w_x / sum(w) (no sort, no sync)
+    race = torch.empty_like(weights).exponential_(generator=generator)
+    drawn = (weights / race).argmax(dim=1)
     return choice, drawn
 
 

@@ -435,9 +435,9 @@ class ModelRunner:
                 range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
             held.extend(rows)
             positions = [*range(start, start + n)]
-            limits = list(positions)
-            ancestors = [0] * n
+            limits = positions  # (a chain token sees up to its own column; no tree bits)
             if tree is not None:
+                limits, ancestors = list(positions), [0] * n
                 first, parents = tree
                 root = start + first - 1  # the last column (and position) before the nodes
                 for j, parent in enumerate(parents):
@@ -453,7 +453,8 @@ class ModelRunner:
                 slot * width + p for p in range(start, start + n)] + [
                 slot * width + self.cache.scratch_column] * pad
             host[4 * padded + base:4 * padded + base + num_new] = limits + [limits[-1]] * pad
-            host[5 * padded + base:5 * padded + base + n] = ancestors
+            if tree is not None:  # (the scratch plan's ancestor bits are 0 already)
+                host[5 * padded + base:5 * padded + base + n] = ancestors
             token_rows.extend(range(base, base + n))
         return host, token_rows
 

@@ -120,7 +120,7 @@ def off_chain_paths(llm: LLM) -> list[list[int]]:
     return moved
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 2, 3])  # (3: trees once one has finished)
 def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch):  # noqa: F811
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31], [40]][:batch]
     llm = tree_llm(target, head_dir, [3, 2])
@@ -190,28 +190,42 @@ def test_a_tree_near_the_context_limit_takes_only_the_columns_left(target,  # no
     assert out.token_ids == hf_greedy(target, [5, 17, 3, 60, 22], 15)
 
 
+@pytest.mark.parametrize("other", [
+    SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, repetition_penalty=1.3),
+    SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)],
+    ids=["penalised", "seeded"])
 def test_requests_that_cannot_verify_trees_get_chains_beside_them(target,  # noqa: F811
-                                                                   head_dir):  # noqa: F811
-    """A penalised greedy request and a seeded sample run in the same steps as greedy tree
-    requests: each gives what it gives with chains only."""
-    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32]]
-    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=16, ignore_eos=True,
-                             repetition_penalty=1.3),
-              SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)]
+                                                                   head_dir,  # noqa: F811
+                                                                   other):
+    """A penalised greedy request or a seeded sample runs in the same steps as a greedy tree
+    request: each gives what it gives with chains only."""
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9]]
+    params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), other]
     with_trees = tree_llm(target, head_dir, [3, 2])
     moved = off_chain_paths(with_trees)
+    kinds = tree_kinds(with_trees)
     chains = tree_llm(target, head_dir, None)
     got = [o.outputs[0].token_ids for o in with_trees.generate(prompts, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in chains.generate(prompts, params, use_tqdm=False)]
     assert got == want and got[0] == hf_greedy(target, prompts[0], 16) and moved
+    assert (True, False) in kinds  # (a tree beside a chain, in one forward)
 
 
-def test_ngram_chains_and_head_trees_in_one_step(target, head_dir):  # noqa: F811
-    """Method ``ngram_eagle`` with trees: a request whose suffix repeats verifies n-gram's chain,
-    the other the head's tree, in the same steps; greedy output equals Hugging Face's."""
-    llm = tree_llm(target, head_dir, [3, 2], spec={"method": "ngram_eagle"})
-    moved = off_chain_paths(llm)
+def test_a_step_of_three_drafts_chains_even_if_one_could_draft_a_tree(target,  # noqa: F811
+                                                                     head_dir):  # noqa: F811
+    """Trees only in steps of at most 2 sequences, whatever the others are (a decode graph's
+    twin is a chain's width above 2)."""
+    llm = tree_llm(target, head_dir, [3, 2])
+    kinds = tree_kinds(llm)
+    seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), seeded, seeded]
+    out = llm.generate([[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32]], params, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_greedy(target, [5, 17, 3, 60, 22], 12)
+    assert not kinds  # (no forward had a tree)
+
+
+def tree_kinds(llm: LLM) -> list[tuple[bool, ...]]:
+    """Record which sequences of each forward with trees had one."""
     kinds: list[tuple[bool, ...]] = []
     forward = llm.engine.runner.forward
 
@@ -221,6 +235,15 @@ def test_ngram_chains_and_head_trees_in_one_step(target, head_dir):  # noqa: F81
         return forward(slots, tokens, logits_indices, trees=trees)
 
     llm.engine.runner.forward = recording
+    return kinds
+
+
+def test_ngram_chains_and_head_trees_in_one_step(target, head_dir):  # noqa: F811
+    """Method ``ngram_eagle`` with trees: a request whose suffix repeats verifies n-gram's chain,
+    the other the head's tree, in the same steps; greedy output equals Hugging Face's."""
+    llm = tree_llm(target, head_dir, [3, 2], spec={"method": "ngram_eagle"})
+    moved = off_chain_paths(llm)
+    kinds = tree_kinds(llm)
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [30, 41, 52, 63, 74]]
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -236,4 +259,6 @@ def test_the_tree_option_is_checked():
         SpeculativeConfig(method="eagle", num_speculative_tokens=2, draft_tree=[2, 2, 2])
     with pytest.raises(ValueError, match="draft_tree"):
         SpeculativeConfig(method="eagle", draft_tree=[8, 8])  # 8 + 64 + ... nodes
+    with pytest.raises(ValueError, match="draft_tree"):
+        SpeculativeConfig(method="eagle", draft_tree=[])
     assert SpeculativeConfig(method="ngram_eagle", draft_tree=(2,)).draft_tree == [2]
