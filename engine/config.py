@@ -109,9 +109,13 @@ class SpeculativeConfig:
     then one per node down to ``num_speculative_tokens`` (3 + 6 + 6 + 6 = 21 nodes at k = 4).
     One target forward verifies every node (each sees only its own branch) and one branch is
     kept: greedy, the longest the target agrees with; sampled, by multi-candidate rejection
-    (lossless, :mod:`samplers.tree_verify`). Requests without penalties, biases or logprobs,
-    greedy or unseeded under the rejection sampler, in steps of at most 2 sequences, get trees;
-    the others get the chain of the likeliest drafts. None: chains.
+    (lossless, :mod:`samplers.tree_verify`). Greedy requests without penalties, biases or
+    logprobs, in steps of at most 2 sequences, get trees; the others get the chain of the
+    likeliest drafts. None: chains.
+    ``draft_tree_sampling``: unseeded sampled requests (under the rejection sampler) get trees
+    too, verified by multi-candidate rejection. Off by default: measured on an H100 with the
+    default model at temperature 0.7, batch 1, trees ran at 0.91-0.95x the engine without
+    speculation against 0.97-1.07x for chains (the sampled tree verification's host work).
     """
 
     method: str = "ngram"
@@ -130,6 +134,7 @@ class SpeculativeConfig:
     draft_cost_ratio: float | None = None
     adaptive_probe_interval: int = 16
     draft_tree: list[int] | None = None
+    draft_tree_sampling: bool = False
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"
@@ -172,6 +177,8 @@ class SpeculativeConfig:
         if not _is_int(p) or p < 1:
             _fail(name, "adaptive_probe_interval", p, "an integer >= 1")
         self._check_tree()
+        if not isinstance(self.draft_tree_sampling, bool):
+            _fail(name, "draft_tree_sampling", self.draft_tree_sampling, "True or False")
 
     def _check_tree(self) -> None:
         tree = self.draft_tree

@@ -407,14 +407,14 @@ class LLMEngine:
     def _tree_ok(self, seq: Sequence) -> bool:
         """Whether ``seq`` may verify a draft tree: nothing that makes a position's logits depend
         on the drafts before it (penalties, bias, bad words, min tokens), no logprobs (their
-        rows would be the tree's), and greedy, or sampled without a seed under the lossless
-        rejection sampler (a seeded sample keeps its chains: whether a step drafts a tree
-        depends on the batch, and the same seed must give the same text)."""
+        rows would be the tree's), and greedy, or (``draft_tree_sampling``) sampled without a
+        seed under the lossless rejection sampler (a seeded sample keeps its chains: whether a
+        step drafts a tree depends on the batch, and the same seed must give the same text)."""
         spec = self.config.speculative_config
         params = seq.params
         return (spec is not None and spec.draft_tree is not None and not seq.adjuster.active
                 and params.logprobs is None
-                and (params.greedy or (params.seed is None
+                and (params.greedy or (spec.draft_tree_sampling and params.seed is None
                                        and spec.acceptance_method == "rejection_sampler")))
 
     def _keep_trees(self, batch: _StepBatch, wanted: list[int], drafts: list[list[int]],

@@ -147,7 +147,7 @@ def test_sampled_tokens_through_draft_trees_follow_the_target(target, head_dir, 
     monkeypatch.setattr(llm_engine, "TREE_MAX_SEQS", 10_000)
     params = SamplingParams(n=NUM_SAMPLES, max_tokens=3, ignore_eos=True, **CASES[case])
     spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3,
-            "adaptive_k": False, "draft_tree": [3, 2]}
+            "adaptive_k": False, "draft_tree": [3, 2], "draft_tree_sampling": True}
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
               max_num_seqs=256, seed=77)
     kept = []  # every tree's kept branch

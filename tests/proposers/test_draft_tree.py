@@ -192,23 +192,26 @@ def test_a_tree_near_the_context_limit_takes_only_the_columns_left(target,  # no
 
 @pytest.mark.parametrize("other", [
     SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, repetition_penalty=1.3),
-    SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True)],
-    ids=["penalised", "seeded"])
+    SamplingParams(temperature=0.8, seed=5, max_tokens=16, ignore_eos=True),
+    SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True)],
+    ids=["penalised", "seeded", "sampled"])  # (sampled: trees only with draft_tree_sampling)
 def test_requests_that_cannot_verify_trees_get_chains_beside_them(target,  # noqa: F811
                                                                    head_dir,  # noqa: F811
                                                                    other):
-    """A penalised greedy request or a seeded sample runs in the same steps as a greedy tree
-    request: each gives what it gives with chains only."""
+    """A penalised greedy request, a seeded sample or an unseeded one (the engine's seed) runs in
+    the same steps as a greedy tree request: each gives what it gives with chains only."""
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9]]
     params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), other]
-    with_trees = tree_llm(target, head_dir, [3, 2])
+    with_trees = tree_llm(target, head_dir, [3, 2], seed=7)
     moved = off_chain_paths(with_trees)
     kinds = tree_kinds(with_trees)
-    chains = tree_llm(target, head_dir, None)
+    chains = tree_llm(target, head_dir, None, seed=7)
     got = [o.outputs[0].token_ids for o in with_trees.generate(prompts, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in chains.generate(prompts, params, use_tqdm=False)]
-    assert got == want and got[0] == hf_greedy(target, prompts[0], 16) and moved
+    assert got[0] == want[0] == hf_greedy(target, prompts[0], 16) and moved
     assert (True, False) in kinds  # (a tree beside a chain, in one forward)
+    if other.seed is not None or other.greedy:  # (unseeded: the engine's random stream is
+        assert got[1] == want[1]  # spent differently when the greedy one verifies a tree)
 
 
 def test_a_step_of_three_drafts_chains_even_if_one_could_draft_a_tree(target,  # noqa: F811
