@@ -739,10 +739,14 @@ class LLMEngine:
             return
         done = [(i, r) for i, r in zip(batch.sampling, batch.verified, strict=True)
                 if batch.items[i].seq.finish_reason != "error"]
+        # (a tree's acceptance is its own sequence's: new requests, which may land in batches
+        # too large for trees, start from the chains' rate)
         self.spec_policy.update([batch.items[i].seq for i, _ in done],
                                 [r.depth for _, r in done],
                                 [r.num_accepted for _, r in done],
-                                [batch.backed[i] for i, _ in done])
+                                [batch.backed[i] for i, _ in done],
+                                [r.path is not None for _, r in done]
+                                if batch.runner_trees is not None else None)
 
     def _rollback(self, batch: _StepBatch) -> None:
         """7. Cut each running sequence's target cache back to its kept context (the newest

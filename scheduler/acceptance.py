@@ -200,12 +200,15 @@ class AcceptanceModel:
         self.found[self._rows(reqs)] = np.asarray(found) > 0
 
     def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
-               num_accepted: list[int], num_backed: list[int | None]) -> None:
+               num_accepted: list[int], num_backed: list[int | None],
+               private: list[bool] | None = None) -> None:
         """One verified step of each of ``reqs``: drafts ``1..num_accepted`` were accepted and,
         when one was rejected, draft ``num_accepted + 1`` was tested and failed; later ones were
         not tested (``num_backed[i]`` None: all backed). The step's proposals
         (:meth:`record_proposals`) are counted too. A request's acceptance counts decay only at
-        its steps with drafts."""
+        its steps with drafts. ``private[i]``: request ``i``'s step counts for its own row only,
+        not for the engine's rate that new requests start from (a draft tree's acceptance,
+        which the chains of larger batches do not reach)."""
         n, k1 = len(reqs), self.max_k + 1
         rows = self._rows(reqs)
         if n and rows.min() < 0:
@@ -220,6 +223,7 @@ class AcceptanceModel:
         num_drafting, num_asked = int(np.count_nonzero(drafted)), int(np.count_nonzero(asked))
         if not num_drafting and not num_asked:
             return
+        shared = None if private is None or not any(private) else ~np.asarray(private, bool)
         self.version += 1
         stamps = self.stamps[rows]  # [n]
         age = DECAY ** (np.maximum(self.clock - stamps - 1, 0) / IDLE_STEPS)  # [n]
@@ -229,6 +233,10 @@ class AcceptanceModel:
         add = self._add[codes]  # [n, 2, max_k + 2]
         self.counts[rows] = self.counts[rows] * mult + add
         self.stamps[rows] = np.where(drafted, self.clock, stamps)
+        if shared is not None:  # (the engine's rate learns from the shared steps only)
+            add, drafted, asked = add[shared], drafted[shared], asked[shared]
+            num_drafting = int(np.count_nonzero(drafted))
+            num_asked = int(np.count_nonzero(asked))
         engine_mult = np.empty(k1 + 1)  # [max_k + 2]
         engine_mult[:k1] = 1.0
         if num_drafting:

@@ -240,11 +240,13 @@ class SpeculationPolicy:
         self.controller.record(len(items), width, step_s, asked, propose_s or 0.0)
 
     def update(self, seqs: list[SpeculatingSequence], num_drafted: list[int],
-               num_accepted: list[int], num_backed: list[int | None]) -> None:
-        """The step's verified sequences, at once."""
+               num_accepted: list[int], num_backed: list[int | None],
+               private: list[bool] | None = None) -> None:
+        """The step's verified sequences, at once (``private[i]``: a draft tree's step, which
+        counts for its own sequence only: ``AcceptanceModel.update``)."""
         if self.adaptive:
             self.controller.acceptance.update([seq.speculation for seq in seqs], num_drafted,
-                                              num_accepted, num_backed)
+                                              num_accepted, num_backed, private)
 
     def release(self, seq: SpeculatingSequence) -> None:
         """A sequence left the engine (finished, aborted): its acceptance row is free."""

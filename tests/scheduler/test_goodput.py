@@ -231,6 +231,24 @@ def test_acceptance_of_a_new_request_starts_at_the_engines_and_follows_its_own()
     assert old.row == -1 and model.new_request().row == row  # the row is reused
 
 
+def test_a_private_step_teaches_its_own_request_and_not_the_engine():
+    """A draft tree's acceptance (``private``) stays with its request: a new request starts
+    from the chains' rate."""
+    model = AcceptanceModel(4)
+    chain, tree = model.new_request(), model.new_request()
+    for _ in range(30):
+        model.tick()
+        model.update([chain, tree], [4, 4], [0, 4], [None, None], private=[False, True])
+    assert model.rates([tree])[0, 0] > 0.8  # its own, all accepted
+    assert model.rates([model.new_request()])[0, 0] < 0.05  # the engine's: the chain's
+    shared = AcceptanceModel(4)
+    a, b = shared.new_request(), shared.new_request()
+    for _ in range(30):
+        shared.tick()
+        shared.update([a, b], [4, 4], [0, 4], [None, None])
+    assert 0.3 < shared.rates([shared.new_request()])[0, 0] < 0.7  # (both counted)
+
+
 def run_iid(ctl: GoodputController, rates: list[float], steps: int, seed: int = 0) -> float:
     """One request at batch 1 whose draft ``j`` is accepted with probability ``rates[j]``
     (given the ones before), each step decided as the engine does (plan, the free proposer's
