@@ -576,7 +576,6 @@ class LLMEngine:
         rows' values in ``EngineConfig.logprobs_mode`` ``[num_rows, vocab_size]``."""
         seqs = [batch.items[i].seq for i in batch.sampling]
         drafts = [batch.drafts[i] for i in batch.sampling]
-        metadata = SpecDecodeMetadata.from_lists(drafts, self.device)
         sampling = SamplingTensors.from_params([s.params for s in seqs],
                                                [s.generator for s in seqs], self.device,
                                                self.generator)
@@ -588,6 +587,7 @@ class LLMEngine:
         if mode.startswith("processed") and any(s.params.logprobs is not None for s in seqs):
             batch.logprob_logits = logits.clone()  # [num_rows, vocab_size], adjusted
         if batch.runner_trees is None:
+            metadata = SpecDecodeMetadata.from_lists(drafts, self.device)
             tokens = self._sampler_for(sampling).verify(logits, metadata, sampling,
                                                         draft_probs).tolist()
         else:
@@ -623,10 +623,12 @@ class LLMEngine:
             sampling = SamplingTensors.from_params(
                 [seqs[j].params for j in chains], [seqs[j].generator for j in chains],
                 self.device, self.generator)
+            probs = [batch.probs[batch.sampling[j]] for j in chains if drafts[j]]
+            draft_probs = torch.cat(probs) if any(p is not None for p in probs) else None
             verified = self._sampler_for(sampling).verify(
                 logits.index_select(0, rows),
                 SpecDecodeMetadata.from_lists([drafts[j] for j in chains], self.device),
-                sampling, None).tolist()
+                sampling, draft_probs).tolist()
             for j, t in zip(chains, verified, strict=True):
                 out[j] = t
         tree_js = [j for j, t in enumerate(trees) if t is not None]
