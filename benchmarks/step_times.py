@@ -94,12 +94,12 @@ class StepClock:
                                    "cost": float(cost[width])})
         return width
 
-    def _on_update(self, seqs, num_drafted, num_accepted, num_backed):
+    def _on_update(self, seqs, num_drafted, num_accepted, num_backed, private=None):
         last = self.decisions[-1] if self.decisions else None
         if last is not None and "real" not in last and any(num_drafted):
             kept = sum(min(a, d) for a, d in zip(num_accepted, num_drafted, strict=True))
             last["real"] = (len(seqs) + kept) / max(len(seqs), 1)
-        return self._update(seqs, num_drafted, num_accepted, num_backed)
+        return self._update(seqs, num_drafted, num_accepted, num_backed, private)
 
     def _on_record(self, items, drafts, step_s, propose_s):
         self._recorded = (1 + max(map(len, drafts)), step_s)
