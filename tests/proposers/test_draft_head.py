@@ -33,20 +33,25 @@ def target():
     return tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)
 
 
-@pytest.fixture(scope="module")
-def head_dir(tmp_path_factory, target):
+def save_repeating_head(config, directory) -> None:
     """A head whose drafts repeat the newest token: its prediction is the normed feature
-    itself (no attention or MLP output), whose argmax is the token the feature gave. The tiny
+    itself (no attention or MLP output), whose argmax is the token the feature gave. A tiny
     target repeats tokens often, so some drafts are accepted and some rejected."""
-    head = random_head(target.config)
-    hidden = target.config.hidden_size
+    head = random_head(config)
+    hidden = config.hidden_size
     with torch.no_grad():
         head.o_proj.weight.zero_()
         head.down.weight.zero_()
         head.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], 1))
         head.feature_norm.weight.fill_(1.0)
-    directory = tmp_path_factory.mktemp("head")
     head.save(directory, {"trained": "no (a test head)"})
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, target):
+    """:func:`save_repeating_head` for the tiny target."""
+    directory = tmp_path_factory.mktemp("head")
+    save_repeating_head(target.config, directory)
     return directory
 
 

@@ -80,6 +80,10 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
 
 
 def test_launch_errors_name_the_setting(model_dir, monkeypatch):
+    for method in ("early_exit", "eagle", "ngram_eagle"):  # (the target's split modules)
+        with pytest.raises(ValueError, match="speculative_config.method"):
+            LLM(str(model_dir), device="cpu", tensor_parallel_size=2,
+                speculative_config={"method": method})
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
         LLM(str(model_dir), device="cpu", tensor_parallel_size=2)
