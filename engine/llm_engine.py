@@ -110,6 +110,12 @@ class _StepBatch:
         self.backed = [self.backed[i] for i in keep]
         self.trees = [self.trees[i] for i in keep]
 
+    def draft_probs(self, items: list[int]) -> torch.Tensor | None:
+        """``[num_tokens, vocab_size]``: the draft probabilities of ``items``' drafts, in order
+        (None: one-hot drafts)."""
+        probs = [self.probs[i] for i in items if self.drafts[i]]
+        return torch.cat(probs) if any(p is not None for p in probs) else None
+
     def levels(self) -> list[list[int]]:
         """Each item's drafts, a tree's as one per level (how the controller counts them: it
         chooses a tree's depth, and a tree step's time is that depth's)."""
@@ -579,10 +585,7 @@ class LLMEngine:
         sampling = SamplingTensors.from_params([s.params for s in seqs],
                                                [s.generator for s in seqs], self.device,
                                                self.generator)
-        probs = [batch.probs[i] for i in batch.sampling if batch.drafts[i]]
-        draft_probs = None
-        if any(p is not None for p in probs):
-            draft_probs = torch.cat(probs)  # [num_tokens, vocab_size]
+        draft_probs = batch.draft_probs(batch.sampling)  # [num_tokens, vocab_size] or None
         mode = self.config.logprobs_mode
         if mode.startswith("processed") and any(s.params.logprobs is not None for s in seqs):
             batch.logprob_logits = logits.clone()  # [num_rows, vocab_size], adjusted
@@ -623,8 +626,7 @@ class LLMEngine:
             sampling = SamplingTensors.from_params(
                 [seqs[j].params for j in chains], [seqs[j].generator for j in chains],
                 self.device, self.generator)
-            probs = [batch.probs[batch.sampling[j]] for j in chains if drafts[j]]
-            draft_probs = torch.cat(probs) if any(p is not None for p in probs) else None
+            draft_probs = batch.draft_probs([batch.sampling[j] for j in chains])
             verified = self._sampler_for(sampling).verify(
                 logits.index_select(0, rows),
                 SpecDecodeMetadata.from_lists([drafts[j] for j in chains], self.device),

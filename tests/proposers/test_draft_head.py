@@ -78,19 +78,25 @@ def oracle_drafts(head, embed, lm_head, features, tokens, steps) -> list[int]:
     appended as the next pair; no cache, no batching, no padding."""
     feats, toks = list(features), list(tokens[1:])
     drafts = []
-    with torch.no_grad():
-        for _ in range(steps):
-            n = len(toks)
-            x = head.inputs(torch.stack(feats)[None], embed(torch.tensor([toks])))
-            pos = torch.arange(n)[None]
-            k, v = head.keys_values(x, pos)
-            causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
-            pred = head.attend(x, pos, k, v, causal)[0, -1]
-            token = int(lm_head(pred).argmax())
-            drafts.append(token)
-            feats.append(pred)
-            toks.append(token)
+    for _ in range(steps):
+        pred = head_prediction(head, embed, feats, toks)
+        token = int(lm_head(pred).argmax())
+        drafts.append(token)
+        feats.append(pred)
+        toks.append(token)
     return drafts
+
+
+@torch.no_grad()
+def head_prediction(head, embed, feats: list[torch.Tensor], toks: list[int]) -> torch.Tensor:
+    """The head's prediction ``[hidden_size]`` at the last of the pairs (``feats[j]``,
+    ``toks[j]``), taken as one causal sequence: no cache, no batching, no padding."""
+    n = len(toks)
+    x = head.inputs(torch.stack(feats)[None], embed(torch.tensor([toks])))
+    pos = torch.arange(n)[None]
+    k, v = head.keys_values(x, pos)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    return head.attend(x, pos, k, v, causal)[0, -1]
 
 
 def hidden_of(model, tokens: list[int]) -> torch.Tensor:

@@ -17,6 +17,7 @@ from tests.proposers.test_draft_head import (
     VOCAB,
     feed,
     head_dir,  # noqa: F401 - a fixture
+    head_prediction,
     hidden_of,
     make_proposer,
     random_head,
@@ -29,19 +30,11 @@ def oracle_children(head, embed, lm_head, features, tokens, branch, count) -> li
     branch's tokens fed one by one with the previous prediction (no cache, no tree mask);
     the ``count`` likeliest next tokens after the branch."""
     feats, toks = list(features), list(tokens[1:])
+    for token in branch:
+        feats.append(head_prediction(head, embed, feats, toks))
+        toks.append(token)
     with torch.no_grad():
-        for step in range(len(branch) + 1):
-            n = len(toks)
-            x = head.inputs(torch.stack(feats)[None], embed(torch.tensor([toks])))
-            pos = torch.arange(n)[None]
-            k, v = head.keys_values(x, pos)
-            causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
-            pred = head.attend(x, pos, k, v, causal)[0, -1]
-            if step == len(branch):
-                return lm_head(pred).topk(count).indices.tolist()
-            feats.append(pred)
-            toks.append(branch[step])
-    raise AssertionError("unreachable")
+        return lm_head(head_prediction(head, embed, feats, toks)).topk(count).indices.tolist()
 
 
 def test_tree_layout():
