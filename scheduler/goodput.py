@@ -180,15 +180,34 @@ class GoodputController:
     def _measured_step_cost(self, batch_size: int) -> np.ndarray:
         cost = np.empty(self.max_k + 2)
         cost[0] = cost[1] = 1.0
+        if self.verify_cost is not None:
+            cost[2:] = 1.0 + self.verify_cost * np.arange(1, self.max_k + 1)
+            return cost
+        measured = [self.costs.relative("step", batch_size, w) for w in range(self.max_k + 2)]
+        measured[1] = 1.0
+        known = [w for w in range(1, self.max_k + 2) if measured[w] is not None]
         for w in range(2, self.max_k + 2):
-            measured = (None if self.verify_cost is not None
-                        else self.costs.relative("step", batch_size, w))
-            v = DEFAULT_VERIFY_COST if self.verify_cost is None else self.verify_cost
-            cost[w] = 1.0 + v * (w - 1) if measured is None else measured
-            if measured is not None and self.costs.count("step", batch_size, w) < TRUSTED:
-                # (a width is tried until its cost is a median: one slow first step must not
-                # rule it out, and a step costs at least what a narrower one does)
-                cost[w] = min(cost[w], cost[w - 1])
+            if measured[w] is not None:
+                cost[w] = measured[w]
+                if self.costs.count("step", batch_size, w) < TRUSTED:
+                    # (a width is tried until its cost is a median: one slow first step must
+                    # not rule it out, and a step costs at least what a narrower one does)
+                    cost[w] = min(cost[w], cost[w - 1])
+                continue
+            # Not measured: between two measured widths, on the line through them (a step's
+            # cost grows about linearly with its tokens); past the widest, the widest's cost,
+            # and with nothing measured, DEFAULT_VERIFY_COST a token. Optimistic, so that the
+            # width is tried and then judged on its own cost (measured on the H100: with k = 1
+            # and 4 measured and k = 2 at its default cost, the controller never tried k = 2,
+            # the best at acceptance 0.3).
+            lo = max(v for v in known if v < w)
+            hi = min((v for v in known if v > w), default=None)
+            if hi is not None:
+                cost[w] = measured[lo] + (measured[hi] - measured[lo]) * (w - lo) / (hi - lo)
+            elif lo > 1:
+                cost[w] = cost[lo]
+            else:
+                cost[w] = 1.0 + DEFAULT_VERIFY_COST * (w - 1)
         return cost
 
     def propose_cost(self, batch_size: int, k: int, measured_draft_cost: float) -> float:

@@ -115,6 +115,40 @@ def test_one_slow_first_step_does_not_rule_a_width_out():
     assert ctl.choose_width(accs, [4] * 8, None, 0) == 3
 
 
+def test_a_width_not_measured_yet_is_costed_between_its_measured_neighbours():
+    """Only 1 and 4 drafts were measured (a probe's width and the one chosen since): 2 drafts
+    sit on the line between them, and at acceptance 0.5 they are chosen (at the default cost,
+    0.1 of a plain step a token, 2 drafts had lost to 1 and were never tried: seen in
+    benchmarks/controller_sim.py at batch 1, acceptance 0.3, with the H100's cost ratios);
+    past the widest measured width, its cost."""
+    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for w, rel in ((1, 1.0), (2, 1.02), (5, 1.2)):
+        for _ in range(4):
+            ctl.costs.record("step", 1, w, 0.004 * rel)
+    assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.02, 1.08, 1.14, 1.2])
+    accs = [ctl.acceptance.new_request()]
+    for _ in range(30):  # the first draft accepted in half the steps, the second likewise
+        for accepted in (2, 0, 1, 0):
+            feed(ctl, accs, 1, accepted=accepted, drafted=2)
+    rates = ctl.acceptance.rates(accs)[0]
+    assert 0.35 < rates[0] < 0.65 and 0.35 < rates[1] < 0.65
+    # 1 draft: at most 1.65 tokens for 1.02 plain steps (1.62 a step); 2 drafts: at least
+    # 1.35 + 0.35 * 0.35 = 1.47 for 1.08 (1.36): at these rates 2 drafts win where each
+    # rate is at least about 0.45, which the pattern gives (1 draft wins below it)
+    expected = 1 + rates[0] + rates[0] * rates[1]
+    assert expected / 1.08 > (1 + rates[0]) / 1.02 > expected / 1.2  # (the premise)
+    assert ctl.choose_width(accs, [2], None, 0) == 2
+    wide = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for w, rel in ((1, 1.0), (3, 1.1)):
+        for _ in range(4):
+            wide.costs.record("step", 1, w, 0.004 * rel)
+    assert wide.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.05, 1.1, 1.1, 1.1])
+    untouched = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for _ in range(4):
+        untouched.costs.record("step", 1, 1, 0.004)
+    assert untouched.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.1, 1.2, 1.3, 1.4])
+
+
 def test_best_width_needs_a_margin_over_plain_decoding_and_prefers_the_smaller_on_ties():
     tokens = np.array([8.0, 8.1, 8.15])
     assert best_width(tokens, np.array([1.0, 1.0, 1.0])) == 0  # under 2% more: no drafts
