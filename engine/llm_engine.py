@@ -217,6 +217,8 @@ class LLMEngine:
             drafts_are_free=bool(self.proposer and self.proposer.drafts_are_free),
             measured_draft_cost=lambda: self.metrics.draft_cost_ratio,
             batch_bucket=batch_bucket)  # (steps of one graph bucket cost the same)
+        # (on a GPU the controller learns each step's acceptance during the next forward)
+        self.spec_policy.defer_updates = self.forward_is_async
         self.requests: dict[str, list[Sequence]] = {}
         self._finished_outside_step: list[Sequence] = []
         self._proposed_last_step = False  # (a proposal after a gap catches up: not timed)
@@ -328,6 +330,7 @@ class LLMEngine:
             return updated + self._fail_unschedulable()
         self._propose(batch)
         logits = self._forward(batch)
+        self.spec_policy.flush()  # (the last step's acceptance, while the forward runs)
         if logits is not None:
             self._observe(batch)
             self._adjust(batch, logits)

@@ -31,6 +31,7 @@ verified step adds is looked up in a table by its (found, drafted, accepted, bac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import attrgetter
 
 import numpy as np
@@ -78,11 +79,16 @@ class AcceptanceModel:
         self.engine_rates = self._engine_rates()  # [max_k + 2] (kept with the counts)
         self._estimated: tuple[tuple[int, ...], int, np.ndarray, np.ndarray] | None = None
         # the last estimates: (rows, version, values, the first column's standard errors)
+        self._raised: tuple[np.ndarray, float, np.ndarray] | None = None  # the last
+        # optimistic(): (the estimates it raised, spread, its answer)
         self.counts = np.zeros((capacity, 2, k + 2))  # [rows, 2, max_k + 2]
         self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last drafts
         self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
         # 1 found backed drafts, 0 found none, -1 not asked
         self._free = list(range(capacity - 1, -1, -1))
+        # Deferred learning (see :meth:`flush`): proposals, updates and releases, in order.
+        self.deferred = False
+        self._queue: list[tuple[Callable[..., None], tuple]] = []
         self._tables()
 
     def _tables(self) -> None:
@@ -121,8 +127,24 @@ class AcceptanceModel:
         self.stamps[row] = self.clock
         return row
 
+    def flush(self) -> None:
+        """Apply what :attr:`deferred` held back, in order. A GPU engine defers each step's
+        learning to the next step's forward, which the host would otherwise wait on; a
+        decision then sees the acceptance of the steps before the last one, and a released
+        row stays taken until the updates that name it are applied."""
+        queue, self._queue = self._queue, []
+        for fn, args in queue:
+            fn(*args)
+
     def release(self, req: RequestAcceptance) -> None:
-        """The request finished: its row is free for another."""
+        """The request finished: its row is free for another (after the deferred updates
+        that may name it: :meth:`flush`)."""
+        if self._queue:
+            self._queue.append((self._release, (req,)))
+        else:
+            self._release(req)
+
+    def _release(self, req: RequestAcceptance) -> None:
         if req.row >= 0:
             self._free.append(req.row)
             req.row = -1
@@ -170,15 +192,19 @@ class AcceptanceModel:
     def optimistic(self, reqs: list[RequestAcceptance], spread: float) -> np.ndarray:
         """``[len(reqs), max_k + 2]``: :meth:`estimates` with the first draft's rate raised by
         ``spread`` standard errors, at most 1 (an upper confidence bound: see
-        ``scheduler.goodput``, "Decisions under uncertainty"). Only the first: every drafting
-        step tests it, and it gates the rest; a later position that is seldom reached keeps
-        its estimate (an untested one reads the engine's optimistic start, and raising both
-        would count the same doubt twice)."""
+        ``scheduler.goodput``, "Decisions under uncertainty"; read only, kept like the
+        estimates). Only the first: every drafting step tests it, and it gates the rest; a
+        later position that is seldom reached keeps its estimate (an untested one reads the
+        engine's optimistic start, and raising both would count the same doubt twice)."""
         values, errors = self._estimate(reqs)
         if not spread:
             return values
+        last = self._raised
+        if last is not None and last[0] is values and last[1] == spread:
+            return last[2]
         out = values.copy()
         out[:, 0] = np.minimum(values[:, 0] + spread * errors, 1.0)
+        self._raised = (values, spread, out)
         return out
 
     def rates(self, reqs: list[RequestAcceptance], backed: list[int] | None = None,
@@ -197,6 +223,12 @@ class AcceptanceModel:
     def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs (counted
         with the step's :meth:`update`)."""
+        if self.deferred:
+            self._queue.append((self._record_proposals, (reqs, found)))
+        else:
+            self._record_proposals(reqs, found)
+
+    def _record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         self.found[self._rows(reqs)] = np.asarray(found) > 0
 
     def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
@@ -209,6 +241,15 @@ class AcceptanceModel:
         its steps with drafts. ``private[i]``: request ``i``'s step counts for its own row only,
         not for the engine's rate that new requests start from (a draft tree's acceptance,
         which the chains of larger batches do not reach)."""
+        args = (reqs, num_drafted, num_accepted, num_backed, private)
+        if self.deferred:
+            self._queue.append((self._update, args))
+        else:
+            self._update(*args)
+
+    def _update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
+                num_accepted: list[int], num_backed: list[int | None],
+                private: list[bool] | None) -> None:
         n, k1 = len(reqs), self.max_k + 1
         rows = self._rows(reqs)
         if n and rows.min() < 0:

@@ -92,12 +92,12 @@ def sequence_tokens(rates: np.ndarray, avail: np.ndarray | list[int]) -> np.ndar
     ``min(w, avail[i])`` drafts, ``w = 0..max_k``. ``rates [n, max_k]``: conditional
     acceptance; ``avail [n]``: drafts each sequence can verify."""
     n, max_k = rates.shape
-    reach = np.cumprod(rates, axis=1)  # [n, max_k] P(drafts 1..j all accepted)
+    reach = rates.cumprod(axis=1)  # [n, max_k] P(drafts 1..j all accepted)
     if min(avail, default=max_k) < max_k:
         reach *= np.arange(max_k)[None, :] < np.asarray(avail)[:, None]
     tokens = np.empty((n, max_k + 1))  # [n, max_k + 1]
     tokens[:, 0] = 0.0
-    np.cumsum(reach, axis=1, out=tokens[:, 1:])
+    reach.cumsum(axis=1, out=tokens[:, 1:])
     tokens += 1.0
     return tokens
 
@@ -125,7 +125,7 @@ def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0,
     goodput = tokens / cost  # [max_k + 1]
     if typical is not None and min_width == 0:
         goodput = np.where(typical >= cost, goodput, 0.0)
-    best = min_width + int(np.argmax(goodput[min_width:]))
+    best = min_width + int(goodput[min_width:].argmax())
     if min_width == 0 and best > 0 and goodput[best] <= goodput[0] * (1.0 + MARGIN):
         return 0
     return best
@@ -165,6 +165,7 @@ class GoodputController:
         self.settled = False  # the last plan weighed drafting and chose none (not a probe)
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
         # (cost table version, step_cost)
+        self._last_accs: list[RequestAcceptance] = []  # the sequences the last decision weighed
 
     # ---- costs --------------------------------------------------------------------------------
     def step_cost(self, batch_size: int) -> np.ndarray:
@@ -197,9 +198,9 @@ class GoodputController:
             # Not measured: between two measured widths, on the line through them (a step's
             # cost grows about linearly with its tokens); past the widest, the widest's cost,
             # and with nothing measured, DEFAULT_VERIFY_COST a token. Optimistic, so that the
-            # width is tried and then judged on its own cost (measured on the H100: with k = 1
-            # and 4 measured and k = 2 at its default cost, the controller never tried k = 2,
-            # the best at acceptance 0.3).
+            # width is tried and then judged on its own cost (benchmarks/controller_sim.py,
+            # the H100's cost ratios, batch 1, acceptance 0.3: with 1 and 4 drafts measured
+            # and 2 at the default cost, 2 drafts, the best there, were never tried).
             lo = max(v for v in known if v < w)
             hi = min((v for v in known if v > w), default=None)
             if hi is not None:
@@ -259,6 +260,7 @@ class GoodputController:
         key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version)
         if self._idle_key == key:
             return self._idle_or_probe(self._probe_overhead)
+        self._last_accs = accs
         estimates = self.acceptance.optimistic(accs, self._spread(len(accs)))  # [n, max_k + 2]
         rates = self.acceptance.rates(accs, estimates=estimates)  # [n, max_k]
         widened = 1.0  # the chance that the step verifies drafts at all
@@ -319,6 +321,7 @@ class GoodputController:
         if not accs:  # (no sequence it steers counts this step: nothing drafted for them)
             self._keep_asking = self.drafting = False
             return min_width
+        self._last_accs = accs
         rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
             accs, self._spread(len(accs))))  # [n, max_k]
         per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
@@ -337,6 +340,16 @@ class GoodputController:
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))
         return w
+
+    def prepare(self, batch_size: int) -> None:
+        """Ready the next decision, before it is asked for: the last decision's sequences
+        (those still live) estimated with what was learnt since, and the step costs at
+        ``batch_size``. The next decision reuses them where it weighs the same."""
+        accs = [acc for acc in self._last_accs if acc.row >= 0]
+        if accs:
+            self.acceptance.optimistic(accs, self._spread(len(accs)))
+        if batch_size:
+            self.step_cost(batch_size)
 
     def _spread(self, batch_size: int) -> float:
         """Standard errors added to the first draft's acceptance: while drafting, enough that

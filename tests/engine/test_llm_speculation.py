@@ -159,3 +159,33 @@ def test_steps_without_drafts_show_the_ngram_index_their_contexts(target, monkey
     out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [hf_greedy(target, p, 40) for p in PROMPTS]
     assert observed and max(observed) == len(PROMPTS)
+
+
+def test_deferred_learning_keeps_greedy_output_and_loses_no_row(target):
+    """On a GPU the controller learns each step's acceptance during the next forward
+    (``SpeculationPolicy.defer_updates``); forced here on CPU, with an aborted request among
+    finished ones: the greedy output is still the target's own, the controller still drafts
+    where drafts pay, and every acceptance row comes back (none is lost to a pending update)."""
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                  "verify_cost_per_token": 0.1})
+    policy = llm.engine.spec_policy
+    policy.defer_updates = True
+    acceptance = policy.controller.acceptance
+    rows = len(acceptance.stamps)
+    for _ in range(2):
+        out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in out] == [hf_greedy(target, p, 40)
+                                                         for p in PROMPTS]
+        assert len(acceptance._free) + sum(fn == acceptance._release
+                                           for fn, _ in acceptance._queue) == rows
+    assert llm.get_metrics().num_drafted > 0
+    llm.engine.add_request("gone", None, PROMPTS[0], GREEDY)
+    llm.engine.step()
+    llm.engine.step()
+    llm.engine.abort_request("gone")
+    llm.engine.step()  # (nothing runs: the finished request is reported)
+    out = llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == hf_greedy(target, PROMPTS[0], 40)
+    policy.flush()
+    assert len(acceptance._free) == rows

@@ -146,3 +146,35 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
     for _ in range(64):
         drafts.begin_step([off])
         assert drafts.num_spec_tokens(off) == 0
+
+
+def test_deferred_updates_wait_for_flush_and_so_do_the_rows_they_name():
+    """A GPU engine defers each step's learning to the next forward's shadow: the acceptance
+    does not change until ``flush``, a sequence that leaves meanwhile keeps its row (no new
+    request may take it) until the updates naming it are learnt, and the learnt counts are
+    those of updating at once."""
+    now, later = policy(), policy()
+    later.defer_updates = True
+    pairs = [(item(now, n, 4), item(later, n, 4)) for n in "ab"]
+    for p in (now, later):
+        for _ in range(3):  # (the same three steps on both policies)
+            p.update([s for s in (pairs[0][p is later].seq, pairs[1][p is later].seq)],
+                     [4, 4], [2, 0], [4, 4])
+    before = later.controller.acceptance.counts.copy()
+    assert not before.any()  # nothing learnt yet
+    gone = pairs[0][1].seq
+    row = gone.speculation.row
+    later.release(gone)
+    assert gone.speculation.row == row  # kept while an update names it
+    newcomer = item(later, "c", 4)
+    assert newcomer.seq.speculation.row != row
+    later.flush()
+    assert gone.speculation.row == -1
+    acc_now, acc_later = now.controller.acceptance, later.controller.acceptance
+    for (a, b) in pairs:
+        b_row = b.seq.speculation.row if b.seq is not gone else row
+        assert (acc_later.counts[b_row] == acc_now.counts[a.seq.speculation.row]).all()
+    assert (acc_later.engine == acc_now.engine).all()
+    assert acc_later.counts[row].any()  # (the row is free but was counted before it left)
+    later.release(pairs[1][1].seq)  # nothing pending: freed at once
+    assert pairs[1][1].seq.speculation.row == -1
