@@ -118,7 +118,8 @@ TIMINGS = 3  # timed rounds at most: one with a capture inside is timed again
 def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
           repeats: int) -> tuple[float, list[list[int]], tuple[int, float]]:
     """Tokens/s over ``repeats`` runs of the warm engine, the last run's tokens, and the graphs
-    captured inside the kept timed round (count, seconds).
+    captured inside the kept timed round (count, seconds). The last run's step counts are left
+    in ``STATE["steps"]`` (:func:`run_steps`).
 
     Warm-up until a whole run captures no CUDA graph (a bucket is captured the second time it
     is met, or once padding in a larger one has cost a capture: that can come runs later, and
@@ -136,6 +137,7 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
         before = (0, 0.0) if graphs is None else (graphs.num_graphs, graphs.capture_seconds)
         start, tokens = time.perf_counter(), 0
         for _ in range(repeats):
+            llm.reset_metrics()
             outs = llm.generate(prompts, params, use_tqdm=False)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
         tps = tokens / (time.perf_counter() - start)
@@ -143,7 +145,17 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
                                                      graphs.capture_seconds - before[1])
         if not captures[0]:
             break
+    STATE["steps"] = run_steps(llm)
     return tps, [o.outputs[0].token_ids for o in outs], captures
+
+
+def run_steps(llm: LLM) -> dict:
+    """The last ``generate``'s engine steps, its sequences' steps that verified drafts, and the
+    mean drafts of those (what the controller chose)."""
+    m = llm.engine.metrics
+    return dict(steps=m.num_steps, drafting_request_steps=m.num_spec_request_steps,
+                mean_drafts=m.num_drafted / m.num_spec_request_steps
+                if m.num_spec_request_steps else 0.0)
 
 
 def release(llm: LLM) -> None:
@@ -201,11 +213,15 @@ def run(args: argparse.Namespace) -> dict:
                 rows.append(dict(batch=batch, alpha=alpha, policy=policy, tokens_per_s=tps,
                                  speedup=speedup, ideal=ideal, efficiency=speedup / ideal,
                                  ideal_end=ideal_end, efficiency_end=speedup / ideal_end,
-                                 prefill_s=prefill_s, captures=captures, capture_s=capture_s))
+                                 prefill_s=prefill_s, captures=captures, capture_s=capture_s,
+                                 **STATE["steps"]))
                 print(f"batch {batch:3d} alpha {alpha:4.2f} {policy:9s} {tps:9.1f} tok/s  "
                       f"speedup {speedup:5.2f}  ideal {ideal:5.2f}  "
                       f"efficiency {speedup / ideal:5.2f}  at the batch's end: ideal "
-                      f"{ideal_end:5.2f}  efficiency {speedup / ideal_end:5.2f}"
+                      f"{ideal_end:5.2f}  efficiency {speedup / ideal_end:5.2f}  "
+                      f"{STATE['steps']['steps']} steps, drafts in "
+                      f"{STATE['steps']['drafting_request_steps']} sequence steps, "
+                      f"{STATE['steps']['mean_drafts']:.2f} each"
                       + (f"  ({captures} graph captures, {capture_s:.2f} s, timed)"
                          if captures else ""), flush=True)
         if args.drift:

@@ -39,6 +39,12 @@ def test_the_benchmark_runs_and_its_numbers_add_up(tmp_path):
     assert rows[0.0, "k=2"]["efficiency"] == pytest.approx(1.0)
     assert rows[0.0, "k=2"]["efficiency_end"] == pytest.approx(1.0)
     assert all(r["prefill_s"] > 0 for r in rows.values())
+    # one run's steps (not the engine's since it was built): at alpha 0 every draft fails, so
+    # each of the 2 sequences takes its 8 tokens one a step: a prefill step and 7 decode
+    # steps, whose drafts are capped by what can still become output (2, 2, 2, 2, 2, 1, 0)
+    k2 = rows[0.0, "k=2"]
+    assert (k2["steps"], k2["drafting_request_steps"]) == (8, 12)
+    assert k2["mean_drafts"] == pytest.approx(11 / 6)
     (drift,) = result["drift"]
     steps = [b["steps_before"] for b in drift["batches"]]
     assert len(steps) == DRIFT_BATCHES and steps[0] == 0

@@ -1,0 +1,192 @@
+"""The goodput controller against fixed k, simulated: no model, the engine's own policy calls.
+
+``benchmarks/efficiency.py`` measures the controller on a GPU, where one cell moves by 0.1-0.3
+between runs; this replays the same decisions offline, many times, so that a change to the
+controller can be judged before a GPU run. It drives :class:`scheduler.SpeculationPolicy` with
+real ``Sequence`` objects through the calls the engine makes each step (``begin_step``,
+``num_spec_tokens``, ``kept_drafts``, ``update``, ``record_step``). Drafts are an oracle's: each
+one right with probability ``alpha``, independently, so a step accepts the leading right ones.
+A step of ``b`` sequences that scores ``w`` tokens each takes ``cost(b, w)`` plain steps, with
+lognormal noise; the cost model is ``1 + verify_cost * (w - 1) + spec_overhead`` (``w > 1``),
+which the defaults set near the H100's measured ratios for the random 1B LLaMA (alpha = 0 rows
+of docs/performance.md, "Efficiency against an oracle"). Each batch is closed (``LLM.generate``:
+``max_tokens`` each, the call ends with its slowest sequence), one engine per (batch, alpha,
+policy) serves ``--warmup`` batches, then ``--runs`` timed ones.
+
+    python benchmarks/controller_sim.py --batch-sizes 1,8,32 --alphas 0,0.3,0.5,0.7,0.9
+
+Prints, per (batch, alpha): the simulated speedup over plain decoding of each fixed k and of
+the controller, and the controller over the best fixed k. ``--drift``: 8 batches at alpha 0,
+then batches at 0.9 on the same engine, against a fresh engine at 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.config import SpeculativeConfig  # noqa: E402
+from engine.sequence import Sequence  # noqa: E402
+from samplers import SamplingParams  # noqa: E402
+from scheduler import ScheduledSequence, SpeculationPolicy  # noqa: E402
+
+PLAIN_STEP_S = 0.004  # seconds of a plain step (only ratios are reported)
+PROMPT_LEN = 16
+
+
+class SimEngine:
+    """One engine's policy and clock over simulated steps (see the module docstring)."""
+
+    def __init__(self, k: int, adaptive: bool, verify_cost: float, spec_overhead: float,
+                 noise: float, seed: int, defer: bool = True) -> None:
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, adaptive_k=adaptive)
+        self.policy = SpeculationPolicy(spec, k, 1 << 20, drafts_are_free=True,
+                                        measured_draft_cost=lambda: 0.0)
+        self.policy.defer_updates = defer  # (as on a GPU: learning one step late)
+        self.verify_cost, self.spec_overhead, self.noise = verify_cost, spec_overhead, noise
+        self.rng = np.random.default_rng(seed)
+        self.steps = 0
+
+    def cost(self, width: int) -> float:
+        """Seconds of a step scoring ``width`` tokens per sequence, with noise."""
+        rel = 1.0 if width == 1 else 1.0 + self.verify_cost * (width - 1) + self.spec_overhead
+        return PLAIN_STEP_S * rel * float(self.rng.lognormal(0.0, self.noise))
+
+    def batch(self, size: int, alpha: float, max_tokens: int) -> tuple[float, int]:
+        """One closed batch: its seconds and decode steps."""
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        running = []
+        for i in range(size):
+            seq = Sequence(str(i), 0, None, list(range(PROMPT_LEN)), params, None, frozenset(),
+                           0.0)
+            seq.append_token(0, with_text=False)  # the prefill's token
+            seq.num_computed_tokens = seq.num_tokens - 1
+            seq.speculation = self.policy.new_tracker(seq, together=True)
+            running.append(seq)
+        seconds, steps = PLAIN_STEP_S * 2.0, 0  # (the prefill: the same for every policy)
+        while running:
+            self.policy.begin_step(running)
+            items = [ScheduledSequence(s, 1, True, self.policy.num_spec_tokens(s))
+                     for s in running]
+            # (the engine asks the policy only about the sequences that asked for drafts)
+            wanted = [i for i, item in enumerate(items) if item.num_spec_tokens]
+            kept = [0] * len(items)
+            if wanted:
+                got = self.policy.kept_drafts([items[i] for i in wanted],
+                                              [[1] * items[i].num_spec_tokens for i in wanted],
+                                              None, None)
+                for i, g in zip(wanted, got, strict=True):
+                    kept[i] = g
+            self.policy.flush()  # (where the engine calls it: the forward was launched)
+            accepted = []
+            for seq, d in zip(running, kept, strict=True):
+                right = self.rng.random(d) < alpha
+                a = int(np.argmin(right)) if not right.all() else d
+                accepted.append(a)
+                left = params.max_tokens - seq.num_output_tokens
+                for _ in range(min(a + 1, left)):
+                    seq.append_token(1, with_text=False)
+                seq.num_computed_tokens = seq.num_tokens - 1
+            self.policy.update(running, kept, accepted, [None] * len(running))
+            width = 1 + max(kept)
+            step_s = self.cost(width)
+            self.policy.record_step(items, [[1] * g for g in kept], step_s,
+                                    0.0 if wanted else None)
+            seconds += step_s
+            steps += 1
+            self.steps += 1
+            done = [s for s in running if s.num_output_tokens >= params.max_tokens]
+            for seq in done:
+                self.policy.release(seq)
+            running = [s for s in running if s.num_output_tokens < params.max_tokens]
+        return seconds, steps
+
+
+def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) -> float:
+    for _ in range(args.warmup):
+        engine.batch(size, alpha, args.max_tokens)
+    return sum(engine.batch(size, alpha, args.max_tokens)[0] for _ in range(args.runs))
+
+
+def cell(size: int, alpha: float, args: argparse.Namespace, seed: int) -> dict:
+    """Speedups of each fixed k and of the controller over plain decoding, one seed."""
+    def engine(k: int, adaptive: bool) -> SimEngine:
+        return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
+                         args.defer)
+
+    plain = timed(engine(0, False), size, alpha, args)
+    out = {f"k={k}": plain / timed(engine(k, False), size, alpha, args) for k in args.ks}
+    out["controller"] = plain / timed(engine(args.max_k, True), size, alpha, args)
+    return out
+
+
+def drift(size: int, args: argparse.Namespace, seed: int) -> dict:
+    """Batches at alpha 0.9 after 8 at alpha 0, against a fresh engine: speedup per batch."""
+    def engine(k: int, adaptive: bool) -> SimEngine:
+        return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
+                         args.defer)
+
+    plain = engine(0, False).batch(size, 0.9, args.max_tokens)[0]
+    fresh_s = timed(engine(args.max_k, True), size, 0.9, args) / args.runs
+    used = engine(args.max_k, True)
+    for _ in range(8):
+        used.batch(size, 0.0, args.max_tokens)
+    after = [plain / used.batch(size, 0.9, args.max_tokens)[0] for _ in range(4)]
+    return {"fresh": plain / fresh_s, "after_drift": after}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--alphas", default="0,0.3,0.5,0.7,0.9,0.95")
+    p.add_argument("--ks", default="1,2,3,4")
+    p.add_argument("--max-k", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--verify-cost", type=float, default=0.05,
+                   help="a step's cost per scored token past the first, in plain steps")
+    p.add_argument("--spec-overhead", type=float, default=0.02,
+                   help="a drafting step's fixed extra cost, in plain steps")
+    p.add_argument("--noise", type=float, default=0.03, help="lognormal sigma of step times")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5, help="simulations per cell (mean reported)")
+    p.add_argument("--drift", action="store_true")
+    p.add_argument("--no-defer", dest="defer", action="store_false",
+                   help="learn each step at once (a CPU engine) instead of one step late (GPU)")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    args.ks = [int(k) for k in args.ks.split(",")]
+    rows = []
+    print("| batch | alpha | " + " | ".join(f"k={k}" for k in args.ks)
+          + " | controller | controller / best k | worst seed |")
+    print("| ---: | ---: |" + " ---: |" * (len(args.ks) + 3))
+    for size in map(int, args.batch_sizes.split(",")):
+        for alpha in map(float, args.alphas.split(",")):
+            runs = [cell(size, alpha, args, seed) for seed in range(args.seeds)]
+            mean = {key: float(np.mean([r[key] for r in runs])) for key in runs[0]}
+            ratios = [r["controller"] / max(1.0 if alpha == 0 else 0.0,
+                                            *(r[f"k={k}"] for k in args.ks)) for r in runs]
+            rows.append({"batch": size, "alpha": alpha, **mean,
+                         "ratio": float(np.mean(ratios)), "worst": min(ratios)})
+            print(f"| {size} | {alpha} | " + " | ".join(f"{mean[f'k={k}']:.2f}" for k in args.ks)
+                  + f" | {mean['controller']:.2f} | {np.mean(ratios):.2f} | {min(ratios):.2f} |")
+            sys.stdout.flush()
+    result = {"args": {k: v for k, v in vars(args).items() if k != "json"}, "cells": rows}
+    if args.drift:
+        result["drift"] = {}
+        for size in map(int, args.batch_sizes.split(",")):
+            d = drift(size, args, 0)
+            result["drift"][size] = d
+            print(f"drift, batch {size}: fresh {d['fresh']:.2f}, after 8 batches at alpha 0: "
+                  + ", ".join(f"{x:.2f}" for x in d["after_drift"]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
