@@ -102,6 +102,26 @@ def sequence_tokens(rates: np.ndarray, avail: np.ndarray | list[int]) -> np.ndar
     return tokens
 
 
+def tokens_table(estimates: np.ndarray, max_k: int) -> np.ndarray:
+    """``[n, max_k + 1, max_k + 1, max_k + 1]``: ``T[i, b, a, w]``, :func:`sequence_tokens` of
+    sequence ``i`` at width ``w`` when ``a`` drafts are available and the proposer backs the
+    first ``b`` of them (``b <= a``; the rest read the pooled unbacked rate, as
+    ``AcceptanceModel.rates``). ``estimates [n, max_k + 2]``: the acceptance estimates."""
+    k = max_k
+    pos = np.arange(k)  # [max_k]
+    counts = np.arange(k + 1)  # [max_k + 1]
+    unbacked = pos[None, :] >= counts[:, None]  # [b, max_k]
+    rates = np.where(unbacked[None], estimates[:, None, k:k + 1],
+                     estimates[:, None, :k])  # [n, b, max_k]
+    reach = rates.cumprod(axis=2)[:, :, None, :] * (pos[None, :] < counts[:, None])
+    # reach [n, b, a, max_k]: P(drafts 1..j all accepted), 0 past the a available
+    table = np.empty(reach.shape[:3] + (k + 1,))  # [n, b, a, max_k + 1]
+    table[..., 0] = 0.0
+    reach.cumsum(axis=3, out=table[..., 1:])
+    table += 1.0
+    return table
+
+
 def expected_by_width(rates: np.ndarray, avail: np.ndarray | list[int]) -> np.ndarray:
     """``[max_k + 1]``: ``E[w] = sum_i E_i[w]`` (:func:`sequence_tokens`), the step's expected
     tokens."""
@@ -166,6 +186,8 @@ class GoodputController:
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
         # (cost table version, step_cost)
         self._last_accs: list[RequestAcceptance] = []  # the sequences the last decision weighed
+        self._table: tuple | None = None  # prepare()'s: (rows, acceptance version, spread,
+        # tokens_table [n, max_k + 1, max_k + 1, max_k + 1], arange(n))
 
     # ---- costs --------------------------------------------------------------------------------
     def step_cost(self, batch_size: int) -> np.ndarray:
@@ -322,9 +344,11 @@ class GoodputController:
             self._keep_asking = self.drafting = False
             return min_width
         self._last_accs = accs
-        rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
-            accs, self._spread(len(accs))))  # [n, max_k]
-        per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
+        per_sequence = self._prepared_tokens(accs, avail, backed)  # [n, max_k + 1] or None
+        if per_sequence is None:
+            rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
+                accs, self._spread(len(accs))))  # [n, max_k]
+            per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
         tokens, typical = per_sequence.sum(axis=0), typical_tokens(per_sequence)
         cost = self.step_cost(b)[1:]  # [max_k + 1]: the proposal is paid already
         # (read only)
@@ -343,13 +367,33 @@ class GoodputController:
 
     def prepare(self, batch_size: int) -> None:
         """Ready the next decision, before it is asked for: the last decision's sequences
-        (those still live) estimated with what was learnt since, and the step costs at
-        ``batch_size``. The next decision reuses them where it weighs the same."""
+        (those still live) estimated with what was learnt since, their expected tokens for
+        every (backed, available) drafts and width (:meth:`choose_width` then looks them up),
+        and the step costs at ``batch_size``. The next decision reuses them where it weighs
+        the same sequences with nothing learnt since."""
         accs = [acc for acc in self._last_accs if acc.row >= 0]
+        self._table = None
         if accs:
-            self.acceptance.optimistic(accs, self._spread(len(accs)))
+            spread = self._spread(len(accs))
+            estimates = self.acceptance.optimistic(accs, spread)  # [n, max_k + 2]
+            self._table = (tuple(map(_row, accs)), self.acceptance.version, spread,
+                           tokens_table(estimates, self.max_k), np.arange(len(accs)))
         if batch_size:
             self.step_cost(batch_size)
+
+    def _prepared_tokens(self, accs: list[RequestAcceptance], avail: list[int],
+                         backed: list[int] | None) -> np.ndarray | None:
+        """``[n, max_k + 1]``: :func:`sequence_tokens` of ``accs`` for these drafts, looked up
+        in the table :meth:`prepare` made, or None when it was made for other sequences,
+        other estimates or another spread."""
+        table = self._table
+        if (table is None or table[1] != self.acceptance.version
+                or table[2] != self._spread(len(accs)) or table[0] != tuple(map(_row, accs))):
+            return None
+        n = len(accs)
+        got = np.fromiter(avail, dtype=np.int64, count=n)  # [n]
+        sure = self.max_k if backed is None else np.fromiter(backed, dtype=np.int64, count=n)
+        return table[3][table[4], sure, got]
 
     def _spread(self, batch_size: int) -> float:
         """Standard errors added to the first draft's acceptance: while drafting, enough that

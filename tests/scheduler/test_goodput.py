@@ -363,3 +363,43 @@ def test_a_released_request_cannot_be_updated():
     model.release(done)
     with pytest.raises(ValueError, match="released"):
         model.update([live, done], [4, 4], [2, 2], [4, 4])
+
+
+def test_the_prepared_table_answers_what_the_direct_computation_does():
+    """``prepare`` (run where the forward hides it) tabulates each sequence's expected tokens
+    for every (backed, available) drafts; ``choose_width`` looks them up. The lookup equals
+    the direct computation (rates with the unbacked positions pooled, then the sums), and a
+    decision after it equals one without it, for random estimates and proposals."""
+    from scheduler.goodput import sequence_tokens, tokens_table
+
+    rng = np.random.default_rng(0)
+    estimates = rng.random((6, 6))  # [n, max_k + 2], max_k = 4
+    table = tokens_table(estimates, 4)
+    for _ in range(50):
+        avail = rng.integers(0, 5, 6)
+        backed = np.minimum(rng.integers(0, 5, 6), avail)
+        unbacked = np.arange(4)[None, :] >= backed[:, None]
+        rates = np.where(unbacked, estimates[:, 4:5], estimates[:, :4])
+        assert table[np.arange(6), backed, avail] == pytest.approx(
+            sequence_tokens(rates, avail))
+    plain, prepared = (table_controller() for _ in range(2))
+    for ctl in (plain, prepared):
+        accs = [ctl.acceptance.new_request() for _ in range(8)]
+        ctl.accs = accs
+        feed(ctl, accs[:4], 10, accepted=2)
+        feed(ctl, accs[4:], 10, accepted=0, backed=1)
+    for step in range(40):
+        avail = [int(x) for x in rng.integers(0, 5, 8)]
+        backed = [min(int(x), a) for x, a in zip(rng.integers(0, 5, 8), avail, strict=True)]
+        widths = []
+        for ctl in (plain, prepared):
+            if ctl is prepared and step:  # (after a first decision: its sequences)
+                ctl.prepare(8)
+                assert ctl._prepared_tokens(ctl.accs, avail, backed) is not None
+            widths.append((ctl.choose_width(ctl.accs, avail, backed, 0), ctl._keep_asking))
+            feed(ctl, ctl.accs, 1, accepted=step % 3, drafted=2, backed=1)
+        assert widths[0] == widths[1]
+
+
+def table_controller():
+    return table(0.1)
