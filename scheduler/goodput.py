@@ -211,11 +211,15 @@ class GoodputController:
         known = [w for w in range(1, self.max_k + 2) if measured[w] is not None]
         for w in range(2, self.max_k + 2):
             if measured[w] is not None:
-                cost[w] = measured[w]
+                # A step costs at least what a narrower one does (its work is a superset): a
+                # median below it is noise, which would make drafts that are never accepted
+                # look free (on the H100 at batch 1 one draft's step costs about a plain
+                # step's). Until the width holds a median of samples, it costs no more than
+                # the narrower one either (one slow first step must not rule it out): it is
+                # tried.
+                cost[w] = max(measured[w], cost[w - 1])
                 if self.costs.count("step", batch_size, w) < TRUSTED:
-                    # (a width is tried until its cost is a median: one slow first step must
-                    # not rule it out, and a step costs at least what a narrower one does)
-                    cost[w] = min(cost[w], cost[w - 1])
+                    cost[w] = cost[w - 1]
                 continue
             # Not measured: between two measured widths, on the line through them (a step's
             # cost grows about linearly with its tokens); past the widest, the widest's cost,
@@ -303,7 +307,17 @@ class GoodputController:
         if w > 0:
             self.idle, self._idle_key = 0, None
             return self.max_k if self.free else w
-        self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
+        # A probe's overhead: its step, and its proposal as timed after steps without one
+        # (an n-gram index catching up; on the H100 a probe's proposal stage took 0.65-1.1 ms
+        # at batch 32, where a plain step takes 4.4). Counted at the typical proposal's cost,
+        # which is never measured while only probes propose, a probe looked free when its
+        # step was: in the controller simulation with free steps, probes came every other
+        # step at acceptance 0.
+        probe_k = self.max_k if self.free else 1
+        typical = free_proposal if self.free else self.propose_cost(b, 1, measured_draft_cost)
+        gap = self.costs.relative("propose_gap", b, probe_k)
+        overhead = cost[probe_k] - 1.0 - typical + max(typical, gap or 0.0)
+        self._idle_key, self._probe_overhead = key, overhead
         return self._idle_or_probe(self._probe_overhead)
 
     def plan_idle(self) -> int:
@@ -401,9 +415,11 @@ class GoodputController:
         return confidence_spread(batch_size) if self.drafting else 0.0
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
-               propose_s: float) -> None:
+               propose_s: float, typical: bool = True) -> None:
         """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
-        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence."""
+        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence
+        (``typical``: right after another proposal; else it is timed as a probe's)."""
         self.costs.record("step", batch_size, width, step_s)
         if num_asked:
-            self.costs.record("propose", batch_size, num_asked, propose_s)
+            self.costs.record("propose" if typical else "propose_gap", batch_size, num_asked,
+                              propose_s)
