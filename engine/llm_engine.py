@@ -90,8 +90,6 @@ class _StepBatch:
     observed: bool = False  # or shown the contexts instead (``Proposer.observe``)
     # timed like the proposals after it (not a first look at a prompt, a graph capture ...)
     typical_proposal: bool = False
-    # a steady proposal after steps without one (no newcomer): a probe's cost
-    gap_proposal: bool = False
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
@@ -376,9 +374,8 @@ class LLMEngine:
         if not wanted or self.proposer is None:
             return
         batch.proposed = True
-        newcomer = any(batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
-        batch.first_proposal = not self._proposed_last_step or newcomer
-        batch.gap_proposal = not self._proposed_last_step and not newcomer
+        batch.first_proposal = not self._proposed_last_step or any(
+            batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
         start = time.perf_counter()
         # (trees only in a step of at most TREE_MAX_SEQS sequences: a decode graph's twin is
         # as wide as a tree step only there)
@@ -413,9 +410,7 @@ class LLMEngine:
             offset += len(proposed)
         self._keep_trees(batch, wanted, proposal.draft_token_ids, trees, keep)
         batch.propose_s = time.perf_counter() - start
-        steady = self.proposer.last_proposal_steady
-        batch.typical_proposal = not batch.first_proposal and steady
-        batch.gap_proposal = batch.gap_proposal and steady
+        batch.typical_proposal = not batch.first_proposal and self.proposer.last_proposal_steady
         batch.num_draft_steps = max(map(len, levels))
 
     def _tree_ok(self, seq: Sequence) -> bool:
@@ -802,8 +797,6 @@ class LLMEngine:
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.levels(),
                                          end - start - batch.propose_s,
-                                         batch.propose_s if batch.typical_proposal
-                                         or batch.gap_proposal else None,
-                                         batch.typical_proposal)
+                                         batch.propose_s if batch.typical_proposal else None)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
                                  batch.num_draft_steps if batch.typical_proposal else 0)

@@ -307,17 +307,7 @@ class GoodputController:
         if w > 0:
             self.idle, self._idle_key = 0, None
             return self.max_k if self.free else w
-        # A probe's overhead: its step, and its proposal as timed after steps without one
-        # (an n-gram index catching up; on the H100 a probe's proposal stage took 0.65-1.1 ms
-        # at batch 32, where a plain step takes 4.4). Counted at the typical proposal's cost,
-        # which is never measured while only probes propose, a probe looked free when its
-        # step was: in the controller simulation with free steps, probes came every other
-        # step at acceptance 0.
-        probe_k = self.max_k if self.free else 1
-        typical = free_proposal if self.free else self.propose_cost(b, 1, measured_draft_cost)
-        gap = self.costs.relative("propose_gap", b, probe_k)
-        overhead = cost[probe_k] - 1.0 - typical + max(typical, gap or 0.0)
-        self._idle_key, self._probe_overhead = key, overhead
+        self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
         return self._idle_or_probe(self._probe_overhead)
 
     def plan_idle(self) -> int:
@@ -415,11 +405,9 @@ class GoodputController:
         return confidence_spread(batch_size) if self.drafting else 0.0
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
-               propose_s: float, typical: bool = True) -> None:
+               propose_s: float) -> None:
         """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
-        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence
-        (``typical``: right after another proposal; else it is timed as a probe's)."""
+        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence."""
         self.costs.record("step", batch_size, width, step_s)
         if num_asked:
-            self.costs.record("propose" if typical else "propose_gap", batch_size, num_asked,
-                              propose_s)
+            self.costs.record("propose", batch_size, num_asked, propose_s)

@@ -230,17 +230,15 @@ class SpeculationPolicy:
         return got
 
     def record_step(self, items: list[ScheduledSequence], drafts: list[list[int]],
-                    step_s: float, propose_s: float | None, typical: bool = True) -> None:
+                    step_s: float, propose_s: float | None) -> None:
         """A steady decode step's time (the engine leaves out prefills and steps whose graph
         bucket ran eager or was captured): ``step_s`` without the proposal, ``propose_s`` (None:
-        no proposal); ``typical``: the proposal came right after another (not a first look at
-        a prompt, nor a probe's catching up after steps without proposals, which are timed
-        apart: a probe's cost)."""
+        not typical, e.g. the proposer's first look at a prompt)."""
         if not self.adaptive or not items:
             return
         width = 1 + max(map(len, drafts))
         asked = 0 if propose_s is None else max(item.num_spec_tokens for item in items)
-        args = (len(items), width, step_s, asked, propose_s or 0.0, typical)
+        args = (len(items), width, step_s, asked, propose_s or 0.0)
         if self.defer_updates:
             self._records.append(args)
         else:

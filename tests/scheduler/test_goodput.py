@@ -177,27 +177,6 @@ def test_probes_come_within_the_bound_and_their_overhead_is_budgeted():
     assert probes and np.diff(probes).max() <= 16 and probes[0] < 16
 
 
-def test_a_probe_counts_its_proposal_as_timed_after_steps_without_one():
-    """Steps with drafts cost a plain step (a small model at batch 1 on a GPU) and no
-    proposal was ever typical (only probes propose): a probe's proposal, timed after steps
-    without one at 20% of a plain step, sets the probes' wait (every 10 steps for a 2%
-    budget), where counting it free brought them every other step."""
-    def probes(gap_s):
-        ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
-        for w in range(1, 6):
-            for _ in range(4):
-                ctl.costs.record("step", 1, w, 0.004)
-        if gap_s is not None:
-            for _ in range(4):
-                ctl.record(1, 5, 0.004, 4, gap_s, typical=False)
-        accs = [ctl.acceptance.new_request()]
-        feed(ctl, accs, 20, accepted=0)
-        return [step for step in range(100) if ctl.plan(accs, [4], 0)]
-
-    assert np.diff(probes(0.0008)).min() == probe_wait(0.2, 16) == 10
-    assert np.diff(probes(None)).max() == MIN_PROBE_WAIT
-
-
 def test_a_draft_step_measured_cheaper_than_a_plain_one_costs_a_plain_one():
     """At batch 1 on a GPU one draft's step costs about a plain step's, and a median below
     it is noise: it costs a plain step, so drafts that are never accepted stay off."""
