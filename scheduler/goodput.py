@@ -50,11 +50,17 @@ not).
 To start drafting again the estimates are read as they are, and the error is the binomial one
 (``sqrt(r (1 - r) / n)``), which vanishes at a rate of 0: at acceptance 0 the drafts stop.
 
-Costs not measured yet are taken as ``1 + DEFAULT_VERIFY_COST * (w - 1)`` for the forward, and
-``draft_cost * k`` for a costly proposer: optimistic, so a width is tried, measured and then
-judged on its measured cost; until a width holds ``TRUSTED`` samples at a batch size it costs no
-more than the next narrower width (measured on the H100: one slow first step of 4 drafts kept
-the controller at 2 drafts for the rest of a run).
+Costs not measured yet: a width between two measured ones lies on the line through them, one
+past the widest measured costs what that one does, and with none measured a step costs ``1 +
+DEFAULT_VERIFY_COST * (w - 1)``; a costly proposer's ``k`` drafts cost ``draft_cost * k``.
+Optimistic, so a width is tried, measured and then judged on its measured cost; until a width
+holds ``TRUSTED`` samples at a batch size it costs what the next narrower width does (measured
+on the H100: one slow first step of 4 drafts kept the controller at 2 drafts for the rest of a
+run), and after, never less (a median below a narrower width's is noise).
+
+On a GPU the controller learns while the next step's forward runs (``SpeculationPolicy.flush``:
+the acceptance of the last step, its cost, and the tables of the next decision), so a decision
+sees the steps before the last one.
 """
 
 from __future__ import annotations
