@@ -46,6 +46,10 @@ def test_step_times_oracle_keeps_in_sync_and_drafts_at_alpha_one(tmp_path):
 
 
 def test_policy_cost_times_steps_that_draft():
-    seconds, drafted = policy_step_seconds(4, 4, number=5)
-    assert seconds > 0
+    seconds, drafted, flush = policy_step_seconds(4, 4, number=5)
+    assert seconds > 0 and flush >= 0
     assert drafted == 200  # measured costs where drafts pay: every warm-up step drafted
+    # learning deferred (a GPU engine's): the same decisions, the learning timed apart
+    seconds, drafted, flush = policy_step_seconds(4, 4, number=5, defer=True)
+    assert seconds > 0 and flush > 0
+    assert drafted == 200
