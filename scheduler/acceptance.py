@@ -80,7 +80,7 @@ class AcceptanceModel:
         self._estimated: tuple[tuple[int, ...], int, np.ndarray, np.ndarray] | None = None
         # the last estimates: (rows, version, values, the first column's standard errors)
         self._raised: tuple[np.ndarray, float, np.ndarray] | None = None  # the last
-        # optimistic(): (the estimates it raised, spread, its answer)
+        # optimistic(): (the estimates it raised [n, max_k + 2], spread, its answer, the same)
         self.counts = np.zeros((capacity, 2, k + 2))  # [rows, 2, max_k + 2]
         self.stamps = np.zeros(capacity, dtype=np.int64)  # [rows] step of the last drafts
         self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
@@ -122,6 +122,7 @@ class AcceptanceModel:
         if not self._free:
             self._grow()
         row = self._free.pop()
+        self.version += 1  # (a cached estimate of the row's last request must not be reused)
         self.counts[row] = 0.0
         self.found[row] = -1
         self.stamps[row] = self.clock
@@ -133,8 +134,12 @@ class AcceptanceModel:
         decision then sees the acceptance of the steps before the last one, and a released
         row stays taken until the updates that name it are applied."""
         queue, self._queue = self._queue, []
-        for fn, args in queue:
-            fn(*args)
+        for i, (fn, args) in enumerate(queue):
+            try:
+                fn(*args)
+            except BaseException:  # (what was not applied stays queued: no row is lost)
+                self._queue = queue[i + 1:] + self._queue
+                raise
 
     def release(self, req: RequestAcceptance) -> None:
         """The request finished: its row is free for another (after the deferred updates
@@ -243,6 +248,9 @@ class AcceptanceModel:
         which the chains of larger batches do not reach)."""
         args = (reqs, num_drafted, num_accepted, num_backed, private)
         if self.deferred:
+            if any(req.row < 0 for req in reqs):  # (said now, not at the flush)
+                raise ValueError("AcceptanceModel.update: a request whose row was released "
+                                 "(it left the engine) cannot be updated")
             self._queue.append((self._update, args))
         else:
             self._update(*args)

@@ -116,12 +116,13 @@ def tokens_table(estimates: np.ndarray, max_k: int) -> np.ndarray:
     k = max_k
     pos = np.arange(k)  # [max_k]
     counts = np.arange(k + 1)  # [max_k + 1]
-    unbacked = pos[None, :] >= counts[:, None]  # [b, max_k]
+    unbacked = pos[None, :] >= counts[:, None]  # [max_k + 1 (b), max_k]
     rates = np.where(unbacked[None], estimates[:, None, k:k + 1],
-                     estimates[:, None, :k])  # [n, b, max_k]
+                     estimates[:, None, :k])  # [n, max_k + 1 (b), max_k]
     reach = rates.cumprod(axis=2)[:, :, None, :] * (pos[None, :] < counts[:, None])
-    # reach [n, b, a, max_k]: P(drafts 1..j all accepted), 0 past the a available
-    table = np.empty(reach.shape[:3] + (k + 1,))  # [n, b, a, max_k + 1]
+    # reach [n, max_k + 1 (b), max_k + 1 (a), max_k]: P(drafts 1..j all accepted), 0 past
+    # the a available
+    table = np.empty(reach.shape[:3] + (k + 1,))  # [n, max_k + 1, max_k + 1, max_k + 1]
     table[..., 0] = 0.0
     reach.cumsum(axis=3, out=table[..., 1:])
     table += 1.0
@@ -212,36 +213,40 @@ class GoodputController:
         if self.verify_cost is not None:
             cost[2:] = 1.0 + self.verify_cost * np.arange(1, self.max_k + 1)
             return cost
+        # [max_k + 2]: each width's median over the plain step's, None where not measured
         measured = [self.costs.relative("step", batch_size, w) for w in range(self.max_k + 2)]
         measured[1] = 1.0
         known = [w for w in range(1, self.max_k + 2) if measured[w] is not None]
         for w in range(2, self.max_k + 2):
-            if measured[w] is not None:
-                # A step costs at least what a narrower one does (its work is a superset): a
-                # median below it is noise, which would make drafts that are never accepted
-                # look free (on the H100 at batch 1 one draft's step costs about a plain
-                # step's). Until the width holds a median of samples, it costs no more than
-                # the narrower one either (one slow first step must not rule it out): it is
-                # tried.
-                cost[w] = max(measured[w], cost[w - 1])
-                if self.costs.count("step", batch_size, w) < TRUSTED:
-                    cost[w] = cost[w - 1]
-                continue
-            # Not measured: between two measured widths, on the line through them (a step's
-            # cost grows about linearly with its tokens); past the widest, the widest's cost,
-            # and with nothing measured, DEFAULT_VERIFY_COST a token. Optimistic, so that the
-            # width is tried and then judged on its own cost (benchmarks/controller_sim.py,
-            # the H100's cost ratios, batch 1, acceptance 0.3: with 1 and 4 drafts measured
-            # and 2 at the default cost, 2 drafts, the best there, were never tried).
-            lo = max(v for v in known if v < w)
-            hi = min((v for v in known if v > w), default=None)
-            if hi is not None:
-                cost[w] = measured[lo] + (measured[hi] - measured[lo]) * (w - lo) / (hi - lo)
-            elif lo > 1:
-                cost[w] = cost[lo]
-            else:
-                cost[w] = 1.0 + DEFAULT_VERIFY_COST * (w - 1)
+            # A step costs at least what a narrower one does (its work is a superset): a median
+            # below it is noise, which would make drafts that are never accepted look free (on
+            # the H100 at batch 1 one draft's step costs about a plain step's).
+            cost[w] = max(self._width_cost(batch_size, w, measured, known, cost), cost[w - 1])
         return cost
+
+    def _width_cost(self, batch_size: int, w: int, measured: list[float | None],
+                    known: list[int], cost: np.ndarray) -> float:
+        """Width ``w``'s cost before the floor of the narrower widths' (``cost[:w]`` final)."""
+        if measured[w] is not None:
+            if self.costs.count("step", batch_size, w) < TRUSTED:
+                # (until the width holds a median of samples it costs what the narrower one
+                # does: one slow first step must not rule it out; it is tried)
+                return cost[w - 1]
+            return measured[w]
+        # Not measured: between two measured widths, on the line through them (a step's cost
+        # grows about linearly with its tokens); past the widest, the widest's cost, and with
+        # nothing measured, DEFAULT_VERIFY_COST a token. Optimistic, so that the width is
+        # tried and then judged on its own cost (benchmarks/controller_sim.py, the H100's cost
+        # ratios, batch 1, acceptance 0.3: with 1 and 4 drafts measured and 2 at the default
+        # cost, 2 drafts, the best there, were never tried).
+        lo = max(v for v in known if v < w)
+        hi = min((v for v in known if v > w), default=None)
+        if hi is not None:
+            top = max(measured[hi], cost[lo])
+            return cost[lo] + (top - cost[lo]) * (w - lo) / (hi - lo)
+        if lo > 1:
+            return cost[lo]
+        return 1.0 + DEFAULT_VERIFY_COST * (w - 1)
 
     def propose_cost(self, batch_size: int, k: int, measured_draft_cost: float) -> float:
         """A proposal of ``k`` drafts over a plain step (0 for ``k = 0``)."""
@@ -382,12 +387,14 @@ class GoodputController:
         and the step costs at ``batch_size``. The next decision reuses them where it weighs
         the same sequences with nothing learnt since."""
         accs = [acc for acc in self._last_accs if acc.row >= 0]
-        self._table = None
         if accs:
             spread = self._spread(len(accs))
             estimates = self.acceptance.optimistic(accs, spread)  # [n, max_k + 2]
-            self._table = (tuple(map(_row, accs)), self.acceptance.version, spread,
-                           tokens_table(estimates, self.max_k), np.arange(len(accs)))
+            key = (tuple(map(_row, accs)), self.acceptance.version, spread)
+            # (only choose_width, a free proposer's, reads the table; one made for the same
+            # sequences, estimates and spread is still right)
+            if self.free and (self._table is None or self._table[:3] != key):
+                self._table = (*key, tokens_table(estimates, self.max_k), np.arange(len(accs)))
         if batch_size:
             self.step_cost(batch_size)
 
@@ -402,6 +409,7 @@ class GoodputController:
             return None
         n = len(accs)
         got = np.fromiter(avail, dtype=np.int64, count=n)  # [n]
+        # [n] or a scalar: the backed drafts' count, the table's second index
         sure = self.max_k if backed is None else np.fromiter(backed, dtype=np.int64, count=n)
         return table[3][table[4], sure, got]
 

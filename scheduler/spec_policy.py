@@ -260,6 +260,8 @@ class SpeculationPolicy:
 
     @defer_updates.setter
     def defer_updates(self, value: bool) -> None:
+        if not value:
+            self.flush()  # (what was held back is learnt now: nothing stays queued)
         self.controller.acceptance.deferred = value
 
     def flush(self) -> None:

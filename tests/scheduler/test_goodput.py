@@ -188,6 +188,30 @@ def test_a_draft_step_measured_cheaper_than_a_plain_one_costs_a_plain_one():
     accs = [ctl.acceptance.new_request()]
     feed(ctl, accs, 20, accepted=0, drafted=1)
     assert ctl.choose_width(accs, [4], None, 0) == 0
+    # a width not measured between them is not cheaper either (interpolated from the floor)
+    gap = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for w, s in ((1, 0.004), (2, 0.0038), (4, 0.0040), (5, 0.0044)):
+        for _ in range(4):
+            gap.costs.record("step", 1, w, s)
+    assert gap.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.1])
+    accs = [gap.acceptance.new_request()]
+    feed(gap, accs, 20, accepted=0, drafted=2)
+    assert gap.choose_width(accs, [4], None, 0) == 0
+
+
+def test_a_request_in_a_freed_row_does_not_read_its_predecessors_estimates():
+    """Estimates are cached by rows and the counts' version: a new request in the row of one
+    that left reads its own (the engine's prior), not the cached ones of the row's last."""
+    model = AcceptanceModel(4, capacity=1)
+    gone = model.new_request()
+    for _ in range(10):
+        model.tick()
+        model.update([gone], [4], [4], [4])
+    assert model.estimates([gone])[0, 0] > 0.9
+    model.release(gone)
+    fresh = model.new_request()
+    assert fresh.row == 0  # (the same row)
+    assert model.estimates([fresh])[0, 0] == pytest.approx(model.engine_rates[0])
 
 
 @pytest.mark.parametrize("cost_per_token", [0.05, 0.3])
