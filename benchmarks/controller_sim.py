@@ -113,11 +113,16 @@ def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) 
     return sum(engine.batch(size, alpha, args.max_tokens)[0] for _ in range(args.runs))
 
 
+def sim_engine(args: argparse.Namespace, k: int, adaptive: bool, seed: int) -> SimEngine:
+    """An engine with the command line's cost model (k = 0: plain decoding)."""
+    return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
+                     args.defer)
+
+
 def cell(size: int, alpha: float, args: argparse.Namespace, seed: int) -> dict:
     """Speedups of each fixed k and of the controller over plain decoding, one seed."""
     def engine(k: int, adaptive: bool) -> SimEngine:
-        return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
-                         args.defer)
+        return sim_engine(args, k, adaptive, seed)
 
     plain = timed(engine(0, False), size, alpha, args)
     out = {f"k={k}": plain / timed(engine(k, False), size, alpha, args) for k in args.ks}
@@ -128,8 +133,7 @@ def cell(size: int, alpha: float, args: argparse.Namespace, seed: int) -> dict:
 def drift(size: int, args: argparse.Namespace, seed: int) -> dict:
     """Batches at alpha 0.9 after 8 at alpha 0, against a fresh engine: speedup per batch."""
     def engine(k: int, adaptive: bool) -> SimEngine:
-        return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
-                         args.defer)
+        return sim_engine(args, k, adaptive, seed)
 
     plain = engine(0, False).batch(size, 0.9, args.max_tokens)[0]
     fresh_s = timed(engine(args.max_k, True), size, 0.9, args) / args.runs

@@ -39,6 +39,16 @@ def table(cost_per_token: float, max_k: int = 4, batch: int = 8, plain_s: float 
     return ctl
 
 
+def measured(seconds: dict[int, float], batch: int = 1) -> GoodputController:
+    """A controller whose step costs at ``batch`` were measured: ``seconds[w]`` for a step of
+    width ``w`` (4 samples each; a cell's first is its warm-up)."""
+    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
+    for w, step_s in seconds.items():
+        for _ in range(4):
+            ctl.costs.record("step", batch, w, step_s)
+    return ctl
+
+
 def feed(ctl: GoodputController, accs, steps: int, accepted: int, drafted: int = 4,
          backed: int | None = None):
     """``steps`` verified steps of every request in ``accs``, one engine step each."""
@@ -121,10 +131,7 @@ def test_a_width_not_measured_yet_is_costed_between_its_measured_neighbours():
     0.1 of a plain step a token, 2 drafts had lost to 1 and were never tried: seen in
     benchmarks/controller_sim.py at batch 1, acceptance 0.3, with the H100's cost ratios);
     past the widest measured width, its cost."""
-    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
-    for w, rel in ((1, 1.0), (2, 1.02), (5, 1.2)):
-        for _ in range(4):
-            ctl.costs.record("step", 1, w, 0.004 * rel)
+    ctl = measured({1: 0.004, 2: 0.004 * 1.02, 5: 0.004 * 1.2})
     assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.02, 1.08, 1.14, 1.2])
     accs = [ctl.acceptance.new_request()]
     for _ in range(30):  # the first draft accepted in half the steps, the second likewise
@@ -138,14 +145,9 @@ def test_a_width_not_measured_yet_is_costed_between_its_measured_neighbours():
     expected = 1 + rates[0] + rates[0] * rates[1]
     assert expected / 1.08 > (1 + rates[0]) / 1.02 > expected / 1.2  # (the premise)
     assert ctl.choose_width(accs, [2], None, 0) == 2
-    wide = GoodputController(4, drafts_are_free=True, max_wait=16)
-    for w, rel in ((1, 1.0), (3, 1.1)):
-        for _ in range(4):
-            wide.costs.record("step", 1, w, 0.004 * rel)
+    wide = measured({1: 0.004, 3: 0.004 * 1.1})
     assert wide.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.05, 1.1, 1.1, 1.1])
-    untouched = GoodputController(4, drafts_are_free=True, max_wait=16)
-    for _ in range(4):
-        untouched.costs.record("step", 1, 1, 0.004)
+    untouched = measured({1: 0.004})
     assert untouched.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.1, 1.2, 1.3, 1.4])
 
 
@@ -180,19 +182,13 @@ def test_probes_come_within_the_bound_and_their_overhead_is_budgeted():
 def test_a_draft_step_measured_cheaper_than_a_plain_one_costs_a_plain_one():
     """At batch 1 on a GPU one draft's step costs about a plain step's, and a median below
     it is noise: it costs a plain step, so drafts that are never accepted stay off."""
-    ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
-    for w, s in ((1, 0.004), (2, 0.0039), (3, 0.0041), (4, 0.0040), (5, 0.0045)):
-        for _ in range(4):
-            ctl.costs.record("step", 1, w, s)
+    ctl = measured({1: 0.004, 2: 0.0039, 3: 0.0041, 4: 0.0040, 5: 0.0045})
     assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.025, 1.025, 1.125])
     accs = [ctl.acceptance.new_request()]
     feed(ctl, accs, 20, accepted=0, drafted=1)
     assert ctl.choose_width(accs, [4], None, 0) == 0
     # a width not measured between them is not cheaper either (interpolated from the floor)
-    gap = GoodputController(4, drafts_are_free=True, max_wait=16)
-    for w, s in ((1, 0.004), (2, 0.0038), (4, 0.0040), (5, 0.0044)):
-        for _ in range(4):
-            gap.costs.record("step", 1, w, s)
+    gap = measured({1: 0.004, 2: 0.0038, 4: 0.0040, 5: 0.0044})
     assert gap.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0, 1.0, 1.1])
     accs = [gap.acceptance.new_request()]
     feed(gap, accs, 20, accepted=0, drafted=2)
