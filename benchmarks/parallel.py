@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--max-memory", type=json.loads, default=None,
                      help="pipeline: accelerate's max_memory as JSON, e.g. '{\"0\": \"10GiB\"}'")
     run.add_argument("--device", default=None, help="single: the device (default cuda:0 or cpu)")
+    run.add_argument("--enforce-eager", action="store_true",
+                     help="no CUDA graphs (the layout is named with -eager)")
     table = sub.add_parser("table", help="print the ratios of measured layouts")
     table.add_argument("files", nargs="+", type=Path)
     return parser.parse_args(argv)
@@ -115,6 +117,7 @@ def run_layout(args: argparse.Namespace) -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     layout = args.layout + ("-capped" if args.layout == "pipeline" and args.max_memory
                             else "")  # (a run with --max-memory is named apart)
+    layout += "-eager" if args.enforce_eager else ""
     methods = args.methods.split(",")
     if args.layout == "tp" and len(methods) > 1:
         raise SystemExit("--layout tp measures one method per torchrun launch (the other ranks "
@@ -123,11 +126,14 @@ def run_layout(args: argparse.Namespace) -> None:
     for method in methods:
         spec = None if method == "none" else {"method": method, "num_speculative_tokens": args.k}
         llm = LLM(args.model, speculative_config=spec, max_num_seqs=max(batch_sizes),
-                  max_model_len=512, **layout_kwargs(args))
+                  max_model_len=512, enforce_eager=args.enforce_eager, **layout_kwargs(args))
         placed = where(llm)
+        graphs = llm.llm_engine.runner.graphs
         for b in batch_sizes:
             prompts = build_prompts("copy", b, "random-llama-8b", None, llm.llm_engine.vocab_size)
-            outputs = engine_generate(llm, prompts, args.max_tokens)  # warm-up
+            for _ in range(2):  # warm-up (a bucket is captured the second time it is met)
+                outputs = engine_generate(llm, prompts, args.max_tokens)
+            captured = 0.0 if graphs is None else graphs.capture_seconds
             seconds = []
             for _ in range(args.repeats):
                 if torch.cuda.is_available():
@@ -143,6 +149,9 @@ def run_layout(args: argparse.Namespace) -> None:
                          "tokens_per_s": b * args.max_tokens / best, "seconds": seconds,
                          "acceptance_rate": stats.num_accepted / stats.num_drafted
                          if stats.num_drafted else None, "placement": placed,
+                         "graphs": 0 if graphs is None else graphs.num_graphs,
+                         "capture_s_in_timed_runs": 0.0 if graphs is None
+                         else graphs.capture_seconds - captured,
                          "outputs": outputs})
             print(f"{layout:<9} {method:<6} batch {b:>3}: "
                   f"{rows[-1]['tokens_per_s']:9.1f} tokens/s ({placed})", flush=True)

@@ -7,9 +7,9 @@
 #     bash benchmarks/parallel_gpus.sh [OUT_DIR]      # default OUT_DIR: ./parallel-out
 #
 # Writes OUT_DIR/{tests.txt, single.json, pipeline.json, pipeline-capped.json, tp-none.json,
-# tp-ngram.json, table.txt}. MODEL (default random-llama-8b), BATCH_SIZES (1,32), MAX_TOKENS (128)
-# and CAPPED (accelerate's max_memory for the capped pipeline run) can be set in the
-# environment; CKPT (default /tmp/specdec-<MODEL>) is where the random checkpoint is written.
+# tp-ngram.json, tp-eager-none.json, table.txt}. MODEL (default random-llama-8b), BATCH_SIZES
+# (1,32), MAX_TOKENS (128) and CAPPED (accelerate's max_memory for the capped pipeline run) can
+# be set in the environment; CKPT (default /tmp/specdec-<MODEL>) is where the random checkpoint is written.
 set -euo pipefail
 
 OUT=${1:-parallel-out}
@@ -41,9 +41,13 @@ $PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --json "$OUT/pip
 # one GPU's memory setting runs with speculation, and its greedy text equals one GPU's).
 $PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --max-memory "$CAPPED" \
     --json "$OUT/pipeline-capped.json"
+# Tensor parallel with CUDA graphs (every rank replaying the graphs rank 0 chose), then eager.
 for method in none ngram; do
     torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
         --methods "$method" "${common[@]}" --json "$OUT/tp-$method.json"
 done
+torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp --methods none \
+    --enforce-eager "${common[@]}" --json "$OUT/tp-eager-none.json"
 $PY benchmarks/parallel.py table "$OUT/single.json" "$OUT/pipeline.json" \
-    "$OUT/pipeline-capped.json" "$OUT/tp-none.json" "$OUT/tp-ngram.json" | tee "$OUT/table.txt"
+    "$OUT/pipeline-capped.json" "$OUT/tp-none.json" "$OUT/tp-ngram.json" \
+    "$OUT/tp-eager-none.json" | tee "$OUT/table.txt"

@@ -179,7 +179,7 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
 def graph_max_new(config: EngineConfig) -> int:
     """Steps of at most this many new tokens per sequence replay CUDA graphs (0: none): one
     token per decode step, k + 1 per verification (and per draft catch-up)."""
-    if config.enforce_eager or config.tensor_parallel_size > 1:
+    if config.enforce_eager:
         return 0
     spec = config.speculative_config
     if spec is None:

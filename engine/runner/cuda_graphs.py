@@ -57,6 +57,12 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
   narrow with the batch, as draft trees do), which covers every width of its batch and key
   length.
 
+Under tensor parallelism every rank must capture and replay the same graphs at the same steps
+(a graph holds the model's collectives, which meet only when every rank runs them). The
+decisions above read each rank's own timings and free memory, so only one rank makes them: each
+step's :attr:`CudaGraphs.decision` (the bucket, and the buckets captured first, in order) is what
+the leader sends with the step, and a follower runs exactly that (:meth:`CudaGraphs.dictate`).
+
 A step padded to a cover is *steady* (:attr:`CudaGraphs.steady`): it times like every later
 step of its bucket until the bucket gets a graph of its own, so its time is what the
 speculation controller pays for that width now, and the controller records it as such. (It did
@@ -97,6 +103,10 @@ def kv_bucket(kv_len: int, limit: int) -> int:
 
 
 Key = tuple[int, int, int]  # (batch_size, num_new, kv_len) of a bucket
+# A step's decision: the bucket it runs in (None: eager, unbucketed) and the buckets captured
+# before it runs, in order (its own first; empty when it replays a graph or runs eager).
+Decision = tuple[Key | None, tuple[Key, ...]]
+NO_DECISION: Decision = (None, ())
 
 
 @dataclass
@@ -146,6 +156,8 @@ class CudaGraphs:
         self.steady = True  # the last step replayed a graph it did not capture (its own or a
         # cover), or nothing is captured
         self.capture_seconds = 0.0  # host time spent capturing (warm-up forward + capture)
+        self.decision: Decision = NO_DECISION  # the last bucket() call's
+        self._dictated: Decision | None = None  # the next bucket() call's, from the leader
 
     @property
     def num_graphs(self) -> int:
@@ -155,7 +167,34 @@ class CudaGraphs:
         """The graph bucket a step runs in, or None when it runs eager (too many new tokens or
         sequences). A bucket without a graph of its own is served by the smallest captured one
         that covers it until the padding has cost it a capture (then it is captured; see the
+        module docstring). Sets :attr:`decision`; after :meth:`dictate`, returns the dictated
+        bucket instead."""
+        if self._dictated is not None:
+            self.decision, self._dictated = self._dictated, None
+            return self.decision[0]
+        key = self._bucket(batch_size, num_new, kv_len)
+        self.decision = (key, self._planned_captures(key))
+        return key
+
+    def dictate(self, decision: Decision) -> None:
+        """The next step runs in ``decision``'s bucket and captures its buckets first, whatever
+        this object would decide (a tensor-parallel follower, told by the leader: see the
         module docstring)."""
+        self._dictated = decision
+
+    def _planned_captures(self, key: Key | None) -> tuple[Key, ...]:
+        """The buckets that a step in ``key`` captures before it runs: ``key`` at its second
+        step without a graph, with a decode bucket's widest verification twin."""
+        if (key is None or not self._capture_graphs or key in self._graphs
+                or self._met.get(key, 0) < 2):
+            return ()
+        batch_size, num_new, kv_len = key
+        twin = (batch_size, self.twin_width(batch_size), kv_len)  # the widest verifications
+        if num_new == 1 and twin != key and twin not in self._graphs:
+            return key, twin
+        return (key,)
+
+    def _bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
         if num_new > self.max_num_new or batch_size > self.max_batch_size:
             return None
         key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
@@ -233,11 +272,11 @@ class CudaGraphs:
         graph = self._graphs.get(key)
         if graph is not None:
             return graph, False
-        if self._met.get(key, 0) < 2:
+        captures = (self.decision[1] if self.decision[0] == key
+                    else self._planned_captures(key))
+        if not captures:
             return None, False
-        batch_size, num_new, kv_len = key
-        twin = (batch_size, self.twin_width(batch_size), kv_len)  # the widest verifications
-        for bucket in (key, twin) if num_new == 1 and twin not in self._graphs else (key,):
+        for bucket in captures:
             start = time.perf_counter()
             graph = self._graphs[bucket] = self._capture(*bucket)
             self._replay_s[bucket] = self._time_replays(graph)

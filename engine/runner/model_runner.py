@@ -43,7 +43,7 @@ tracks the tokens kept.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ from engine.runner.attention_backend import (
 from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
-from engine.runner.cuda_graphs import CudaGraphs
+from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 
 __all__ = ["KVCacheFull", "ModelRunner", "Tree"]
@@ -139,7 +139,8 @@ class ModelRunner:
     on oneDNN-reordered weights (:mod:`engine.runner.cpu_linears`, at a cost in memory).
     ``tensor_parallel_size``: the model holds this rank's share of a tensor-parallel plan
     (:mod:`engine.runner.tensor_parallel`): its pools hold ``num_key_value_heads / size`` heads,
-    and every step runs eager on the model's own weights (no graphs, nothing packed).
+    its linear maps run on the model's own weights (nothing packed), and its CUDA graphs follow
+    one rank's decisions (:attr:`before_launch`, :meth:`CudaGraphs.dictate`).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
@@ -199,8 +200,11 @@ class ModelRunner:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
         # (a spread model's hooks move weights or activations: not capturable; every step eager)
         if (cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device
-                and tp == 1 and not spread_by_accelerate(model)):
+                and not spread_by_accelerate(model)):
             self.use_graph_buckets(cuda_graph_max_new)
+        # called in each forward once its graph decision is made, before the device runs
+        # anything of it (tensor parallelism: the leader sends the step to the other ranks)
+        self.before_launch: Callable[[Decision], None] | None = None
 
     def use_graph_buckets(self, max_num_new: int, capture: bool = True) -> None:
         """Run steps of at most ``max_num_new`` new tokens per sequence through
@@ -325,6 +329,8 @@ class ModelRunner:
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
         bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
+        if self.before_launch is not None:
+            self.before_launch(NO_DECISION if self.graphs is None else self.graphs.decision)
         # a bucket pads with scratch sequences, and each sequence with scratch tokens
         rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
         host, token_rows = self._plan_step(slots, token_ids, starts, rows_new, rows_batch, trees)

@@ -9,18 +9,24 @@ the model's collectives; a second, gloo group carries the control messages below
 
 Who decides. Rank 0 builds the whole engine (scheduler, proposer, sampler, RNG) and is the only
 rank that reads logits. Its runner is a :class:`LeaderRunner`: every call that changes runner
-state (a slot taken or freed, a rollback, a forward) runs locally and is recorded; a forward
-first sends the calls recorded since the last one, then its own arguments, in one broadcast
-(``broadcast_object_list``: one message per step). The other ranks run :func:`follow`: they
-receive each message and replay it on their runner in the same order, so their slot tables,
-pool rows and forwards are the leader's by construction and no rank can diverge. A call that
-fails on the leader before changing anything (``KVCacheFull``, a bad argument) fails the same way
-on a follower, which carries on. At interpreter exit (or :meth:`LeaderRunner.shutdown`) the
-leader sends a stop message and the followers return.
+state (a slot taken or freed, a rollback, a forward) runs locally and is recorded. A forward,
+once its arguments are checked and its CUDA graph decision made and before the device runs any
+of it, sends the calls recorded since the last forward, then its own arguments and that
+decision, in one broadcast (``broadcast_object_list``: one message per step). The other ranks
+run :func:`follow`: they receive each message and replay it on their runner in the same order,
+so their slot tables, pool rows and forwards are the leader's by construction and no rank can
+diverge. A forward that the leader refuses (``KVCacheFull``, a bad argument) is refused before
+it is sent, so the followers never see it. At interpreter exit (or
+:meth:`LeaderRunner.shutdown`) the leader sends a stop message and the followers return.
 
-CUDA graphs are off under tensor parallelism: a capture must meet the same collectives on every
-rank at the same step, which the graph bucket's per-rank decisions (free memory) do not promise;
-every step runs eager (see docs/design.md, "Across GPUs").
+CUDA graphs. A captured graph holds the model's collectives, so every rank must capture and
+replay the same buckets at the same steps; the graph decisions read each rank's own timings and
+free memory, so a follower does not make its own: it runs the bucket the leader chose and
+captures what the leader captured (``CudaGraphs.dictate``). The lm head's gather of the logits
+runs after the replay, eagerly, on every rank. ``NCCL_GRAPH_MIXING_SUPPORT=0`` is set (unless
+set already) before the process group starts: replays and eager collectives are issued in
+order, and NCCL is faster without the mixing support (transformers sets the same for its own
+continuous batching). ``enforce_eager=True`` runs every step eager.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.runner.model_runner import KVCacheFull, ModelRunner, Tree
+from engine.runner.cuda_graphs import Decision
+from engine.runner.model_runner import ModelRunner, Tree
 
 __all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow"]
 
@@ -111,6 +118,8 @@ class LeaderRunner:
         self._runner = runner
         self._pending: Calls = []
         self._stopped = False
+        self._args: tuple | None = None  # the forward under way (sent at its launch)
+        runner.before_launch = self._launch
         atexit.register(self._exit)
 
     def __getattr__(self, name: str) -> Any:
@@ -134,16 +143,26 @@ class LeaderRunner:
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 logits_indices: Sequence[int] | torch.Tensor | None = None,
                 trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
-        """Send the recorded calls and this forward to the followers, then run it here."""
+        """Run this forward here; once it is checked and its graph decision made, the recorded
+        calls, its arguments and that decision go to the followers (:meth:`_launch`)."""
         if isinstance(logits_indices, torch.Tensor):
             logits_indices = logits_indices.tolist()
-        args = (list(slots), [list(t) for t in token_ids],
-                None if logits_indices is None else list(logits_indices),
-                None if trees is None else [None if t is None else (t[0], list(t[1]))
-                                            for t in trees])
-        self._send([*self._pending, ("forward", args)])
+        self._args = (list(slots), [list(t) for t in token_ids],
+                      None if logits_indices is None else list(logits_indices),
+                      None if trees is None else [None if t is None else (t[0], list(t[1]))
+                                                  for t in trees])
+        try:
+            return self._runner.forward(*self._args)
+        finally:
+            self._args = None
+
+    def _launch(self, decision: Decision) -> None:
+        """The wrapped runner's :attr:`~ModelRunner.before_launch`: send the step."""
+        if self._args is None:
+            raise RuntimeError("under tensor parallelism rank 0's forwards go through its "
+                               "LeaderRunner (the other ranks replay them)")
+        self._send([*self._pending, ("forward", self._args, decision)])
         self._pending = []
-        return self._runner.forward(*args)
 
     def shutdown(self) -> None:
         """Tell the followers to return (once; at interpreter exit at the latest), and wait
@@ -182,14 +201,13 @@ def follow(runner: ModelRunner) -> int:
         if message == STOP:
             dist.barrier(group=control_group())  # (the leader's, in LeaderRunner.shutdown)
             return forwards
-        for name, args in message:
+        for name, args, *decision in message:
             if name not in (*_MUTATING, "forward"):
                 raise RuntimeError(f"unknown tensor-parallel call {name!r} from rank 0")
             if name != "forward":
                 getattr(runner, name)(*args)  # it succeeded on the leader
                 continue
             forwards += 1
-            try:
-                runner.forward(*args)
-            except (KVCacheFull, ValueError):  # refused on the leader too, before any change
-                pass
+            if runner.graphs is not None:  # (the leader's bucket and captures)
+                runner.graphs.dictate(decision[0])
+            runner.forward(*args)  # (checked on the leader: it ran there)

@@ -41,10 +41,11 @@ ON_CPU = pytest.mark.skipif(torch.cuda.is_available(),
 TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 
 
-def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = None) -> dict:
+def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = None,
+              buckets: bool = False) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT), str(model_dir), str(out), device] + (
-               [str(kv_tokens)] if kv_tokens else [])
+           str(SCRIPT), str(model_dir), str(out), device, str(kv_tokens or 0)] + (
+               ["buckets"] if buckets else [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -57,11 +58,19 @@ def expected(model_dir) -> list[list[int]]:
     return [hf_greedy(model, p, MAX_TOKENS) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),
-                                    pytest.param("cuda", marks=TWO_GPUS)])
+@pytest.mark.parametrize("device,buckets", [
+    pytest.param("cpu", False, marks=ON_CPU, id="cpu"),
+    # (every small step in a CUDA graph bucket's padded layout, the followers told the bucket)
+    pytest.param("cpu", True, marks=ON_CPU, id="cpu-buckets"),
+    pytest.param("cuda", False, marks=TWO_GPUS, id="cuda-graphs")])
 @pytest.mark.parametrize("kv_tokens", [None, 48], ids=["roomy", "preempting"])
-def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_tokens, device):
-    result = run_ranks(model_dir, tmp_path / "out.json", device, kv_tokens)
+def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_tokens, device,
+                                            buckets):
+    result = run_ranks(model_dir, tmp_path / "out.json", device, kv_tokens, buckets)
+    if device == "cuda" or buckets:  # (decode and verification steps ran in buckets)
+        assert result["bucketed_steps"] >= MAX_TOKENS // 2
+    if device == "cuda":  # (the ranks captured graphs: every rank the same, or they hang)
+        assert result["graphs"] > 0
     assert result["world_size"] == 2
     assert result["backend"] == {"cpu": "gloo", "cuda": "nccl"}[device]
     # each rank holds half the heads: 4 query heads and 2 key/value heads over 2 ranks

@@ -2,9 +2,11 @@
 the GPU script (benchmarks/tensor_parallel.py runs the same engine at scale).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/engine/runner/tp_script.py MODEL_DIR
-OUT_JSON DEVICE [KV_CACHE_TOKENS]``: every rank builds the same ``LLM``; a rank > 0 never returns
-from ``LLM(...)`` (it replays rank 0's steps, then its process exits); rank 0 runs the calls below
-and writes what they returned to OUT_JSON.
+OUT_JSON DEVICE [KV_CACHE_TOKENS [buckets]]``: every rank builds the same ``LLM``; a rank > 0
+never returns from ``LLM(...)`` (it replays rank 0's steps, then its process exits); rank 0 runs
+the calls below and writes what they returned to OUT_JSON. ``buckets`` (CPU): every rank's runner
+runs its small steps in CUDA graph buckets' padded layout, eagerly (``capture=False``), and the
+followers run the buckets that rank 0 sends (on GPUs they are captured graphs).
 """
 
 from __future__ import annotations
@@ -15,16 +17,25 @@ import sys
 import torch.distributed as dist
 
 from engine import LLM, SamplingParams
+from engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12], [20, 21, 20, 21, 20], [40, 41, 42]]
 
 
 def main() -> None:
     model_dir, out_path, device = sys.argv[1:4]
-    kv_tokens = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    kv_tokens = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "0" else None
+    buckets = sys.argv[5:] == ["buckets"]
+    if buckets:  # (on every rank, before the engine builds its runner)
+        def with_buckets(self, *args, **kwargs) -> None:
+            plain_init(self, *args, **kwargs)
+            self.use_graph_buckets(4, capture=False)
+
+        plain_init = ModelRunner.__init__
+        ModelRunner.__init__ = with_buckets
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(model_dir, device=device, tensor_parallel_size=2, speculative_config=spec,
-              max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=True)
+              max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=device == "cpu")
     assert dist.get_rank() == 0, "a follower rank returned from LLM(...)"
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     runner = llm.llm_engine.runner
@@ -45,6 +56,8 @@ def main() -> None:
         "free_at_end": runner.num_free_tokens,
         "accepted": stats.num_accepted, "drafted": stats.num_drafted,
         "preemptions": stats.num_preemptions,
+        "bucketed_steps": 0 if runner.graphs is None else runner.graphs.num_replays,
+        "graphs": 0 if runner.graphs is None else runner.graphs.num_graphs,
         "world_size": dist.get_world_size(), "backend": dist.get_backend(),
         "pool_kv_heads": next(iter(runner.cache.pools.values())).shape[2],
         "local_q_rows": llm.llm_engine.model.model.layers[0].self_attn.q_proj.weight.to_local()
