@@ -23,6 +23,10 @@ RANDOM_LLAMAS = {
     "random-llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                             num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                             vocab_size=128256, tie_word_embeddings=False),
+    # (a forward of next to nothing: on CPU what a step costs beyond it is the host's work)
+    "random-llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              vocab_size=512, tie_word_embeddings=False),
 }
 RANDOM_EOS_ID = 1
 

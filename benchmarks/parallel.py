@@ -44,10 +44,7 @@ from benchmarks.e2e_workloads import (  # noqa: E402
 from benchmarks.efficiency import decisive  # noqa: E402
 from engine import LLM  # noqa: E402
 
-SHAPES = {**RANDOM_LLAMAS,
-          "random-llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                    vocab_size=512, tie_word_embeddings=False)}
+SHAPES = RANDOM_LLAMAS
 LAYOUTS = ("single", "pipeline", "tp")
 METHODS = ("none", "ngram")
 

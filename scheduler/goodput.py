@@ -142,17 +142,17 @@ def typical_tokens(per_sequence: np.ndarray) -> np.ndarray:
     return np.partition(per_sequence, n // 2, axis=0)[n // 2]
 
 
-def best_width(tokens: np.ndarray, cost: np.ndarray, min_width: int = 0,
-               typical: np.ndarray | None = None) -> int:
+def best_width(tokens, cost, min_width: int = 0, typical=None) -> int:
     """The ``w`` in ``min_width..max_k`` of largest ``tokens[w] / cost[w]`` (ties: the
     smaller); a ``w > 0`` must beat ``w = 0`` by ``MARGIN``. ``typical``
     (:func:`typical_tokens`): a width that would slow down the typical sequence
     (``typical[w] < cost[w]``: half the sequences gain less than the step costs) is not taken
-    unless ``min_width`` asks for it."""
-    goodput = tokens / cost  # [max_k + 1]
-    if typical is not None and min_width == 0:
-        goodput = np.where(typical >= cost, goodput, 0.0)
-    best = min_width + int(goodput[min_width:].argmax())
+    unless ``min_width`` asks for it. ``tokens``, ``cost``, ``typical``: ``[max_k + 1]``
+    sequences (lists or arrays)."""
+    screen = typical is not None and min_width == 0
+    goodput = [0.0 if screen and typical[w] < cost[w] else tokens[w] / cost[w]
+               for w in range(len(cost))]  # [max_k + 1]
+    best = max(range(min_width, len(cost)), key=goodput.__getitem__)  # (ties: the first)
     if min_width == 0 and best > 0 and goodput[best] <= goodput[0] * (1.0 + MARGIN):
         return 0
     return best
@@ -190,8 +190,10 @@ class GoodputController:
         self._keep_asking = False  # the last free proposal paid with its own cost counted
         self.drafting = False  # the last decision drafted (a probe does not count)
         self.settled = False  # the last plan weighed drafting and chose none (not a probe)
-        self._step_costs: dict[int, tuple[int, np.ndarray]] = {}  # batch size ->
-        # (cost table version, step_cost)
+        self._step_costs: dict[int, tuple[int, np.ndarray, list[float]]] = {}  # batch size
+        # -> (cost table version, step_cost, the same as a list)
+        self._proposal_costs: tuple[int, int, float] | None = None  # (version, batch size,
+        # propose_cost of a free proposer's max_k drafts)
         self._last_accs: list[RequestAcceptance] = []  # the sequences the last decision weighed
         self._table: tuple | None = None  # prepare()'s: (rows, acceptance version, spread,
         # tokens_table [n, max_k + 1, max_k + 1, max_k + 1], arange(n))
@@ -200,12 +202,15 @@ class GoodputController:
     def step_cost(self, batch_size: int) -> np.ndarray:
         """``[max_k + 2]``: ``C[w]``, a step verifying ``w - 1`` drafts (index ``w`` = tokens per
         sequence; index 0 unused) over a plain step. Read only (kept until the table changes)."""
+        return self._step_cost(batch_size)[1]
+
+    def _step_cost(self, batch_size: int) -> tuple[int, np.ndarray, list[float]]:
         version = self.costs.version
         cached = self._step_costs.get(batch_size)
         if cached is None or cached[0] != version:
-            cached = self._step_costs[batch_size] = (version,
-                                                     self._measured_step_cost(batch_size))
-        return cached[1]
+            cost = self._measured_step_cost(batch_size)
+            cached = self._step_costs[batch_size] = (version, cost, cost.tolist())
+        return cached
 
     def _measured_step_cost(self, batch_size: int) -> np.ndarray:
         cost = np.empty(self.max_k + 2)
@@ -247,6 +252,15 @@ class GoodputController:
         if lo > 1:
             return cost[lo]
         return 1.0 + DEFAULT_VERIFY_COST * (w - 1)
+
+    def _free_proposal_cost(self, batch_size: int) -> float:
+        """:meth:`propose_cost` of a free proposer's ``max_k`` drafts (kept until the costs
+        change)."""
+        cached = self._proposal_costs
+        if cached is None or cached[:2] != (self.costs.version, batch_size):
+            cached = self._proposal_costs = (self.costs.version, batch_size,
+                                             self.propose_cost(batch_size, self.max_k, 0.0))
+        return cached[2]
 
     def propose_cost(self, batch_size: int, k: int, measured_draft_cost: float) -> float:
         """A proposal of ``k`` drafts over a plain step (0 for ``k = 0``)."""
@@ -364,14 +378,16 @@ class GoodputController:
             rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
                 accs, self._spread(len(accs))))  # [n, max_k]
             per_sequence = sequence_tokens(rates, avail)  # [n, max_k + 1]
-        tokens, typical = per_sequence.sum(axis=0), typical_tokens(per_sequence)
-        cost = self.step_cost(b)[1:]  # [max_k + 1]: the proposal is paid already
-        # (read only)
+        # (lists from here: a few plain Python operations on max_k + 1 values cost less host
+        # time than numpy calls, and this runs between the proposal and the forward)
+        tokens = per_sequence.sum(axis=0).tolist()  # [max_k + 1]
+        typical = typical_tokens(per_sequence).tolist()  # [max_k + 1]
+        cost = self._step_cost(b)[2][1:]  # [max_k + 1]: the proposal is paid already
         w = best_width(tokens, cost, min_width, typical)
         # Would this step have paid with the proposal's cost too? Then the next step asks the
         # proposer again without weighing it first (text that pays goes on paying; a step whose
         # drafts stop paying chooses 0 here, and the next one plans in full).
-        proposal = self.propose_cost(b, self.max_k, 0.0)
+        proposal = self._free_proposal_cost(b)
         self._keep_asking = w > 0 and (tokens[w] / (cost[w] + proposal)
                                        > tokens[0] * (1.0 + MARGIN)
                                        and typical[w] >= cost[w] + proposal)

@@ -154,7 +154,7 @@ class SpeculationPolicy:
         self._batch_size = len(running)
         for seq in running:
             spec = seq.speculation
-            spec.cap = cap = self.cap(seq)
+            spec.cap = cap = max(0, min(spec.limit, spec.end - seq.num_tokens))  # (self.cap)
             spec.step, spec.critical = step, True
             closed = closed and spec.closes
             if spec.fixed:
@@ -211,17 +211,30 @@ class SpeculationPolicy:
         got = [min(item.num_spec_tokens, len(d)) for item, d in zip(items, draft_token_ids,
                                                                         strict=True)]
         if self.adaptive and self.free:
-            specs = [item.seq.speculation for item in items]
-            min_width = max((g for g, s in zip(got, specs, strict=True) if s.fixed), default=0)
-            steered = [s for s in specs if not s.fixed]
-            avail = [g for g, s in zip(got, specs, strict=True) if not s.fixed]
-            backed = None if num_backed is None else [
-                min(b, g) for b, g, s in zip(num_backed, got, specs, strict=True) if not s.fixed]
-            critical = [s.critical for s in steered]
-            width = self.controller.choose_width(steered, avail, backed, min_width,
-                                                 None if all(critical) else critical,
-                                                 max(self._batch_size, len(items)))
-            got = [g if s.fixed else min(g, width) for g, s in zip(got, specs, strict=True)]
+            # (one pass over the step: this runs between the proposal and the forward)
+            steered: list[RequestSpeculation] = []
+            avail: list[int] = []
+            backed: list[int] | None = None if num_backed is None else []
+            min_width, fixed, critical = 0, False, True
+            for i, (item, g) in enumerate(zip(items, got, strict=True)):
+                spec = item.seq.speculation
+                if spec.fixed:
+                    min_width, fixed = max(min_width, g), True
+                    continue
+                steered.append(spec)
+                avail.append(g)
+                critical = critical and spec.critical
+                if backed is not None:
+                    backed.append(min(num_backed[i], g))
+            width = self.controller.choose_width(
+                steered, avail, backed, min_width,
+                None if critical else [s.critical for s in steered],
+                max(self._batch_size, len(items)))
+            if fixed:
+                got = [g if item.seq.speculation.fixed else min(g, width)
+                       for item, g in zip(items, got, strict=True)]
+            else:
+                got = [min(g, width) for g in got]
         if free_kv_tokens is not None:
             spare = free_kv_tokens - sum(item.num_context_tokens for item in items)
             for i, g in enumerate(got):
