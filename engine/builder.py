@@ -13,10 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import EngineConfig, tree_size
+from engine.config import HEAD_METHODS, EngineConfig, tree_size
 from engine.runner.loader import load_model, load_tokenizer
 from engine.runner.model_runner import ModelRunner, attention_devices, execution_device
-from engine.runner.tensor_parallel import agreed_minimum, check_launch, lead_or_follow
+from engine.runner.tensor_parallel import (
+    agreed_minimum,
+    check_launch,
+    lead_or_follow,
+    whole_copies,
+)
 from proposers import Proposer, ProposerContext, get_proposer, proposer_needs_kv_cache
 from samplers import MAX_SPEC_LEN, VerificationSampler, build_sampler, get_sampler
 
@@ -158,9 +163,13 @@ def kv_bytes_per_token(model: nn.Module, tensor_parallel_size: int = 1) -> int:
 
 def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, vocab_size: int,
                      max_model_len: int, kv_tokens: int,
-                     generator: torch.Generator | None = None) -> ProposerContext:
+                     generator: torch.Generator | None = None,
+                     input_embeddings: nn.Module | None = None,
+                     output_embeddings: nn.Module | None = None) -> ProposerContext:
     """What a proposer factory gets: the target, the limits, and how the engine loads a model
-    and runs one. A draft's KV cache holds the target's tokens plus every sequence's drafts."""
+    and runs one. A draft's KV cache holds the target's tokens plus every sequence's drafts.
+    ``input_embeddings`` / ``output_embeddings``: whole copies of the target's (tensor
+    parallelism: :func:`~engine.runner.tensor_parallel.whole_copies`)."""
     device = execution_device(model.get_input_embeddings())
     draft_kv_tokens = kv_tokens + config.max_num_seqs * (MAX_SPEC_LEN + 1)
 
@@ -173,7 +182,9 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
 
     return ProposerContext(model, tokenizer, vocab_size, device, config.dtype,
                            config.max_num_seqs, max_model_len, load, make_runner, generator,
-                           cuda_graphs=device.type == "cuda" and graph_max_new(config) > 0)
+                           cuda_graphs=device.type == "cuda" and graph_max_new(config) > 0,
+                           input_embeddings=input_embeddings,
+                           output_embeddings=output_embeddings)
 
 
 def graph_max_new(config: EngineConfig) -> int:
@@ -208,16 +219,19 @@ def build_components(config: EngineConfig) -> EngineComponents:
         max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp)
+    spec = config.speculative_config
+    whole: tuple[nn.Module, nn.Module] | tuple[None, None] = (None, None)
     if tp > 1:
+        if spec is not None and spec.method in HEAD_METHODS:  # (every rank gathers)
+            whole = whole_copies(model)
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None
     if config.seed is not None:
         generator = torch.Generator(device=device).manual_seed(config.seed)
-    spec = config.speculative_config
     proposer = None
     if spec is not None and spec.num_speculative_tokens > 0:
         ctx = proposer_context(config, model, tokenizer, vocab_size, max_model_len, kv_tokens,
-                               generator)
+                               generator, *whole)
         proposer = get_proposer(spec.method, spec, ctx)
     sampler = get_sampler("rejection") if spec is None else build_sampler(
         spec.acceptance_method, spec)

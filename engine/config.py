@@ -24,8 +24,9 @@ from samplers import MAX_SPEC_LEN, available_samplers
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
 
 
-TREE_METHODS = ("eagle", "ngram_eagle")  # the proposers that draft trees
-TP_REFUSED = ("early_exit", "eagle", "ngram_eagle")  # (use the target's split modules)
+HEAD_METHODS = ("eagle", "ngram_eagle")  # draft heads: read the target's embedding and head
+TREE_METHODS = HEAD_METHODS  # the proposers that draft trees
+TP_REFUSED = ("early_exit",)  # (runs the target's split layers)
 
 
 def tree_size(branching: list[int], depth: int) -> int:
@@ -299,12 +300,11 @@ class EngineConfig:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         spec = self.speculative_config
         if self.tensor_parallel_size > 1 and spec is not None and spec.method in TP_REFUSED:
-            # (early_exit runs the target's split layers; a draft head reads out through the
-            # target's split embedding and output head, whose collectives the other ranks never
-            # join: found in session 17, two gloo ranks hung at the first proposal)
+            # (early_exit runs the target's split layers, whose collectives the other ranks
+            # would never join; a draft head gets whole copies of the embedding and output head)
             _fail(name, "speculative_config.method", spec.method, "a proposer that does not run "
-                  "the target's own layers, embedding or output head with tensor_parallel_size "
-                  "> 1 (they are split across the ranks): ngram or draft_model")
+                  "the target's own layers with tensor_parallel_size > 1 (they are split across "
+                  "the ranks): ngram, draft_model, eagle or ngram_eagle")
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
             _fail(name, "speculative_config", self.speculative_config,
                   "None, a dict or a SpeculativeConfig")

@@ -185,3 +185,15 @@ class ProposerContext:
     generator: torch.Generator | None = None
     # the engine replays CUDA graphs (on a CUDA device, not enforce_eager): a proposer may too
     cuda_graphs: bool = False
+    # the target's input embedding and output head, whole: a proposer reads these, not the
+    # target's own (None: the target's own; under tensor parallelism those are split across the
+    # ranks and their forwards are collectives, so the engine hands rank 0 whole copies)
+    input_embeddings: nn.Module | None = None
+    output_embeddings: nn.Module | None = None
+
+    def embeddings(self) -> tuple[nn.Module, nn.Module]:
+        """The target's input embedding and output head for a proposer's own use (see
+        ``input_embeddings``)."""
+        model = self.target_model
+        return (self.input_embeddings or model.get_input_embeddings(),
+                self.output_embeddings or model.get_output_embeddings())

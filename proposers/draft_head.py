@@ -391,9 +391,8 @@ def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     if head.hidden_size != hidden:
         raise ValueError(f"draft head {str(directory)!r} has hidden_size {head.hidden_size}; "
                          f"the target's is {hidden}: it was trained for another model")
-    dtype = target.get_input_embeddings().weight.dtype
-    head = head.to(device=ctx.device, dtype=dtype).eval()
-    return DraftHeadProposer(head, target.get_input_embeddings(),
-                             target.get_output_embeddings(), ctx.vocab_size, ctx.max_num_seqs,
+    embed, lm_head = ctx.embeddings()
+    head = head.to(device=ctx.device, dtype=embed.weight.dtype).eval()
+    return DraftHeadProposer(head, embed, lm_head, ctx.vocab_size, ctx.max_num_seqs,
                              ctx.max_model_len, config.num_speculative_tokens + 1,
                              graphs=ctx.cuda_graphs, tree=config.draft_tree)

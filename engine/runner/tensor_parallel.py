@@ -39,11 +39,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from engine.runner.cuda_graphs import Decision
 from engine.runner.model_runner import ModelRunner, Tree
 
-__all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow"]
+__all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow",
+           "whole_copies"]
 
 # A message: the calls a follower replays, in order, as (method name, positional arguments).
 Calls = list[tuple[str, tuple]]
@@ -84,6 +87,42 @@ def agreed_minimum(value: int) -> int:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value, group=control_group())
     return min(values)
+
+
+def whole_copies(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """Plain, unsplit copies of the model's input embedding and output head, gathered from the
+    ranks' shares (a collective: every rank calls it, in the same order). A draft head reads
+    through them on rank 0 alone: the split modules' own forwards are collectives that the
+    other ranks would never join (two gloo ranks hung at the first proposal in session 17).
+    A weight split by rows is a DTensor under transformers' DTensor plans (gathered whole),
+    or, under earlier releases, this rank's equal share of the rows (gathered in rank order)."""
+    vocab = model.config.vocab_size
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    weight = _whole(embed.weight, vocab)
+    whole_embed = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
+    whole_embed.weight.data.copy_(weight)
+    weight = _whole(head.weight, vocab)
+    bias = None if getattr(head, "bias", None) is None else _whole(head.bias, vocab)
+    whole_head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
+                           device=weight.device, dtype=weight.dtype)
+    whole_head.weight.data.copy_(weight)
+    if bias is not None:
+        whole_head.bias.data.copy_(bias)
+    return whole_embed.eval(), whole_head.eval()
+
+
+def _whole(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with all its rows: a DTensor's full tensor, a row share gathered from every
+    rank, or ``tensor`` itself when it holds them all."""
+    if isinstance(tensor, DTensor):
+        return tensor.full_tensor().detach()
+    tensor = tensor.detach()
+    world = dist.get_world_size()
+    if tensor.shape[0] == rows or tensor.shape[0] * world != rows:
+        return tensor
+    shares = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(shares, tensor.contiguous())
+    return torch.cat(shares)
 
 
 def lead_or_follow(runner: ModelRunner) -> LeaderRunner:

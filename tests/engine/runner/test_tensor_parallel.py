@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from tests.engine.cli.cli_helpers import save_tiny_model
 from tests.engine.llm_helpers import hf_greedy
+from tests.proposers.test_draft_head import save_repeating_head
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("tp_script.py")
@@ -42,10 +43,10 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 
 
 def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = None,
-              buckets: bool = False) -> dict:
+              buckets: bool = False, spec: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPT), str(model_dir), str(out), device, str(kv_tokens or 0)] + (
-               ["buckets"] if buckets else [])
+           str(SCRIPT), str(model_dir), str(out), device, str(kv_tokens or 0),
+           "buckets" if buckets else "plain"] + ([json.dumps(spec)] if spec else [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -88,11 +89,27 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
     assert [o.outputs[0].token_ids for o in outs] == result["first"]
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),
+                                    pytest.param("cuda", marks=TWO_GPUS)])
+@pytest.mark.parametrize("method,tree", [("eagle", None), ("ngram_eagle", [2, 2])])
+def test_a_draft_head_drafts_on_rank_0(model_dir, expected, tmp_path, tmp_path_factory, device,
+                                       method, tree):
+    """A draft head reads out through whole copies of the target's split embedding and output
+    head (rank 0's, gathered from every rank before the others follow): it drafts, and the
+    greedy text is Hugging Face's (before the copies, two ranks hung at the first proposal)."""
+    head = tmp_path_factory.mktemp("head")
+    save_repeating_head(AutoConfig.from_pretrained(model_dir), head)
+    spec = {"method": method, "model": str(head), "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1, "draft_tree": tree}
+    result = run_ranks(model_dir, tmp_path / "out.json", device, spec=spec)
+    assert result["first"] == expected and result["again"] == expected
+    assert result["drafted"] > 0
+
+
 def test_launch_errors_name_the_setting(model_dir, monkeypatch):
-    for method in ("early_exit", "eagle", "ngram_eagle"):  # (the target's split modules)
-        with pytest.raises(ValueError, match="speculative_config.method"):
-            LLM(str(model_dir), device="cpu", tensor_parallel_size=2,
-                speculative_config={"method": method})
+    with pytest.raises(ValueError, match="speculative_config.method"):  # (split layers)
+        LLM(str(model_dir), device="cpu", tensor_parallel_size=2,
+            speculative_config={"method": "early_exit"})
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(ValueError, match="torchrun --nproc-per-node 2"):
         LLM(str(model_dir), device="cpu", tensor_parallel_size=2)

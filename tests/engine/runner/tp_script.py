@@ -2,11 +2,12 @@
 the GPU script (benchmarks/tensor_parallel.py runs the same engine at scale).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/engine/runner/tp_script.py MODEL_DIR
-OUT_JSON DEVICE [KV_CACHE_TOKENS [buckets]]``: every rank builds the same ``LLM``; a rank > 0
-never returns from ``LLM(...)`` (it replays rank 0's steps, then its process exits); rank 0 runs
-the calls below and writes what they returned to OUT_JSON. ``buckets`` (CPU): every rank's runner
-runs its small steps in CUDA graph buckets' padded layout, eagerly (``capture=False``), and the
-followers run the buckets that rank 0 sends (on GPUs they are captured graphs).
+OUT_JSON DEVICE [KV_CACHE_TOKENS [buckets|plain [SPEC_JSON]]]``: every rank builds the same
+``LLM``; a rank > 0 never returns from ``LLM(...)`` (it replays rank 0's steps, then its process
+exits); rank 0 runs the calls below and writes what they returned to OUT_JSON. KV_CACHE_TOKENS 0:
+the default. ``buckets`` (CPU): every rank's runner runs its small steps in CUDA graph buckets'
+padded layout, eagerly (``capture=False``), and the followers run the buckets that rank 0 sends
+(on GPUs they are captured graphs). SPEC_JSON: the speculative config (default: n-gram, k = 3).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
 
         plain_init = ModelRunner.__init__
         ModelRunner.__init__ = with_buckets
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    spec = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(model_dir, device=device, tensor_parallel_size=2, speculative_config=spec,
               max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=device == "cpu")
     assert dist.get_rank() == 0, "a follower rank returned from LLM(...)"
