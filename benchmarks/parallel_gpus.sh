@@ -27,10 +27,12 @@ if [ "$gpus" -lt 2 ]; then
     exit 2
 fi
 
-# 1. The tests whose two-GPU cases skip elsewhere: tensor parallel over NCCL against Hugging Face,
-#    and a model split over two GPUs with its KV pools beside its layers.
+# 1. The tests whose two-GPU cases skip elsewhere: tensor parallel over NCCL against Hugging Face
+#    (CUDA graphs on every rank, n-gram and draft-head drafts), and a model split over two GPUs
+#    with its KV pools beside its layers, every proposer on it.
 $PY -m pytest -q -rs tests/engine/runner/test_tensor_parallel.py \
-    tests/engine/runner/test_spread_model.py 2>&1 | tee "$OUT/tests.txt"
+    tests/engine/runner/test_spread_model.py tests/engine/test_llm_spread.py 2>&1 \
+    | tee "$OUT/tests.txt"
 
 # 2. The benchmark: one random checkpoint, every layout on the same prompts.
 [ -f "$CKPT/config.json" ] || $PY benchmarks/parallel.py save --model "$MODEL" --dir "$CKPT"
