@@ -32,7 +32,7 @@ fi
 #    with its KV pools beside its layers, every proposer on it.
 $PY -m pytest -q -rs tests/engine/runner/test_tensor_parallel.py \
     tests/engine/runner/test_spread_model.py tests/engine/test_llm_spread.py 2>&1 \
-    | tee "$OUT/tests.txt"
+    | tee "$OUT/tests.txt" || echo "some tests failed (tests.txt); the benchmark goes on"
 
 # 2. The benchmark: one random checkpoint, every layout on the same prompts.
 [ -f "$CKPT/config.json" ] || $PY benchmarks/parallel.py save --model "$MODEL" --dir "$CKPT"
@@ -44,12 +44,14 @@ $PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --json "$OUT/pip
 $PY benchmarks/parallel.py run --layout pipeline "${common[@]}" --max-memory "$CAPPED" \
     --json "$OUT/pipeline-capped.json"
 # Tensor parallel with CUDA graphs (every rank replaying the graphs rank 0 chose), then eager.
+# (a layout that fails leaves its JSON out of the table; the others still run)
 for method in none ngram; do
-    torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
-        --methods "$method" "${common[@]}" --json "$OUT/tp-$method.json"
+    timeout 420 torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
+        --methods "$method" "${common[@]}" --json "$OUT/tp-$method.json" \
+        || echo "tensor parallel with CUDA graphs, $method: failed"
 done
-torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp --methods none \
-    --enforce-eager "${common[@]}" --json "$OUT/tp-eager-none.json"
-$PY benchmarks/parallel.py table "$OUT/single.json" "$OUT/pipeline.json" \
-    "$OUT/pipeline-capped.json" "$OUT/tp-none.json" "$OUT/tp-ngram.json" \
-    "$OUT/tp-eager-none.json" | tee "$OUT/table.txt"
+timeout 420 torchrun --standalone --nproc-per-node 2 benchmarks/parallel.py run --layout tp \
+    --methods none --enforce-eager "${common[@]}" --json "$OUT/tp-eager-none.json" \
+    || echo "tensor parallel eager: failed"
+$PY benchmarks/parallel.py table $(ls "$OUT"/single.json "$OUT"/pipeline*.json "$OUT"/tp-*.json \
+    2>/dev/null) | tee "$OUT/table.txt"

@@ -48,7 +48,7 @@ def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = N
            str(SCRIPT), str(model_dir), str(out), device, str(kv_tokens or 0),
            "buckets" if buckets else "plain"] + ([json.dumps(spec)] if spec else [])
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
 
