@@ -20,6 +20,7 @@ CKPT=${CKPT:-/tmp/specdec-$MODEL}
 CAPPED=${CAPPED:-'{"0": "6GiB", "1": "60GiB"}'}  # (the 8B's weights: 16 GB)
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.txt  # (the table reads every JSON here: none from an earlier run)
 
 gpus=$($PY -c "import torch; print(torch.cuda.device_count())")
 if [ "$gpus" -lt 2 ]; then

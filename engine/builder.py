@@ -208,6 +208,11 @@ def build_components(config: EngineConfig) -> EngineComponents:
     max_model_len = min(config.max_model_len or own_len, own_len)
     source = (f"max_model_len={config.max_model_len}" if max_model_len != own_len
               else f"the model's context length {own_len}")
+    spec = config.speculative_config
+    whole: tuple[nn.Module | None, nn.Module | None] = (None, None)
+    if config.tensor_parallel_size > 1 and spec is not None and spec.method in HEAD_METHODS:
+        # (every rank gathers, before the KV budget is measured: rank 0 keeps the copies)
+        whole = whole_copies(model)
     kv_tokens = kv_budget(config, model, max_model_len)
     if kv_tokens < max_model_len:
         max_model_len = kv_tokens
@@ -219,11 +224,7 @@ def build_components(config: EngineConfig) -> EngineComponents:
         max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp)
-    spec = config.speculative_config
-    whole: tuple[nn.Module, nn.Module] | tuple[None, None] = (None, None)
     if tp > 1:
-        if spec is not None and spec.method in HEAD_METHODS:  # (every rank gathers)
-            whole = whole_copies(model)
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None
     if config.seed is not None:

@@ -216,7 +216,7 @@ class SpeculationPolicy:
             avail: list[int] = []
             backed: list[int] | None = None if num_backed is None else []
             min_width, fixed, critical = 0, False, True
-            for i, (item, g) in enumerate(zip(items, got, strict=True)):
+            for item, g, b in zip(items, got, num_backed or [None] * len(items), strict=True):
                 spec = item.seq.speculation
                 if spec.fixed:
                     min_width, fixed = max(min_width, g), True
@@ -225,7 +225,7 @@ class SpeculationPolicy:
                 avail.append(g)
                 critical = critical and spec.critical
                 if backed is not None:
-                    backed.append(min(num_backed[i], g))
+                    backed.append(min(b, g))
             width = self.controller.choose_width(
                 steered, avail, backed, min_width,
                 None if critical else [s.critical for s in steered],

@@ -61,9 +61,6 @@ def load_model(model: str | os.PathLike = DEFAULT_MODEL, dtype: str | torch.dtyp
                              "is absent: transformers' plan binds each rank to cuda:LOCAL_RANK; "
                              "use device='auto'")
         kwargs.update(tensor_parallel_kwargs(tensor_parallel_size))
-        # (read when the process group starts, in from_pretrained: the ranks' CUDA graph replays
-        # and eager collectives are issued in order, and NCCL runs faster without mixing support)
-        os.environ.setdefault("NCCL_GRAPH_MIXING_SUPPORT", "0")
     else:
         kwargs["device_map"] = _device_map(device)
     if max_memory is not None:

@@ -23,10 +23,11 @@ CUDA graphs. A captured graph holds the model's collectives, so every rank must 
 replay the same buckets at the same steps; the graph decisions read each rank's own timings and
 free memory, so a follower does not make its own: it runs the bucket the leader chose and
 captures what the leader captured (``CudaGraphs.dictate``). The lm head's gather of the logits
-runs after the replay, eagerly, on every rank. ``NCCL_GRAPH_MIXING_SUPPORT=0`` is set (unless
-set already) before the process group starts: replays and eager collectives are issued in
-order, and NCCL is faster without the mixing support (transformers sets the same for its own
-continuous batching). ``enforce_eager=True`` runs every step eager.
+runs after the replay, eagerly, on every rank: an eager collective right after a replayed one on
+the same communicator, which NCCL supports with its graph mixing support, the default (NCCL's
+CUDA-graph guide: outstanding operations in any mix of captured and uncaptured are supported),
+so ``NCCL_GRAPH_MIXING_SUPPORT=0``, which transformers sets for its own batching, is not set
+here. ``enforce_eager=True`` runs every step eager.
 """
 
 from __future__ import annotations
@@ -89,40 +90,54 @@ def agreed_minimum(value: int) -> int:
     return min(values)
 
 
-def whole_copies(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """Plain, unsplit copies of the model's input embedding and output head, gathered from the
-    ranks' shares (a collective: every rank calls it, in the same order). A draft head reads
-    through them on rank 0 alone: the split modules' own forwards are collectives that the
-    other ranks would never join (two gloo ranks hung at the first proposal in session 17).
-    A weight split by rows is a DTensor under transformers' DTensor plans (gathered whole),
-    or, under earlier releases, this rank's equal share of the rows (gathered in rank order)."""
-    vocab = model.config.vocab_size
+def whole_copies(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """Rank 0's plain, unsplit copies of the model's input embedding and output head, gathered
+    from the ranks' shares (a collective: every rank calls it, in the same order; the other
+    ranks get None and free what they gathered). A draft head reads through them on rank 0
+    alone: the split modules' own forwards are collectives that the other ranks would never
+    join (two gloo ranks hung at the first proposal in session 17). A weight split by rows is a
+    DTensor under transformers' DTensor plans (gathered whole), or, under earlier releases,
+    this rank's equal share of the rows (gathered in rank order). Tied weights stay one copy."""
+    config = model.config
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    weight = _whole(embed.weight, vocab)
-    whole_embed = nn.Embedding(*weight.shape, device=weight.device, dtype=weight.dtype)
-    whole_embed.weight.data.copy_(weight)
-    weight = _whole(head.weight, vocab)
-    bias = None if getattr(head, "bias", None) is None else _whole(head.bias, vocab)
-    whole_head = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None,
-                           device=weight.device, dtype=weight.dtype)
-    whole_head.weight.data.copy_(weight)
+    embed_weight = _whole("input embedding", embed.weight, config)
+    head_weight = embed_weight if head.weight is embed.weight else _whole(
+        "output head", head.weight, config)
+    bias = getattr(head, "bias", None)
+    bias = None if bias is None else _whole("output head's bias", bias, config)
+    if dist.get_rank() != 0:
+        del embed_weight, head_weight, bias
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # (before this rank's KV budget is measured)
+        return None, None
+    whole_embed = nn.Embedding.from_pretrained(embed_weight, freeze=True)  # (no copy)
+    whole_head = nn.Linear(head_weight.shape[1], head_weight.shape[0], bias=bias is not None,
+                           device="meta")
+    whole_head.weight = nn.Parameter(head_weight, requires_grad=False)
     if bias is not None:
-        whole_head.bias.data.copy_(bias)
+        whole_head.bias = nn.Parameter(bias, requires_grad=False)
     return whole_embed.eval(), whole_head.eval()
 
 
-def _whole(tensor: torch.Tensor, rows: int) -> torch.Tensor:
-    """``tensor`` with all its rows: a DTensor's full tensor, a row share gathered from every
-    rank, or ``tensor`` itself when it holds them all."""
+def _whole(name: str, tensor: torch.Tensor, config: Any) -> torch.Tensor:
+    """``tensor`` (rows by vocabulary entry) with all its rows: a DTensor's full tensor, equal
+    row shares gathered from every rank, or ``tensor`` itself when it holds them all; a
+    ValueError naming ``name`` for any other split."""
     if isinstance(tensor, DTensor):
-        return tensor.full_tensor().detach()
-    tensor = tensor.detach()
-    world = dist.get_world_size()
-    if tensor.shape[0] == rows or tensor.shape[0] * world != rows:
-        return tensor
-    shares = [torch.empty_like(tensor) for _ in range(world)]
-    dist.all_gather(shares, tensor.contiguous())
-    return torch.cat(shares)
+        tensor = tensor.full_tensor()
+    else:
+        tensor = tensor.detach()
+        world = dist.get_world_size()
+        if tensor.shape[0] * world == config.vocab_size and world > 1:
+            shares = [torch.empty_like(tensor) for _ in range(world)]
+            dist.all_gather(shares, tensor.contiguous())
+            tensor = torch.cat(shares)
+    if tensor.shape[0] < config.vocab_size or (
+            tensor.dim() == 2 and tensor.shape[1] != config.hidden_size):
+        raise ValueError(f"the target's {name} is split in a way a draft head cannot gather "
+                         f"(shape {tuple(tensor.shape)} on this rank; vocab_size "
+                         f"{config.vocab_size}, hidden_size {config.hidden_size})")
+    return tensor.detach()
 
 
 def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
@@ -249,4 +264,7 @@ def follow(runner: ModelRunner) -> int:
             forwards += 1
             if runner.graphs is not None:  # (the leader's bucket and captures)
                 runner.graphs.dictate(decision[0])
+            elif decision and decision[0][0] is not None:  # (a graph here only: it would hang)
+                raise RuntimeError("rank 0 replays CUDA graphs and this rank has none: every "
+                                   "rank must run the same configuration")
             runner.forward(*args)  # (checked on the leader: it ran there)

@@ -61,7 +61,8 @@ def expected(model_dir) -> list[list[int]]:
 
 @pytest.mark.parametrize("device,buckets", [
     pytest.param("cpu", False, marks=ON_CPU, id="cpu"),
-    # (every small step in a CUDA graph bucket's padded layout, the followers told the bucket)
+    # (CUDA graph buckets decided and "captured" as on a GPU, fakes replaying them eagerly,
+    # each rank with its own times: the followers must capture what rank 0 tells them)
     pytest.param("cpu", True, marks=ON_CPU, id="cpu-buckets"),
     pytest.param("cuda", False, marks=TWO_GPUS, id="cuda-graphs")])
 @pytest.mark.parametrize("kv_tokens", [None, 48], ids=["roomy", "preempting"])
@@ -70,6 +71,9 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
     result = run_ranks(model_dir, tmp_path / "out.json", device, kv_tokens, buckets)
     if device == "cuda" or buckets:  # (decode and verification steps ran in buckets)
         assert result["bucketed_steps"] >= MAX_TOKENS // 2
+    if buckets:  # (each rank's own times would decide otherwise: tp_script.fake_graphs)
+        captured = [json.loads((tmp_path / f"out.json.rank{r}").read_text()) for r in (0, 1)]
+        assert len(captured[0]) >= 3 and captured[1] == captured[0]
     if device == "cuda":  # (the ranks captured graphs: every rank the same, or they hang)
         assert result["graphs"] > 0
     assert result["world_size"] == 2

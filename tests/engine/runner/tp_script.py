@@ -5,35 +5,82 @@ the GPU script (benchmarks/tensor_parallel.py runs the same engine at scale).
 OUT_JSON DEVICE [KV_CACHE_TOKENS [buckets|plain [SPEC_JSON]]]``: every rank builds the same
 ``LLM``; a rank > 0 never returns from ``LLM(...)`` (it replays rank 0's steps, then its process
 exits); rank 0 runs the calls below and writes what they returned to OUT_JSON. KV_CACHE_TOKENS 0:
-the default. ``buckets`` (CPU): every rank's runner runs its small steps in CUDA graph buckets'
-padded layout, eagerly (``capture=False``), and the followers run the buckets that rank 0 sends
-(on GPUs they are captured graphs). SPEC_JSON: the speculative config (default: n-gram, k = 3).
+the default. ``buckets`` (CPU): every rank's runner decides and "captures" CUDA graph buckets as
+on a GPU, with fake captures (:func:`fake_graphs`: a "graph" runs its bucket's padded layout
+eagerly when replayed) and each rank its own capture and replay times, so that ranks left to
+their own decisions would capture different buckets at different steps; the followers run what
+rank 0 sends, and each rank writes the buckets it captured, in order, to OUT_JSON.rankN (at
+exit). SPEC_JSON: the speculative config (default: n-gram, k = 3).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import sys
+from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from engine import LLM, SamplingParams
+from engine.runner.cuda_graphs import CudaGraphs, _Graph
 from engine.runner.model_runner import ModelRunner
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12], [20, 21, 20, 21, 20], [40, 41, 42]]
 
 
+class _EagerGraph:
+    """A fake CUDA graph: its replay runs the bucket's body on the graph's static inputs."""
+
+    def __init__(self, graphs: CudaGraphs, key: tuple[int, int, int]) -> None:
+        self.graphs, self.key, self.owner = graphs, key, None
+
+    def replay(self) -> None:
+        self.owner.hidden = self.graphs._body(self.owner.inputs, *self.key)
+
+
+def fake_graphs(out_path: str) -> None:
+    """Every rank: runners decide CUDA graph buckets with fake captures and this rank's own
+    times (rank 1: captures three times cheaper, wide replays dearer), and the buckets each
+    rank's target runner captured are written to ``OUT_JSON.rankN`` at exit."""
+    rank = int(os.environ["RANK"])
+    captured: list[list[int]] = []
+    targets: list[CudaGraphs] = []
+
+    def capture(self, batch_size: int, num_new: int, kv_len: int) -> _Graph:
+        if self is targets[0]:  # (the target's runner is the first built)
+            captured.append([batch_size, num_new, kv_len])
+        fake = _EagerGraph(self, (batch_size, num_new, kv_len))
+        inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long)
+        fake.owner = graph = _Graph(fake, inputs, None)
+        return graph
+
+    def replay_s(self, graph: _Graph) -> float:
+        b, n, _ = graph.graph.key
+        return 1e-4 * b * n if rank == 0 else 3e-4 * b * n * n
+
+    CudaGraphs._capture = capture
+    CudaGraphs._time_replays = replay_s
+    CudaGraphs.capture_cost = lambda self: (0.003 if rank == 0 else 0.015) * bool(captured)
+    plain_init = ModelRunner.__init__
+
+    def with_graphs(self, *args, **kwargs) -> None:
+        plain_init(self, *args, **kwargs)
+        self.use_graph_buckets(4)
+        targets.append(self.graphs)
+
+    ModelRunner.__init__ = with_graphs
+    atexit.register(lambda: Path(f"{out_path}.rank{rank}").write_text(json.dumps(captured)))
+
+
 def main() -> None:
     model_dir, out_path, device = sys.argv[1:4]
     kv_tokens = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] != "0" else None
-    buckets = sys.argv[5:] == ["buckets"]
+    buckets = len(sys.argv) > 5 and sys.argv[5] == "buckets"
     if buckets:  # (on every rank, before the engine builds its runner)
-        def with_buckets(self, *args, **kwargs) -> None:
-            plain_init(self, *args, **kwargs)
-            self.use_graph_buckets(4, capture=False)
-
-        plain_init = ModelRunner.__init__
-        ModelRunner.__init__ = with_buckets
+        fake_graphs(out_path)
     spec = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(model_dir, device=device, tensor_parallel_size=2, speculative_config=spec,
