@@ -22,10 +22,12 @@ Route: the model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
   from empty (then the fused GQA kernels run, with no ``repeat_kv`` copies).
 
 Logits come from ``lm_head`` applied only to the rows asked for, never to padding. On CPU in
-float32 the head of several rows, and the decoder's linear maps in a step of 2 to 64 rows (a
-verification, a small batch), run on oneDNN-reordered copies of their weights
-(:mod:`engine.runner.cpu_lm_head`, :mod:`engine.runner.cpu_linears`): MKL's GEMM reads a weight
-about twice as slowly for a few rows as for one.
+float32 the head of several rows runs on a oneDNN-reordered copy of its weight
+(:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows (a
+decode, a verification, a small batch) through the route measured fastest on this machine for
+that many rows when the runner was built (:mod:`engine.runner.cpu_linears`): MKL's GEMM reads a
+weight up to twice as slowly for a few rows as for one, and which copy does better is the CPU's
+choice.
 
 Costs: a host-side step builds its index tensors from Python lists (O(batch_size * num_new)) and
 ships them in one host-to-device copy (through a persistent pinned buffer on CUDA); there is no
@@ -136,7 +138,8 @@ class ModelRunner:
     ``cuda_graph_max_new``: on one CUDA device, steps of at most this many new tokens per
     sequence replay CUDA graphs (:mod:`engine.runner.cuda_graphs`); 0 runs every step eager.
     ``pack_cpu_weights``: on CPU in float32, steps of a few rows run the decoder's linear maps
-    on oneDNN-reordered weights (:mod:`engine.runner.cpu_linears`, at a cost in memory).
+    through the route measured fastest for their rows (:mod:`engine.runner.cpu_linears`:
+    reordered or transposed copies of the weights, at a cost in memory).
     ``tensor_parallel_size``: the model holds this rank's share of a tensor-parallel plan
     (:mod:`engine.runner.tensor_parallel`): its pools hold ``num_key_value_heads / size`` heads,
     its linear maps run on the model's own weights (nothing packed), and its CUDA graphs follow

@@ -17,7 +17,7 @@ PROMPTS = [
 ]
 # Logits reach ~28 here; float32 rounding differs between a padded batch and a single sequence:
 # Hugging Face's own right-padded batch forward differs from the single-sequence one by 4e-5, and
-# oneDNN's blocked sums (engine/runner/cpu_linears.py, steps of 2-64 rows) from MKL's by up to
+# oneDNN's blocked sums (engine/runner/cpu_linears.py, one of its routes) from MKL's by up to
 # 1.1e-4 (a relative 8e-6: float32's rounding over sums of 576-1536 terms).
 ATOL = 2e-4
 
