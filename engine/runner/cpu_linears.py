@@ -13,14 +13,14 @@ one row per sequence. Which GEMM streams the weights best for a few rows depends
 Measured here (torch 2.13, the default model's 210 decoder maps, 425 MB, each read once per pass,
 best of 3 passes): on the 2-core AMD EPYC VM of the earlier sessions a decoder forward cost 46 ms
 for 1 row through ``linear``, 74 / 80 ms for 2 / 5 rows, and 45 / 50 ms for 2 / 5 rows through
-``reordered``; on the 2-core Intel Xeon (AVX-512) VM of session 18 the maps alone cost 26.0 /
-26.1 / 71.3 ms for 1 / 2 / 5 rows through ``linear``, 37.3 / 43.7 / 48.7 through ``reordered``
-and 23.4 / 44.3 / 44.6 through ``transposed``. No route is best on both. So a runner measures the
-routes when it is built (:func:`calibrate`: a share of the maps, a few sample row counts, under
-a second for the default model) and each forward of 1 to ``MAX_ROWS`` rows runs the route
-that was fastest for its row count (the nearest sample at or above it), of ``linear`` and the
-one other route closest to the fastest over all samples (one extra copy at most); other forwards
-(a prefill) run the model unchanged.
+``reordered``; on the 2-core Intel Xeon (AVX-512) VM of session 18 the maps alone cost 26.0 / 26.1 /
+71.3 ms for 1 / 2 / 5 rows through ``linear``, 37.3 / 43.7 / 48.7 through ``reordered`` and 23.4 /
+44.3 / 44.6 through ``transposed``. No route is best on both. So a runner measures the routes when
+it is first built over maps of these shapes (:func:`calibrate`: a share of the maps, a few sample
+row counts, under a second for the default model, once per process) and each forward of 1 to
+``MAX_ROWS`` rows runs the route that was fastest for its row count (the nearest sample at or above
+it), of ``linear`` and the one other route closest to the fastest over all samples (one extra copy
+at most); other forwards (a prefill) run the model unchanged.
 
 The copies are taken for the weights as they were (weights changed afterwards are not seen) and
 cost memory: a reordered copy +815 MB resident for the default model's 425 MB of decoder weights,
@@ -124,9 +124,31 @@ def _route_forward(route: str, module: nn.Linear) -> Callable[[torch.Tensor], to
     return forward
 
 
+# the maps' dtype and distinct weight shapes -> their routes: measured once per process,
+# so that runners over the same layers (the early-exit draft's are the target's first ones) take
+# the same routes, share one copy and round alike
+_CALIBRATED: dict[tuple, dict[int, str]] = {}
+
+
 def calibrate(modules: list[nn.Linear]) -> dict[int, str]:
-    """The route for each of ``SAMPLE_ROWS``: :func:`choose_routes` of :func:`route_seconds`."""
-    return choose_routes(route_seconds(modules))
+    """The route for each of ``SAMPLE_ROWS``: :func:`choose_routes` of :func:`route_seconds`,
+    once per process for maps of these shapes."""
+    # (the maps' distinct shapes: a draft over the target's first layers has the same ones)
+    key = (modules[0].weight.dtype, *sorted({tuple(m.weight.shape) for m in modules}))
+    if key not in _CALIBRATED:
+        _CALIBRATED[key] = choose_routes(route_seconds(modules))
+    return dict(_CALIBRATED[key])
+
+
+def _sample(modules: list[nn.Linear]) -> list[nn.Linear]:
+    """The first maps of ``modules`` up to ``CALIBRATION_BYTES`` of weights."""
+    sample, size = [], 0
+    for module in modules:
+        sample.append(module)
+        size += module.weight.numel() * module.weight.element_size()
+        if size >= CALIBRATION_BYTES:
+            break
+    return sample
 
 
 def route_seconds(modules: list[nn.Linear]) -> dict[int, dict[str, float]]:
@@ -134,12 +156,7 @@ def route_seconds(modules: list[nn.Linear]) -> dict[int, dict[str, float]]:
     weights, per sample row count and route (each weight read once per pass, so that the timing
     streams them from memory as a forward does; the routes taking turns; the best of
     ``CALIBRATION_PASSES``)."""
-    sample, size = [], 0
-    for module in modules:
-        sample.append(module)
-        size += module.weight.numel() * module.weight.element_size()
-        if size >= CALIBRATION_BYTES:
-            break
+    sample = _sample(modules)
     with torch.no_grad():
         # (local copies: a route that loses keeps no memory)
         copies = {"linear": [(m.weight.detach(), nn.functional.linear) for m in sample],
@@ -192,9 +209,10 @@ class PackedLinears:
         if routes is None:
             routes = calibrate(modules)
         unknown = set(routes.values()) - set(ROUTES)
-        if unknown or (not available() and "reordered" in routes.values()):
-            raise ValueError(f"routes must name {ROUTES} (reordered where oneDNN is), got "
-                             f"{routes!r}")
+        if (unknown or not routes or not all(isinstance(r, int) and r > 0 for r in routes)
+                or (not available() and "reordered" in routes.values())):
+            raise ValueError(f"routes must map row counts > 0 to {ROUTES} (reordered where "
+                             f"oneDNN is), got {routes!r}")
         samples = sorted(routes)
         for rows in range(MIN_ROWS, MAX_ROWS + 1):  # (the nearest sample at or above)
             self.routes[rows] = routes[next((s for s in samples if s >= rows), samples[-1])]
@@ -204,7 +222,8 @@ class PackedLinears:
         self._size = len(modules)
 
     def __len__(self) -> int:
-        return self._size if self.routes else 0
+        """The maps that some row count routes through a copy (0: every route ``linear``)."""
+        return self._size if self._forwards else 0
 
     @contextmanager
     def use(self, rows: int) -> Iterator[None]:

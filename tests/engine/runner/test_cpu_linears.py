@@ -25,8 +25,9 @@ from engine.runner.cpu_linears import (
 from engine.runner.model_runner import ModelRunner
 from tests.conftest import tiny_model
 
-pytestmark = pytest.mark.skipif(
+needs_onednn = pytest.mark.skipif(
     not available(), reason="this PyTorch has no oneDNN linear (torch.ops.mkldnn)")
+ROUTED = [pytest.param("reordered", marks=needs_onednn), "transposed"]
 
 
 def linears(model: nn.Module) -> list[nn.Linear]:
@@ -53,7 +54,7 @@ def packed_calls(fn, *args) -> int:
     return route_calls(fn, *args, route="reordered")
 
 
-@pytest.mark.parametrize("route", ["reordered", "transposed"])
+@pytest.mark.parametrize("route", ROUTED)
 def test_routed_maps_match_nn_linear_for_every_row_count_in_range(route):
     model = tiny_model("llama", num_layers=2)
     packed = PackedLinears(model.model.layers, only(route))
@@ -72,6 +73,7 @@ def test_routed_maps_match_nn_linear_for_every_row_count_in_range(route):
             assert "forward" not in module.__dict__
 
 
+@needs_onednn
 def test_each_row_count_takes_the_route_of_the_nearest_sample_at_or_above_it():
     model = tiny_model("llama", num_layers=1)
     routes = {1: "transposed", 2: "linear", 3: "linear", 5: "reordered", 8: "reordered",
@@ -86,6 +88,35 @@ def test_each_row_count_takes_the_route_of_the_nearest_sample_at_or_above_it():
             assert route_calls(module, x, route=route) == 1
     with pytest.raises(ValueError, match="routes"):
         PackedLinears(model.model.layers, {1: "fast"})
+
+
+@pytest.mark.parametrize("route", ROUTED)
+def test_maps_with_a_bias_match_nn_linear(route):
+    layers = nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 24))  # (with biases)
+    packed = PackedLinears(layers, only(route))
+    for rows in (1, 3, 9):
+        x = torch.randn(2, rows, 24)  # [2, rows, in]
+        expected = layers(x)
+        with packed.use(2 * rows):
+            got = layers(x)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_maps_of_the_same_shapes_are_calibrated_once(monkeypatch):
+    """Runners over maps of the same shapes (the early-exit draft over the target's first layers)
+    take the routes measured for the first: one copy, the same rounding."""
+    timed = []
+    monkeypatch.setattr(cpu_linears, "_CALIBRATED", {})
+    monkeypatch.setattr(cpu_linears, "route_seconds", lambda modules: timed.append(
+        len(modules)) or {1: {"linear": 2.0, "transposed": 1.0}})
+    model = tiny_model("llama", num_layers=2)
+    assert PackedLinears(model.model.layers).routes[1] == "transposed"
+    assert PackedLinears(model.model.layers[:1]).routes[1] == "transposed"  # (its first maps)
+    assert PackedLinears(tiny_model("llama", num_layers=2).model.layers).routes[1] == (
+        "transposed")
+    assert len(timed) == 1
+    with pytest.raises(ValueError, match="routes"):
+        PackedLinears(model.model.layers, {})
 
 
 def test_the_fastest_route_is_chosen_with_one_extra_copy_at_most():
@@ -103,6 +134,7 @@ def test_the_fastest_route_is_chosen_with_one_extra_copy_at_most():
     assert choose_routes({1: {"linear": 1.0, "transposed": 0.98}}) == {1: "linear"}
 
 
+@needs_onednn
 def test_rows_outside_the_range_run_the_model_unchanged():
     model = tiny_model("llama", num_layers=1)
     packed = PackedLinears(model.model.layers, only("reordered"))
@@ -114,6 +146,7 @@ def test_rows_outside_the_range_run_the_model_unchanged():
             assert packed_calls(module, x) == 0
 
 
+@needs_onednn
 def test_the_override_is_removed_when_the_forward_raises():
     model = tiny_model("llama", num_layers=1)
     packed = PackedLinears(model.model.layers, only("reordered"))
@@ -122,6 +155,7 @@ def test_the_override_is_removed_when_the_forward_raises():
     assert all("forward" not in m.__dict__ for m in linears(model))
 
 
+@needs_onednn
 def test_runner_steps_take_the_packed_route_by_rows_and_only_when_asked(monkeypatch):
     model = tiny_model("llama", num_layers=2)
     # (the routes a runner measures when it is built, fixed here: 1 row linear, more reordered)
@@ -138,6 +172,7 @@ def test_runner_steps_take_the_packed_route_by_rows_and_only_when_asked(monkeypa
         assert all("forward" not in m.__dict__ for m in linears(model))
 
 
+@needs_onednn
 def test_runners_over_the_same_weights_share_one_packed_copy_that_leaves_with_them():
     model = tiny_model("llama", num_layers=2)
     weights = {id(m.weight) for m in linears(model)}
@@ -152,6 +187,7 @@ def test_runners_over_the_same_weights_share_one_packed_copy_that_leaves_with_th
     assert not weights & set(cpu_linears._PACKED)
 
 
+@needs_onednn
 def test_a_module_whose_forward_was_replaced_keeps_it():
     model = tiny_model("llama", num_layers=1)
     hooked = linears(model)[0]
@@ -165,7 +201,7 @@ def test_a_module_whose_forward_was_replaced_keeps_it():
     torch.testing.assert_close(hooked(x), own(x) + 1.0)
 
 
-@pytest.mark.parametrize("route", ["reordered", "transposed"])
+@pytest.mark.parametrize("route", ROUTED)
 def test_strided_inputs_give_the_same_numbers(route):
     model = tiny_model("llama", num_layers=1)
     packed = PackedLinears(model.model.layers, only(route))
