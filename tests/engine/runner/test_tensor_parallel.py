@@ -71,9 +71,13 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
     result = run_ranks(model_dir, tmp_path / "out.json", device, kv_tokens, buckets)
     if device == "cuda" or buckets:  # (decode and verification steps ran in buckets)
         assert result["bucketed_steps"] >= MAX_TOKENS // 2
-    if buckets:  # (each rank's own times would decide otherwise: tp_script.fake_graphs)
+    if buckets:
+        # Rank 1 left to itself would capture the first bucket that a graph covers (a batch
+        # shrinking as sequences finish): its fake replays make the padding cost more than its
+        # captures at once (tp_script.fake_graphs), where rank 0 captures later or never (how
+        # many it captures depends on the controller's widths, which follow real step times).
         captured = [json.loads((tmp_path / f"out.json.rank{r}").read_text()) for r in (0, 1)]
-        assert len(captured[0]) >= 3 and captured[1] == captured[0]
+        assert len(captured[0]) >= 2 and captured[1] == captured[0]
     if device == "cuda":  # (the ranks captured graphs: every rank the same, or they hang)
         assert result["graphs"] > 0
     assert result["world_size"] == 2
