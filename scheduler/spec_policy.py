@@ -154,7 +154,7 @@ class SpeculationPolicy:
         self._batch_size = len(running)
         for seq in running:
             spec = seq.speculation
-            spec.cap = cap = max(0, min(spec.limit, spec.end - seq.num_tokens))  # (self.cap)
+            spec.cap = cap = self.cap(seq)
             spec.step, spec.critical = step, True
             closed = closed and spec.closes
             if spec.fixed:

@@ -219,11 +219,10 @@ class PackedLinears:
         with torch.no_grad():
             for route in set(self.routes.values()) - {"linear"}:
                 self._forwards[route] = [(m, _route_forward(route, m)) for m in modules]
-        self._size = len(modules)
 
     def __len__(self) -> int:
         """The maps that some row count routes through a copy (0: every route ``linear``)."""
-        return self._size if self._forwards else 0
+        return len(next(iter(self._forwards.values()), ()))
 
     @contextmanager
     def use(self, rows: int) -> Iterator[None]:
