@@ -149,6 +149,11 @@ def run_layout(args: argparse.Namespace) -> None:
                          "graphs": 0 if graphs is None else graphs.num_graphs,
                          "capture_s_in_timed_runs": 0.0 if graphs is None
                          else graphs.capture_seconds - captured,
+                         # (the device time of a step, beside the wall time per step above:
+                         # what the host adds)
+                         "replay_ms": {} if graphs is None else {
+                             "x".join(map(str, key)): 1e3 * s
+                             for key, s in graphs.replay_seconds.items()},
                          "outputs": outputs})
             print(f"{layout:<9} {method:<6} batch {b:>3}: "
                   f"{rows[-1]['tokens_per_s']:9.1f} tokens/s ({placed})", flush=True)

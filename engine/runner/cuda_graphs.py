@@ -163,6 +163,27 @@ class CudaGraphs:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    @property
+    def replay_seconds(self) -> dict[Key, float]:
+        """Each captured bucket's replay, as timed on the device when it was captured."""
+        return dict(self._replay_s)
+
+    def release(self) -> None:
+        """Free every captured graph (their memory pool too) once the device is done with
+        them; later steps run eager until buckets are captured again. Under tensor parallelism
+        this must come before the process group is destroyed: NCCL does not tear down a
+        communicator that a live graph's collectives still hold (pytorch/pytorch#115388; every
+        rank hung in ``destroy_process_group`` on the first two-GPU run with graphs)."""
+        if self._graphs and self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+        for graph in self._graphs.values():
+            graph.graph.reset()
+        self._graphs.clear()
+        self._replay_s.clear()
+        self._covers.clear()
+        self._bounds.clear()
+        self._pool = None
+
     def bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
         """The graph bucket a step runs in, or None when it runs eager (too many new tokens or
         sequences). A bucket without a graph of its own is served by the smallest captured one

@@ -147,16 +147,20 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
     if dist.get_rank() == 0:
         return LeaderRunner(runner)
     follow(runner)
-    take_down()
+    take_down(runner)
     raise SystemExit(0)
 
 
-def take_down() -> None:
-    """Destroy the process groups and drop this module's reference to the control group, so
-    that gloo's threads end now and not in the interpreter's teardown (a group object still
-    referenced there was destroyed with its threads joinable: "terminate called without an
-    active exception", rank 0 aborting after its work was done; seen in three fresh clones' test
-    runs, the third after the stop message and barrier below were added)."""
+def take_down(runner: ModelRunner | None = None) -> None:
+    """Free ``runner``'s CUDA graphs (they hold the collectives' communicators: see
+    :meth:`CudaGraphs.release`), destroy the process groups and drop this module's reference to
+    the control group, so that gloo's threads end now and not in the interpreter's teardown (a
+    group object still referenced there was destroyed with its threads joinable: "terminate
+    called without an active exception", rank 0 aborting after its work was done; seen in three
+    fresh clones' test runs, the third after the stop message and barrier below were added)."""
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None:
+        graphs.release()
     if dist.is_initialized():
         dist.destroy_process_group()
     _GROUP.clear()
@@ -233,7 +237,7 @@ class LeaderRunner:
         """At interpreter exit: stop the followers (if :meth:`shutdown` has not) and take the
         process groups down, as they do (:func:`take_down`)."""
         self.shutdown()
-        take_down()
+        take_down(self._runner)
 
     def _record(self, name: str, args: tuple) -> Any:
         result = getattr(self._runner, name)(*args)  # raises before recording a refused call

@@ -76,8 +76,12 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
         # shrinking as sequences finish): its fake replays make the padding cost more than its
         # captures at once (tp_script.fake_graphs), where rank 0 captures later or never (how
         # many it captures depends on the controller's widths, which follow real step times).
-        captured = [json.loads((tmp_path / f"out.json.rank{r}").read_text()) for r in (0, 1)]
+        ranks = [json.loads((tmp_path / f"out.json.rank{r}").read_text()) for r in (0, 1)]
+        captured = [r["captured"] for r in ranks]
         assert len(captured[0]) >= 2 and captured[1] == captured[0]
+        # every rank freed its graphs before destroying the process group (once), as a live
+        # graph's NCCL collectives hang the destroy on GPUs
+        assert [r["live_at_destroy"] for r in ranks] == [[0], [0]]
     if device == "cuda":  # (the ranks captured graphs: every rank the same, or they hang)
         assert result["graphs"] > 0
     assert result["world_size"] == 2

@@ -37,23 +37,33 @@ class _EagerGraph:
 
     def __init__(self, graphs: CudaGraphs, key: tuple[int, int, int]) -> None:
         self.graphs, self.key, self.owner = graphs, key, None
+        self.live = True
 
     def replay(self) -> None:
+        assert self.live, "a released graph was replayed"
         self.owner.hidden = self.graphs._body(self.owner.inputs, *self.key)
+
+    def reset(self) -> None:
+        self.live = False
 
 
 def fake_graphs(out_path: str) -> None:
     """Every rank: runners decide CUDA graph buckets with fake captures and this rank's own
-    times (rank 1: captures three times cheaper, wide replays dearer), and the buckets each
-    rank's target runner captured are written to ``OUT_JSON.rankN`` at exit."""
+    times (rank 1: captures three times cheaper, wide replays dearer); at exit ``OUT_JSON.rankN``
+    gets the buckets this rank's target runner captured, in order, and how many of its graphs
+    were still live when the process group was destroyed (a real graph holding NCCL's
+    communicator hangs ``destroy_process_group``)."""
     rank = int(os.environ["RANK"])
     captured: list[list[int]] = []
+    fakes: list[_EagerGraph] = []
+    live_at_destroy: list[int] = []
     targets: list[CudaGraphs] = []
 
     def capture(self, batch_size: int, num_new: int, kv_len: int) -> _Graph:
         if self is targets[0]:  # (the target's runner is the first built)
             captured.append([batch_size, num_new, kv_len])
         fake = _EagerGraph(self, (batch_size, num_new, kv_len))
+        fakes.append(fake)
         inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long)
         fake.owner = graph = _Graph(fake, inputs, None)
         return graph
@@ -73,7 +83,15 @@ def fake_graphs(out_path: str) -> None:
         targets.append(self.graphs)
 
     ModelRunner.__init__ = with_graphs
-    atexit.register(lambda: Path(f"{out_path}.rank{rank}").write_text(json.dumps(captured)))
+    destroy = dist.destroy_process_group
+
+    def counted_destroy(*args, **kwargs) -> None:
+        live_at_destroy.append(sum(f.live for f in fakes))
+        destroy(*args, **kwargs)
+
+    dist.destroy_process_group = counted_destroy
+    atexit.register(lambda: Path(f"{out_path}.rank{rank}").write_text(json.dumps(
+        {"captured": captured, "live_at_destroy": live_at_destroy})))
 
 
 def main() -> None:
