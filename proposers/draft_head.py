@@ -395,4 +395,14 @@ def build_draft_head(config: Any, ctx: ProposerContext) -> DraftHeadProposer:
     head = head.to(device=ctx.device, dtype=embed.weight.dtype).eval()
     return DraftHeadProposer(head, embed, lm_head, ctx.vocab_size, ctx.max_num_seqs,
                              ctx.max_model_len, config.num_speculative_tokens + 1,
-                             graphs=ctx.cuda_graphs, tree=config.draft_tree)
+                             graphs=ctx.cuda_graphs and beside(head, embed, lm_head),
+                             tree=config.draft_tree)
+
+
+def beside(head: nn.Module, *modules: nn.Module) -> bool:
+    """Whether every weight of ``modules`` sits on ``head``'s device. Where one does not (a
+    target spread over GPUs by accelerate, or offloaded: its hooks move inputs or weights
+    between devices in every forward, which a CUDA graph's capture refuses: "dependency created
+    on uncaptured work in another stream", seen on two GPUs), the head drafts eagerly."""
+    device = next(head.parameters()).device
+    return all(p.device == device for m in modules for p in m.parameters())

@@ -250,9 +250,12 @@ class LeaderRunner:
         broadcast(message)
 
 
+@torch.inference_mode()
 def follow(runner: ModelRunner) -> int:
     """A follower rank's loop: replay the leader's calls on ``runner`` until it stops. Returns
-    the number of forwards run."""
+    the number of forwards run. Under inference mode, as rank 0's engine steps are: the
+    runner's buffers are inference tensors, and a call that writes one outside that mode raises
+    (a tree's ``keep_paths`` on rank 1, first seen on two GPUs)."""
     forwards = 0
     while True:
         message = broadcast()

@@ -12,7 +12,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from proposers.base import FeatureUpdate, ProposeRequest
-from proposers.draft_head import DraftHeadProposer
+from proposers.draft_head import DraftHeadProposer, beside
 from proposers.head_model import DraftHead, head_for
 from tests.conftest import tiny_model
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
@@ -380,3 +380,12 @@ def test_greedy_output_with_a_draft_vocabulary_equals_hugging_face(tmp_path, tar
     for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False), strict=True):
         assert out.outputs[0].token_ids == hf_greedy(target, prompt, 16)
     assert llm.get_metrics().num_drafted > 0
+
+
+def test_the_head_captures_graphs_only_beside_the_targets_embeddings_and_head():
+    """A target spread over devices or offloaded by accelerate moves tensors between devices in
+    its embedding's or head's forward, which a CUDA graph capture refuses: the head then drafts
+    eagerly (``load`` passes ``graphs=False``)."""
+    head = torch.nn.Linear(4, 4)
+    assert beside(head, torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+    assert not beside(head, torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, device="meta"))

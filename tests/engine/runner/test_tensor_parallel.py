@@ -129,3 +129,29 @@ def test_launch_errors_name_the_setting(model_dir, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ValueError, match="WORLD_SIZE=4"):
         LLM(str(model_dir), device="cpu", tensor_parallel_size=2)
+
+
+def test_a_follower_replays_the_leaders_calls_in_inference_mode(monkeypatch):
+    """Rank 0's engine steps run in inference mode, so the runner's buffers are inference
+    tensors; a follower writing one outside that mode raises (on CUDA, where the host-to-device
+    staging buffer is reused: a tree's ``keep_paths`` on rank 1, first seen on two GPUs)."""
+    from engine.runner import tensor_parallel
+
+    messages = iter([[("truncate", (0, 3)), ("keep_paths", ([(0, 3, [1])],))],
+                     tensor_parallel.STOP])
+    monkeypatch.setattr(tensor_parallel, "broadcast", lambda value=None: next(messages))
+    monkeypatch.setattr(tensor_parallel, "control_group", lambda: None)
+    monkeypatch.setattr(tensor_parallel.dist, "barrier", lambda group=None: None)
+    seen = []
+
+    class Runner:
+        graphs = None
+
+        def truncate(self, slot: int, length: int) -> None:
+            seen.append(("truncate", torch.is_inference_mode_enabled()))
+
+        def keep_paths(self, paths: list) -> None:
+            seen.append(("keep_paths", torch.is_inference_mode_enabled()))
+
+    assert tensor_parallel.follow(Runner()) == 0
+    assert seen == [("truncate", True), ("keep_paths", True)]
