@@ -155,3 +155,31 @@ def test_a_follower_replays_the_leaders_calls_in_inference_mode(monkeypatch):
 
     assert tensor_parallel.follow(Runner()) == 0
     assert seen == [("truncate", True), ("keep_paths", True)]
+
+
+def _broadcast_rank(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from engine.runner import tensor_parallel
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    big = [("forward", (list(range(3000)), [[7] * 5] * 3000, None, None), (None, ()))]
+    sent = [[("truncate", (0, 3))], big, [("free_slot", (1,))], tensor_parallel.STOP]
+    got = [tensor_parallel.broadcast(m if rank == 0 else None) for m in sent]
+    Path(f"{out}.{rank}").write_text(json.dumps(got))
+    tensor_parallel.take_down()
+
+
+def test_the_control_broadcast_carries_small_and_large_messages_in_order(tmp_path):
+    """A step's message goes in one broadcast of a fixed buffer, a larger one (here 3000
+    sequences) in a second broadcast of its size; the buffer is reused after it."""
+    import torch.multiprocessing as mp
+
+    from engine.runner.tensor_parallel import MESSAGE_BYTES
+
+    out = tmp_path / "got"
+    mp.spawn(_broadcast_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2)
+    sent = json.loads((tmp_path / "got.0").read_text())
+    assert len(json.dumps(sent[1])) > MESSAGE_BYTES  # (the large path ran)
+    assert json.loads((tmp_path / "got.1").read_text()) == sent
+    assert sent[0] == [["truncate", [0, 3]]] and sent[3] == "stop"
