@@ -9,10 +9,11 @@
 # STEPs (default: all, in this order): tests single pipeline capped tp-none tp-ngram tp-eager
 # table. The 8B shape needs more than one 10-minute device call for all of them: give some steps
 # per call (the checkpoint is written once, by the first step that needs it, and kept in CKPT
-# while the machine is held). Each step writes OUT_DIR/<step>.json and its log OUT_DIR/<step>.log; a step that fails or runs past STEP_TIMEOUT seconds (default 420) leaves its
-# JSON out and the others still run. MODEL (default random-llama-8b), BATCH_SIZES (1,32),
-# MAX_TOKENS (128), CAPPED (accelerate's max_memory for the capped pipeline) and CKPT (default
-# /tmp/specdec-<MODEL>) can be set in the environment.
+# while the machine is held). Each step writes OUT_DIR/<step>.json and its log
+# OUT_DIR/<step>.log; a step that fails or runs past STEP_TIMEOUT seconds (default 420) leaves no
+# JSON (and the script's exit status 1), and the others still run. MODEL (default
+# random-llama-8b), BATCH_SIZES (1,32), MAX_TOKENS (128), CAPPED (accelerate's max_memory for the
+# capped pipeline) and CKPT (default /tmp/specdec-<MODEL>) can be set in the environment.
 set -uo pipefail
 
 OUT=${1:-parallel-out}
@@ -67,11 +68,15 @@ step() {
     esac
 }
 
+status=0
 for name in "${STEPS[@]}"; do
     start=$(date +%s)
-    if [ "$name" = table ]; then step table; continue; fi
+    if [ "$name" = table ]; then step table || status=1; continue; fi
+    rm -f "$OUT/$name.json"  # (a step that fails leaves no earlier run's JSON for the table)
     step "$name" > "$OUT/$name.log" 2>&1
     rc=$?
+    [ $rc -eq 0 ] || status=1
     echo "$name: exit $rc in $(( $(date +%s) - start )) s (log: $OUT/$name.log)"
     tail -n 5 "$OUT/$name.log"
 done
+exit $status  # (1 if any step failed; the others still ran)

@@ -182,6 +182,8 @@ class CudaGraphs:
         self._replay_s.clear()
         self._covers.clear()
         self._bounds.clear()
+        self._met.clear()
+        self._padding_s.clear()
         self._pool = None
 
     def bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:

@@ -174,8 +174,10 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
     does after building its engine is rank 0's alone."""
     if dist.get_rank() == 0:
         return LeaderRunner(runner)
-    follow(runner)
-    take_down(runner)
+    try:
+        follow(runner)
+    finally:  # (a follower that fails frees its graphs too: a live one hangs the teardown)
+        take_down(runner)
     raise SystemExit(0)
 
 

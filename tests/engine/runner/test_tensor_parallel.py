@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -157,29 +158,47 @@ def test_a_follower_replays_the_leaders_calls_in_inference_mode(monkeypatch):
     assert seen == [("truncate", True), ("keep_paths", True)]
 
 
+def _sized(size: int) -> bytes:
+    """A message of ``bytes`` that pickles (as ``broadcast`` pickles) to exactly ``size``."""
+    n = size
+    while len(pickle.dumps(b"x" * n, protocol=pickle.HIGHEST_PROTOCOL)) > size:
+        n -= 1
+    assert len(pickle.dumps(b"x" * n, protocol=pickle.HIGHEST_PROTOCOL)) == size
+    return b"x" * n
+
+
+def _messages() -> list:
+    from engine.runner.tensor_parallel import MESSAGE_BYTES, STOP
+
+    big = [("forward", ([s for s in range(3000)], [[7, s, 9, s, 5] for s in range(3000)],
+                        None, None), (None, ()))]  # (distinct rows: no pickle back-references)
+    return [[("truncate", (0, 3))], big, _sized(MESSAGE_BYTES - 8), _sized(MESSAGE_BYTES - 7),
+            [("free_slot", (1,))], STOP]
+
+
 def _broadcast_rank(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
     from engine.runner import tensor_parallel
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    big = [("forward", (list(range(3000)), [[7] * 5] * 3000, None, None), (None, ()))]
-    sent = [[("truncate", (0, 3))], big, [("free_slot", (1,))], tensor_parallel.STOP]
-    got = [tensor_parallel.broadcast(m if rank == 0 else None) for m in sent]
-    Path(f"{out}.{rank}").write_text(json.dumps(got))
+    got = [tensor_parallel.broadcast(m if rank == 0 else None) for m in _messages()]
+    Path(f"{out}.{rank}").write_bytes(pickle.dumps(got))
     tensor_parallel.take_down()
 
 
 def test_the_control_broadcast_carries_small_and_large_messages_in_order(tmp_path):
-    """A step's message goes in one broadcast of a fixed buffer, a larger one (here 3000
-    sequences) in a second broadcast of its size; the buffer is reused after it."""
+    """A step's message goes in one broadcast of a fixed buffer; one that pickles to more than
+    the buffer holds (here 3000 sequences, and one byte over the limit) in a second broadcast
+    of its size; the buffer is reused after it."""
     import torch.multiprocessing as mp
 
     from engine.runner.tensor_parallel import MESSAGE_BYTES
 
+    sent = _messages()
+    sizes = [len(pickle.dumps(m, protocol=pickle.HIGHEST_PROTOCOL)) for m in sent]
+    assert sizes[1] > MESSAGE_BYTES - 8 and sizes[2:4] == [MESSAGE_BYTES - 8, MESSAGE_BYTES - 7]
     out = tmp_path / "got"
     mp.spawn(_broadcast_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2)
-    sent = json.loads((tmp_path / "got.0").read_text())
-    assert len(json.dumps(sent[1])) > MESSAGE_BYTES  # (the large path ran)
-    assert json.loads((tmp_path / "got.1").read_text()) == sent
-    assert sent[0] == [["truncate", [0, 3]]] and sent[3] == "stop"
+    for rank in (0, 1):
+        assert pickle.loads((tmp_path / f"got.{rank}").read_bytes()) == sent
