@@ -66,7 +66,7 @@ sees the steps before the last one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import compress
 from operator import attrgetter
 
@@ -142,7 +142,8 @@ def typical_tokens(per_sequence: np.ndarray) -> np.ndarray:
     return np.partition(per_sequence, n // 2, axis=0)[n // 2]
 
 
-def best_width(tokens, cost, min_width: int = 0, typical=None) -> int:
+def best_width(tokens: Sequence[float], cost: Sequence[float], min_width: int = 0,
+               typical: Sequence[float] | None = None) -> int:
     """The ``w`` in ``min_width..max_k`` of largest ``tokens[w] / cost[w]`` (ties: the
     smaller); a ``w > 0`` must beat ``w = 0`` by ``MARGIN``. ``typical``
     (:func:`typical_tokens`): a width that would slow down the typical sequence

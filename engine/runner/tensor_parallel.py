@@ -90,24 +90,21 @@ def broadcast(value: Any = None) -> Any:
         with torch.inference_mode(False):  # (written in and out of inference mode)
             _BUFFER.append(torch.zeros(MESSAGE_BYTES, dtype=torch.uint8))
     buffer = _BUFFER[0]  # [MESSAGE_BYTES] uint8: the payload's size (int64), then the payload
-    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL) if leader else b""
-    inline = len(data) <= MESSAGE_BYTES - 8
     if leader:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         buffer[:8].view(torch.int64)[0] = len(data)
-        if inline:
+        if len(data) <= MESSAGE_BYTES - 8:
             buffer[8:8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     dist.broadcast(buffer, src=0, group=control_group())
-    if leader:
-        if not inline:
-            dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0,
-                           group=control_group())
-        return value
     size = int(buffer[:8].view(torch.int64)[0])
     if size <= MESSAGE_BYTES - 8:
         payload = buffer[8:8 + size]  # [size] uint8
-    else:
-        payload = torch.empty(size, dtype=torch.uint8)
+    else:  # (a second broadcast, of the payload's size)
+        payload = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if leader
+                   else torch.empty(size, dtype=torch.uint8))
         dist.broadcast(payload, src=0, group=control_group())
+    if leader:
+        return value
     return pickle.loads(payload.numpy().tobytes())
 
 
