@@ -69,6 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--device", default=None, help="single: the device (default cuda:0 or cpu)")
     run.add_argument("--enforce-eager", action="store_true",
                      help="no CUDA graphs (the layout is named with -eager)")
+    run.add_argument("--no-fused-ops", action="store_true",
+                     help="transformers' own RMSNorm and rotary operations (the layout is named "
+                          "with -unfused)")
+    run.add_argument("--profile", type=Path, default=None,
+                     help="after the timed runs, one run of --profile-tokens tokens per batch "
+                          "under the torch profiler on rank 0: its tables and trace go here")
+    run.add_argument("--profile-tokens", type=int, default=16)
     table = sub.add_parser("table", help="print the ratios of measured layouts")
     table.add_argument("files", nargs="+", type=Path)
     return parser.parse_args(argv)
@@ -115,6 +122,7 @@ def run_layout(args: argparse.Namespace) -> None:
     layout = args.layout + ("-capped" if args.layout == "pipeline" and args.max_memory
                             else "")  # (a run with --max-memory is named apart)
     layout += "-eager" if args.enforce_eager else ""
+    layout += "-unfused" if args.no_fused_ops else ""
     methods = args.methods.split(",")
     if args.layout == "tp" and len(methods) > 1:
         raise SystemExit("--layout tp measures one method per torchrun launch (the other ranks "
@@ -123,7 +131,8 @@ def run_layout(args: argparse.Namespace) -> None:
     for method in methods:
         spec = None if method == "none" else {"method": method, "num_speculative_tokens": args.k}
         llm = LLM(args.model, speculative_config=spec, max_num_seqs=max(batch_sizes),
-                  max_model_len=512, enforce_eager=args.enforce_eager, **layout_kwargs(args))
+                  max_model_len=512, enforce_eager=args.enforce_eager,
+                  fused_ops=not args.no_fused_ops, **layout_kwargs(args))
         placed = where(llm)
         graphs = llm.llm_engine.runner.graphs
         for b in batch_sizes:
@@ -141,11 +150,14 @@ def run_layout(args: argparse.Namespace) -> None:
                     torch.cuda.synchronize()
                 seconds.append(time.perf_counter() - start)
             best = min(seconds)
+            if args.profile is not None:
+                profile_run(llm, prompts, args, f"{layout}-{method}-b{b}")
             stats = llm.llm_engine.metrics
             rows.append({"layout": layout, "method": method, "batch_size": b,
                          "tokens_per_s": b * args.max_tokens / best, "seconds": seconds,
                          "acceptance_rate": stats.num_accepted / stats.num_drafted
                          if stats.num_drafted else None, "placement": placed,
+                         "fused": dict(getattr(llm.llm_engine.runner, "fused", {})),
                          "graphs": 0 if graphs is None else graphs.num_graphs,
                          "capture_s_in_timed_runs": 0.0 if graphs is None
                          else graphs.capture_seconds - captured,
@@ -161,6 +173,35 @@ def run_layout(args: argparse.Namespace) -> None:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     args.json.write_text(json.dumps({"rows": rows, "gpus": gpus, "max_tokens": args.max_tokens,
                                      "torch": torch.__version__}, indent=1))
+
+
+def profile_run(llm: LLM, prompts: list, args: argparse.Namespace, name: str) -> None:
+    """One run under the torch profiler (rank 0; for reading, not timing): the host operators
+    and the kernels by time, and a Chrome trace, in ``args.profile``."""
+    import gzip
+
+    from torch.profiler import ProfilerActivity, profile
+
+    args.profile.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        engine_generate(llm, prompts, args.profile_tokens)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    averages = prof.key_averages()
+    text = [f"{name}: {args.profile_tokens} tokens per prompt, {wall:.4f} s under the profiler"]
+    for key in ("self_cpu_time_total", "cpu_time_total") + (
+            ("self_device_time_total",) if torch.cuda.is_available() else ()):
+        text.append(averages.table(sort_by=key, row_limit=30, max_name_column_width=70))
+    (args.profile / f"{name}.txt").write_text("\n".join(text))
+    trace = args.profile / f"{name}.json"
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+        dst.write(src.read())
+    trace.unlink()
 
 
 def print_table(files: list[Path]) -> list[dict]:

@@ -175,7 +175,8 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
 
     def make_runner(draft: nn.Module) -> ModelRunner:
         return ModelRunner(draft, config.max_num_seqs, draft_kv_tokens, max_model_len,
-                           cuda_graph_max_new=graph_max_new(config))
+                           cuda_graph_max_new=graph_max_new(config),
+                           fused_ops=None if config.fused_ops else False)
 
     def load(name: str) -> tuple[nn.Module, Any]:
         return load_model(name, dtype=config.dtype, device=str(device))
@@ -223,7 +224,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
         kv_tokens = agreed_minimum(kv_tokens)
         max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
-                         cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp)
+                         cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp,
+                         fused_ops=None if config.fused_ops else False)
     if tp > 1:
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None

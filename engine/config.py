@@ -245,6 +245,9 @@ class EngineConfig:
     ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
     decode and verification forwards of the target and of a draft model replay CUDA graphs
     (:mod:`engine.runner.cuda_graphs`); prefills always run eager.
+    ``fused_ops``: on CUDA, the model's LLaMA-form RMSNorms and rotary embedding run as one Triton
+    kernel each (:mod:`engine.runner.fused_ops`: a decode step of a small batch is bound by its
+    number of kernels); False runs transformers' own operations.
     """
 
     model: Any = "smollm2-135m"
@@ -258,6 +261,7 @@ class EngineConfig:
     seed: int | None = 0
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
     enforce_eager: bool = False
+    fused_ops: bool = True
     gpu_memory_utilization: float = 0.9
     logprobs_mode: str = "raw_logprobs"
     trust_remote_code: bool = False
@@ -282,7 +286,7 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
-        for field in ("enforce_eager", "trust_remote_code"):
+        for field in ("enforce_eager", "fused_ops", "trust_remote_code"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
         u = self.gpu_memory_utilization

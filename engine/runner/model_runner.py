@@ -59,7 +59,9 @@ from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision
+from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
+from engine.runner.tp_head import gathered_head
 
 __all__ = ["KVCacheFull", "ModelRunner", "Tree"]
 
@@ -144,11 +146,14 @@ class ModelRunner:
     (:mod:`engine.runner.tensor_parallel`): its pools hold ``num_key_value_heads / size`` heads,
     its linear maps run on the model's own weights (nothing packed), and its CUDA graphs follow
     one rank's decisions (:attr:`before_launch`, :meth:`CudaGraphs.dictate`).
+    ``fused_ops``: the model's LLaMA-form RMSNorms and rotary embedding run as one Triton kernel
+    each inside this runner's forwards (:mod:`engine.runner.fused_ops`); None: on CUDA only
+    (True on CPU needs Triton's interpreter, ``TRITON_INTERPRET=1``: for tests).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, fused_ops: bool | None = None):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
@@ -163,14 +168,23 @@ class ModelRunner:
         self._cache_arg = cache_argument(model.base_model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         tp = _positive("tensor_parallel_size", tensor_parallel_size)
-        # oneDNN-packed on CPU in float32 (a tensor-parallel head gathers the logits: its own)
-        self._lm_head = output_head(model) if tp == 1 else model.get_output_embeddings()
+        # oneDNN-packed on CPU in float32; a tensor-parallel head gathers the logits, from its
+        # local rows where that is what the plan's head computes (engine/runner/tp_head.py)
+        head = model.get_output_embeddings()
+        self._lm_head = output_head(model) if tp == 1 else gathered_head(head) or head
+        self.gathered_head = tp > 1 and self._lm_head is not head
         if not isinstance(pack_cpu_weights, bool):
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
         self._linears = PackedLinears(_decoder_layers(model) if pack_cpu_weights and tp == 1
                                       else None)
         self.device = execution_device(model.get_input_embeddings())
         self.dtype = next(model.parameters()).dtype
+        if fused_ops is not None and not isinstance(fused_ops, bool):
+            raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
+        # {"norms": n, "rotary_modules": m}: what the fused kernels replaced (empty: none)
+        self.fused: dict[str, int] = {}
+        if fused_ops or (fused_ops is None and self.device.type == "cuda"):
+            self.fused = install_fused_ops(model, self.device)
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
@@ -383,7 +397,7 @@ class ModelRunner:
         mask = None if uniform else self._mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
-                self._linears.use(padded):
+                self._linears.use(padded), fused_forward(bool(self.fused)):
             hidden = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 use_cache=True, **{self._cache_arg: self.cache}).last_hidden_state

@@ -86,6 +86,8 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
     if device == "cuda":  # (the ranks captured graphs: every rank the same, or they hang)
         assert result["graphs"] > 0
     assert result["world_size"] == 2
+    # the logits gathered from the local rows, not through DTensor (engine/runner/tp_head.py)
+    assert result["gathered_head"] is True
     assert result["backend"] == {"cpu": "gloo", "cuda": "nccl"}[device]
     # each rank holds half the heads: 4 query heads and 2 key/value heads over 2 ranks
     assert result["local_q_rows"] == 2 * 16 and result["pool_kv_heads"] == 1

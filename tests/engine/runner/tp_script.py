@@ -127,6 +127,7 @@ def main() -> None:
         "bucketed_steps": 0 if runner.graphs is None else runner.graphs.num_replays,
         "graphs": 0 if runner.graphs is None else runner.graphs.num_graphs,
         "world_size": dist.get_world_size(), "backend": dist.get_backend(),
+        "gathered_head": runner.gathered_head,
         "pool_kv_heads": next(iter(runner.cache.pools.values())).shape[2],
         "local_q_rows": llm.llm_engine.model.model.layers[0].self_attn.q_proj.weight.to_local()
         .shape[0],

@@ -1,0 +1,288 @@
+"""Fused decoder kernels for the runner's CUDA forwards: RMSNorm and the rotary embedding.
+
+A decode step of a small batch is bound by its number of kernels, not by their work: on an H100
+(two-GPU session of issue 19, an 8B LLaMA, batch 1, tensor parallel over 2) a decoder layer ran
+50 kernels, of which the matrix products took 100 of its 214 us; the rest were launches of
+about 2 us each. Transformers' ``LlamaRMSNorm`` is 8 of them (a copy to float32, ``pow``,
+``mean``, ``+ eps``, ``rsqrt``, ``*``, the copy back, ``* weight``) and ``apply_rotary_pos_emb``
+10 (``* cos``, the negated half, the concatenation, ``* sin``, ``+``, for the queries and the
+keys). Here each is one Triton launch that rounds where transformers rounds:
+
+- RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)``, the statistics in float32;
+- rotary: ``q * cos + rotate_half(q) * sin``, each product rounded to the tensors' dtype before
+  the sum, as PyTorch's three separate operations do; queries and keys in one launch.
+
+So a fused forward differs from the unfused one only by the order of the float32 sum of
+squares (its result rounded to the dtype: at most one unit in the last place, rarely).
+
+Where they run (:func:`install_fused_ops`, when a runner takes a CUDA model): every module of
+the model whose class is named ``*RMSNorm`` and computes exactly that formula (checked on its own
+weights against its own forward before it is replaced, so Gemma's ``1 + weight`` form and any
+other variant keep their own code), and the ``apply_rotary_pos_emb`` of each attention
+module's transformers module when it is the LLaMA form (checked the same way; partial rotary,
+where the tables are narrower than the heads, calls the original). Both take effect only
+inside the runner's own forwards (:func:`fused_forward`, a context variable, like
+``engine.runner.attention_backend.gqa_attention``): Hugging Face ``generate`` on the same model
+object runs transformers' code unchanged. The PyTorch references are :func:`rms_norm_reference`
+and :func:`rotary_reference`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+import triton
+import triton.language as tl
+from torch import nn
+
+__all__ = ["fused_forward", "install_fused_ops", "rms_norm", "rms_norm_reference", "rotary",
+           "rotary_reference"]
+
+_ACTIVE: ContextVar[bool] = ContextVar("specdec_fused_ops", default=False)
+_ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps its function here
+
+
+@contextmanager
+def fused_forward(enabled: bool = True) -> Iterator[None]:
+    """The fused kernels for the forwards in this block (this thread or task only)."""
+    token = _ACTIVE.set(enabled)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+# ---- rounding -----------------------------------------------------------------------------------
+
+_FLOAT32, _BFLOAT16, _FLOAT16 = 0, 1, 2  # what a float32 value is rounded to (a constexpr)
+
+
+def _rounding(dtype: torch.dtype) -> int:
+    return {torch.bfloat16: _BFLOAT16, torch.float16: _FLOAT16}.get(dtype, _FLOAT32)
+
+
+@triton.jit
+def _rounded(x, TO: tl.constexpr):
+    """float32 ``x`` rounded to the nearest ``TO`` value (ties to even), still float32. bf16 by
+    its bits: Triton's interpreter (the CPU tests) truncates a cast to bf16, the GPU rounds."""
+    if TO == 1:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif TO == 2:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+# ---- RMSNorm ------------------------------------------------------------------------------------
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, x_stride, out_stride, n_cols, eps,
+                     X_TO: tl.constexpr, OUT_TO: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    live = cols < n_cols
+    x = tl.load(x_ptr + row * x_stride + cols, mask=live, other=0.0).to(tl.float32)
+    mean_square = tl.sum(x * x, axis=0) / n_cols
+    normed = _rounded(x * (1.0 / tl.sqrt(mean_square + eps)), X_TO)  # (back to x's dtype)
+    w = tl.load(w_ptr + cols, mask=live, other=0.0).to(tl.float32)
+    out = _rounded(normed * w, OUT_TO)
+    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x [..., n]`` normalised over its last dimension times ``weight [n]``, in one launch
+    (the dtype of ``weight * x``, as transformers' result)."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)  # [m, n] (a view when x's rows are contiguous)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.result_type(weight, x), device=x.device)  # [m, n]
+    if rows.shape[0]:
+        _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n,
+                                           eps, X_TO=_rounding(x.dtype),
+                                           OUT_TO=_rounding(out.dtype),
+                                           BLOCK=triton.next_power_of_2(n))
+    return out.view(x.shape)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`rms_norm` in PyTorch: transformers' ``LlamaRMSNorm.forward``."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return weight * (x.to(torch.float32) * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    if _ACTIVE.get():
+        return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+    return type(self).forward(self, hidden_states)
+
+
+# ---- rotary embedding ---------------------------------------------------------------------------
+
+@triton.jit
+def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, heads, seq,
+                   xs_b, xs_h, xs_s, os_b, os_h, os_s, cs_b, cs_s,
+                   TO: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # one (batch, head, position) row
+    s = pid % seq
+    h = (pid // seq) % heads
+    b = pid // (seq * heads)
+    i = tl.arange(0, BLOCK)
+    live = i < HALF
+    x_row = x_ptr + b * xs_b + h * xs_h + s * xs_s
+    c_row = cos_ptr + b * cs_b + s * cs_s
+    s_row = sin_ptr + b * cs_b + s * cs_s
+    x1 = tl.load(x_row + i, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF + i, mask=live, other=0.0).to(tl.float32)
+    c1 = tl.load(c_row + i, mask=live, other=0.0).to(tl.float32)
+    c2 = tl.load(c_row + HALF + i, mask=live, other=0.0).to(tl.float32)
+    s1 = tl.load(s_row + i, mask=live, other=0.0).to(tl.float32)
+    s2 = tl.load(s_row + HALF + i, mask=live, other=0.0).to(tl.float32)
+    # (each product rounded to the dtype, then the sum: PyTorch's x * cos + rotate_half(x) * sin)
+    first = _rounded(_rounded(x1 * c1, TO) + _rounded(-x2 * s1, TO), TO)
+    second = _rounded(_rounded(x2 * c2, TO) + _rounded(x1 * s2, TO), TO)
+    o_row = out_ptr + b * os_b + h * os_h + s * os_s
+    ty = out_ptr.dtype.element_ty
+    tl.store(o_row + i, first.to(ty), mask=live)
+    tl.store(o_row + HALF + i, second.to(ty), mask=live)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One tensor ``x [batch, heads, seq, head_dim]`` rotated by ``cos``/``sin [batch or 1, seq,
+    head_dim]`` (same dtype as ``x``)."""
+    batch, heads, seq, dim = x.shape
+    out = torch.empty_like(x)  # (x's memory layout, as PyTorch's elementwise result)
+    if x.numel():
+        cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
+        _rotary_kernel[(batch * heads * seq,)](
+            x, out, cos, sin, heads, seq, x.stride(0), x.stride(1), x.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), cos_b, cos.stride(1),
+            TO=_rounding(x.dtype), HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2))
+    return out
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The LLaMA rotary embedding of ``q [batch, heads, seq, head_dim]`` and ``k [batch,
+    kv_heads, seq, head_dim]`` by ``cos``/``sin [batch or 1, seq, head_dim]`` (transformers'
+    ``apply_rotary_pos_emb`` with ``unsqueeze_dim=1``); every last dimension contiguous."""
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def rotary_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rotary` in PyTorch: transformers' LLaMA ``apply_rotary_pos_emb``."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether :func:`rotary` computes this call: full rotary, LLaMA's layout."""
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
+        return False
+    dim = q.shape[-1]
+    return (k.shape[-1] == dim and dim % 2 == 0 and cos.shape[-1] == dim
+            and q.shape[0] == k.shape[0] and q.shape[2] == k.shape[2] == cos.shape[1]
+            and cos.shape[0] in (1, q.shape[0]) and q.dtype == k.dtype == cos.dtype == sin.dtype
+            and q.stride(-1) == k.stride(-1) == cos.stride(-1) == sin.stride(-1) == 1
+            and sin.stride() == cos.stride())
+
+
+def _fused_rotary(original: Callable) -> Callable:
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        # (the call transformers' LLaMA attention makes: no position_ids, unsqueeze_dim=1)
+        plain = not args and kwargs.keys() <= {"unsqueeze_dim"} and kwargs.get(
+            "unsqueeze_dim", 1) == 1
+        if _ACTIVE.get() and plain and _fits(q, k, cos, sin):
+            return rotary(q, k, cos, sin)
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb.__wrapped__ = original
+    return apply_rotary_pos_emb
+
+
+# ---- installation -------------------------------------------------------------------------------
+
+def _same(fused: torch.Tensor, reference: torch.Tensor) -> bool:
+    """Equal but for a unit in the last place here and there (the sum of squares' order)."""
+    if fused.shape != reference.shape or fused.dtype != reference.dtype:
+        return False
+    tolerance = 2 * torch.finfo(reference.dtype).eps
+    return torch.allclose(fused.float(), reference.float(), rtol=tolerance, atol=tolerance)
+
+
+@torch.no_grad()
+def _norm_is_llama(module: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
+    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return False
+    x = torch.randn(3, weight.shape[0], device=device, dtype=dtype) * 3
+    try:
+        with fused_forward(False):
+            reference = module(x)
+        return _same(rms_norm(x, weight, eps), reference)
+    except Exception:  # (a module that cannot take this input keeps its own forward)
+        return False
+
+
+@torch.no_grad()
+def _rotary_is_llama(function: Callable, device: torch.device, dtype: torch.dtype) -> bool:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k = (torch.randn(2, h, 5, 16, generator=gen).to(device, dtype) for h in (4, 2))
+    angles = torch.randn(2, 5, 16, generator=gen).to(device)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    try:
+        with fused_forward(False):
+            want = function(q, k, cos, sin)
+        got = rotary(q, k, cos, sin)
+        return all(_same(g, w) for g, w in zip(got, want, strict=True))
+    except Exception:  # (another signature or layout: left alone)
+        return False
+
+
+def install_fused_ops(model: nn.Module, device: torch.device) -> dict[str, int]:
+    """Replace the model's LLaMA-form RMSNorms and rotary embedding by the fused kernels inside
+    the runner's forwards (see the module docstring); returns how many norms and rotary modules
+    were taken. Nothing is replaced where a check fails."""
+    dtype = next(model.parameters()).dtype
+    verdicts: dict[type, bool] = {}
+    norms = 0
+    for module in model.modules():
+        cls = type(module)
+        if not cls.__name__.endswith("RMSNorm") or "forward" in module.__dict__:
+            continue
+        if cls not in verdicts:
+            verdicts[cls] = _norm_is_llama(module, device, dtype)
+        if verdicts[cls]:
+            module.forward = types.MethodType(_fused_norm_forward, module)
+            norms += 1
+    rotaries = 0
+    seen: set[str] = set()
+    for module in model.modules():
+        name = type(module).__module__
+        source = sys.modules.get(name)
+        function = getattr(source, "apply_rotary_pos_emb", None)
+        if (name in seen or source is None or not callable(function)
+                or not type(module).__name__.endswith("Attention")):
+            continue
+        seen.add(name)
+        if getattr(source, _ORIGINAL, None) is not None:  # (patched by an earlier runner)
+            rotaries += 1
+            continue
+        if _rotary_is_llama(function, device, dtype):
+            setattr(source, _ORIGINAL, function)
+            source.apply_rotary_pos_emb = _fused_rotary(function)
+            rotaries += 1
+    return {"norms": norms, "rotary_modules": rotaries}

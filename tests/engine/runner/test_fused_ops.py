@@ -1,0 +1,143 @@
+"""The fused RMSNorm and rotary kernels (Triton; on CPU through its interpreter) against
+transformers' own modules and functions: bit for bit in bfloat16, within float32 rounding in
+float32; a runner that uses them against the plain full forward; and what is left alone."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+from engine.runner import fused_ops
+from engine.runner.fused_ops import (
+    fused_forward,
+    install_fused_ops,
+    rms_norm,
+    rms_norm_reference,
+    rotary,
+    rotary_reference,
+)
+from engine.runner.model_runner import ModelRunner
+from tests.conftest import tiny_model
+from tests.engine.runner.test_model_runner import random_schedule
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="these run the kernels on CPU tensors, through Triton's interpreter: "
+           "TRITON_INTERPRET=1 (the README's test command sets it)")
+
+
+@pytest.mark.parametrize("hidden", [64, 96, 576])
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_is_transformers_bit_for_bit_in_bf16(hidden, weight_dtype):
+    torch.manual_seed(hidden)
+    norm = LlamaRMSNorm(hidden, eps=1e-5).to(weight_dtype)
+    norm.weight.data.normal_()
+    x = torch.randn(3, 7, hidden, dtype=torch.bfloat16) * 5  # [3, 7, hidden]
+    want = norm(x)
+    got = rms_norm(x, norm.weight, norm.variance_epsilon)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got, want)
+    assert torch.equal(rms_norm_reference(x, norm.weight, norm.variance_epsilon), want)
+
+
+def test_rms_norm_in_float32_and_on_strided_rows():
+    torch.manual_seed(1)
+    norm = LlamaRMSNorm(48, eps=1e-6)
+    norm.weight.data.normal_()
+    x = torch.randn(6, 96)[:, ::2]  # [6, 48] rows whose last dimension is strided
+    torch.testing.assert_close(rms_norm(x, norm.weight, 1e-6), norm(x), rtol=2e-6, atol=2e-6)
+    wrong = rms_norm(x, norm.weight, 1.0)  # (an eps that matters: the check can fail)
+    assert not torch.allclose(wrong, norm(x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_rotary_is_transformers_bit_for_bit(dtype, cos_batch):
+    gen = torch.Generator().manual_seed(3)
+    # transformers' layout: [batch, seq, heads, dim] projections, transposed to [b, h, s, d]
+    q = torch.randn(2, 5, 4, 32, generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 5, 2, 32, generator=gen).to(dtype).transpose(1, 2)
+    angles = torch.randn(cos_batch, 5, 32, generator=gen) * 3  # [cos_batch, seq, dim]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    got = rotary(q, k, cos, sin)
+    for g, w in zip(got, want, strict=True):
+        assert g.stride() == w.stride()
+        assert torch.equal(g, w)
+    for r, w in zip(rotary_reference(q, k, cos, sin), want, strict=True):
+        assert torch.equal(r, w)
+    swapped = rotary(q, k, sin, cos)  # (the tables' roles matter: the check can fail)
+    assert not torch.equal(swapped[0], want[0])
+
+
+class OffsetRMSNorm(nn.Module):
+    """Gemma's form, ``(1 + weight) * x / rms``: named like an RMSNorm, not LLaMA's formula."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        return (1 + self.weight) * rms_norm_reference(x, torch.ones_like(self.weight),
+                                                      self.variance_epsilon)
+
+
+def test_install_takes_llama_norms_and_rotary_and_leaves_the_rest():
+    model = tiny_model("llama", num_layers=2)
+    model.model.extra = OffsetRMSNorm(64)
+    ids = torch.tensor([[5, 9, 2, 77, 31]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    taken = install_fused_ops(model, torch.device("cpu"))
+    assert taken == {"norms": 5, "rotary_modules": 1}  # 2 per layer and the final one
+    assert "forward" not in model.model.extra.__dict__
+    assert isinstance(model.model.layers[0].input_layernorm.forward.__self__, LlamaRMSNorm)
+    with torch.no_grad():
+        # outside a runner forward: transformers' code, bit for bit
+        assert torch.equal(model(input_ids=ids).logits, before)
+        with fused_forward():
+            torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5,
+                                       atol=1e-5)
+
+
+def test_the_fused_kernels_run_inside_the_runner_only(monkeypatch):
+    model = tiny_model("llama", num_layers=1)
+    calls = {"norm": 0, "rotary": 0}
+    real_norm, real_rotary = fused_ops.rms_norm, fused_ops.rotary
+
+    def count(name, real):
+        def wrapped(*args):
+            calls[name] += 1
+            return real(*args)
+        return wrapped
+
+    monkeypatch.setattr(fused_ops, "rms_norm", count("norm", real_norm))
+    monkeypatch.setattr(fused_ops, "rotary", count("rotary", real_rotary))
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20,
+                         fused_ops=True)
+    checks = dict(calls)  # (the install's own checks call them too)
+    slot = runner.allocate_slot()
+    runner.forward([slot], [[3, 4, 5]])
+    assert calls["norm"] - checks["norm"] == 3 and calls["rotary"] - checks["rotary"] == 1
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[1, 2]]))  # (the same model outside the runner)
+    assert calls["norm"] - checks["norm"] == 3 and calls["rotary"] - checks["rotary"] == 1
+    plain = ModelRunner(tiny_model("llama", num_layers=1), max_num_seqs=2, max_num_tokens=40,
+                        max_model_len=20)
+    assert plain.fused == {}  # (None: CUDA only)
+    with pytest.raises(ValueError, match="fused_ops"):
+        ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20, fused_ops="yes")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_fused_runner_matches_full_forward(family):
+    model = tiny_model(family)
+    runner = ModelRunner(model, max_num_seqs=3, max_num_tokens=96, max_model_len=40,
+                         fused_ops=True)
+    assert runner.fused["norms"] >= 5 and runner.fused["rotary_modules"] == 1
+    random_schedule(runner, model, seed=5, num_steps=10, vocab_size=model.config.vocab_size)
