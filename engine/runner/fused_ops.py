@@ -29,6 +29,7 @@ and :func:`rotary_reference`.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -45,6 +46,14 @@ __all__ = ["fused_forward", "install_fused_ops", "rms_norm", "rms_norm_reference
 
 _ACTIVE: ContextVar[bool] = ContextVar("specdec_fused_ops", default=False)
 _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps its function here
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
+
+
+def _runs_here(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels take these tensors: all on one CUDA device (or anywhere under
+    Triton's interpreter). A layer that accelerate runs on CPU keeps transformers' code."""
+    device = tensors[0].device
+    return (device.type == "cuda" or _INTERPRETED) and all(t.device == device for t in tensors)
 
 
 @contextmanager
@@ -119,7 +128,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _ACTIVE.get():
+    if _ACTIVE.get() and _runs_here(hidden_states, self.weight):
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
     return type(self).forward(self, hidden_states)
 
@@ -205,7 +214,7 @@ def _fused_rotary(original: Callable) -> Callable:
         # (the call transformers' LLaMA attention makes: no position_ids, unsqueeze_dim=1)
         plain = not args and kwargs.keys() <= {"unsqueeze_dim"} and kwargs.get(
             "unsqueeze_dim", 1) == 1
-        if _ACTIVE.get() and plain and _fits(q, k, cos, sin):
+        if _ACTIVE.get() and plain and _fits(q, k, cos, sin) and _runs_here(q, k, cos, sin):
             return rotary(q, k, cos, sin)
         return original(q, k, cos, sin, *args, **kwargs)
 
