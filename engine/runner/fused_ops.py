@@ -33,7 +33,7 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 
 import torch
@@ -64,6 +64,15 @@ def fused_forward(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def _on(x: torch.Tensor) -> AbstractContextManager:
+    """``x``'s CUDA device made current for a launch: Triton launches on the current device,
+    and a layer that accelerate placed on another GPU (a pipeline) would have its kernel run on
+    the wrong one (non-finite logits on two H100s, GPU 0 capped, before this guard)."""
+    if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return nullcontext()
 
 
 # ---- rounding -----------------------------------------------------------------------------------
@@ -114,10 +123,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     out = torch.empty(rows.shape, dtype=torch.result_type(weight, x), device=x.device)  # [m, n]
     if rows.shape[0]:
-        _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n,
-                                           eps, X_TO=_rounding(x.dtype),
-                                           OUT_TO=_rounding(out.dtype),
-                                           BLOCK=triton.next_power_of_2(n))
+        with _on(x):
+            _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, rows.stride(0), out.stride(0), n,
+                                               eps, X_TO=_rounding(x.dtype),
+                                               OUT_TO=_rounding(out.dtype),
+                                               BLOCK=triton.next_power_of_2(n))
     return out.view(x.shape)
 
 
@@ -170,10 +180,11 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     out = torch.empty_like(x)  # (x's memory layout, as PyTorch's elementwise result)
     if x.numel():
         cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
-        _rotary_kernel[(batch * heads * seq,)](
-            x, out, cos, sin, heads, seq, x.stride(0), x.stride(1), x.stride(2),
-            out.stride(0), out.stride(1), out.stride(2), cos_b, cos.stride(1),
-            TO=_rounding(x.dtype), HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2))
+        with _on(x):
+            _rotary_kernel[(batch * heads * seq,)](
+                x, out, cos, sin, heads, seq, x.stride(0), x.stride(1), x.stride(2),
+                out.stride(0), out.stride(1), out.stride(2), cos_b, cos.stride(1),
+                TO=_rounding(x.dtype), HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2))
     return out
 
 
@@ -237,7 +248,7 @@ def _norm_is_llama(module: nn.Module, device: torch.device, dtype: torch.dtype) 
     weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
         return False
-    x = torch.randn(3, weight.shape[0], device=device, dtype=dtype) * 3
+    x = torch.randn(3, weight.shape[0], device=weight.device, dtype=dtype) * 3
     try:
         with fused_forward(False):
             reference = module(x)
