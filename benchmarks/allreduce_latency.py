@@ -39,8 +39,9 @@ def methods(group_name: str, numel_max: int, device: torch.device) -> dict[str, 
     out: dict[str, Callable] = {}
 
     def nccl(x: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(x)
-        return x
+        y = x.clone()  # (out of place, like the staged copies below: x keeps its value)
+        dist.all_reduce(y)
+        return y
 
     out["nccl"] = nccl
     try:
