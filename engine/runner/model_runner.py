@@ -184,7 +184,8 @@ class ModelRunner:
         # {"norms": n, "rotary_modules": m}: what the fused kernels replaced (empty: none)
         self.fused: dict[str, int] = {}
         if fused_ops or (fused_ops is None and self.device.type == "cuda"):
-            self.fused = install_fused_ops(model, self.device)
+            taken = install_fused_ops(model, self.device)
+            self.fused = taken if any(taken.values()) else {}
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or num_heads

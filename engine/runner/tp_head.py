@@ -36,6 +36,8 @@ def _local_rows(head: nn.Module, world: int) -> torch.Tensor | None:
         return None
     if not isinstance(weight, DTensor) or tuple(weight.placements) != (Shard(0),):
         return None
+    if weight.device_mesh.ndim != 1 or weight.device_mesh.size() != world:
+        return None
     local = weight.to_local()
     if local.shape[0] * world != weight.shape[0]:
         return None
@@ -53,17 +55,24 @@ def gathered_head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | N
     if not _everywhere(local is not None, device):
         return None
 
+    group = head.weight.device_mesh.get_group()  # (the ranks in the weight's shard order)
+
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         part = F.linear(hidden, local)  # [n, vocab / world]
         n, share = part.shape
         shares = torch.empty((world * n, share), dtype=part.dtype,
                              device=part.device)  # [world * n, vocab / world], rank by rank
-        dist.all_gather_into_tensor(shares, part.contiguous())
+        dist.all_gather_into_tensor(shares, part.contiguous(), group=group)
         return shares.view(world, n, share).permute(1, 0, 2).reshape(n, world * share)
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     probe = torch.randn(3, local.shape[1], generator=gen).to(local.device, local.dtype)
-    return forward if _everywhere(torch.equal(forward(probe), head(probe)), device) else None
+    fast, plan = forward(probe), head(probe)
+    try:  # (a head whose forward returned something else than a plain tensor: not ours)
+        same = torch.equal(fast, plan)
+    except (TypeError, RuntimeError):
+        same = False
+    return forward if _everywhere(same, device) else None
 
 
 def _everywhere(flag: bool, device: torch.device) -> bool:
