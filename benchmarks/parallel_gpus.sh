@@ -7,7 +7,7 @@
 #     bash benchmarks/parallel_gpus.sh [OUT_DIR [STEP...]]   # default OUT_DIR: ./parallel-out
 #
 # STEPs (default: all, in this order): tests single pipeline capped tp-none tp-ngram tp-eager
-# table. The 8B shape needs more than one 10-minute device call for all of them: give some steps
+# table; also single-unfused and tp-unfused (the fused decoder kernels off: an A/B on one lease). The 8B shape needs more than one 10-minute device call for all of them: give some steps
 # per call (the checkpoint is written once, by the first step that needs it, and kept in CKPT
 # while the machine is held). Each step writes OUT_DIR/<step>.json and its log
 # OUT_DIR/<step>.log; a step that fails or runs past STEP_TIMEOUT seconds (default 420) leaves no
@@ -62,6 +62,11 @@ step() {
         tp-none|tp-ngram) checkpoint && "${tp[@]}" --methods "${name#tp-}" \
             --json "$OUT/$name.json" ;;
         tp-eager) checkpoint && "${tp[@]}" --methods none --enforce-eager \
+            --json "$OUT/$name.json" ;;
+        # transformers' own RMSNorm and rotary operations (engine/runner/fused_ops.py off)
+        single-unfused) checkpoint && timeout "$STEP_TIMEOUT" $PY benchmarks/parallel.py run \
+            --layout single "${common[@]}" --methods none --no-fused-ops --json "$OUT/$name.json" ;;
+        tp-unfused) checkpoint && "${tp[@]}" --methods none --no-fused-ops \
             --json "$OUT/$name.json" ;;
         table) $PY benchmarks/parallel.py table $(ls "$OUT"/*.json) | tee "$OUT/table.txt" ;;
         *) echo "unknown step $name" >&2; return 2 ;;
