@@ -7,7 +7,8 @@
 #     bash benchmarks/parallel_gpus.sh [OUT_DIR [STEP...]]   # default OUT_DIR: ./parallel-out
 #
 # STEPs (default: all, in this order): tests single pipeline capped tp-none tp-ngram tp-eager
-# table; also single-unfused and tp-unfused (the fused decoder kernels off: an A/B on one lease). The 8B shape needs more than one 10-minute device call for all of them: give some steps
+# table; also single-unfused and tp-unfused (the fused decoder kernels off: an A/B on one
+# lease). The 8B shape needs more than one 10-minute device call for all of them: give some steps
 # per call (the checkpoint is written once, by the first step that needs it, and kept in CKPT
 # while the machine is held). Each step writes OUT_DIR/<step>.json and its log
 # OUT_DIR/<step>.log; a step that fails or runs past STEP_TIMEOUT seconds (default 420) leaves no
