@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--no-hf: Hugging Face runs greedy)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="every engine without CUDA graphs (method 'eager' adds one such row)")
+    p.add_argument("--no-fused-ops", action="store_true",
+                   help="every engine with transformers' own RMSNorm and rotary operations")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 prompt per kind at batch 1, 16 tokens per prompt")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
@@ -181,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     llms = {method: LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                         speculative_config=speculative_config(args, method),
                         enforce_eager=args.enforce_eager or method == "eager",
-                        max_num_seqs=max_batch, max_model_len=max_model_len,
+                        fused_ops=not args.no_fused_ops, max_num_seqs=max_batch,
+                        max_model_len=max_model_len,
                         kv_cache_tokens=max_batch * max_model_len)
             for method in ["none", *args.methods]}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

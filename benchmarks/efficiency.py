@@ -170,7 +170,7 @@ def engine(model, tokenizer, args, k: int | None, adaptive: bool = False) -> LLM
     spec = None if k is None else {"method": "oracle_bench", "num_speculative_tokens": k,
                                    "adaptive_k": adaptive}
     return LLM(model, tokenizer=tokenizer, device=args.device, max_num_seqs=max(args.batches),
-               speculative_config=spec)
+               speculative_config=spec, fused_ops=not args.no_fused_ops)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--drift", action="store_true")
+    parser.add_argument("--no-fused-ops", action="store_true",
+                        help="transformers' own RMSNorm and rotary operations (CUDA)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
