@@ -178,8 +178,6 @@ def run_layout(args: argparse.Namespace) -> None:
 def profile_run(llm: LLM, prompts: list, args: argparse.Namespace, name: str) -> None:
     """One run under the torch profiler (rank 0; for reading, not timing): the host operators
     and the kernels by time, and a Chrome trace, in ``args.profile``."""
-    import gzip
-
     from torch.profiler import ProfilerActivity, profile
 
     args.profile.mkdir(parents=True, exist_ok=True)
@@ -197,11 +195,7 @@ def profile_run(llm: LLM, prompts: list, args: argparse.Namespace, name: str) ->
             ("self_device_time_total",) if torch.cuda.is_available() else ()):
         text.append(averages.table(sort_by=key, row_limit=30, max_name_column_width=70))
     (args.profile / f"{name}.txt").write_text("\n".join(text))
-    trace = args.profile / f"{name}.json"
-    prof.export_chrome_trace(str(trace))
-    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
-        dst.write(src.read())
-    trace.unlink()
+    prof.export_chrome_trace(str(args.profile / f"{name}.json.gz"))  # (gzipped by the suffix)
 
 
 def print_table(files: list[Path]) -> list[dict]:
