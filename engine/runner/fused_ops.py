@@ -18,7 +18,8 @@ So a fused forward differs from the unfused one only by the order of the float32
 squares and the square root's approximation (its result rounded to the dtype: at most one unit
 in the last place, rarely; bit for bit on CPU through Triton's interpreter).
 
-Where they run (:func:`install_fused_ops`, when a runner takes a CUDA model): every module of
+Where they run (:func:`install_fused_ops`, when a runner takes a CUDA model in bf16 or float32;
+an fp16 model keeps transformers' code, see ``_COMPILED_DTYPES``): every module of
 the model whose class is named ``*RMSNorm`` and computes exactly that formula (checked on its
 own weights against its own forward before it is replaced: in bf16 / fp16 at most one unit in
 the last place apart, in at most 1 element in 64, so Gemma's ``1 + weight`` form, OLMo-2's
@@ -55,12 +56,21 @@ _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps it
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
 
+# Compiled, the kernels take bf16 and float32 tensors only: in float16 the H100 build did not
+# round the rotary products where PyTorch does (331 of 1280 outputs apart, up to 160 units in
+# the last place, with ``fp_downcast_rounding="rtne"`` too), so fp16 models keep transformers'
+# code on a GPU. Through the interpreter (the CPU tests) fp16 matches bit for bit.
+_COMPILED_DTYPES = (torch.bfloat16, torch.float32)
+
+
 def _runs_here(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these tensors: all on one CUDA device (or anywhere under
-    Triton's interpreter). A layer that accelerate runs on CPU keeps transformers' code."""
+    Triton's interpreter), bf16 or float32 when compiled. A layer that accelerate runs on CPU
+    keeps transformers' code."""
     device = tensors[0].device
     return (device.type == "cuda" or _INTERPRETED) and all(
-        t.device == device and not isinstance(t, DTensor) for t in tensors)
+        t.device == device and not isinstance(t, DTensor)
+        and (_INTERPRETED or t.dtype in _COMPILED_DTYPES) for t in tensors)
 
 
 @contextmanager
@@ -296,6 +306,8 @@ def install_fused_ops(model: nn.Module, device: torch.device) -> dict[str, int]:
     the runner's forwards (see the module docstring); returns how many norms and rotary modules
     were taken. Nothing is replaced where a check fails."""
     dtype = next(model.parameters()).dtype
+    if not (_INTERPRETED or dtype in _COMPILED_DTYPES):  # (fp16 on a GPU: see _COMPILED_DTYPES)
+        return {"norms": 0, "rotary_modules": 0}
     verdicts: dict[type, bool] = {}
     norms = 0
     for module in model.modules():

@@ -69,6 +69,9 @@ def test_rms_norm_in_float32_and_on_strided_rows():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("cos_batch,dim", [(1, 32), (2, 32), (2, 24)])
 def test_rotary_is_transformers_bit_for_bit(dtype, cos_batch, dim):
+    if dtype == torch.float16 and not INTERPRETED:
+        pytest.skip("compiled, fp16 is left to transformers (fused_ops._COMPILED_DTYPES; "
+                    "test_float16_models_keep_transformers_code_on_a_gpu)")
     gen = torch.Generator().manual_seed(3)
     # transformers' layout: [batch, seq, heads, dim] projections, transposed to [b, h, s, d]
     q = torch.randn(2, 5, 4, dim, generator=gen).to(DEVICE, dtype).transpose(1, 2)
@@ -156,6 +159,20 @@ def test_a_near_miss_norm_is_left_alone_in_bf16():
     assert "forward" not in model.model.extra.__dict__
     # a second runner on the same model finds its norms taken already
     assert install_fused_ops(model, torch.device(DEVICE)) == taken
+
+
+@pytest.mark.skipif(INTERPRETED, reason="compiled kernels only: the interpreter takes fp16")
+def test_float16_models_keep_transformers_code_on_a_gpu():
+    model = tiny_model("llama", num_layers=1, dtype=torch.float16).to(DEVICE)
+    assert install_fused_ops(model, torch.device(DEVICE)) == {"norms": 0, "rotary_modules": 0}
+    assert "forward" not in model.model.layers[0].input_layernorm.__dict__
+    # and a rotary patched by a bf16 model before passes fp16 calls to transformers
+    q = torch.randn(1, 2, 3, 8, device=DEVICE, dtype=torch.float16)
+    cos = sin = torch.randn(1, 3, 8, device=DEVICE, dtype=torch.float16)
+    patched = _fused_rotary(lambda *args: "original")
+    with fused_forward():
+        assert patched(q, q, cos, sin) == "original"
+        assert patched(q.bfloat16(), q.bfloat16(), cos.bfloat16(), sin.bfloat16()) != "original"
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="a CPU model: Triton's interpreter")
