@@ -4,7 +4,10 @@ The oracle (``examples/custom_proposer.py``) drafts the target's own greedy cont
 first by the engine without speculation, each draft right with probability alpha and wrong
 otherwise, for free. Then for each (batch, alpha, policy):
 
-- speedup: tokens/s over the engine without speculation, same prompts, same run;
+- speedup: tokens/s over the engine without speculation, same prompts, timed right before and
+  right after the policy (the mean of the two: on a noisy machine a ratio holds only between
+  runs close in time); every tokens/s is the median of ``--repeats`` runs timed one by one, so
+  one disturbed run does not move it;
 - ideal: expected tokens per step ``E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha)`` over the
   step-cost ratio ``c(k)`` that alpha = 0 measures (every draft rejected: one token per step of
   k + 1 scored tokens, so ``c(k)`` = plain tokens/s over alpha-0 tokens/s); for the adaptive
@@ -117,7 +120,8 @@ TIMINGS = 3  # timed rounds at most: one with a capture inside is timed again
 
 def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
           repeats: int) -> tuple[float, list[list[int]], tuple[int, float]]:
-    """Tokens/s over ``repeats`` runs of the warm engine, the last run's tokens, and the graphs
+    """Tokens/s of the warm engine (the median of ``repeats`` runs, each timed on its own), the
+    last run's tokens, and the graphs
     captured inside the kept timed round (count, seconds). The last run's step counts are left
     in ``STATE["steps"]`` (:func:`run_steps`).
 
@@ -135,18 +139,32 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
             break
     for _ in range(TIMINGS):
         before = (0, 0.0) if graphs is None else (graphs.num_graphs, graphs.capture_seconds)
-        start, tokens = time.perf_counter(), 0
+        rates = []  # [repeats] tokens/s of each run
         for _ in range(repeats):
             llm.reset_metrics()
+            start = time.perf_counter()
             outs = llm.generate(prompts, params, use_tqdm=False)
-            tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-        tps = tokens / (time.perf_counter() - start)
+            rates.append(sum(len(o.outputs[0].token_ids) for o in outs)
+                         / (time.perf_counter() - start))
+        tps = float(np.median(rates))
         captures = (0, 0.0) if graphs is None else (graphs.num_graphs - before[0],
                                                      graphs.capture_seconds - before[1])
         if not captures[0]:
             break
     STATE["steps"] = run_steps(llm)
     return tps, [o.outputs[0].token_ids for o in outs], captures
+
+
+def rate(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> float:
+    """Tokens/s of an engine already warm (:func:`timed` warmed it): the median of ``repeats``
+    runs, each timed on its own."""
+    rates = []  # [repeats]
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        rates.append(sum(len(o.outputs[0].token_ids) for o in outs)
+                     / (time.perf_counter() - start))
+    return float(np.median(rates))
 
 
 def run_steps(llm: LLM) -> dict:
@@ -187,17 +205,20 @@ def run(args: argparse.Namespace) -> dict:
         run_tokens = batch * args.max_tokens
         one_token = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
         prefill_s = batch / timed(plain, prompts, one_token, args.repeats)[0]  # P: one token
+        plain_before = rate(plain, prompts, params, args.repeats)
         for alpha in [0.0, *args.alphas]:
             STATE["alpha"] = alpha
-            # the plain engine again beside each group: on a noisy machine a ratio holds only
-            # between runs close in time
-            base_tps = (base_tps + timed(plain, prompts, params, args.repeats)[0]) / 2
             for k in [*args.ks, None]:
                 policy = "adaptive" if k is None else f"k={k}"
                 llm = engine(model, tokenizer, args, max(args.ks) if k is None else k,
                              adaptive=k is None)
                 tps, got, (captures, capture_s) = timed(llm, prompts, params, args.repeats)
+                steps = STATE["steps"]
                 release(llm)
+                # the plain engine right before and right after this policy: on a noisy
+                # machine a ratio holds only between runs close in time
+                plain_after = rate(plain, prompts, params, args.repeats)
+                base_tps, plain_before = (plain_before + plain_after) / 2, plain_after
                 if got != want:
                     raise AssertionError(f"batch {batch}, alpha {alpha}, {policy}: the output "
                                          "differs from the plain engine's")
@@ -214,14 +235,14 @@ def run(args: argparse.Namespace) -> dict:
                                  speedup=speedup, ideal=ideal, efficiency=speedup / ideal,
                                  ideal_end=ideal_end, efficiency_end=speedup / ideal_end,
                                  prefill_s=prefill_s, captures=captures, capture_s=capture_s,
-                                 **STATE["steps"]))
+                                 plain_tokens_per_s=base_tps, **steps))
                 print(f"batch {batch:3d} alpha {alpha:4.2f} {policy:9s} {tps:9.1f} tok/s  "
                       f"speedup {speedup:5.2f}  ideal {ideal:5.2f}  "
                       f"efficiency {speedup / ideal:5.2f}  at the batch's end: ideal "
                       f"{ideal_end:5.2f}  efficiency {speedup / ideal_end:5.2f}  "
-                      f"{STATE['steps']['steps']} steps, drafts in "
-                      f"{STATE['steps']['drafting_request_steps']} sequence steps, "
-                      f"{STATE['steps']['mean_drafts']:.2f} each"
+                      f"{steps['steps']} steps, drafts in "
+                      f"{steps['drafting_request_steps']} sequence steps, "
+                      f"{steps['mean_drafts']:.2f} each"
                       + (f"  ({captures} graph captures, {capture_s:.2f} s, timed)"
                          if captures else ""), flush=True)
         if args.drift:
