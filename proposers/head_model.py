@@ -38,15 +38,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from proposers.head_kernels import fused_rotate, fused_rotate_applies
+
 CONFIG_NAME, WEIGHTS_NAME = "draft_head.json", "draft_head.safetensors"
 VOCAB_KEY = "draft_vocab"  # the draft vocabulary's tensor in the weights file
 VERSION = 2
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "rope_theta")
 
 
+def rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate`, by the fused kernel where it applies (drafting on a GPU: one launch
+    instead of about a dozen, :mod:`proposers.head_kernels`); ``positions`` broadcast to
+    ``x``'s leading dimensions."""
+    if tuple(positions.shape) != tuple(x.shape[:-2]):
+        positions = positions.broadcast_to(x.shape[:-2])
+    if fused_rotate_applies(x, positions):
+        return fused_rotate(x, positions, inv_freq)
+    return rotate(x, positions, inv_freq)
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x [..., heads, head_dim]`` at ``positions [...]`` (LLaMA's
-    half-split layout)."""
+    half-split layout); the reference of :func:`proposers.head_kernels.fused_rotate`."""
     angles = positions[..., None].float() * inv_freq  # [..., head_dim / 2]
     cos, sin = angles.cos()[..., None, :], angles.sin()[..., None, :]  # [..., 1, head_dim / 2]
     a, b = x.float().chunk(2, dim=-1)
@@ -113,20 +126,29 @@ class DraftHead(nn.Module):
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's (rotated) key and its value, ``[..., num_kv_heads, head_dim]`` each."""
         kv = self.kv_proj(self.attn_norm(x)).unflatten(-1, (2, self.num_kv_heads, self.head_dim))
-        return rotate(kv[..., 0, :, :], positions, self.inv_freq), kv[..., 1, :, :]
+        return rotated(kv[..., 0, :, :], positions, self.inv_freq), kv[..., 1, :, :]
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The predicted next features ``[b, q, hidden]`` of the pairs ``x [b, q, hidden]`` at
         ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads, head_dim]``
         where ``mask [b or 1, q, k]`` (bool) allows; every query must allow one key."""
-        q = rotate(self.q_proj(self.attn_norm(x)).unflatten(-1, (self.num_heads, self.head_dim)),
-                   positions, self.inv_freq)  # [b, q, heads, head_dim]
-        groups = self.num_heads // self.num_kv_heads
-        k = keys.repeat_interleave(groups, dim=-2).transpose(1, 2)  # [b, heads, k, head_dim]
-        v = values.repeat_interleave(groups, dim=-2).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask[:, None])
-        h = x + self.o_proj(out.transpose(1, 2).flatten(-2))  # [b, q, hidden]
+        q = rotated(self.q_proj(self.attn_norm(x)).unflatten(-1, (self.num_heads, self.head_dim)),
+                    positions, self.inv_freq)  # [b, q, heads, head_dim]
+        b, n, d = q.shape[0], q.shape[1], self.head_dim
+        kv_heads = self.num_kv_heads
+        groups = self.num_heads // kv_heads  # query head h reads key/value head h // groups
+        # The query heads of one key/value head folded into its query rows (row g * n + t):
+        # the keys and values are read in place, not copied once per query head.
+        folded = q.view(b, n, kv_heads, groups, d).permute(0, 2, 3, 1, 4).reshape(
+            b, kv_heads, groups * n, d)  # [b, kv_heads, groups * q, head_dim]
+        rows_mask = mask[:, None]  # [b or 1, 1, q, k]
+        if n > 1 and groups > 1:  # (one query row: its mask broadcasts over the groups)
+            rows_mask = rows_mask.repeat(1, 1, groups, 1)  # [b or 1, 1, groups * q, k]
+        out = F.scaled_dot_product_attention(folded, keys.transpose(1, 2),
+                                             values.transpose(1, 2), attn_mask=rows_mask)
+        out = out.view(b, kv_heads, groups, n, d).permute(0, 3, 1, 2, 4)  # [b, q, kv, g, d]
+        h = x + self.o_proj(out.reshape(b, n, self.num_heads * d))  # [b, q, hidden]
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up)
 
