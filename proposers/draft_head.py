@@ -265,14 +265,16 @@ class DraftHeadProposer(Proposer):
         num_keys = self.cache.capacity
         pad_b = batch - len(slots)
         scratch = self.cache.scratch
-        index = self._index(tokens + [0] * pad, row_slots + [scratch] * pad,
-                            row_pos + [0] * pad, last_rows + [0] * pad_b,
-                            slots + [scratch] * pad_b, last_pos + [0] * pad_b)
+        columns = (tokens + [0] * pad, row_slots + [scratch] * pad, row_pos + [0] * pad,
+                   last_rows + [0] * pad_b, slots + [scratch] * pad_b, last_pos + [0] * pad_b)
+        sizes = [len(c) for c in columns]  # (fixed by the layout: rows, rows, rows, b, b, b)
+        # [3 * rows + 3 * batch]: one host-to-device copy, and one copy into the graph's input
+        flat = torch.tensor([v for c in columns for v in c], device=self.cache.device)
         features = torch.cat(feats + [feats[0].new_zeros((pad, feats[0].shape[-1]))])
         key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
-            key, lambda *a: body(*a, steps=steps, num_keys=num_keys),
-            [features.to(self.cache.dtype), *index])[:len(slots)]
+            key, lambda f, i: body(f, *i.split(sizes), steps=steps, num_keys=num_keys),
+            [features.to(self.cache.dtype), flat])[:len(slots)]
 
     def _draft(self, features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
                row_pos: torch.Tensor, last_rows: torch.Tensor, slots: torch.Tensor,
