@@ -9,6 +9,7 @@ from scheduler.goodput import (
     GoodputController,
     best_width,
     expected_by_width,
+    monotone_fit,
     probe_wait,
 )
 from scheduler.step_costs import StepCostTable
@@ -183,7 +184,8 @@ def test_a_draft_step_measured_cheaper_than_a_plain_one_costs_a_plain_one():
     """At batch 1 on a GPU one draft's step costs about a plain step's, and a median below
     it is noise: it costs a plain step, so drafts that are never accepted stay off."""
     ctl = measured({1: 0.004, 2: 0.0039, 3: 0.0041, 4: 0.0040, 5: 0.0045})
-    assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.025, 1.025, 1.125])
+    # (2 drafts measured at 1.025 and 3 at 1.0: pooled to their mean, not both at 1.025)
+    assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0125, 1.0125, 1.125])
     accs = [ctl.acceptance.new_request()]
     feed(ctl, accs, 20, accepted=0, drafted=1)
     assert ctl.choose_width(accs, [4], None, 0) == 0
@@ -193,6 +195,28 @@ def test_a_draft_step_measured_cheaper_than_a_plain_one_costs_a_plain_one():
     accs = [gap.acceptance.new_request()]
     feed(gap, accs, 20, accepted=0, drafted=2)
     assert gap.choose_width(accs, [4], None, 0) == 0
+
+
+def test_monotone_fit_pools_what_falls_below_by_weight():
+    assert monotone_fit([1.0, 1.2, 1.1, 1.3], [1, 1, 1, 1]) == pytest.approx(
+        [1.0, 1.15, 1.15, 1.3])
+    assert monotone_fit([1.2, 1.0, 1.0], [1, 1, 2]) == pytest.approx([1.05, 1.05, 1.05])
+    assert monotone_fit([1.0, 1.1, 1.2], [5, 1, 1]) == [1.0, 1.1, 1.2]  # (already monotone)
+
+
+def test_widths_of_about_equal_cost_are_not_made_dear_by_their_noise():
+    """Batch 1 on an H100 with the fused kernels: 1 to 4 drafts cost within a few percent of a
+    plain step, their medians in a noisy order. One noisy median (2 drafts at 1.10) raised
+    every wider width to it: 4 drafts at acceptance 0.3 then looked worse than one (1.43 /
+    1.10 against 1.3 / 1.0 tokens per plain step), and the controller kept to one. Pooled,
+    the widths cost 1.057 and 4 drafts pay."""
+    ctl = measured({1: 0.0025, 2: 0.00245, 3: 0.00275, 4: 0.002575, 5: 0.0026})
+    assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.0, 1.0567, 1.0567, 1.0567],
+                                                      abs=1e-4)
+    tokens = [leviathan(0.3, w) for w in range(5)]  # [5]: 1, 1.3, 1.39, 1.417, 1.425
+    assert best_width(tokens, ctl.step_cost(1)[1:].tolist()) == 4
+    raised = [1.0, 1.0, 1.10, 1.10, 1.10]  # (each width raised to the largest median below)
+    assert best_width(tokens, raised) == 1
 
 
 def test_a_request_in_a_freed_row_does_not_read_its_predecessors_estimates():
