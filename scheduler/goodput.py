@@ -56,7 +56,9 @@ DEFAULT_VERIFY_COST * (w - 1)``; a costly proposer's ``k`` drafts cost ``draft_c
 Optimistic, so a width is tried, measured and then judged on its measured cost; until a width
 holds ``TRUSTED`` samples at a batch size it costs what the next narrower width does (measured
 on the H100: one slow first step of 4 drafts kept the controller at 2 drafts for the rest of a
-run), and after, never less (a median below a narrower width's is noise).
+run), and after, the trusted medians are made non-decreasing in the width by pooling
+(:func:`monotone_fit`: a median below a narrower width's is noise, and is averaged with it
+rather than raised to it, which made every wider width dear where widths cost about the same).
 
 On a GPU the controller learns while the next step's forward runs (``SpeculationPolicy.flush``:
 the acceptance of the last step, its cost, and the tables of the next decision), so a decision
