@@ -139,14 +139,7 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
             break
     for _ in range(TIMINGS):
         before = (0, 0.0) if graphs is None else (graphs.num_graphs, graphs.capture_seconds)
-        rates = []  # [repeats] tokens/s of each run
-        for _ in range(repeats):
-            llm.reset_metrics()
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            rates.append(sum(len(o.outputs[0].token_ids) for o in outs)
-                         / (time.perf_counter() - start))
-        tps = float(np.median(rates))
+        tps, outs = _median_rate(llm, prompts, params, repeats)
         captures = (0, 0.0) if graphs is None else (graphs.num_graphs - before[0],
                                                      graphs.capture_seconds - before[1])
         if not captures[0]:
@@ -155,16 +148,23 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
     return tps, [o.outputs[0].token_ids for o in outs], captures
 
 
-def rate(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> float:
-    """Tokens/s of an engine already warm (:func:`timed` warmed it): the median of ``repeats``
-    runs, each timed on its own."""
+def _median_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams,
+                 repeats: int) -> tuple[float, list]:
+    """The median tokens/s of ``repeats`` runs, each timed on its own (its metrics reset
+    first), and the last run's outputs."""
     rates = []  # [repeats]
     for _ in range(repeats):
+        llm.reset_metrics()
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs)
                      / (time.perf_counter() - start))
-    return float(np.median(rates))
+    return float(np.median(rates)), outs
+
+
+def rate(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: int) -> float:
+    """Tokens/s of an engine already warm (:func:`timed` warmed it): :func:`_median_rate`."""
+    return _median_rate(llm, prompts, params, repeats)[0]
 
 
 def run_steps(llm: LLM) -> dict:

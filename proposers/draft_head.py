@@ -248,8 +248,13 @@ class DraftHeadProposer(Proposer):
 
     def _index(self, *columns: list[int]) -> list[torch.Tensor]:
         """Index lists to device tensors in one copy."""
+        flat, sizes = self._flat(*columns)
+        return list(flat.split(sizes))
+
+    def _flat(self, *columns: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Index lists as one device tensor (one host-to-device copy) and their lengths."""
         flat = torch.tensor([v for c in columns for v in c], device=self.cache.device)
-        return list(flat.split([len(c) for c in columns]))
+        return flat, [len(c) for c in columns]
 
     def _draft_graphed(self, feats: list[torch.Tensor], tokens: list[int], row_slots: list[int],
                        row_pos: list[int], last_rows: list[int], slots: list[int],
@@ -265,11 +270,10 @@ class DraftHeadProposer(Proposer):
         num_keys = self.cache.capacity
         pad_b = batch - len(slots)
         scratch = self.cache.scratch
-        columns = (tokens + [0] * pad, row_slots + [scratch] * pad, row_pos + [0] * pad,
-                   last_rows + [0] * pad_b, slots + [scratch] * pad_b, last_pos + [0] * pad_b)
-        sizes = [len(c) for c in columns]  # (fixed by the layout: rows, rows, rows, b, b, b)
-        # [3 * rows + 3 * batch]: one host-to-device copy, and one copy into the graph's input
-        flat = torch.tensor([v for c in columns for v in c], device=self.cache.device)
+        # [3 * rows + 3 * batch], one copy into the graph's input; sizes fixed by the layout
+        flat, sizes = self._flat(tokens + [0] * pad, row_slots + [scratch] * pad,
+                                 row_pos + [0] * pad, last_rows + [0] * pad_b,
+                                 slots + [scratch] * pad_b, last_pos + [0] * pad_b)
         features = torch.cat(feats + [feats[0].new_zeros((pad, feats[0].shape[-1]))])
         key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
