@@ -21,8 +21,10 @@ decisive), to see the controller's choices where the acceptance is known:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -113,6 +115,7 @@ class StepClock:
             "verified": bool(batch.verified_at), "steady": self.engine.runner.last_step_steady,
             "decode_only": all(i.samples and i.num_context_tokens == 1 for i in batch.items),
             "propose_ms": 1e3 * batch.propose_s, "first_proposal": batch.first_proposal,
+            "typical_proposal": getattr(batch, "typical_proposal", None),
             "graphs": 0 if graphs is None else graphs.num_graphs}
         return self._stage_record(batch, start)
 
@@ -147,6 +150,39 @@ def decision_summary(decisions: list[dict]) -> dict:
     return out
 
 
+class GcPauses:
+    """The garbage collector's pauses during a timed run (``gc.callbacks``): host time that
+    no stage owns."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self.counts = [0, 0, 0]  # collections by generation
+        self.seconds = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.counts[info["generation"]] += 1
+            self.seconds += time.perf_counter() - self._start
+
+    def reset(self) -> None:
+        self.counts, self.seconds = [0, 0, 0], 0.0
+
+    def summary(self) -> dict:
+        return {"gc_collections": list(self.counts), "gc_ms": round(1e3 * self.seconds, 3)}
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    """Median, 90th percentile and maximum of ``seconds``, in milliseconds."""
+    if not seconds:
+        return {}
+    ordered = sorted(seconds)
+    return {q: round(1e3 * ordered[min(int(f * len(ordered)), len(ordered) - 1)], 3)
+            for q, f in (("p50", 0.5), ("p90", 0.9), ("max", 1.0))}
+
+
 def summary(clock: StepClock, wall: float) -> dict:
     steps = clock.steps
     inside = sum(s["s"] for s in steps)
@@ -171,6 +207,14 @@ def summary(clock: StepClock, wall: float) -> dict:
                                   "stages_ms_mean": {k: round(1e3 * t / len(v), 3) for k, t
                                                      in stages_by_width[w].items()}}
                               for w, v in sorted(by_width.items())},
+        "recorded_ms_percentiles": percentiles([s["s"] for s in recorded]),
+        "stage_ms_percentiles": {name.strip("_"): percentiles(
+            [s["stages"].get(name.strip("_"), 0.0) for s in recorded]) for name in STAGES},
+        # (where a mean and a median part: the slowest steps, whole)
+        "slowest": [{**{k: v for k, v in s.items() if k not in ("start", "recorded", "stages")},
+                     "index": i, "ms": round(1e3 * s["s"], 3),
+                     "stages_ms": {k: round(1e3 * v, 3) for k, v in s["stages"].items()}}
+                    for i, s in sorted(enumerate(recorded), key=lambda p: -p[1]["s"])[:6]],
         "decisions": decision_summary(clock.decisions),
         "left_out": [{**{k: v for k, v in s.items() if k not in ("start", "recorded",
                                                                  "stages")},
@@ -201,7 +245,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmups", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method, alternating")
     p.add_argument("--json", default=None, help="write the summaries here")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="move every object alive after the warm-ups out of the collector's "
+                        "reach (gc.freeze) before the timed runs")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for the run (default: torch's own)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     model, tokenizer = build_model(args.model, args.device, dtype)
     methods = args.methods.split(",")
@@ -239,14 +290,22 @@ def main(argv: list[str] | None = None) -> None:
             engine_generate(llm, prompts, args.max_tokens, args.temperature)
         engines[method] = (llm, StepClock(llm.engine))
     results: dict[str, list[dict]] = defaultdict(list)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    pauses = GcPauses()
     for _ in range(args.repeats):
         for method, (llm, clock) in engines.items():
             clock.reset()
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            pauses.reset()
+            start, cpu = time.perf_counter(), time.process_time()
             got = engine_generate(llm, prompts, args.max_tokens, args.temperature)
-            results[method].append(summary(clock, time.perf_counter() - start))
+            wall = time.perf_counter() - start
+            results[method].append({**summary(clock, wall), **pauses.summary(),
+                                    "process_cpu_s": time.process_time() - cpu,
+                                    "threads": threading.active_count()})
             if want is not None and got != want:
                 raise AssertionError(f"{method}: the output differs from the plain engine's")
     print(f"{args.model} {args.device} {dtype}, {args.kind} prompts, batch {args.batch_size}, "
@@ -260,7 +319,13 @@ def main(argv: list[str] | None = None) -> None:
                   f"left out {r['left_out_steps']} ({r['left_out_s'] * 1e3:.1f} ms, max "
                   f"{r['left_out_ms_max']:.1f})")
             print(f"{'':>12}stages ms/step: {stages}")
+            print(f"{'':>12}host: gc {r['gc_collections']} ({r['gc_ms']} ms), process CPU "
+                  f"{r['process_cpu_s'] * 1e3:.1f} ms, {r['threads']} threads")
             print(f"{'':>12}by width: {r['recorded_by_width']}")
+            print(f"{'':>12}recorded ms: {r['recorded_ms_percentiles']}; stages: "
+                  + ", ".join(f"{k} {v}" for k, v in r["stage_ms_percentiles"].items()))
+            for slow in r["slowest"]:
+                print(f"{'':>12}slow step: {slow}")
             print(f"{'':>12}decisions: {r['decisions']}")
             for lo in r["left_out"]:
                 print(f"{'':>12}left out: {lo}")

@@ -49,6 +49,34 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+TOP_CHUNK = 128  # top_indices: the columns of one chunk of its first pass
+TOP_MAX_ROWS = 16  # top_indices: rows past which one topk is faster
+
+
+def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
+    """The indices ``[..., count]`` of the ``count`` largest values of ``logits [..., size]``'s
+    last dimension, largest first: ``logits.topk(count).indices`` (ties may come in another
+    order). One row's ``topk`` on a GPU is one thread block's radix selection over the whole
+    row: 47-50 us a call over the head's 16,384-token vocabulary on the H100, four times per
+    tree proposal. So for a long row it runs in two passes: each chunk of ``TOP_CHUNK``
+    columns keeps its ``count`` best (one block per chunk, in parallel), then the best of
+    those; one draft (``count == 1``) is an ``argmax``."""
+    if count == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    size = logits.shape[-1]
+    # (measured on the H100, bf16, 16,384 columns, count 3: 27.5 against 52.4 us for one row,
+    # 32.5 against 68.1 for 8; 76.2 against 48.6 for 64 rows, where topk has blocks enough)
+    if (size % TOP_CHUNK or size < 4 * TOP_CHUNK or count > TOP_CHUNK
+            or logits.numel() > TOP_MAX_ROWS * size):
+        return logits.topk(count, dim=-1).indices
+    # each [..., size / TOP_CHUNK, count]: every chunk's best, and where in its chunk
+    part_values, part_index = logits.unflatten(-1, (size // TOP_CHUNK, TOP_CHUNK)).topk(
+        count, dim=-1)
+    best = part_values.flatten(-2).topk(count, dim=-1).indices  # [..., count] (chunk, j)
+    within = part_index.flatten(-2).gather(-1, best)  # [..., count]
+    return best // count * TOP_CHUNK + within
+
+
 class _Pending:
     """A request's verified pairs not yet in the head's cache: features ``[n, hidden_size]``
     and the token after each position."""
@@ -176,9 +204,9 @@ class DraftHeadProposer(Proposer):
         """The ``count`` likeliest drafts ``[..., count]`` (likeliest first) of each ``feature
         [..., hidden_size]``, as :meth:`_readout` reads them out."""
         if self._vocab is None:
-            return self.lm_head(feature)[..., :self.vocab_size].topk(count, dim=-1).indices
+            return top_indices(self.lm_head(feature)[..., :self.vocab_size], count)
         logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
-        return self._vocab[logits.topk(count, dim=-1).indices]
+        return self._vocab[top_indices(logits, count)]
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:

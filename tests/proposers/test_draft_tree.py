@@ -258,3 +258,21 @@ def test_the_tree_option_is_checked():
     with pytest.raises(ValueError, match="draft_tree"):
         SpeculativeConfig(method="eagle", draft_tree=[])
     assert SpeculativeConfig(method="ngram_eagle", draft_tree=(2,)).draft_tree == [2]
+
+
+@pytest.mark.parametrize("size,count", [(16384, 3), (16384, 2), (49152, 3), (1000, 3),
+                                        (512, 1), (640, 5)])
+def test_top_indices_match_topk(size, count):
+    """The two-pass selection picks what one ``topk`` picks, largest first (distinct values:
+    no tie to order), over rows of any leading shape; a single draft is the argmax."""
+    from proposers.draft_head import top_indices
+
+    g = torch.Generator().manual_seed(size + count)
+    logits = torch.randperm(2 * 3 * size, generator=g).float().view(2, 3, size)
+    # the best of a row in one chunk, and the rest spread: both cases of the first pass
+    logits[0, 0, 5:5 + count] += 10 * size
+    got = top_indices(logits, count)
+    assert got.shape == (2, 3, count)
+    assert torch.equal(got, logits.topk(count, dim=-1).indices)
+    if count == 1:
+        assert torch.equal(got[..., 0], logits.argmax(dim=-1))
