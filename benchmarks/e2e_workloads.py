@@ -23,6 +23,12 @@ RANDOM_LLAMAS = {
     "random-llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                             num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                             vocab_size=128256, tie_word_embeddings=False),
+    # The default model's shape (SmolLM2-135M) on random weights: what its steps and the
+    # shipped draft head's proposals cost (not what they accept) in one device call, without
+    # bringing the real weights (../shared/tools/gpu-default-model.md takes two)
+    "random-smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                vocab_size=49152, tie_word_embeddings=True),
     # (a forward of next to nothing: on CPU what a step costs beyond it is the host's work)
     "random-llama-tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,

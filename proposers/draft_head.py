@@ -5,10 +5,10 @@ forward the engine hands the proposer the features of the positions it verified
 (:meth:`DraftHeadProposer.on_features`); the proposer keeps them *pending* with the token that
 followed each, and at the next proposal writes their keys and values into the head's KV cache
 (:mod:`proposers.head_cache`) and queries the newest one: that gives the first draft; each further
-draft feeds the head's predicted feature and its draft back in, one position further. Drafts
-write the cache past the committed length, where the next verified pairs overwrite them: a
-rejection needs no rollback. Drafts are the head's argmax (one-hot drafts: rejection sampling
-stays exact for sampled requests too).
+draft feeds the head's predicted feature and its draft back in, one position further. A
+proposal reads its requests' keys and values into one copy and writes its drafts' pairs there
+only: the cache holds verified pairs alone, and a rejection needs no rollback. Drafts are the
+head's argmax (one-hot drafts: rejection sampling stays exact for sampled requests too).
 
 Pending pairs are bounded: a request that goes more than ``num_speculative_tokens + 1`` positions
 without a proposal (a prompt, or steps the controller left without drafts) has all but its newest
@@ -320,17 +320,21 @@ class DraftHeadProposer(Proposer):
         cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
         x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
         key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
+        # each [batch, num_keys, kv_heads, head_dim]: the requests' keys and values, copied
+        # once; the drafts' own pairs go into the copies only (the cache would hold them past
+        # its committed length, where the next verified pairs overwrite them unread)
+        keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
+        rows = torch.arange(slots.shape[0], device=x.device)  # [batch]
         out = []
         for s in range(steps):
             mask = (key_pos[None, :] <= pos[:, None])[:, None]  # [batch, 1, num_keys]
-            keys = cache.keys[slots, :num_keys]  # [batch, num_keys, kv_heads, head_dim]
-            feature = head.attend(x[:, None], pos[:, None], keys, cache.values[slots, :num_keys],
+            feature = head.attend(x[:, None], pos[:, None], keys, values,
                                   mask)[:, 0]  # [batch, hidden_size]
             token = self._readout(feature)  # [batch]
             out.append(token)
             if s + 1 < steps:
                 x, pos = head.inputs(feature, self.embed(token)), pos + 1
-                cache.write(slots, pos, *head.keys_values(x, pos))
+                keys[rows, pos], values[rows, pos] = head.keys_values(x, pos)
         return torch.stack(out, dim=1)  # [batch, steps]
 
 
@@ -341,7 +345,8 @@ class DraftHeadProposer(Proposer):
         """:meth:`_draft` for a tree of ``steps`` levels: the same writes, then level by level
         every node of the level queries the head (seeing the verified pairs and its own
         ancestors) and its children are its likeliest drafts. Node ``j``'s key is written at
-        column ``last_pos + 1 + j``, rotated to its own position ``last_pos + depth``:
+        column ``last_pos + 1 + j`` of the proposal's copy of the keys (not the cache), rotated
+        to its own position ``last_pos + depth``:
         ``[batch, num_nodes]`` tokens in level order."""
         head, cache = self.head, self.cache
         x = head.inputs(features, self.embed(tokens))  # [rows, hidden_size]
@@ -352,7 +357,9 @@ class DraftHeadProposer(Proposer):
         rel = key_pos[None, :] - last_pos[:, None] - 1  # [batch, num_keys] node of a column
         in_tree = (rel >= 0) & (rel < tree.num_nodes)  # [batch, num_keys]
         rel = rel.clamp(0, tree.num_nodes - 1)[:, None, :]  # [batch, 1, num_keys]
+        # each [batch, num_keys, kv_heads, head_dim], copied once (see _draft)
         keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
+        rows = torch.arange(batch, device=x.device)[:, None]  # [batch, 1]
         out, queries = [], None  # queries: the level's node indices (None: the root)
         for level in range(steps):
             if queries is None:
@@ -375,10 +382,8 @@ class DraftHeadProposer(Proposer):
                             self.embed(children.flatten(1)))  # [batch, q * branch, hidden]
             nodes = tree.levels[level]  # the children's node indices
             cols = last_pos[:, None] + 1 + nodes[None, :]  # [batch, q * branch]
-            k, v = head.keys_values(x, pos + 1)
-            cache.keys[slots[:, None], cols] = k
-            cache.values[slots[:, None], cols] = v
-            keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
+            # (into the copies only, as a chain's drafts: see _draft)
+            keys[rows, cols], values[rows, cols] = head.keys_values(x, pos + 1)
             queries = nodes
         return torch.cat(out, dim=1)  # [batch, num_nodes]
 

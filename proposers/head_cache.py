@@ -2,8 +2,9 @@
 
 The head has one layer, so its cache is one pair of tensors ``[num_slots + 1, capacity,
 num_kv_heads, head_dim]``; the last slot is scratch, where padding rows of a batched (CUDA graph)
-step write. Only verified pairs are *committed* (``length``); a proposal's chained drafts write
-past it and are overwritten by the next verified pairs, so a rejected draft needs no rollback.
+step write. Only verified pairs are *committed* (``length``) and written here; a proposal writes
+its drafts' pairs into its own copy of the keys and values, so a rejected draft needs no
+rollback.
 Capacity starts small and doubles up to what the engine's longest sequence needs (a CPU engine
 for 64 sequences of 8k tokens would otherwise hold 0.8 GB that short prompts never touch);
 growing moves the tensors, so :attr:`generation` counts moves (CUDA graphs captured on the old
