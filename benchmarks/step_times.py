@@ -170,6 +170,11 @@ class GcPauses:
     def reset(self) -> None:
         self.counts, self.seconds = [0, 0, 0], 0.0
 
+    def close(self) -> None:
+        """Stop listening (the callback is process-wide)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
     def summary(self) -> dict:
         return {"gc_collections": list(self.counts), "gc_ms": round(1e3 * self.seconds, 3)}
 
@@ -294,6 +299,18 @@ def main(argv: list[str] | None = None) -> None:
         gc.collect()
         gc.freeze()
     pauses = GcPauses()
+    try:
+        timed_rounds(args, engines, results, pauses, prompts, want)
+    finally:  # (the collector's state and callbacks are the process's, not this run's)
+        pauses.close()
+        if args.gc_freeze:
+            gc.unfreeze()
+    report(args, oracle, results)
+
+
+def timed_rounds(args: argparse.Namespace, engines: dict, results: dict, pauses: GcPauses,
+                 prompts: list[list[int]], want: list[list[int]] | None) -> None:
+    """``--repeats`` rounds, each method's run timed in turn; summaries into ``results``."""
     for _ in range(args.repeats):
         for method, (llm, clock) in engines.items():
             clock.reset()
@@ -305,9 +322,15 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.perf_counter() - start
             results[method].append({**summary(clock, wall), **pauses.summary(),
                                     "process_cpu_s": time.process_time() - cpu,
-                                    "threads": threading.active_count()})
+                                    "python_threads": threading.active_count(),
+                                    "torch_threads": torch.get_num_threads()})
             if want is not None and got != want:
                 raise AssertionError(f"{method}: the output differs from the plain engine's")
+
+
+def report(args: argparse.Namespace, oracle: bool, results: dict) -> None:
+    """Print every run's summary; write them as JSON with ``--json``."""
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     print(f"{args.model} {args.device} {dtype}, {args.kind} prompts, batch {args.batch_size}, "
           f"{args.max_tokens} tokens, k {args.k}" + (f", alpha {args.alpha}" if oracle else ""))
     for method, runs in results.items():
@@ -320,7 +343,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{r['left_out_ms_max']:.1f})")
             print(f"{'':>12}stages ms/step: {stages}")
             print(f"{'':>12}host: gc {r['gc_collections']} ({r['gc_ms']} ms), process CPU "
-                  f"{r['process_cpu_s'] * 1e3:.1f} ms, {r['threads']} threads")
+                  f"{r['process_cpu_s'] * 1e3:.1f} ms, {r['python_threads']} Python threads, "
+                  f"{r['torch_threads']} torch threads")
             print(f"{'':>12}by width: {r['recorded_by_width']}")
             print(f"{'':>12}recorded ms: {r['recorded_ms_percentiles']}; stages: "
                   + ", ".join(f"{k} {v}" for k, v in r["stage_ms_percentiles"].items()))

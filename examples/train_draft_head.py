@@ -12,8 +12,8 @@
 3. **Training**, whole sequences at a time: from every pair (``f_j``, ``x_{j+1}``) the head
    (one decoder layer, causal attention over the pairs before) predicts ``f_{j+1}``, then feeds
    its own prediction back for ``--unroll`` blocks (with the true next tokens: the path that
-   accepted drafts follow), attending as the proposer's cache lets it: to the true pairs up to
-   ``j`` and to its own chain (``DraftHead.unrolled``). Loss per block: smooth L1 to the
+   accepted drafts follow), attending as a proposal does: to the true pairs up to ``j`` and to
+   its own chain (``DraftHead.unrolled``). Loss per block: smooth L1 to the
    target's feature plus
    ``--ce-weight`` times the cross entropy to the target's own next-token distribution
    (``softmax(lm_head(f))``: the features give it exactly, nothing else is stored).

@@ -57,7 +57,7 @@ def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
     """The indices ``[..., count]`` of the ``count`` largest values of ``logits [..., size]``'s
     last dimension, largest first: ``logits.topk(count).indices`` (ties may come in another
     order). One row's ``topk`` on a GPU is one thread block's radix selection over the whole
-    row: 47-50 us a call over the head's 16,384-token vocabulary on the H100, four times per
+    row: 47-52 us a call over the head's 16,384-token vocabulary on the H100, four times per
     tree proposal. So for a long row it runs in two passes: each chunk of ``TOP_CHUNK``
     columns keeps its ``count`` best (one block per chunk, in parallel), then the best of
     those; one draft (``count == 1``) is an ``argmax``."""

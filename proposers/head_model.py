@@ -160,9 +160,10 @@ class DraftHead(nn.Module):
         (``f_j``, ``x_{j+1}``) with causal attention; block ``u`` reads block ``u - 1``'s
         prediction with the token ``x_{j+u+1}`` (teacher forcing, ``lm_head`` None) or the argmax
         of that prediction through ``lm_head`` (the drafts), at position ``j + u``, attending to
-        the true pairs up to ``j`` and to its own chain's earlier blocks, as the proposer's cache
-        holds them. Returns ``steps`` tensors ``[b, T - 1, hidden]``: block ``u`` at ``j``
-        predicts ``f_{j+u+1}`` (rows past a sequence's end are garbage; mask them)."""
+        the true pairs up to ``j`` and to its own chain's earlier blocks, as a proposal sees
+        them (its cache's verified pairs, and its own drafts' pairs in its copy). Returns
+        ``steps`` tensors ``[b, T - 1, hidden]``: block ``u`` at ``j`` predicts ``f_{j+u+1}``
+        (rows past a sequence's end are garbage; mask them)."""
         b, t = tokens.shape
         n = t - 1
         pos = torch.arange(n, device=features.device).expand(b, n)  # [b, n]

@@ -1,6 +1,7 @@
 """Smoke tests of ``benchmarks/step_times.py`` and ``benchmarks/policy_cost.py``: they run on a
 tiny model (or none), and what they count adds up."""
 
+import gc
 import json
 
 from benchmarks.policy_cost import policy_step_seconds
@@ -28,6 +29,25 @@ def test_step_times_accounts_for_every_step(tmp_path):
             assert run["steps"] == 8 and set(run["recorded_by_width"]) == {"1"}
     # every fixed-k step after the prefill verifies drafts when the proposer has any
     assert max(map(int, results["ngram-fixed"][0]["recorded_by_width"])) > 1
+
+
+def test_step_times_percentiles_and_the_collector_left_as_found(tmp_path):
+    """Each run's step and stage percentiles and its slowest steps are the recorded steps';
+    --gc-freeze and the pause counter leave the process's collector as they found it."""
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "steps.json"
+    callbacks = list(gc.callbacks)
+    main(["--model", str(model_dir), "--device", "cpu", "--kind", "copy", "--batch-size", "2",
+          "--max-tokens", "8", "--warmups", "1", "--repeats", "1", "--methods", "none",
+          "--gc-freeze", "--json", str(out)])
+    assert gc.callbacks == callbacks and gc.get_freeze_count() == 0
+    (run,) = json.loads(out.read_text())["results"]["none"]
+    ms = run["recorded_ms_percentiles"]
+    assert 0 < ms["p50"] <= ms["p90"] <= ms["max"]
+    assert len(run["slowest"]) == min(6, run["recorded_steps"])
+    assert run["slowest"][0]["ms"] == ms["max"]
+    assert set(run["stage_ms_percentiles"]) == set(run["stages_ms_per_step"])
+    assert len(run["gc_collections"]) == 3 and run["gc_ms"] >= 0
 
 
 def test_step_times_oracle_keeps_in_sync_and_drafts_at_alpha_one(tmp_path):

@@ -54,10 +54,18 @@ def test_tree_layout():
         [0, 1, 3, 4, 9, 15], [-1, -1, 0, 0, 2, 4])
 
 
+@pytest.mark.parametrize("chunk", [128, 8], ids=["one-topk", "two-pass"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
-def test_tree_drafts_equal_the_written_out_oracle(target, graphs):  # noqa: F811
+def test_tree_drafts_equal_the_written_out_oracle(target, graphs, chunk,  # noqa: F811
+                                                  monkeypatch):
     """Every node's children are the head's likeliest tokens after that node's branch alone;
-    a request not allowed a tree gets the chain of the likeliest, as without trees."""
+    a request not allowed a tree gets the chain of the likeliest, as without trees. The
+    target's 96 tokens take one ``topk`` each; with 8-column chunks, the two-pass selection
+    (``top_indices``) that a real vocabulary takes."""
+    from proposers import draft_head
+
+    monkeypatch.setattr(draft_head, "TOP_CHUNK", chunk)
+    assert (VOCAB >= 4 * chunk) == (chunk == 8)  # (which path each case takes)
     head = random_head(target.config, seed=4)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     proposer = make_proposer(target, head, graphs=graphs)
@@ -260,19 +268,20 @@ def test_the_tree_option_is_checked():
     assert SpeculativeConfig(method="ngram_eagle", draft_tree=(2,)).draft_tree == [2]
 
 
-@pytest.mark.parametrize("size,count", [(16384, 3), (16384, 2), (49152, 3), (1000, 3),
-                                        (512, 1), (640, 5)])
-def test_top_indices_match_topk(size, count):
-    """The two-pass selection picks what one ``topk`` picks, largest first (distinct values:
-    no tie to order), over rows of any leading shape; a single draft is the argmax."""
+@pytest.mark.parametrize("rows,size,count", [
+    (3, 16384, 3), (3, 16384, 2), (3, 49152, 3), (3, 512, 3), (3, 512, 1), (3, 640, 5),
+    (9, 16384, 3),  # (past 16 rows in all: one topk)
+])
+def test_top_indices_match_topk(rows, size, count):
+    """Whichever way it selects (two passes over 128-column chunks, an argmax, or one topk past
+    16 rows), ``top_indices`` picks what one ``topk`` picks, largest first (distinct values: no
+    tie to order), over rows of any leading shape."""
     from proposers.draft_head import top_indices
 
     g = torch.Generator().manual_seed(size + count)
-    logits = torch.randperm(2 * 3 * size, generator=g).float().view(2, 3, size)
+    logits = torch.randperm(2 * rows * size, generator=g).float().view(2, rows, size)
     # the best of a row in one chunk, and the rest spread: both cases of the first pass
     logits[0, 0, 5:5 + count] += 10 * size
     got = top_indices(logits, count)
-    assert got.shape == (2, 3, count)
+    assert got.shape == (2, rows, count)
     assert torch.equal(got, logits.topk(count, dim=-1).indices)
-    if count == 1:
-        assert torch.equal(got[..., 0], logits.argmax(dim=-1))
