@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         pauses.close()
         if args.gc_freeze:
             gc.unfreeze()
-    report(args, oracle, results)
+    report(args, dtype, oracle, results)
 
 
 def timed_rounds(args: argparse.Namespace, engines: dict, results: dict, pauses: GcPauses,
@@ -328,9 +328,8 @@ def timed_rounds(args: argparse.Namespace, engines: dict, results: dict, pauses:
                 raise AssertionError(f"{method}: the output differs from the plain engine's")
 
 
-def report(args: argparse.Namespace, oracle: bool, results: dict) -> None:
+def report(args: argparse.Namespace, dtype: str, oracle: bool, results: dict) -> None:
     """Print every run's summary; write them as JSON with ``--json``."""
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     print(f"{args.model} {args.device} {dtype}, {args.kind} prompts, batch {args.batch_size}, "
           f"{args.max_tokens} tokens, k {args.k}" + (f", alpha {args.alpha}" if oracle else ""))
     for method, runs in results.items():

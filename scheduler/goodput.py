@@ -256,14 +256,16 @@ class GoodputController:
             # A step costs at least what a narrower one does (its work is a superset): a median
             # below it is noise, which would make drafts that are never accepted look free (on
             # the H100 at batch 1 one draft's step costs about a plain step's).
-            cost[w] = max(self._width_cost(batch_size, w, measured, known, cost), cost[w - 1])
+            cost[w] = max(self._width_cost(w, measured, counts, known, cost), cost[w - 1])
         return cost
 
-    def _width_cost(self, batch_size: int, w: int, measured: list[float | None],
+    @staticmethod
+    def _width_cost(w: int, measured: list[float | None], counts: dict[int, int],
                     known: list[int], cost: np.ndarray) -> float:
-        """Width ``w``'s cost before the floor of the narrower widths' (``cost[:w]`` final)."""
+        """Width ``w``'s cost before the floor of the narrower widths' (``cost[:w]`` final);
+        ``counts``: the samples of each measured width (2 and wider)."""
         if measured[w] is not None:
-            if self.costs.count("step", batch_size, w) < TRUSTED:
+            if counts[w] < TRUSTED:
                 # (until the width holds a median of samples it costs what the narrower one
                 # does: one slow first step must not rule it out; it is tried)
                 return cost[w - 1]
