@@ -134,7 +134,7 @@ class SpeculativeConfig:
     adaptive_k: bool = True
     verify_cost_per_token: float | None = None
     draft_cost_ratio: float | None = None
-    adaptive_probe_interval: int = 16
+    adaptive_probe_interval: int = 32
     draft_tree: list[int] | None = None
     draft_tree_sampling: bool = False
 

@@ -169,7 +169,7 @@ def test_evidence_separates_backed_drafts_from_guesses():
 
 
 def test_probes_come_within_the_bound_and_their_overhead_is_budgeted():
-    assert probe_wait(0.1, 16) == 5  # a probe 10% dearer than a plain step: every 5 steps
+    assert probe_wait(0.1, 16) == 10  # a probe 10% dearer than a plain step: every 10 steps
     assert probe_wait(0.001, 16) == MIN_PROBE_WAIT
     assert probe_wait(0.9, 16) == 16  # never longer than the bound ...
     assert probe_wait(2.4, 16) == 48  # ... times a dear probe's cost in plain steps

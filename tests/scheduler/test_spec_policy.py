@@ -138,7 +138,9 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
     assert plans[0] <= len(probes) + 1 < 64
     assert all(a in ([0] * 3, [4] * 3) for a in asked)
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
-    assert probes and probes[0] < 16 and all(gap <= 16 for gap in gaps)
+    bound = drafts.controller.max_wait  # (adaptive_probe_interval: 32 by default)
+    assert bound == 32
+    assert probes and probes[0] < bound and all(gap <= bound for gap in gaps)
     assert len(probes) < 16  # mostly plain steps
     before = plans[0]
     drafts.begin_step(seqs[:2])  # a sequence left: weighed again
