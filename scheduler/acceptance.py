@@ -194,6 +194,14 @@ class AcceptanceModel:
         self._estimated = (rows, self.version, values, errors)
         return values, errors
 
+    def untested_share(self, reqs: list[RequestAcceptance]) -> float:
+        """The share of ``reqs`` none of whose drafts was ever verified (their estimates are
+        the engine's rate alone: text the controller has not measured)."""
+        if not reqs:
+            return 0.0
+        tries = self.counts[self._rows(reqs), TRIES, :self.max_k + 1]  # [n, max_k + 1]
+        return float(np.count_nonzero(~tries.any(axis=1))) / len(reqs)
+
     def optimistic(self, reqs: list[RequestAcceptance], spread: float) -> np.ndarray:
         """``[len(reqs), max_k + 2]``: :meth:`estimates` with the first draft's rate raised by
         ``spread`` standard errors, at most 1 (an upper confidence bound: see

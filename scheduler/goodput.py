@@ -39,7 +39,16 @@ controller is asked to keep 0.97 of plain decoding, and with a 2% budget and a 1
 probes alone took 2% (the 1B LLaMA at batch 32 on the H100, where a probe of 4 drafts costs
 1.2-1.3 plain steps: one every 16 steps), the rest of 3% left to the host's noise; served
 open-loop on the H100 (docs/performance.md, "Serving"), a 64-step bound ran 1.06-1.11x where
-16 ran 0.91-0.93x (one run each). A drift is still found within the bound.
+16 ran 0.91-0.93x (one run each). Text that the controller has not measured is probed sooner:
+when at least ``FRESH_SHARE`` of the sequences it weighs never had a draft verified (their
+estimates are the other requests' rate alone: a new batch of prompts), the wait is a
+``FRESH_WAIT_DIVISOR``-th. That is what finds a drift that comes with new requests (the
+issue's scenario: requests at acceptance 0, then new ones at 0.9) within a few steps where
+probes are dear: on the H100 with the 1B LLaMA at batch 32 (a probe 1.27 plain steps, so one
+every 27 steps), the first batch after the drift ran 0.71 of a fresh engine's speedup, and
+the engine was at 0.9 of it only from step 89, without this rule. A batch of new prompts costs
+one probe more; a server's requests, which arrive a few at a time, do not make the batch
+mostly untested.
 
 Decisions under uncertainty: a request's acceptance is known from a few decayed steps (it has
 to follow the text), so at batch 1 its estimate is noisy: with every draft accepted 45% of the
@@ -88,6 +97,8 @@ DEFAULT_VERIFY_COST = 0.1  # one more scored token per sequence / a plain step, 
 MARGIN = 0.02  # drafting must beat plain decoding by this fraction of its goodput
 PROBE_BUDGET = 0.01  # the probes' expected overhead, as a fraction of plain decoding's time
 MIN_PROBE_WAIT = 2
+FRESH_WAIT_DIVISOR = 4  # a step of mostly untested sequences probes this much sooner
+FRESH_SHARE = 0.5  # ... where at least this share of its weighed sequences is untested
 CONFIDENCE = 1.5  # standard errors of the step's expected tokens added (see the docstring)
 MIN_PLAIN_SAMPLES = 2  # plain steps measured at a batch size before its costs are relative
 PLAIN_EVERY = 4  # while a batch size lacks them, at most every this many steps is made plain
@@ -209,6 +220,7 @@ class GoodputController:
         self.probing = False  # this step is a probe
         self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
+        self._fresh = False  # that answer weighed mostly untested sequences (probe sooner)
         self._keep_asking = False  # the last free proposal paid with its own cost counted
         self.drafting = False  # the last decision drafted (a probe does not count)
         self.settled = False  # the last plan weighed drafting and chose none (not a probe)
@@ -371,6 +383,7 @@ class GoodputController:
             self.idle, self._idle_key = 0, None
             return self.max_k if self.free else w
         self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
+        self._fresh = self.acceptance.untested_share(accs) >= FRESH_SHARE
         return self._idle_or_probe(self._probe_overhead)
 
     def plan_idle(self) -> int:
@@ -387,7 +400,10 @@ class GoodputController:
     def _idle_or_probe(self, overhead: float) -> int:
         """A step where drafting does not pay: none, or a probe when its wait is over."""
         self.idle += 1
-        if self.idle < probe_wait(overhead, self.max_wait):
+        wait = probe_wait(overhead, self.max_wait)
+        if self._fresh:  # (new text, estimated from the others alone: see the module doc)
+            wait = max(MIN_PROBE_WAIT, wait // FRESH_WAIT_DIVISOR)
+        if self.idle < wait:
             self.settled = True
             return 0
         self.idle, self.probing, self._idle_key = 0, True, None

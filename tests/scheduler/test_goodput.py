@@ -5,6 +5,7 @@ import pytest
 
 from scheduler.acceptance import AcceptanceModel
 from scheduler.goodput import (
+    FRESH_WAIT_DIVISOR,
     MIN_PROBE_WAIT,
     GoodputController,
     best_width,
@@ -255,6 +256,39 @@ def test_recovers_after_drift_within_its_bound(cost_per_token):
     first = next(i for i, w in enumerate(drafting) if w > 0)
     assert first < probe_wait(ctl.step_cost(8)[5] - 1.0, 16) <= 32  # the first probe
     assert all(w == 4 for w in drafting[first:])  # one probe was enough
+
+
+def test_new_requests_after_drift_are_probed_within_a_fraction_of_the_wait():
+    """A probe 1.3 plain steps dear waits the whole bound (16 here) while drafts lose. When the
+    step's sequences are new requests, never tested (a new batch of prompts: the drift that
+    comes with new text), the first probe comes within a quarter of that wait; where only one
+    of them is new, the usual wait holds."""
+    ctl = table(0.075)  # 4 drafts cost 1.3 plain steps: the wait is the bound
+    wait = probe_wait(ctl.step_cost(8)[5] - 1.0, 16)
+    assert wait == 16
+    old = [ctl.acceptance.new_request() for _ in range(8)]
+    for _ in range(40):  # the zero-acceptance stretch on the old requests
+        width = ctl.choose_width(old, [4] * 8, None, 0) if ctl.plan(old, [4] * 8, 0) else 0
+        feed(ctl, old, 1, accepted=0, drafted=width)
+
+    def first_probe(accs) -> int:
+        for step in range(3 * wait):
+            if ctl.plan(accs, [4] * 8, 0):
+                return step
+            feed(ctl, accs, 1, accepted=0, drafted=0)
+        raise AssertionError("no probe")
+
+    ctl.idle = 0  # (the last probe just now)
+    new = [ctl.acceptance.new_request() for _ in range(8)]
+    assert ctl.acceptance.untested_share(new) == 1.0
+    assert FRESH_WAIT_DIVISOR == 4
+    assert first_probe(new) < 4  # (16 / 4)
+    feed(ctl, new, 1, accepted=0)  # the probe's drafts were rejected: tested now
+    assert ctl.acceptance.untested_share(new) == 0.0
+    ctl.idle = 0
+    mixed = old[:7] + [ctl.acceptance.new_request()]
+    assert ctl.acceptance.untested_share(mixed) == 1 / 8
+    assert first_probe(mixed) >= wait - 1  # (the usual wait)
 
 
 def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
