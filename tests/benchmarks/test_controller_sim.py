@@ -29,3 +29,41 @@ def test_the_controller_drafts_when_drafts_pay_and_stops_when_they_do_not(tmp_pa
     cells = run(tmp_path, "--alphas", "1,0")
     assert cells[1.0]["controller"] > 0.9 * cells[1.0]["k=4"]
     assert cells[0.0]["controller"] > 0.95  # (of plain decoding: probes only)
+
+
+
+def test_a_prepared_decision_is_the_one_weighed_at_the_step(monkeypatch):
+    """The controller prepares its next width while the forward runs (``prepare``) and
+    ``choose_width`` takes it where its inputs are unchanged. Simulated closed batches with
+    noisy costs and i.i.d. acceptance make exactly the same choices, step by step, whether the
+    prepared decision is used or every step weighs its drafts again; and it is used."""
+    from benchmarks.controller_sim import SimEngine
+    from scheduler.goodput import GoodputController
+
+    key, choose = GoodputController._choice_key, GoodputController.choose_width
+
+    def choices(use_prepared: bool) -> tuple[list[int], int]:
+        made, hits = [], [0]
+
+        def counted(self, *args, **kwargs):
+            before = self._decided
+            width = choose(self, *args, **kwargs)
+            made.append(width)
+            hits[0] += before is not None and before[0] == key(
+                self, self._last_accs, *self._last_choice)
+            return width
+
+        # (unused: a key that no prepared decision equals)
+        monkeypatch.setattr(GoodputController, "_choice_key", key if use_prepared else
+                            lambda self, *a: (object(), key(self, *a)))
+        monkeypatch.setattr(GoodputController, "choose_width", counted)
+        sim = SimEngine(4, True, 0.05, 0.02, 0.1, seed=3)
+        for alpha in (0.9, 0.5, 0.0, 0.7):
+            sim.batch(8, alpha, 64)
+        return made, hits[0]
+
+    fresh, unused = choices(use_prepared=False)
+    prepared, hits = choices(use_prepared=True)
+    assert unused == 0
+    assert prepared == fresh and len(fresh) > 60
+    assert hits > len(fresh) // 4  # (steady decoding: the prepared decision serves)
