@@ -48,7 +48,10 @@ probes are dear: on the H100 with the 1B LLaMA at batch 32 (a probe 1.27 plain s
 every 27 steps), the first batch after the drift ran 0.71 of a fresh engine's speedup, and
 the engine was at 0.9 of it only from step 89, without this rule. A batch of new prompts costs
 one probe more; a server's requests, which arrive a few at a time, do not make the batch
-mostly untested.
+mostly untested. The first probe after drafting stops comes as soon, once: at batch 1 a
+request's estimate is noisy (below), a stop may be that noise, and a costly proposer's probe
+waits the longest (a draft head's proposal costs about half a plain step on the H100: 32
+plain steps at most, until the probe, where drafting paid); the probes after it wait in full.
 
 Decisions under uncertainty: a request's acceptance is known from a few decayed steps (it has
 to follow the text), so at batch 1 its estimate is noisy: with every draft accepted 45% of the
@@ -221,6 +224,7 @@ class GoodputController:
         self._idle_key: tuple | None = None  # what the last no-drafts answer was given for
         self._probe_overhead = 0.0  # a probe's cost over a plain step, at that answer
         self._fresh = False  # that answer weighed mostly untested sequences (probe sooner)
+        self._recheck = False  # drafting stopped since the last probe (probe sooner once)
         self._keep_asking = False  # the last free proposal paid with its own cost counted
         self.drafting = False  # the last decision drafted (a probe does not count)
         self.settled = False  # the last plan weighed drafting and chose none (not a probe)
@@ -381,9 +385,10 @@ class GoodputController:
                                                                          measured_draft_cost)
             cost[w] = 1.0 + widened * (step[w + 1] - 1.0) + proposal
         w = best_width(per_sequence.sum(axis=0), cost, min_width, typical_tokens(per_sequence))
+        self._recheck = self._recheck or (self.drafting and w == 0)  # (drafting just stopped)
         self.drafting = w > 0
         if w > 0:
-            self.idle, self._idle_key = 0, None
+            self.idle, self._idle_key, self._recheck = 0, None, False
             return self.max_k if self.free else w
         self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
         self._fresh = self.acceptance.untested_share(accs) >= FRESH_SHARE
@@ -404,12 +409,12 @@ class GoodputController:
         """A step where drafting does not pay: none, or a probe when its wait is over."""
         self.idle += 1
         wait = probe_wait(overhead, self.max_wait)
-        if self._fresh:  # (new text, estimated from the others alone: see the module doc)
-            wait = max(MIN_PROBE_WAIT, wait // FRESH_WAIT_DIVISOR)
+        if self._fresh or self._recheck:  # (new text, or a stop that may be noise: see the
+            wait = max(MIN_PROBE_WAIT, wait // FRESH_WAIT_DIVISOR)  # module docstring)
         if self.idle < wait:
             self.settled = True
             return 0
-        self.idle, self.probing, self._idle_key = 0, True, None
+        self.idle, self.probing, self._idle_key, self._recheck = 0, True, None, False
         return self.max_k if self.free else 1
 
     def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
@@ -437,6 +442,7 @@ class GoodputController:
             w, self._keep_asking = decided[1]  # (prepared while the last forward ran)
         else:
             w, self._keep_asking = self._decide(accs, avail, backed, min_width, b)
+        self._recheck = self._recheck or (self.drafting and w == 0 and not self.probing)
         self.drafting = w > 0 and not self.probing
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))

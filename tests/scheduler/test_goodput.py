@@ -249,7 +249,7 @@ def test_recovers_after_drift_within_its_bound(cost_per_token):
         widths.append(width)
     assert sum(w > 0 for w in widths[-100:]) <= 100 // 5  # only probes draft
     drafting = []
-    for _ in range(24):  # the text became predictable
+    for _ in range(40):  # the text became predictable (the bound, 32 here, and some more)
         width = ctl.choose_width(accs, [4] * 8, None, 0) if ctl.plan(accs, [4] * 8, 0) else 0
         drafting.append(width)
         feed(ctl, accs, 1, accepted=width, drafted=width)
@@ -289,6 +289,26 @@ def test_new_requests_after_drift_are_probed_within_a_fraction_of_the_wait():
     mixed = old[:7] + [ctl.acceptance.new_request()]
     assert ctl.acceptance.untested_share(mixed) == 1 / 8
     assert first_probe(mixed) >= wait - 1  # (the usual wait)
+
+
+def test_the_first_probe_after_drafting_stops_comes_sooner_then_the_wait_holds():
+    """Drafting paid, then stopped (rejected steps: at batch 1 that may be noise): the first
+    probe comes within a quarter of the wait; when it finds the drafts rejected again, the
+    next one waits in full."""
+    ctl = table(0.075)  # a probe of 4 drafts costs 1.3 plain steps: the wait is the bound, 16
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    feed(ctl, accs, 10, accepted=4)
+    widths, probes = [], []
+    for step in range(60):
+        width = ctl.choose_width(accs, [4] * 8, None, 0) if ctl.plan(accs, [4] * 8, 0) else 0
+        widths.append(width)
+        if ctl.probing:
+            probes.append(step)
+        feed(ctl, accs, 1, accepted=4 if step < 5 else 0, drafted=width)  # then no longer
+    stopped = widths.index(0)
+    assert widths[:5] == [4] * 5 and len(probes) >= 2
+    assert probes[0] - stopped <= 4  # (16 / 4)
+    assert probes[1] - probes[0] == 16  # then the usual wait
 
 
 def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
