@@ -233,7 +233,7 @@ class GoodputController:
         self._proposal_costs: tuple[int, int, float] | None = None  # (version, batch size,
         # propose_cost of a free proposer's max_k drafts)
         self._last_accs: list[RequestAcceptance] = []  # the sequences the last decision weighed
-        self._last_choice: tuple | None = None  # choose_width's last (avail, backed,
+        self._last_choice: tuple | None = None  # choose_width's last (accs, avail, backed,
         # min_width, batch size)
         self._decided: tuple | None = None  # prepare()'s: (_choice_key, _decide's answer)
         self._table: tuple | None = None  # prepare()'s: (rows, acceptance version, spread,
@@ -435,7 +435,7 @@ class GoodputController:
             self._keep_asking = self.drafting = False
             return min_width
         self._last_accs = accs
-        self._last_choice = (avail, backed, min_width, b)
+        self._last_choice = (accs, avail, backed, min_width, b)
         key = self._choice_key(accs, avail, backed, min_width, b)
         decided = self._decided
         if decided is not None and decided[0] == key:
@@ -501,10 +501,10 @@ class GoodputController:
         # H100's host, weighing the drafts between the proposal and the forward took about
         # 0.2 ms a step at batch 8, a 1B target's step 3.2 ms.
         self._decided = None
-        if self.free and self._last_choice is not None and accs == self._last_accs:
-            avail, backed, min_width, b = self._last_choice
-            self._decided = (self._choice_key(accs, avail, backed, min_width, b),
-                             self._decide(accs, avail, backed, min_width, b))
+        choice = self._last_choice
+        # (the sequences of that choice, all still live; plan() may have weighed others since)
+        if self.free and choice is not None and all(acc.row >= 0 for acc in choice[0]):
+            self._decided = (self._choice_key(*choice), self._decide(*choice))
 
     def _prepared_tokens(self, accs: list[RequestAcceptance], avail: list[int],
                          backed: list[int] | None) -> np.ndarray | None:

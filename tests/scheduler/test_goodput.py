@@ -311,6 +311,31 @@ def test_the_first_probe_after_drafting_stops_comes_sooner_then_the_wait_holds()
     assert probes[1] - probes[0] == 16  # then the usual wait
 
 
+def test_the_prepared_decision_is_for_the_sequences_that_choice_weighed():
+    """``prepare`` decides the next width ahead for the sequences and drafts of the last
+    ``choose_width``, even when ``plan`` weighed others since (a closed batch's critical ones
+    at one step, all of them at the next): seen on the H100 as a ValueError (8 sequences
+    against 2 drafts' counts). The prepared answer is the one weighed afresh."""
+    ctl = table(0.05)
+    ctl.acceptance.deferred = True
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    feed(ctl, accs, 10, accepted=3)
+    ctl.acceptance.flush()
+    critical = [True, True] + [False] * 6
+    assert ctl.plan(accs, [4] * 8, 0, critical=critical) == 4
+    ctl.choose_width(accs, [4] * 8, None, 0, critical=critical)
+    ctl._keep_asking = False  # (weighed in full: as when the last step did not pay its
+    # proposal too)
+    assert ctl.plan(accs, [4] * 8, 0) == 4  # (all of them weighed now)
+    assert ctl._last_accs == accs
+    ctl.acceptance.flush()
+    ctl.prepare(8)  # (raised)
+    assert ctl._decided is not None
+    prepared = ctl._decided[1]
+    assert prepared == ctl._decide(accs[:2], [4, 4], None, 0, 8)
+    assert ctl.choose_width(accs, [4] * 8, None, 0, critical=critical) == prepared[0]
+
+
 def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
     ctl = GoodputController(4, drafts_are_free=False, max_wait=16)
     for w in range(1, 6):
