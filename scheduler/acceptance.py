@@ -195,11 +195,13 @@ class AcceptanceModel:
         return values, errors
 
     def untested_share(self, reqs: list[RequestAcceptance]) -> float:
-        """The share of ``reqs`` none of whose drafts was ever verified (their estimates are
-        the engine's rate alone: text the controller has not measured)."""
+        """The share of ``reqs`` that were never tested: no draft of theirs verified and no
+        proposal asked for them (their estimates are the engine's rate alone: text the
+        controller has not measured). A request whose proposals found nothing was tested: an
+        n-gram proposer that never matches it would otherwise keep it new for good."""
         if not reqs:
             return 0.0
-        tries = self.counts[self._rows(reqs), TRIES, :self.max_k + 1]  # [n, max_k + 1]
+        tries = self.counts[self._rows(reqs), TRIES]  # [n, max_k + 2]
         return float(np.count_nonzero(~tries.any(axis=1))) / len(reqs)
 
     def optimistic(self, reqs: list[RequestAcceptance], spread: float) -> np.ndarray:

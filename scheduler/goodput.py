@@ -40,18 +40,21 @@ probes alone took 2% (the 1B LLaMA at batch 32 on the H100, where a probe of 4 d
 1.2-1.3 plain steps: one every 16 steps), the rest of 3% left to the host's noise; served
 open-loop on the H100 (docs/performance.md, "Serving"), a 64-step bound ran 1.06-1.11x where
 16 ran 0.91-0.93x (one run each). Text that the controller has not measured is probed sooner:
-when at least ``FRESH_SHARE`` of the sequences it weighs never had a draft verified (their
-estimates are the other requests' rate alone: a new batch of prompts), the wait is a
+when at least ``FRESH_SHARE`` of the sequences it weighs were never tested (no draft
+verified, no proposal asked: their estimates are the other requests' rate alone, as in a new
+batch of prompts), the wait is a
 ``FRESH_WAIT_DIVISOR``-th. That is what finds a drift that comes with new requests (the
 issue's scenario: requests at acceptance 0, then new ones at 0.9) within a few steps where
 probes are dear: on the H100 with the 1B LLaMA at batch 32 (a probe 1.27 plain steps, so one
 every 27 steps), the first batch after the drift ran 0.71 of a fresh engine's speedup, and
 the engine was at 0.9 of it only from step 89, without this rule. A batch of new prompts costs
-one probe more; a server's requests, which arrive a few at a time, do not make the batch
-mostly untested. The first probe after drafting stops comes as soon, once: at batch 1 a
-request's estimate is noisy (below), a stop may be that noise, and a costly proposer's probe
-waits the longest (a draft head's proposal costs about half a plain step on the H100: 32
-plain steps at most, until the probe, where drafting paid); the probes after it wait in full.
+one probe more; a server's requests, which arrive a few at a time, make a batch of 3 or more
+mostly untested only when most of it just arrived (at batch 1 or 2 each new request does: one
+early probe each, which is where probes are cheapest). The first probe after drafting stops
+comes as soon, once: at batch 1 a request's estimate is noisy (below), a stop may be that
+noise, and a costly proposer's probe waits the longest (a draft head's proposal costs about
+half a plain step on the H100: 32 plain steps at most, until the probe, where drafting paid);
+the probes after it wait in full.
 
 Decisions under uncertainty: a request's acceptance is known from a few decayed steps (it has
 to follow the text), so at batch 1 its estimate is noisy: with every draft accepted 45% of the
@@ -483,8 +486,9 @@ class GoodputController:
         """Ready the next decision, before it is asked for: the last decision's sequences
         (those still live) estimated with what was learnt since, their expected tokens for
         every (backed, available) drafts and width (:meth:`choose_width` then looks them up),
-        and the step costs at ``batch_size``. The next decision reuses them where it weighs
-        the same sequences with nothing learnt since."""
+        the step costs at ``batch_size``, and a free proposer's width itself for the
+        sequences and drafts of the last :meth:`choose_width` (while drafting). The next
+        decision reuses them where its inputs are the same."""
         accs = [acc for acc in self._last_accs if acc.row >= 0]
         if accs:
             spread = self._spread(len(accs))
@@ -503,7 +507,9 @@ class GoodputController:
         self._decided = None
         choice = self._last_choice
         # (the sequences of that choice, all still live; plan() may have weighed others since)
-        if self.free and choice is not None and all(acc.row >= 0 for acc in choice[0]):
+        # (none while the controller is settled on plain steps: only a probe asks next)
+        if (self.free and not self.settled and choice is not None
+                and all(acc.row >= 0 for acc in choice[0])):
             self._decided = (self._choice_key(*choice), self._decide(*choice))
 
     def _prepared_tokens(self, accs: list[RequestAcceptance], avail: list[int],

@@ -209,8 +209,9 @@ def test_from_config_file_uses_the_presets_sampling(target, tmp_path):
 
 def test_seeded_samples_keep_the_configured_k(target):
     """Drafting priced out (a fixed verify cost of 2): greedy and unseeded requests draft only
-    in the controller's probes (at most one in 24 steps: its longest wait is 16 steps), a
-    seeded sampling request keeps k (its output must not depend on timings)."""
+    in the controller's probes (at most one in 24 steps: a probe of 3 drafts costs 7 plain
+    steps, so it waits 192 steps, 48 for a new request), a seeded sampling request keeps k (its
+    output must not depend on timings)."""
     spec = dict(NGRAM, verify_cost_per_token=2.0)
     drafted = {}
     for name, extra in [("greedy", {"temperature": 0}), ("unseeded", {"temperature": 1.0}),

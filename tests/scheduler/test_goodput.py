@@ -5,7 +5,6 @@ import pytest
 
 from scheduler.acceptance import AcceptanceModel
 from scheduler.goodput import (
-    FRESH_WAIT_DIVISOR,
     MIN_PROBE_WAIT,
     GoodputController,
     best_width,
@@ -281,14 +280,59 @@ def test_new_requests_after_drift_are_probed_within_a_fraction_of_the_wait():
     ctl.idle = 0  # (the last probe just now)
     new = [ctl.acceptance.new_request() for _ in range(8)]
     assert ctl.acceptance.untested_share(new) == 1.0
-    assert FRESH_WAIT_DIVISOR == 4
-    assert first_probe(new) < 4  # (16 / 4)
+    assert first_probe(new) < 4  # (a quarter of 16)
     feed(ctl, new, 1, accepted=0)  # the probe's drafts were rejected: tested now
     assert ctl.acceptance.untested_share(new) == 0.0
     ctl.idle = 0
     mixed = old[:7] + [ctl.acceptance.new_request()]
     assert ctl.acceptance.untested_share(mixed) == 1 / 8
     assert first_probe(mixed) >= wait - 1  # (the usual wait)
+
+
+def test_requests_the_proposer_finds_nothing_for_are_not_new_for_good():
+    """Found in review: five of eight requests whose n-gram proposals never match had no draft
+    verified, so the batch stayed "mostly untested" and probed every 4 steps instead of 16. A
+    request the proposer was asked for is tested, matched or not."""
+    ctl = table(0.075)  # a probe costs 1.3 plain steps: the wait is the bound, 16
+    accs = [ctl.acceptance.new_request() for _ in range(8)]
+    avail = [0] * 5 + [4] * 3  # (five never matched)
+    probes = []
+    for step in range(100):
+        width = ctl.choose_width(accs, avail, None, 0) if ctl.plan(accs, [4] * 8, 0) else 0
+        if ctl.probing:
+            probes.append(step)
+        ctl.acceptance.tick()
+        ctl.acceptance.update(accs, [min(a, width) for a in avail], [0] * 8, [None] * 8)
+    assert ctl.acceptance.untested_share(accs) == 0.0
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert probes and min(gaps) >= 15  # (the full wait, not a quarter of it)
+
+
+def test_a_costly_proposers_first_probe_after_it_stopped_comes_sooner():
+    """The same for a proposer whose k is chosen before it runs (a draft head on CPU, a draft
+    model): drafting stops in ``plan``; its first probe comes within a quarter of the wait,
+    the next one after the whole wait."""
+    ctl = GoodputController(4, drafts_are_free=False, max_wait=16)
+    for w in range(1, 6):
+        for _ in range(4):
+            ctl.costs.record("step", 1, w, 0.01 * (1 + 0.03 * (w - 1)))
+    for k in range(1, 5):
+        for _ in range(4):
+            ctl.costs.record("propose", 1, k, 0.01 * 0.25 * k)  # a draft: 0.25 plain steps
+    accs = [ctl.acceptance.new_request()]
+    widths, probes = [], []
+    for step in range(80):
+        width = ctl.plan(accs, [4], 0, measured_draft_cost=0.25)
+        widths.append(width)
+        if ctl.probing:
+            probes.append(step)
+        ctl.acceptance.tick()
+        accepted = width if step < 8 else 0  # (then the text changes)
+        ctl.acceptance.update(accs, [width], [accepted], [None])
+    stopped = widths.index(0)
+    assert 0 < stopped and len(probes) >= 2
+    assert probes[0] - stopped <= 4  # (a quarter of 16)
+    assert probes[1] - probes[0] == 16
 
 
 def test_the_first_probe_after_drafting_stops_comes_sooner_then_the_wait_holds():
@@ -311,11 +355,18 @@ def test_the_first_probe_after_drafting_stops_comes_sooner_then_the_wait_holds()
     assert probes[1] - probes[0] == 16  # then the usual wait
 
 
-def test_the_prepared_decision_is_for_the_sequences_that_choice_weighed():
-    """``prepare`` decides the next width ahead for the sequences and drafts of the last
-    ``choose_width``, even when ``plan`` weighed others since (a closed batch's critical ones
-    at one step, all of them at the next): seen on the H100 as a ValueError (8 sequences
-    against 2 drafts' counts). The prepared answer is the one weighed afresh."""
+def prepared_controller(monkeypatch):
+    """A free proposer's controller at batch 8 that drafted (two critical sequences weighed,
+    then all eight by ``plan``), learning deferred as on a GPU, and a counter of the
+    decisions weighed afresh (``_decide`` calls)."""
+    calls = [0]
+    decide = GoodputController._decide
+
+    def counted(self, *args):
+        calls[0] += 1
+        return decide(self, *args)
+
+    monkeypatch.setattr(GoodputController, "_decide", counted)
     ctl = table(0.05)
     ctl.acceptance.deferred = True
     accs = [ctl.acceptance.new_request() for _ in range(8)]
@@ -329,11 +380,43 @@ def test_the_prepared_decision_is_for_the_sequences_that_choice_weighed():
     assert ctl.plan(accs, [4] * 8, 0) == 4  # (all of them weighed now)
     assert ctl._last_accs == accs
     ctl.acceptance.flush()
-    ctl.prepare(8)  # (raised)
-    assert ctl._decided is not None
-    prepared = ctl._decided[1]
-    assert prepared == ctl._decide(accs[:2], [4, 4], None, 0, 8)
-    assert ctl.choose_width(accs, [4] * 8, None, 0, critical=critical) == prepared[0]
+    ctl.prepare(8)  # (raised a ValueError: 8 sequences against 2 drafts' counts)
+    return ctl, accs, critical, calls
+
+
+def test_the_prepared_decision_is_for_the_sequences_that_choice_weighed(monkeypatch):
+    """``prepare`` decides the next width ahead for the sequences and drafts of the last
+    ``choose_width``, even when ``plan`` weighed others since (a closed batch's critical ones
+    at one step, all of them at the next); ``choose_width`` then takes it without weighing,
+    and it is what a controller that prepared nothing chooses."""
+    ctl, accs, critical, calls = prepared_controller(monkeypatch)
+    before = calls[0]
+    width = ctl.choose_width(accs, [4] * 8, None, 0, critical=critical)
+    assert calls[0] == before  # (served by the prepared decision)
+    ctl._decided = None
+    assert ctl.choose_width(accs, [4] * 8, None, 0, critical=critical) == width
+    assert calls[0] == before + 1
+
+
+@pytest.mark.parametrize("change", ["drafting", "cost", "acceptance", "drafts"])
+def test_a_prepared_decision_is_weighed_again_when_an_input_changed(monkeypatch, change):
+    """Each input of the decision is part of its key: the drafting state (the confidence
+    spread), a step cost recorded, an acceptance update, the drafts proposed."""
+    ctl, accs, critical, calls = prepared_controller(monkeypatch)
+    avail = [4] * 8
+    if change == "drafting":
+        ctl.drafting = False
+    elif change == "cost":
+        for _ in range(5):  # (the median moves)
+            ctl.costs.record("step", 8, 5, 0.02)
+    elif change == "acceptance":
+        ctl.acceptance.deferred = False
+        feed(ctl, accs, 1, accepted=0)
+    else:
+        avail = [3] * 8
+    before = calls[0]
+    ctl.choose_width(accs, avail, None, 0, critical=critical)
+    assert calls[0] == before + 1
 
 
 def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
