@@ -388,14 +388,19 @@ class GoodputController:
                                                                          measured_draft_cost)
             cost[w] = 1.0 + widened * (step[w + 1] - 1.0) + proposal
         w = best_width(per_sequence.sum(axis=0), cost, min_width, typical_tokens(per_sequence))
-        self._recheck = self._recheck or (self.drafting and w == 0)  # (drafting just stopped)
-        self.drafting = w > 0
+        self._set_drafting(w > 0)
         if w > 0:
             self.idle, self._idle_key, self._recheck = 0, None, False
             return self.max_k if self.free else w
         self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
         self._fresh = self.acceptance.untested_share(accs) >= FRESH_SHARE
         return self._idle_or_probe(self._probe_overhead)
+
+    def _set_drafting(self, drafting: bool) -> None:
+        """Record whether the decision drafts; a stop of drafting makes the next probe come
+        sooner (``_recheck``, once: see the module docstring)."""
+        self._recheck = self._recheck or (self.drafting and not drafting)
+        self.drafting = drafting
 
     def plan_idle(self) -> int:
         """:meth:`plan` for a step of the same sequences as the last one, which drafted none,
@@ -445,8 +450,7 @@ class GoodputController:
             w, self._keep_asking = decided[1]  # (prepared while the last forward ran)
         else:
             w, self._keep_asking = self._decide(accs, avail, backed, min_width, b)
-        self._recheck = self._recheck or (self.drafting and w == 0 and not self.probing)
-        self.drafting = w > 0 and not self.probing
+        self._set_drafting(w > 0 and not self.probing)
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))
         return w
