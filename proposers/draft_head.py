@@ -10,9 +10,13 @@ proposal reads its requests' keys and values into one copy and writes its drafts
 only: the cache holds verified pairs alone, and a rejection needs no rollback. Drafts are the
 head's argmax (one-hot drafts: rejection sampling stays exact for sampled requests too).
 
-Pending pairs are bounded: a request that goes more than ``num_speculative_tokens + 1`` positions
-without a proposal (a prompt, or steps the controller left without drafts) has all but its newest
-pair written at once, in one batched projection with every other such request of the step.
+Pending pairs are written lazily: a request that goes more than ``LAZY_PENDING`` positions without
+a proposal (a prompt, or steps the controller left without drafts) has all but its newest pair
+written at once, in one batched projection with every other such request of the step; a proposal
+replayed from a CUDA graph first writes the same way the pairs past its layout's room
+(``num_speculative_tokens + 1`` a request). Writing them every step instead, as soon as they
+passed that room, cost each plain step an eager projection of about a dozen kernels while the
+controller kept drafts off (a batch of 32, where the head's drafts seldom pay).
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two and the number of drafts, pending rows padded to
@@ -49,6 +53,7 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+LAZY_PENDING = 64  # pending pairs a request may hold before they are written without a proposal
 TOP_CHUNK = 128  # top_indices: the columns of one chunk of its first pass
 TOP_MAX_ROWS = 16  # top_indices: rows past which one topk is faster
 
@@ -102,6 +107,7 @@ class DraftHeadProposer(Proposer):
         self.branching = None if tree is None else list(tree)
         self._trees: dict[int, DraftTree] = {}  # depth -> its tree's static layout
         self.vocab_size, self.max_pending = vocab_size, max_pending
+        self.max_lazy = max(max_pending, LAZY_PENDING)  # pending pairs before a write
         self._readout_weight = self._readout_bias = self._vocab = None
         if head.vocab is not None:  # the draft vocabulary's rows of the output head
             weight = getattr(lm_head, "weight", None)
@@ -154,7 +160,7 @@ class DraftHeadProposer(Proposer):
                 continue
             pending.features.append(rows)
             pending.tokens.extend(u.token_ids[u.start + 1:u.start + 1 + u.count])
-            if len(pending.tokens) > self.max_pending:
+            if len(pending.tokens) > self.max_lazy:
                 flush.append((u.req_id, len(pending.tokens) - 1))
         if flush:
             self._write_now(flush)
@@ -216,6 +222,12 @@ class DraftHeadProposer(Proposer):
         if not ready:
             return Proposal(drafts, None)
         steps = max(requests[i].num_spec_tokens for i in ready)
+        if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
+            over = [(requests[i].req_id, len(self._pending[requests[i].req_id].tokens) - 1)
+                    for i in ready
+                    if len(self._pending[requests[i].req_id].tokens) > self.max_pending]
+            if over:
+                self._write_now(over)
         feats, tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], [], []
         for i in ready:
             req_id = requests[i].req_id

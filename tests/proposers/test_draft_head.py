@@ -155,6 +155,40 @@ def test_cached_drafts_equal_the_written_out_oracle_across_steps(target, graphs)
     assert proposer.cache.length["c"] > 0
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_pending_pairs_wait_for_a_proposal_unless_past_the_lazy_bound(target, graphs):
+    """Steps without a proposal write nothing into the head's cache until a request holds more
+    than ``max_lazy`` pending pairs (then all but its newest at once); a proposal after such a
+    stretch (past the graph layout's room) still equals the oracle over the whole context."""
+    head = random_head(target.config, seed=3)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    proposer.max_lazy = 8
+    tokens = [5, 6, 7]
+    feed(proposer, target, {"a": tokens}, {"a": (0, 2)})
+
+    def plain_steps(n: int) -> None:
+        for step in range(n):
+            tokens.append((step * 5 + len(tokens)) % VOCAB)
+            feed(proposer, target, {"a": tokens}, {"a": (len(tokens) - 2, 1)})
+
+    def check_proposal(k: int) -> None:
+        (got,) = proposer.propose([ProposeRequest("a", tokens, k, SamplingParams(
+            temperature=0))]).draft_token_ids
+        assert got == oracle_drafts(head, embed, lm_head, hidden_of(target, tokens)[:-1],
+                                    tokens, k)
+
+    plain_steps(6)  # 8 pending pairs: at the bound, none written
+    assert proposer.cache.length["a"] == 0 and len(proposer._pending["a"].tokens) == 8
+    check_proposal(3)
+    assert proposer.cache.length["a"] == len(tokens) - 1  # (the proposal wrote them)
+    plain_steps(9)  # the 9th pending pair passes the bound: 8 written, the newest waits
+    assert proposer.cache.length["a"] == len(tokens) - 2
+    assert len(proposer._pending["a"].tokens) == 1
+    plain_steps(3)
+    check_proposal(2)
+
+
 def test_a_gap_in_the_features_stops_drafts_until_the_request_is_removed(target):
     proposer = make_proposer(target, random_head(target.config))
     tokens = [5, 6, 7, 8]
@@ -222,7 +256,7 @@ def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, 
         committed = proposer.cache.length[seq.seq_id]
         with torch.no_grad():
             x = proposer.head.inputs(hidden[:committed], target.get_input_embeddings()(
-                torch.tensor(tokens[1:committed + 1])))
+                torch.tensor(tokens[1:committed + 1], dtype=torch.long)))
             keys, _ = proposer.head.keys_values(x, torch.arange(committed))
         slot = proposer.cache.slot_of[seq.seq_id]
         torch.testing.assert_close(proposer.cache.keys[slot, :committed], keys,
