@@ -116,7 +116,8 @@ class StepClock:
             "decode_only": all(i.samples and i.num_context_tokens == 1 for i in batch.items),
             "propose_ms": 1e3 * batch.propose_s, "first_proposal": batch.first_proposal,
             "typical_proposal": getattr(batch, "typical_proposal", None),
-            "graphs": 0 if graphs is None else graphs.num_graphs}
+            "graphs": 0 if graphs is None else graphs.num_graphs,
+            "head_graphs": head_graphs(self.engine.proposer)}
         return self._stage_record(batch, start)
 
     def _timed_step(self):
@@ -131,6 +132,14 @@ class StepClock:
         self.stage_s.clear()
         self.steps.clear()
         self.decisions.clear()
+
+
+def head_graphs(proposer) -> int | None:
+    """The CUDA graphs a draft head's proposals captured so far (None: no head, or eager): a
+    slow step where it grows captured one."""
+    graphs = getattr(proposer, "graphs", None) or getattr(getattr(proposer, "head", None),
+                                                          "graphs", None)
+    return None if graphs is None else graphs.num_graphs
 
 
 def decision_summary(decisions: list[dict]) -> dict:

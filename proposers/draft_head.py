@@ -19,9 +19,13 @@ passed that room, cost each plain step an eager projection of about a dozen kern
 controller kept drafts off (a batch of 32, where the head's drafts seldom pay).
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
-per layout: batch rounded up to a power of two and the number of drafts, pending rows padded to
-``num_speculative_tokens + 1`` per request, every key of the cache read
-(:mod:`proposers.head_graphs`).
+per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
+1`` per request, every key of the cache read (:mod:`proposers.head_graphs`), and always
+``num_speculative_tokens`` drafts (or tree levels), of which each request keeps the ones it asked
+for. A layout per number of drafts as well made new layouts in the last steps of a batch (each
+request's cap shrinks as it nears ``max_tokens``), and a layout met for the first time runs eager
+and the second time is captured: on the H100 with the default model at batch 32, proposals of
+5-21 ms eager and 62-82 ms captured in the timed runs, against 1.1-1.2 ms replayed.
 
 The weights (``safetensors``) and a ``draft_head.json`` of its shape live in a directory; the
 factory loads ``SpeculativeConfig.model`` when given, else the head shipped for the default
@@ -223,6 +227,7 @@ class DraftHeadProposer(Proposer):
             return Proposal(drafts, None)
         steps = max(requests[i].num_spec_tokens for i in ready)
         if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
+            steps = max(steps, self.max_pending - 1)  # (one layout a batch bucket: see above)
             over = [(requests[i].req_id, len(self._pending[requests[i].req_id].tokens) - 1)
                     for i in ready
                     if len(self._pending[requests[i].req_id].tokens) > self.max_pending]

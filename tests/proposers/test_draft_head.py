@@ -339,6 +339,26 @@ def test_ngram_or_head_drafts_from_a_match_else_from_the_head_and_stays_lossless
     assert proposal.num_backed[0] >= MIN_MATCH and proposal.draft_token_ids == [[7, 5, 6]]
 
 
+def test_one_graph_layout_serves_every_number_of_drafts(target):
+    """The graph path drafts the configured k whatever a step asks (the last steps of a batch
+    ask fewer, as caps shrink near max_tokens), so proposals of 3, 1 and 2 drafts share one
+    layout (a new one would run eager, then be captured); each request gets the drafts it asked
+    for, equal to the eager proposer's."""
+    head = random_head(target.config, seed=4)
+    graphed, eager = make_proposer(target, head, graphs=True), make_proposer(target, head)
+    tokens = [5, 6, 7]
+    for p in (graphed, eager):
+        feed(p, target, {"a": tokens}, {"a": (0, 2)})
+    for step, k in enumerate([3, 1, 2, 3, 1]):
+        request = [ProposeRequest("a", tokens, k, SamplingParams(temperature=0))]
+        (got,) = graphed.propose(request).draft_token_ids
+        assert len(got) == k and [got] == eager.propose(request).draft_token_ids, step
+        tokens.append((step * 3 + 8) % VOCAB)
+        for p in (graphed, eager):
+            feed(p, target, {"a": tokens}, {"a": (len(tokens) - 2, 1)})
+    assert graphed.graphs.num_graphs == 1
+
+
 def test_a_proposal_that_captures_or_moves_the_cache_is_not_steady(target):
     """The controller learns costs only from proposals timed like the ones after them: a graph
     layout's first two meetings (eager, then capture) and a proposal that grew the head's cache
