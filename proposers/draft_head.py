@@ -132,6 +132,7 @@ class DraftHeadProposer(Proposer):
         self.cache = HeadKVCache(max_num_seqs, head.num_kv_heads, head.head_dim, weight.dtype,
                                  weight.device, max_model_len + room + 1)
         self._pending: dict[str | int, _Pending] = {}
+        self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = HeadGraphs(weight.device, capture) if graphs else None
         # replayed from CUDA graphs a proposal of k drafts costs a few percent of a target step
@@ -145,7 +146,7 @@ class DraftHeadProposer(Proposer):
 
     @torch.inference_mode()
     def on_features(self, updates: Sequence[FeatureUpdate], features: torch.Tensor) -> None:
-        flush: list[tuple[str | int, int]] = []  # (request, pairs to write now)
+        flush: list[str | int] = []  # requests whose pairs but the newest are written now
         offset = 0
         for u in updates:
             first = offset if u.row is None else u.row
@@ -165,27 +166,32 @@ class DraftHeadProposer(Proposer):
             pending.features.append(rows)
             pending.tokens.extend(u.token_ids[u.start + 1:u.start + 1 + u.count])
             if len(pending.tokens) > self.max_lazy:
-                flush.append((u.req_id, len(pending.tokens) - 1))
+                flush.append(u.req_id)
         if flush:
             self._write_now(flush)
 
-    def _write_now(self, flush: list[tuple[str | int, int]]) -> None:
-        """Write each request's oldest pending pairs into the cache, one batched projection
-        (the newest pair stays pending: the next proposal queries it)."""
-        feats, tokens, slots, positions = [], [], [], []
-        for req_id, n in flush:
+    def _write_now(self, req_ids: list[str | int]) -> None:
+        """Write each request's pending pairs but its newest into the cache, one batched
+        projection (the newest stays pending: the next proposal queries it)."""
+        feats: list[torch.Tensor] = []  # views of the steps' feature tensors, in row order
+        tokens, slots, positions = [], [], []
+        for req_id in req_ids:
             pending = self._pending[req_id]
-            rows = torch.cat(pending.features)  # [pending, hidden_size]
+            n = len(pending.tokens) - 1
+            *older, last = pending.features
+            feats += older
+            if last.shape[0] > 1:
+                feats.append(last[:-1])
             start = self.cache.length[req_id]
-            feats.append(rows[:n])
             tokens += pending.tokens[:n]
             slots += [self.cache.slot_of[req_id]] * n
             positions += range(start, start + n)
-            pending.features, pending.tokens = [rows[n:]], pending.tokens[n:]
+            pending.features, pending.tokens = [last[-1:]], pending.tokens[n:]
             self.cache.length[req_id] = start + n
         self._ensure(max(positions) + 1)
         device = self.cache.device
         index = torch.tensor([tokens, slots, positions], device=device)  # [3, rows]
+        # (one concatenation of every request's rows: one per request cost a launch each)
         x = self.head.inputs(torch.cat(feats).to(self.cache.dtype), self.embed(index[0]))
         self.cache.write(index[1], index[2], *self.head.keys_values(x, index[2]))
 
@@ -228,8 +234,7 @@ class DraftHeadProposer(Proposer):
         steps = max(requests[i].num_spec_tokens for i in ready)
         if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
             steps = max(steps, self.max_pending - 1)  # (one layout a batch bucket: see above)
-            over = [(requests[i].req_id, len(self._pending[requests[i].req_id].tokens) - 1)
-                    for i in ready
+            over = [requests[i].req_id for i in ready
                     if len(self._pending[requests[i].req_id].tokens) > self.max_pending]
             if over:
                 self._write_now(over)
@@ -319,7 +324,10 @@ class DraftHeadProposer(Proposer):
         flat, sizes = self._flat(tokens + [0] * pad, row_slots + [scratch] * pad,
                                  row_pos + [0] * pad, last_rows + [0] * pad_b,
                                  slots + [scratch] * pad_b, last_pos + [0] * pad_b)
-        features = torch.cat(feats + [feats[0].new_zeros((pad, feats[0].shape[-1]))])
+        if self._zero_rows is None or self._zero_rows.shape[0] < pad:  # (kept: no fill a call)
+            self._zero_rows = feats[0].new_zeros((max(pad, batch * self.max_pending),
+                                                  feats[0].shape[-1]))
+        features = torch.cat(feats + [self._zero_rows[:pad]])  # [batch * max_pending, hidden]
         key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
             key, lambda f, i: body(f, *i.split(sizes), steps=steps, num_keys=num_keys),
