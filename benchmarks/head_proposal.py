@@ -4,10 +4,11 @@ The shipped head (``proposers/heads/smollm2-135m``) over the default model's sha
 weights (what a proposal costs does not depend on what it accepts), ``--batch-size`` requests of
 ``--context`` tokens, each step one new verified position per request (``on_features``) and a
 proposal of ``-k`` chained drafts (or a tree with ``--draft-tree``), replayed from its CUDA
-graph. Per proposal: the wall time of ``propose`` (its host work, the graph's replay and the
-wait for the drafts), the GPU time of the replay alone (CUDA events around it), and under the
-torch profiler each kernel's launches and GPU time. For reading where a proposal goes, not
-for end-to-end speed (``benchmarks/e2e.py``)::
+graph; then ``--gaps``: that many plain steps (each shown to ``observe`` as the engine does while
+a GPU forward runs) before a timed proposal. Per proposal: the wall time of ``propose`` (its
+host work, the graph's replay and the wait for the drafts), the GPU time of the replay alone
+(CUDA events around it), and under the torch profiler each kernel's launches and GPU time.
+For reading where a proposal goes, not for end-to-end speed (``benchmarks/e2e.py``)::
 
     python3 benchmarks/head_proposal.py --batch-sizes 1,32 --json out.json
 """
@@ -74,6 +75,7 @@ def run_batch(model, head: DraftHead, batch: int, k: int, context: int, steps: i
     walls: list[float] = []
     feeds: list[float] = []  # on_features' host seconds after a proposal's step
     plain_feeds: list[float] = []  # ... after a plain step's
+    observes: list[float] = []  # observe()'s host seconds in a plain step
 
     def step(propose: bool = True) -> None:
         if propose:
@@ -82,7 +84,11 @@ def run_batch(model, head: DraftHead, batch: int, k: int, context: int, steps: i
             timer.start = time.perf_counter()
             drafts = proposer.propose(requests).draft_token_ids
             walls.append(time.perf_counter() - timer.start)
-        else:  # (a plain step: one token each, no proposal)
+        else:  # (a plain step: one token each, no proposal; shown to observe() as the engine
+            # does while a GPU forward runs)
+            start = time.perf_counter()
+            proposer.observe([ProposeRequest(r, t, 0, greedy) for r, t in contexts.items()])
+            observes.append(time.perf_counter() - start)
             drafts = [[(t[-1] * 5 + 1) % vocab] for t in contexts.values()]
         for t, d in zip(contexts.values(), drafts, strict=True):  # (accept one, then a bonus)
             t.extend([d[0], (t[-1] * 7 + 3) % vocab] if propose else d)
@@ -127,6 +133,7 @@ def run_batch(model, head: DraftHead, batch: int, k: int, context: int, steps: i
         "after_gap_ms": {g: statistics.median(v) for g, v in after_gap.items()},
         "on_features_ms_mean": 1e3 * statistics.fmean(feeds),
         "plain_on_features_ms_mean": 1e3 * statistics.fmean(plain_feeds) if plain_feeds else None,
+        "observe_ms_mean": 1e3 * statistics.fmean(observes) if observes else None,
         "note": "the profile's kernels include the on_features writes between proposals",
     }
 
@@ -159,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['kernels_per_proposal']:.0f} kernels, "
               f"{r['kernel_us_per_proposal']:.0f} us GPU a proposal (profiled); after plain "
               f"steps: {r['after_gap_ms']} ms; on_features {r['on_features_ms_mean']:.3f} ms "
-              f"after a proposal, {r['plain_on_features_ms_mean'] or 0:.3f} ms after a plain step")
+              f"after a proposal, {r['plain_on_features_ms_mean'] or 0:.3f} ms after a plain step"
+              f"; observe {r['observe_ms_mean'] or 0:.3f} ms (in the forward's shadow)")
         for name, v in list(r["kernels"].items())[:14]:
             print(f"      {v['per_proposal']:6.1f} x {v['us_per_proposal']:8.1f} us  {name[:90]}")
     if args.json:

@@ -14,9 +14,13 @@ Pending pairs are written lazily: a request that goes more than ``LAZY_PENDING``
 a proposal (a prompt, or steps the controller left without drafts) has all but its newest pair
 written at once, in one batched projection with every other such request of the step; a proposal
 replayed from a CUDA graph first writes the same way the pairs past its layout's room
-(``num_speculative_tokens + 1`` a request). Writing them every step instead, as soon as they
-passed that room, cost each plain step an eager projection of about a dozen kernels while the
-controller kept drafts off (a batch of 32, where the head's drafts seldom pay).
+(``num_speculative_tokens + 1`` a request). On a GPU the engine shows the proposer each step
+that asked for no drafts while its forward runs (:meth:`DraftHeadProposer.observe`): the
+requests whose pairs fill that room are written there, in the forward's shadow, so a proposal
+after plain steps finds no more than its layout holds. Measured on the H100 at batch 32
+(``benchmarks/head_proposal.py``): writing at every plain step once past the room cost that
+step 0.24-0.26 ms of host time in ``on_features`` (0.07 ms lazily), and writing it all at the
+next proposal made that proposal 1.66-1.83 ms after 8 plain steps (0.67 ms steady).
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
@@ -101,6 +105,7 @@ class DraftHeadProposer(Proposer):
     ``num_speculative_tokens + 1``."""
 
     needs_features = True
+    observes = True  # (the pending pairs that fill a graph's room: written in the forward)
 
     def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, max_pending: int,
@@ -169,6 +174,20 @@ class DraftHeadProposer(Proposer):
                 flush.append(u.req_id)
         if flush:
             self._write_now(flush)
+
+    def observe(self, requests: Sequence[ProposeRequest]) -> None:
+        """A step without drafts (its forward running on the GPU): write the pending pairs,
+        but each request's newest, of the requests that hold as many as a graph's layout has
+        room for (the step's own pair comes after), so that their next proposal writes
+        nothing eagerly first."""
+        full = []
+        for r in requests:
+            pending = self._pending.get(r.req_id)
+            if (pending is not None and r.req_id not in self._broken
+                    and len(pending.tokens) >= self.max_pending):
+                full.append(r.req_id)
+        if full:
+            self._write_now(full)
 
     def _write_now(self, req_ids: list[str | int]) -> None:
         """Write each request's pending pairs but its newest into the cache, one batched

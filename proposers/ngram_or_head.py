@@ -61,6 +61,7 @@ class NgramOrHeadProposer(Proposer):
 
     def observe(self, requests: Sequence[ProposeRequest]) -> None:
         self.ngram.observe(requests)
+        self.head.observe(requests)
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
         self.ngram.on_accepted(req_id, num_tokens)

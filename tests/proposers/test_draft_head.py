@@ -189,6 +189,31 @@ def test_pending_pairs_wait_for_a_proposal_unless_past_the_lazy_bound(target, gr
     check_proposal(2)
 
 
+def test_observing_a_plain_step_writes_the_pairs_that_fill_a_graphs_room(target):
+    """On a GPU the engine shows the proposer each step without drafts while its forward runs:
+    a request holding ``max_pending`` pending pairs has all but the newest written then (a
+    request with fewer keeps them), and its next proposal, after the step's own pair, finds
+    no more than the graph's layout holds and equals the oracle."""
+    head = random_head(target.config, seed=6)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=True)  # max_pending 4
+    contexts = {"a": [5, 6, 7, 8, 9], "b": [4, 3]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    requests = [ProposeRequest(r, t, 0, SamplingParams(temperature=0))
+                for r, t in contexts.items()]
+    proposer.observe(requests)
+    assert proposer.cache.length == {"a": 3, "b": 0}  # "a" held 4 pairs, "b" 1
+    assert [len(proposer._pending[r].tokens) for r in "ab"] == [1, 1]
+    for tokens in contexts.values():
+        tokens.append(11)
+    feed(proposer, target, contexts, {r: (len(t) - 2, 1) for r, t in contexts.items()})
+    got = proposer.propose([ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                            for r, t in contexts.items()]).draft_token_ids
+    for (req, tokens), drafts in zip(contexts.items(), got, strict=True):
+        assert drafts == oracle_drafts(head, embed, lm_head, hidden_of(target, tokens)[:-1],
+                                       tokens, 3), req
+
+
 def test_a_gap_in_the_features_stops_drafts_until_the_request_is_removed(target):
     proposer = make_proposer(target, random_head(target.config))
     tokens = [5, 6, 7, 8]
