@@ -14,7 +14,7 @@ for its one-token matches and for the head's drafts (starting from the default m
 measured means, ``SHORT_PRIOR`` and ``HEAD_PRIOR``: the head first). The n-gram guess is kept
 when it has done at least as well: it costs nothing, where the head's proposal costs about a
 tenth of a CPU step. On copy prompts on this CPU a fixed rule gave the head every one-token
-match, and the combined proposer ran 0.72-1.04 of n-gram alone (5 runs, session 23): as many
+match, and the combined proposer ran 0.78-1.03 of n-gram alone (4 runs, session 23): as many
 steps, each with the head's proposal in it. The head's mean keeps learning from the steps with
 no match at all, so a request whose text stops copying goes back to the head.
 """
