@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 # At most this many drafts per request and step (the verification kernels' compiled width).
@@ -32,6 +33,9 @@ def aligned(count: int) -> int:
     return -(-count // 4) * 4
 
 
+_NUMPY = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+
+
 def host_to_device(values: list, dtype: torch.dtype,
                    device: torch.device | str) -> torch.Tensor:
     """Copy a (nested) host list to ``device`` without waiting for the GPU stream.
@@ -39,7 +43,11 @@ def host_to_device(values: list, dtype: torch.dtype,
     The copy is from pageable memory: CUDA stages it and returns without a device sync, and the
     few bytes of a step's metadata do not pay for pinning a fresh buffer every step.
     """
-    tensor = torch.tensor(values, dtype=dtype)
+    np_dtype = _NUMPY.get(dtype)
+    # (through numpy where it can: torch.tensor of a list of Python numbers costs about 7x as
+    # much host time, 171 against 24 us for 900 ints on the development CPU)
+    tensor = (torch.tensor(values, dtype=dtype) if np_dtype is None
+              else torch.from_numpy(np.array(values, dtype=np_dtype)))
     device = torch.device(device)
     if device.type == "cuda":
         return tensor.to(device, non_blocking=True)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -407,7 +408,9 @@ class ModelRunner:
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """``values`` as a long tensor on the model's device, through a persistent pinned buffer
         on CUDA (page-locking a fresh tensor every step costs more than the copy)."""
-        host = torch.tensor(values, dtype=torch.long)  # [len(values)]
+        # (through numpy: torch.tensor of a list of Python ints took 171 us for 900 of them on
+        # the development CPU, numpy 24 us; a drafting step at batch 32 has about 1000)
+        host = torch.from_numpy(np.fromiter(values, np.int64, len(values)))  # [len(values)]
         if self.device.type != "cuda":
             return host.to(self.device)
         if self._staging.numel() < host.numel():
