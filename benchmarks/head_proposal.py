@@ -4,8 +4,9 @@ The shipped head (``proposers/heads/smollm2-135m``) over the default model's sha
 weights (what a proposal costs does not depend on what it accepts), ``--batch-size`` requests of
 ``--context`` tokens, each step one new verified position per request (``on_features``) and a
 proposal of ``-k`` chained drafts (or a tree with ``--draft-tree``), replayed from its CUDA
-graph; then ``--gaps``: that many plain steps (each shown to ``observe`` as the engine does while
-a GPU forward runs) before a timed proposal. Per proposal: the wall time of ``propose`` (its
+graph; then ``--gaps``: that many plain steps (each shown to ``observe`` while the GPU runs a
+stand-in forward of about 2 ms, as the engine does while a target forward runs: its host time
+must stay below that) before a timed proposal. Per proposal: the wall time of ``propose`` (its
 host work, the graph's replay and the wait for the drafts), the GPU time of the replay alone
 (CUDA events around it), and under the torch profiler each kernel's launches and GPU time.
 For reading where a proposal goes, not for end-to-end speed (``benchmarks/e2e.py``)::
@@ -30,6 +31,10 @@ from benchmarks.e2e_workloads import build_model  # noqa: E402
 from proposers import FeatureUpdate, ProposeRequest  # noqa: E402
 from proposers.draft_head import DEFAULT_HEAD_DIR, DraftHead, DraftHeadProposer  # noqa: E402
 from samplers.sampling_params import SamplingParams  # noqa: E402
+
+# GPU clock cycles of the stand-in forward queued before each observe() (about 2 ms on an
+# H100): observe() must return without waiting for it
+FORWARD_CYCLES = 4_000_000
 
 
 class _TimedGraphs:
@@ -86,9 +91,11 @@ def run_batch(model, head: DraftHead, batch: int, k: int, context: int, steps: i
             walls.append(time.perf_counter() - timer.start)
         else:  # (a plain step: one token each, no proposal; shown to observe() as the engine
             # does while a GPU forward runs)
+            torch.cuda._sleep(FORWARD_CYCLES)  # (a forward the GPU is busy with meanwhile)
             start = time.perf_counter()
             proposer.observe([ProposeRequest(r, t, 0, greedy) for r, t in contexts.items()])
             observes.append(time.perf_counter() - start)
+            torch.cuda.synchronize()
             drafts = [[(t[-1] * 5 + 1) % vocab] for t in contexts.values()]
         for t, d in zip(contexts.values(), drafts, strict=True):  # (accept one, then a bonus)
             t.extend([d[0], (t[-1] * 7 + 3) % vocab] if propose else d)

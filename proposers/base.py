@@ -100,7 +100,8 @@ class Proposer(ABC):
     # ``needs_features``: the proposer drafts from the target's final hidden states, which the
     # engine hands it after each forward (:meth:`on_features`)
     needs_features: bool = False
-    # ``observes``: :meth:`observe` does work (an index of the text kept current)
+    # ``observes``: :meth:`observe` does work (n-gram's index of the text kept current, the
+    # draft head's pending pairs written)
     observes: bool = False
 
     @abstractmethod
@@ -111,7 +112,8 @@ class Proposer(ABC):
         """The contexts of a step that asked for no drafts (each request's
         ``num_spec_tokens`` is 0), shown while the GPU runs the step's forward: a proposer that
         indexes the text (n-gram) brings its index up to date in the forward's shadow, instead
-        of catching up on every token since its last proposal when it is next asked."""
+        of catching up on every token since its last proposal when it is next asked (the draft
+        head writes its pending pairs there). Nothing here may wait for the GPU."""
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:  # noqa: B027
         """Verification kept the first ``num_tokens`` tokens of the request's context + drafts.

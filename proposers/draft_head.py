@@ -92,6 +92,32 @@ def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
     return best // count * TOP_CHUNK + within
 
 
+class _HostToDevice:
+    """Index columns (a numpy array) to the device without waiting for the GPU: through a
+    pinned buffer and a non-blocking copy. A copy from pageable memory waits for the stream's
+    queued work first, so :meth:`DraftHeadProposer.observe`'s writes, meant to run beside a
+    target forward, would have waited for all of it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._buffer = torch.empty(0, dtype=torch.long)
+        self._copied = torch.cuda.Event() if self._pinned else None  # (the last copy's end)
+
+    def __call__(self, values: np.ndarray) -> torch.Tensor:
+        host = torch.from_numpy(values)
+        if not self._pinned:
+            return host.to(self.device)
+        self._copied.synchronize()  # (the last copy has left the buffer)
+        if self._buffer.numel() < host.numel():
+            self._buffer = torch.empty(max(2 * host.numel(), 1024),
+                                       dtype=torch.long).pin_memory()
+        staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
+        out = staged.to(self.device, non_blocking=True)
+        self._copied.record()
+        return out
+
+
 class _Pending:
     """A request's verified pairs not yet in the head's cache: features ``[n, hidden_size]``
     and the token after each position."""
@@ -142,6 +168,7 @@ class DraftHeadProposer(Proposer):
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = HeadGraphs(weight.device, capture) if graphs else None
+        self._to_device = _HostToDevice(weight.device)
         # replayed from CUDA graphs a proposal of k drafts costs a few percent of a target step
         # (measured, H100: 0.07 ms against 4 ms): the controller then asks for every
         # sequence's cap and picks the width after, as for n-gram (eager, k drafts cost k runs of
@@ -195,6 +222,7 @@ class DraftHeadProposer(Proposer):
         """Write each request's pending pairs but its newest into the cache, one batched
         projection (the newest stays pending: the next proposal queries it)."""
         feats: list[torch.Tensor] = []  # views of the steps' feature tensors, in row order
+        newest: list[torch.Tensor] = []  # each request's newest row (a view)
         tokens, slots, positions = [], [], []
         for req_id in req_ids:
             pending = self._pending[req_id]
@@ -203,16 +231,19 @@ class DraftHeadProposer(Proposer):
             feats += older
             if last.shape[0] > 1:
                 feats.append(last[:-1])
+            newest.append(last[-1:])
             start = self.cache.length[req_id]
             tokens += pending.tokens[:n]
             slots += [self.cache.slot_of[req_id]] * n
             positions += range(start, start + n)
-            pending.features, pending.tokens = [last[-1:]], pending.tokens[n:]
+            pending.tokens = pending.tokens[n:]
             self.cache.length[req_id] = start + n
+        # the newest rows copied, all at once: a view would keep its step's whole tensor alive
+        kept = torch.cat(newest)  # [len(req_ids), hidden_size]
+        for j, req_id in enumerate(req_ids):
+            self._pending[req_id].features = [kept[j:j + 1]]
         self._ensure(max(positions) + 1)
-        device = self.cache.device
-        index = torch.from_numpy(np.array([tokens, slots, positions], dtype=np.int64)).to(
-            device)  # [3, rows]
+        index = self._to_device(np.array([tokens, slots, positions], dtype=np.int64))  # [3, rows]
         # (one concatenation of every request's rows: one per request cost a launch each)
         x = self.head.inputs(torch.cat(feats).to(self.cache.dtype), self.embed(index[0]))
         self.cache.write(index[1], index[2], *self.head.keys_values(x, index[2]))
@@ -293,12 +324,15 @@ class DraftHeadProposer(Proposer):
             req_id = requests[i].req_id
             self.cache.length[req_id] += len(self._pending[req_id].tokens)
             self._pending[req_id] = _Pending()
+        rows = out[:len(ready)].tolist()
+        if not self.last_proposal_steady and tree is None and self.graphs is not None:
+            self._capture_smaller(_pow2(len(ready)), steps, body)  # (after the drafts are read)
         if tree is None:
-            for row, i in zip(out[:len(ready)].tolist(), ready, strict=True):
+            for row, i in zip(rows, ready, strict=True):
                 drafts[i] = row[:requests[i].num_spec_tokens]
             return Proposal(drafts, None)
         parents: list[list[int] | None] = [None] * len(requests)
-        for row, i in zip(out[:len(ready)].tolist(), ready, strict=True):
+        for row, i in zip(rows, ready, strict=True):
             k = requests[i].num_spec_tokens
             if requests[i].tree:  # (its first k levels: a prefix in level order)
                 drafts[i], parents[i] = row[:tree.sizes[k]], tree.parents[:tree.sizes[k]]
@@ -326,8 +360,7 @@ class DraftHeadProposer(Proposer):
     def _flat(self, *columns: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Index lists as one device tensor (one host-to-device copy) and their lengths."""
         # (through numpy: torch.tensor of a list of Python ints costs about 7x the host time)
-        flat = torch.from_numpy(np.fromiter(chain.from_iterable(columns), np.int64)).to(
-            self.cache.device)
+        flat = self._to_device(np.fromiter(chain.from_iterable(columns), np.int64))
         return flat, [len(c) for c in columns]
 
     def _draft_graphed(self, feats: list[torch.Tensor], tokens: list[int], row_slots: list[int],
@@ -356,6 +389,27 @@ class DraftHeadProposer(Proposer):
         return self.graphs.run(
             key, lambda f, i: body(f, *i.split(sizes), steps=steps, num_keys=num_keys),
             [features.to(self.cache.dtype), flat])[:len(slots)]
+
+    def _capture_smaller(self, batch: int, steps: int, body) -> None:
+        """After a chain layout's capture at ``batch``: capture every smaller batch bucket's
+        now, on padding rows (they write the scratch slot). A batch shrinks as its requests
+        finish, and a bucket first met in its last steps ran eager, then was captured,
+        mid-run: proposals of 21.6 and 14.8 ms inside a timed run at batch 32 on the H100,
+        against 1.1-1.2 ms replayed."""
+        scratch, num_keys = self.cache.scratch, self.cache.capacity
+        b = batch // 2
+        while b >= 1:
+            key = (b, steps, num_keys, False)
+            if key not in self.graphs:
+                rows = b * self.max_pending
+                sizes = [rows] * 3 + [b] * 3
+                flat, _ = self._flat([0] * rows, [scratch] * rows, [0] * rows, [0] * b,
+                                     [scratch] * b, [0] * b)
+                features = torch.zeros((rows, self.head.hidden_size), dtype=self.cache.dtype,
+                                       device=self.cache.device)
+                self.graphs.ensure(key, lambda f, i, sizes=sizes: body(
+                    f, *i.split(sizes), steps=steps, num_keys=num_keys), [features, flat])
+            b //= 2
 
     def _draft(self, features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
                row_pos: torch.Tensor, last_rows: torch.Tensor, slots: torch.Tensor,

@@ -52,6 +52,15 @@ class HeadGraphs:
         self._graphs.clear()
         self._met.clear()
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
+
+    def ensure(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor]) -> None:
+        """Capture ``key``'s graph now unless it has one (``inputs``: the layout's shapes; a
+        capture first runs the body once, off the capture)."""
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(body, inputs)
+
     def run(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``body(*inputs)``, replayed from the graph of ``key`` once it has one. Every call
         with one ``key`` must pass inputs of the same shapes and dtypes."""

@@ -189,6 +189,32 @@ def test_pending_pairs_wait_for_a_proposal_unless_past_the_lazy_bound(target, gr
     check_proposal(2)
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_lazy_writes_of_several_requests_keep_each_requests_rows_in_order(target, graphs):
+    """Two requests whose steps verify 1-3 positions each (several pending segments a request,
+    interleaved in each step's features) written together past the lazy bound: every
+    proposal after equals the oracle over the whole context."""
+    head = random_head(target.config, seed=7)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    proposer.max_lazy = 6
+    contexts = {"a": [5, 6, 7], "b": [9, 8, 7, 6]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step in range(4):  # plain steps that verify 1-3 positions
+        verified = {}
+        for req, tokens in contexts.items():
+            new = [(step * 5 + len(tokens) + i) % VOCAB for i in range(1 + (step + len(req)) % 3)]
+            verified[req] = (len(tokens) - 1, len(new))
+            tokens.extend(new)
+        feed(proposer, target, contexts, verified)
+    assert all(proposer.cache.length[r] > 0 for r in contexts)  # (written past the bound)
+    got = proposer.propose([ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                            for r, t in contexts.items()]).draft_token_ids
+    for (req, tokens), drafts in zip(contexts.items(), got, strict=True):
+        assert drafts == oracle_drafts(head, embed, lm_head, hidden_of(target, tokens)[:-1],
+                                       tokens, 3), req
+
+
 def test_observing_a_plain_step_writes_the_pairs_that_fill_a_graphs_room(target):
     """On a GPU the engine shows the proposer each step without drafts while its forward runs:
     a request holding ``max_pending`` pending pairs has all but the newest written then (a
@@ -382,6 +408,31 @@ def test_one_graph_layout_serves_every_number_of_drafts(target):
         for p in (graphed, eager):
             feed(p, target, {"a": tokens}, {"a": (len(tokens) - 2, 1)})
     assert graphed.graphs.num_graphs == 1
+
+
+def test_capturing_a_batch_bucket_captures_the_smaller_ones(target):
+    """A batch shrinks as its requests finish: when a chain layout is captured, every smaller
+    batch bucket's is too (on padding rows), so a later proposal for fewer requests replays at
+    once, and equals the eager proposer's."""
+    head = random_head(target.config, seed=8)
+    graphed, eager = make_proposer(target, head, graphs=True), make_proposer(target, head)
+    contexts = {r: [3 + i, 9, 4 + i, 7] for i, r in enumerate("abc")}  # batch bucket 4
+    for p in (graphed, eager):
+        feed(p, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step in range(3):
+        live = dict(list(contexts.items())[:1 if step == 2 else 3])  # the last step: 1 left
+        requests = [ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                    for r, t in live.items()]
+        got = graphed.propose(requests).draft_token_ids
+        assert got == eager.propose(requests).draft_token_ids, step
+        if step == 1:  # (the bucket's second meeting captured it, and the smaller ones)
+            assert graphed.graphs.num_graphs == 3
+        if step == 2:
+            assert graphed.last_proposal_steady  # (bucket 1 met for the first time: replayed)
+        for req, tokens in live.items():
+            tokens.append((step + len(req)) % VOCAB)
+        for p in (graphed, eager):
+            feed(p, target, live, {r: (len(t) - 2, 1) for r, t in live.items()})
 
 
 def test_a_proposal_that_captures_or_moves_the_cache_is_not_steady(target):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engine import SamplingParams
 from proposers.base import Proposal, Proposer, ProposeRequest
-from proposers.ngram_or_head import HEAD_PRIOR, SHORT_PRIOR, NgramOrHeadProposer
+from proposers.ngram_or_head import DECAY, HEAD_PRIOR, SHORT_PRIOR, NgramOrHeadProposer
 
 NGRAM_DRAFTS, HEAD_DRAFTS = [7, 7, 7], [9, 9, 9]
 
@@ -18,9 +18,14 @@ class _Fixed(Proposer):
     """Drafts ``drafts`` for every request asked (``backed`` of them backed: None for all);
     records who asked."""
 
+    observes = True
+
     def __init__(self, drafts: list[int], backed: int | None) -> None:
-        self.drafts, self.backed, self.asked = drafts, backed, []
+        self.drafts, self.backed, self.asked, self.observed = drafts, backed, [], []
         self.drafts_are_free = True
+
+    def observe(self, requests):
+        self.observed.append([r.req_id for r in requests])
 
     def propose(self, requests):
         self.asked.append([r.req_id for r in requests])
@@ -87,5 +92,29 @@ def test_long_matches_and_no_match_are_not_a_choice_and_removal_forgets():
     proposer, ngram, head = make(backed=0)  # no match: the head's, always
     ngram.drafts = []
     assert [step(proposer, context, 0) for _ in range(5)] == [HEAD_DRAFTS] * 5
+    request = ProposeRequest("r", context, 3, SamplingParams(temperature=0))
+    proposer.propose([request])  # (its outcome not told: the controller verified none)
+    assert "r" in proposer._means and "r" in proposer._last
     proposer.remove("r")
     assert "r" not in proposer._means and "r" not in proposer._last
+
+
+def test_a_proposal_whose_drafts_were_not_verified_teaches_nothing():
+    """A step whose drafts the controller cut to none has no outcome (``on_accepted`` is not
+    called); the next proposal's outcome is counted from its own context, not the old one."""
+    proposer, _, _ = make()
+    context = [3, 4, 5]
+    request = ProposeRequest("r", list(context), 3, SamplingParams(temperature=0))
+    proposer.propose([request])  # the head's drafts, never verified
+    context.append(1)  # (a plain step)
+    before = list(proposer._means["r"])
+    step(proposer, context, 3)  # all of the next proposal's drafts accepted
+    head = before[1] + DECAY * (3 - before[1])
+    assert proposer._means["r"] == [before[0], head]
+
+
+def test_observe_reaches_both_sources():
+    proposer, ngram, head = make()
+    requests = [ProposeRequest("r", [3, 4], 0, SamplingParams(temperature=0))]
+    proposer.observe(requests)
+    assert ngram.observed == [["r"]] and head.observed == [["r"]]
