@@ -110,8 +110,9 @@ class _HostToDevice:
             return host.to(self.device)
         self._copied.synchronize()  # (the last copy has left the buffer)
         if self._buffer.numel() < host.numel():
-            self._buffer = torch.empty(max(2 * host.numel(), 1024),
-                                       dtype=torch.long).pin_memory()
+            with torch.inference_mode(False):  # (written in and out of inference mode)
+                self._buffer = torch.empty(max(2 * host.numel(), 1024),
+                                           dtype=torch.long).pin_memory()
         staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
         out = staged.to(self.device, non_blocking=True)
         self._copied.record()
@@ -204,6 +205,7 @@ class DraftHeadProposer(Proposer):
         if flush:
             self._write_now(flush)
 
+    @torch.inference_mode()
     def observe(self, requests: Sequence[ProposeRequest]) -> None:
         """A step without drafts (its forward running on the GPU): write the pending pairs,
         but each request's newest, of the requests that hold as many as a graph's layout has
