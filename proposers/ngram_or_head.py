@@ -16,7 +16,10 @@ when it has done at least as well: it costs nothing, where the head's proposal c
 tenth of a CPU step. On copy prompts on this CPU a fixed rule gave the head every one-token
 match, and the combined proposer ran 0.78-1.03 of n-gram alone (4 runs, session 23): as many
 steps, each with the head's proposal in it. The head's mean keeps learning from the steps with
-no match at all, so a request whose text stops copying goes back to the head.
+no match at all, so a request whose text stops copying goes back to the head. The means learn
+only from proposals whose drafts were verified (a step the controller left without drafts
+teaches nothing), and the source not chosen is not explored: a one-token match's mean moves
+only while it is kept.
 """
 
 from __future__ import annotations
