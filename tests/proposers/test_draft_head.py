@@ -281,6 +281,56 @@ def test_the_proposal_replays_cuda_graphs_that_match_the_eager_proposal():
     assert graphed.graphs.num_graphs >= 1 and graphed.graphs.num_replays >= 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned copies and CUDA graphs need a "
+                    "CUDA device")
+def test_on_a_gpu_plain_steps_observed_behind_a_forward_keep_proposals_exact():
+    """The GPU path of the lazy writes: plain steps shown to ``observe`` while the GPU is busy
+    (a queued spin kernel standing in for the target's forward; the index columns go through
+    the pinned buffer), then graph-replayed proposals after 1-6 plain steps. Each equals the
+    proposals of an eager proposer that was never shown the plain steps (it writes every
+    pending pair in its proposal), and the queued work does not hold ``observe`` back."""
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)).cuda()
+    head = random_head(model.config, seed=9).cuda()
+    make = lambda graphs: DraftHeadProposer(  # noqa: E731
+        head, model.get_input_embeddings(), model.get_output_embeddings(), VOCAB, 4, 96, 4,
+        graphs=graphs)
+    observed, eager = make(True), make(False)
+    contexts = {r: [3 + i, 9, 4 + i] for i, r in enumerate("ab")}
+
+    def feed_both(count: int) -> None:  # the last ``count`` positions before the newest token
+        updates, rows = [], []
+        for req, tokens in contexts.items():
+            start = len(tokens) - 1 - count
+            updates.append(FeatureUpdate(req, start, count, tokens))
+            with torch.no_grad():
+                rows.append(model(input_ids=torch.tensor([tokens], device="cuda"),
+                                  output_hidden_states=True).hidden_states[-1][0][start:-1])
+        for p in (observed, eager):
+            p.on_features(updates, torch.cat(rows))
+
+    feed_both(2)
+    for round_, gap in enumerate([1, 4, 6, 2]):
+        for _ in range(gap):  # plain steps
+            torch.cuda._sleep(50_000_000)  # (tens of ms of GPU work queued)
+            queued = torch.cuda.Event()
+            queued.record()
+            observed.observe([ProposeRequest(r, t, 0, SamplingParams(temperature=0))
+                              for r, t in contexts.items()])
+            assert not queued.query()  # (observe returned while the GPU was still busy)
+            for tokens in contexts.values():
+                tokens.append((len(tokens) * 7 + round_) % VOCAB)
+            feed_both(1)
+        requests = [ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                    for r, t in contexts.items()]
+        got = observed.propose(requests).draft_token_ids
+        assert got == eager.propose(requests).draft_token_ids, round_
+        for tokens, drafts in zip(contexts.values(), got, strict=True):
+            tokens.append(drafts[0])
+        feed_both(1)
+    assert observed.graphs.num_replays >= 1
+    assert all(observed.cache.length[r] > 0 for r in contexts)
+
+
 def make_llm(target, head_dir, **kwargs) -> LLM:
     spec = {"method": "eagle", "model": str(head_dir), "num_speculative_tokens": 3,
             **kwargs.pop("spec", {})}
