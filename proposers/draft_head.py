@@ -53,6 +53,7 @@ from proposers.head_cache import HeadKVCache
 from proposers.head_graphs import HeadGraphs
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
+from samplers.metadata import PinnedStaging
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m"
 
@@ -90,33 +91,6 @@ def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
     best = part_values.flatten(-2).topk(count, dim=-1).indices  # [..., count] (chunk, j)
     within = part_index.flatten(-2).gather(-1, best)  # [..., count]
     return best // count * TOP_CHUNK + within
-
-
-class _HostToDevice:
-    """Index columns (a numpy array) to the device without waiting for the GPU: through a
-    pinned buffer and a non-blocking copy. A copy from pageable memory waits for the stream's
-    queued work first, so :meth:`DraftHeadProposer.observe`'s writes, meant to run beside a
-    target forward, would have waited for all of it."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._pinned = device.type == "cuda"
-        self._buffer = torch.empty(0, dtype=torch.long)
-        self._copied = torch.cuda.Event() if self._pinned else None  # (the last copy's end)
-
-    def __call__(self, values: np.ndarray) -> torch.Tensor:
-        host = torch.from_numpy(values)
-        if not self._pinned:
-            return host.to(self.device)
-        self._copied.synchronize()  # (the last copy has left the buffer)
-        if self._buffer.numel() < host.numel():
-            with torch.inference_mode(False):  # (written in and out of inference mode)
-                self._buffer = torch.empty(max(2 * host.numel(), 1024),
-                                           dtype=torch.long).pin_memory()
-        staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
-        out = staged.to(self.device, non_blocking=True)
-        self._copied.record()
-        return out
 
 
 class _Pending:
@@ -169,7 +143,7 @@ class DraftHeadProposer(Proposer):
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = HeadGraphs(weight.device, capture) if graphs else None
-        self._to_device = _HostToDevice(weight.device)
+        self._to_device = PinnedStaging(weight.device)  # index columns, without waiting
         # replayed from CUDA graphs a proposal of k drafts costs a few percent of a target step
         # (measured, H100: 0.07 ms against 4 ms): the controller then asks for every
         # sequence's cap and picks the width after, as for n-gram (eager, k drafts cost k runs of
@@ -211,14 +185,19 @@ class DraftHeadProposer(Proposer):
         but each request's newest, of the requests that hold as many as a graph's layout has
         room for (the step's own pair comes after), so that their next proposal writes
         nothing eagerly first."""
-        full = []
-        for r in requests:
-            pending = self._pending.get(r.req_id)
-            if (pending is not None and r.req_id not in self._broken
-                    and len(pending.tokens) >= self.max_pending):
-                full.append(r.req_id)
-        if full:
-            self._write_now(full)
+        self._write_over([r.req_id for r in requests], self.max_pending - 1)
+
+    def _write_over(self, req_ids: list[str | int], limit: int) -> None:
+        """:meth:`_write_now` for those of ``req_ids`` holding more than ``limit`` pending
+        pairs."""
+        over = []
+        for req_id in req_ids:
+            pending = self._pending.get(req_id)
+            if (pending is not None and req_id not in self._broken
+                    and len(pending.tokens) > limit):
+                over.append(req_id)
+        if over:
+            self._write_now(over)
 
     def _write_now(self, req_ids: list[str | int]) -> None:
         """Write each request's pending pairs but its newest into the cache, one batched
@@ -289,10 +268,7 @@ class DraftHeadProposer(Proposer):
         steps = max(requests[i].num_spec_tokens for i in ready)
         if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
             steps = max(steps, self.max_pending - 1)  # (one layout a batch bucket: see above)
-            over = [requests[i].req_id for i in ready
-                    if len(self._pending[requests[i].req_id].tokens) > self.max_pending]
-            if over:
-                self._write_now(over)
+            self._write_over([requests[i].req_id for i in ready], self.max_pending)
         feats, tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], [], []
         for i in ready:
             req_id = requests[i].req_id
@@ -372,7 +348,8 @@ class DraftHeadProposer(Proposer):
         """:meth:`_draft` padded to its layout's static shapes, through :class:`HeadGraphs`:
         padding rows write into the scratch slot and query its position 0."""
         batch = _pow2(len(slots))
-        pad = batch * self.max_pending - len(tokens)  # (rows: batch * max_pending)
+        rows = batch * self.max_pending  # the layout's pending rows
+        pad = rows - len(tokens)
         # every key of the cache: a layout per (batch, steps) only (a bucket of keys per length
         # met each new bucket with a capture as a sequence grew), and reading all of them costs
         # microseconds (a head's cache is small)
@@ -383,9 +360,8 @@ class DraftHeadProposer(Proposer):
         flat, sizes = self._flat(tokens + [0] * pad, row_slots + [scratch] * pad,
                                  row_pos + [0] * pad, last_rows + [0] * pad_b,
                                  slots + [scratch] * pad_b, last_pos + [0] * pad_b)
-        if self._zero_rows is None or self._zero_rows.shape[0] < pad:  # (kept: no fill a call)
-            self._zero_rows = feats[0].new_zeros((max(pad, batch * self.max_pending),
-                                                  feats[0].shape[-1]))
+        if self._zero_rows is None or self._zero_rows.shape[0] < rows:  # (kept: no fill a call)
+            self._zero_rows = feats[0].new_zeros((rows, feats[0].shape[-1]))  # (pad <= rows)
         features = torch.cat(feats + [self._zero_rows[:pad]])  # [batch * max_pending, hidden]
         key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
@@ -407,8 +383,7 @@ class DraftHeadProposer(Proposer):
                 sizes = [rows] * 3 + [b] * 3
                 flat, _ = self._flat([0] * rows, [scratch] * rows, [0] * rows, [0] * b,
                                      [scratch] * b, [0] * b)
-                features = torch.zeros((rows, self.head.hidden_size), dtype=self.cache.dtype,
-                                       device=self.cache.device)
+                features = self._zero_rows[:rows].to(self.cache.dtype)  # (padding rows)
                 self.graphs.ensure(key, lambda f, i, sizes=sizes: body(
                     f, *i.split(sizes), steps=steps, num_keys=num_keys), [features, flat])
             b //= 2

@@ -81,14 +81,6 @@ class NgramOrHeadProposer(Proposer):
         self._means.pop(req_id, None)
         self._last.pop(req_id, None)
 
-    def _prefers_ngram(self, req_id: str | int) -> bool:
-        """A one-token match's drafts for this request (they did at least as well as the
-        head's)."""
-        means = self._means.get(req_id)
-        if means is None:
-            means = self._means[req_id] = [SHORT_PRIOR, HEAD_PRIOR]
-        return means[0] >= means[1]
-
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         self.head.last_proposal_steady = True
         copied = self.ngram.propose(requests)
@@ -98,7 +90,9 @@ class NgramOrHeadProposer(Proposer):
         for i, r in enumerate(requests):
             if r.num_spec_tokens == 0 or backed[i] >= MIN_MATCH:
                 self._last.pop(r.req_id, None)
-            elif backed[i] and drafts[i] and self._prefers_ngram(r.req_id):
+                continue
+            means = self._means.setdefault(r.req_id, [SHORT_PRIOR, HEAD_PRIOR])
+            if backed[i] and drafts[i] and means[0] >= means[1]:  # (a tie: n-gram's, free)
                 self._last[r.req_id] = (0, len(r.token_ids))
             else:
                 rest.append(i)
@@ -110,7 +104,6 @@ class NgramOrHeadProposer(Proposer):
                 req_id = requests[i].req_id
                 if row:  # (a head not ready for a request keeps n-gram's guess)
                     drafts[i], backed[i], parents[i] = row, len(row), tree
-                    self._means.setdefault(req_id, [SHORT_PRIOR, HEAD_PRIOR])
                     self._last[req_id] = (1, len(requests[i].token_ids))
                 else:
                     self._last.pop(req_id, None)

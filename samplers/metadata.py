@@ -54,6 +54,35 @@ def host_to_device(values: list, dtype: torch.dtype,
     return tensor.to(device)
 
 
+class PinnedStaging:
+    """Long index arrays to ``device`` without waiting for the GPU stream: through one
+    persistent pinned buffer and a non-blocking copy (page-locking a fresh tensor every step
+    costs more than the copy, and a copy from pageable memory may wait for the queued work:
+    the draft head's writes in a forward's shadow waited for the whole forward). Off CUDA a
+    plain copy."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self._pinned = self.device.type == "cuda"
+        self._buffer = torch.empty(0, dtype=torch.long)  # [capacity] pinned, on CUDA only
+        self._copied = torch.cuda.Event() if self._pinned else None  # (the last copy's end)
+
+    def __call__(self, values: np.ndarray) -> torch.Tensor:
+        """``values`` (int64, any shape) on the device."""
+        host = torch.from_numpy(values)
+        if not self._pinned:
+            return host.to(self.device)
+        self._copied.synchronize()  # (the last copy has left the buffer)
+        if self._buffer.numel() < host.numel():
+            with torch.inference_mode(False):  # (written in and out of inference mode)
+                self._buffer = torch.empty(max(2 * host.numel(), 1024),
+                                           dtype=torch.long).pin_memory()
+        staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
+        out = staged.to(self.device, non_blocking=True)
+        self._copied.record()
+        return out
+
+
 @dataclass
 class SpecDecodeMetadata:
     """Ragged drafts of one verification step."""

@@ -63,6 +63,7 @@ from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.tp_head import gathered_head
+from samplers.metadata import PinnedStaging
 
 __all__ = ["KVCacheFull", "ModelRunner", "Tree"]
 
@@ -201,8 +202,7 @@ class ModelRunner:
         self._zero = torch.zeros((), dtype=self.dtype, device=self.device)  # []
         self._min = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype,
                                  device=self.device)  # []
-        self._staging = torch.empty(0, dtype=torch.long)  # [capacity] pinned, on CUDA only
-        self._staged = torch.cuda.Event() if self.device.type == "cuda" else None
+        self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._free_rows: list[int] = list(range(max_num_tokens - 1, -1, -1))
         self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
@@ -410,16 +410,7 @@ class ModelRunner:
         on CUDA (page-locking a fresh tensor every step costs more than the copy)."""
         # (through numpy: torch.tensor of a list of Python ints took 171 us for 900 of them on
         # the development CPU, numpy 24 us; a drafting step at batch 32 has about 1000)
-        host = torch.from_numpy(np.fromiter(values, np.int64, len(values)))  # [len(values)]
-        if self.device.type != "cuda":
-            return host.to(self.device)
-        if self._staging.numel() < host.numel():
-            self._staging = torch.empty(2 * host.numel(), dtype=torch.long).pin_memory()
-        self._staged.synchronize()  # the previous step's copy has left the buffer
-        staging = self._staging[:host.numel()].copy_(host)
-        out = staging.to(self.device, non_blocking=True)
-        self._staged.record()
-        return out
+        return self._staging(np.fromiter(values, np.int64, len(values)))  # [len(values)]
 
     def _mask(self, limits: torch.Tensor, ancestors: torch.Tensor, kv_len: int) -> torch.Tensor:
         """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a new token iff
