@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
     p.add_argument("--kinds", default="copy,open")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
+    p.add_argument("--waves", type=int, default=1,
+                   help="at batch b > 1, give each run waves * b prompts with at most b running "
+                        "at once (continuous batching refills a finished request's place), so "
+                        "that a batch's end weighs less in the time (1: b prompts, one batch)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=1, help="rounds over the prompts (summed)")
     p.add_argument("--warmup-rounds", type=int, default=2,
@@ -84,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--methods draft_model needs --draft-model")
     if args.draft_model and "draft_model" not in args.methods:
         args.methods.append("draft_model")
+    if args.waves < 1:
+        p.error(f"--waves {args.waves} is invalid: allowed an integer >= 1")
     batch_sizes = args.batch_sizes or ("1,4" if args.quick else "1,32")
     args.batch_sizes = [int(b) for b in batch_sizes.split(",")]
     args.kinds = args.kinds.split(",")
@@ -122,7 +128,11 @@ def speculative_config(args: argparse.Namespace, method: str) -> dict | None:
 
 def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str, b: int,
             prompts: list[list[int]], device: torch.device) -> list[RunResult]:
-    """Every system on ``prompts`` in groups of ``b``, taking turns group by group."""
+    """Every system on ``prompts`` in groups of ``b`` (``waves * b`` at batch b > 1, at most b
+    running at once), taking turns group by group."""
+    group_size = b * args.waves if b > 1 else b
+    for llm in llms.values():  # the engines' concurrency: b (they are built for the largest)
+        llm.engine.scheduler.max_num_seqs = b
     systems = {method: (RunResult("engine", method, kind, b,
                                   0 if method in ("none", "eager") else args.k),
                         lambda g, llm=llm: engine_generate(llm, g, args.max_tokens,
@@ -130,7 +140,8 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
                for method, llm in llms.items()}
     if not args.no_hf:
         systems["hf"] = (RunResult("hf", "none", kind, b, 0),
-                         lambda g: hf_generate(model, g, pad_id, args.max_tokens, device))
+                         lambda g: [out for i in range(0, len(g), b) for out in hf_generate(
+                             model, g[i:i + b], pad_id, args.max_tokens, device)])
         if b == 1:
             systems["hf_pl"] = (RunResult("hf", "prompt_lookup", kind, b, args.k),
                                 lambda g: hf_generate(model, g, pad_id, args.max_tokens, device,
@@ -146,8 +157,8 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
         llm.reset_metrics()
     graphs_before = {method: graph_stats(llm) for method, llm in llms.items()}
     for _ in range(args.repeats):
-        for start in range(0, len(prompts), b):
-            group = prompts[start:start + b]
+        for start in range(0, len(prompts), group_size):
+            group = prompts[start:start + group_size]
             for run, generate in systems.values():
                 run.add(*timed(generate, group, device))
     for method, llm in llms.items():
@@ -175,8 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = build_model(args.model, args.device, args.dtype)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     max_batch = max(args.batch_sizes)
-    prompts = {(kind, b): build_prompts(kind, args.num_prompts if b == 1 else b, args.model,
-                                        tokenizer, vocab_size)
+    prompts = {(kind, b): build_prompts(kind, args.num_prompts if b == 1 else b * args.waves,
+                                        args.model, tokenizer, vocab_size)
                for kind in args.kinds for b in args.batch_sizes}
     longest = max(len(p) for group in prompts.values() for p in group)
     max_model_len = longest + args.max_tokens + args.k + 8

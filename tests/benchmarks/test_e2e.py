@@ -27,3 +27,31 @@ def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
     assert all(r["steal"] is None or 0.0 <= r["steal"] <= 1.0 for r in doc["runs"])
     assert any(r["steal"] is not None for r in doc["runs"]) == sys.platform.startswith("linux")
     assert "tokens/s over the engine without speculation" in capsys.readouterr().out
+
+
+def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tmp_path, monkeypatch):
+    from engine.llm_engine import LLMEngine
+
+    widths = []
+    step = LLMEngine.step
+
+    def counting_step(self):
+        widths.append((self.scheduler.max_num_seqs, len(self.scheduler.running)))
+        return step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", counting_step)
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "e2e.json"
+    main(["--model", str(model_dir), "--device", "cpu", "--quick", "--kinds", "copy",
+          "--methods", "ngram", "--batch-sizes", "2,4", "--waves", "3", "--warmup-rounds", "0",
+          "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert {r["system"] for r in rows} == {"engine:none", "engine:ngram", "hf:none"}
+    for row in rows:
+        assert row["tokens"] == 16 * row["batch_size"] * 3  # 3 waves of b prompts
+        if row["system"] != "hf:none":
+            assert row["same_as_hf"] == 1.0, row["system"]  # HF ran the prompts b at a time
+    # Built for batch 4, the engines ran at most 2 sequences at once at batch 2 (and 4 at 4).
+    assert {cap for cap, _ in widths} == {2, 4}
+    assert all(running <= cap for cap, running in widths)
+    assert max(running for cap, running in widths if cap == 4) == 4
