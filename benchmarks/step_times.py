@@ -222,6 +222,13 @@ def summary(clock: StepClock, wall: float) -> dict:
                                                      in stages_by_width[w].items()}}
                               for w, v in sorted(by_width.items())},
         "recorded_ms_percentiles": percentiles([s["s"] for s in recorded]),
+        # steps that only decode (or verify) against steps with a prompt's chunk in them
+        "by_step_kind": {name: {"n": len(v), "s": sum(v),
+                                "ms_median": 1e3 * sorted(v)[len(v) // 2] if v else 0.0}
+                         for name, v in (("decode_only", [s["s"] for s in steps
+                                                          if s.get("decode_only")]),
+                                         ("with_prefill", [s["s"] for s in steps
+                                                           if not s.get("decode_only")]))},
         "stage_ms_percentiles": {name.strip("_"): percentiles(
             [s["stages"].get(name.strip("_"), 0.0) for s in recorded]) for name in STAGES},
         # (where a mean and a median part: the slowest steps, whole)
@@ -256,6 +263,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kind", default="open", choices=PROMPT_KINDS)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--waves", type=int, default=1,
+                   help="waves * batch-size prompts, at most batch-size running at once (a "
+                        "finished request's place is refilled: steps that admit a prompt)")
     p.add_argument("--warmups", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method, alternating")
     p.add_argument("--json", default=None, help="write the summaries here")
@@ -276,7 +286,10 @@ def main(argv: list[str] | None = None) -> None:
     if oracle and args.model in RANDOM_LLAMAS:
         model = decisive(model)  # (greedy margins above bf16 noise: the oracle stays in sync)
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    prompts = build_prompts(args.kind, args.batch_size, args.model, tokenizer, vocab_size)
+    if args.waves < 1:
+        p.error(f"--waves {args.waves} is invalid: allowed an integer >= 1")
+    prompts = build_prompts(args.kind, args.batch_size * args.waves, args.model, tokenizer,
+                            vocab_size)
     max_model_len = max(map(len, prompts)) + args.max_tokens + args.k + 8
 
     def build(spec: dict | None) -> LLM:

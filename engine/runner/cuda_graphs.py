@@ -15,7 +15,14 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2
   tokens per sequence at 1.06 plain steps and one of 5 at 1.23 (docs/performance.md, the oracle
   table), so a controller that chose one draft would have paid for four. Longer steps
-  (prefills) run eager;
+  (prompt chunks) of at most ``PREFILL_MAX_BATCH`` sequences have *prefill* buckets: their
+  tokens per sequence rounded up to a power of two (at least ``PREFILL_MIN_NEW``, at most
+  ``PREFILL_MAX_TOKENS`` in all), covered only by prefill buckets, and covering none of the
+  others. Without them a prompt admitted while others decode cost an eager step (about ten
+  graph steps of the default model on an H100: the runner splits such a step into its
+  decoding and its prefilling sequences, ``ModelRunner.forward``), and under continuous
+  batching, where speculation makes requests end and be replaced at different steps, that was
+  most of what speculation lost. Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
@@ -86,6 +93,9 @@ TIMED_REPLAYS = 3  # replays of a new graph timed right after its capture
 # Free device bytes below which a covered bucket gets no graph of its own (each graph keeps tens
 # of MB: docs/design.md, "CUDA graphs").
 COVERED_GRAPH_RESERVE = 2 << 30
+PREFILL_MAX_BATCH = 8  # prefill buckets: at most this many sequences ...
+PREFILL_MAX_TOKENS = 1024  # ... of at most this many padded tokens in all ...
+PREFILL_MIN_NEW = 16  # ... each sequence's tokens rounded up to a power of two, at least this
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -93,6 +103,14 @@ def batch_bucket(batch_size: int) -> int:
     if batch_size <= 8:
         return 1 << (batch_size - 1).bit_length()
     return -(-batch_size // 8) * 8
+
+
+def new_bucket(num_new: int, max_num_new: int) -> int:
+    """A step's tokens per sequence in its bucket: as they are up to ``max_num_new`` (decode and
+    verification), else (a prefill bucket) the next power of two, at least ``PREFILL_MIN_NEW``."""
+    if num_new <= max_num_new:
+        return num_new
+    return max(PREFILL_MIN_NEW, 1 << (num_new - 1).bit_length())
 
 
 def kv_bucket(kv_len: int, limit: int) -> int:
@@ -218,9 +236,13 @@ class CudaGraphs:
         return (key,)
 
     def _bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
-        if num_new > self.max_num_new or batch_size > self.max_batch_size:
+        if batch_size > self.max_batch_size:
             return None
-        key = (batch_bucket(batch_size), num_new, kv_bucket(kv_len, self.max_kv_len))
+        batch, num_new = batch_bucket(batch_size), new_bucket(num_new, self.max_num_new)
+        if num_new > self.max_num_new and (batch > PREFILL_MAX_BATCH
+                                           or batch * num_new > PREFILL_MAX_TOKENS):
+            return None  # a large prefill: eager
+        key = (batch, num_new, kv_bucket(kv_len, self.max_kv_len))
         if key in self._graphs or not self._capture_graphs:
             return key
         self._met[key] = self._met.get(key, 0) + 1
@@ -238,12 +260,15 @@ class CudaGraphs:
     def _cover(self, key: Key) -> Key | None:
         """The captured bucket of fewest padded tokens (then shortest key length) whose batch,
         new tokens and key length all reach ``key``'s, a decode step's only among decode
-        buckets; None when there is none."""
+        buckets, a prefill's only among prefill buckets and a verification's among neither;
+        None when there is none."""
         if key not in self._covers:
             batch, num_new, kv_len = key
+            prefill = num_new > self.max_num_new
             fits = [k for k in self._graphs
                     if k[0] >= batch and k[2] >= kv_len
-                    and (k[1] >= num_new if num_new > 1 else k[1] == 1)]
+                    and (k[1] >= num_new if num_new > 1 else k[1] == 1)
+                    and (k[1] > self.max_num_new) == prefill]
             self._covers[key] = min(fits, key=lambda k: (k[0] * k[1], k[2]), default=None)
         return self._covers[key]
 

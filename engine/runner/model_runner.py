@@ -72,6 +72,11 @@ __all__ = ["KVCacheFull", "ModelRunner", "Tree"]
 # node index of node ``j``'s parent, -1 for the token at ``first - 1`` (the tree's root).
 Tree = tuple[int, Sequence[int]]
 MAX_TREE_NODES = 62  # a node's ancestors are bits of an int64 (and the shift stays defined)
+# A step of short rows and long ones runs as two forwards (ModelRunner._mixed_groups) when the
+# short rows' padding to the longest would be at least this many tokens; without CUDA graphs
+# a row is short up to SPLIT_SHORT new tokens (with them: the graphs' max_num_new).
+SPLIT_MIN_SAVED = 128
+SPLIT_SHORT = 16
 LAYOUT_ROWS = 6  # the host plan's per-token rows (ids, positions, pool rows, cells, limits,
 # ancestors), before the slots
 
@@ -221,6 +226,9 @@ class ModelRunner:
         if (cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device
                 and not spread_by_accelerate(model)):
             self.use_graph_buckets(cuda_graph_max_new)
+        # a step of decoding and prefilling sequences runs as two forwards (_mixed_groups);
+        # off under tensor parallelism, where the other ranks replay each forward as sent
+        self.split_mixed = True
         # called in each forward once its graph decision is made, before the device runs
         # anything of it (tensor parallelism: the leader sends the step to the other ranks)
         self.before_launch: Callable[[Decision], None] | None = None
@@ -345,6 +353,9 @@ class ModelRunner:
         on_device = isinstance(logits_indices, torch.Tensor)
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
+        groups = self._mixed_groups(token_ids) if self.split_mixed and not on_device else None
+        if groups is not None:
+            return self._forward_groups(groups, slots, token_ids, logits_indices, trees)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
         bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
@@ -379,6 +390,60 @@ class ModelRunner:
             self.all_hidden = hidden.index_select(0, all_rows).to(self.device)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
         return self._lm_head(hidden).float().to(self.device)
+
+    def _mixed_groups(self, token_ids: Sequence[Sequence[int]]
+                      ) -> tuple[list[int], list[int]] | None:
+        """A step of short rows (decodes, verifications: at most the graphs' ``max_num_new``
+        new tokens, ``SPLIT_SHORT`` without graphs) and long ones (prompt chunks) split in two
+        forwards, ``(short, long)`` indices, when padding the short rows to the longest saves at
+        least ``SPLIT_MIN_SAVED`` padded tokens; None: one forward."""
+        lens = [len(t) for t in token_ids]
+        limit = self.graphs.max_num_new if self.graphs is not None else SPLIT_SHORT
+        longest = max(lens)
+        if longest <= limit or len(lens) < 2:
+            return None
+        short = [i for i, n in enumerate(lens) if n <= limit]
+        if not short:
+            return None
+        long = [i for i, n in enumerate(lens) if n > limit]
+        saved = len(short) * (longest - max(lens[i] for i in short))
+        return (short, long) if saved >= SPLIT_MIN_SAVED else None
+
+    def _forward_groups(self, groups: tuple[list[int], list[int]], slots: Sequence[int],
+                        token_ids: Sequence[Sequence[int]], logits_indices: list[int] | None,
+                        trees: Sequence[Tree | None]) -> torch.Tensor:
+        """:meth:`forward` of a step as two forwards, one per group of :meth:`_mixed_groups`
+        (the short rows first), their logits (and :attr:`all_hidden`) put back in the step's
+        row order."""
+        lens = [len(t) for t in token_ids]
+        first = np.cumsum([0] + lens[:-1])  # [batch_size]: each sequence's first row
+        order = np.concatenate([np.arange(first[i], first[i] + lens[i])
+                                for group in groups for i in group])  # [num_rows]
+        where = np.empty_like(order)  # [num_rows]: each row's place in the groups' rows
+        where[order] = np.arange(len(order))
+        wanted = np.arange(len(order)) if logits_indices is None else np.asarray(
+            logits_indices, dtype=np.int64)  # [num_logits] rows asked for
+        at = where[wanted]  # [num_logits]: their places in the groups' rows
+        logits, features, taken, steady, done = [], [], [], True, 0
+        for group in groups:
+            size = sum(lens[i] for i in group)
+            mine = np.flatnonzero((at >= done) & (at < done + size))  # asked-for, this group's
+            logits.append(self.forward([slots[i] for i in group], [token_ids[i] for i in group],
+                                       (at[mine] - done).tolist(), [trees[i] for i in group]))
+            features.append(self.all_hidden)
+            taken.append(mine)
+            steady = steady and self.last_step_steady
+            done += size
+        self.last_step_steady = steady
+        taken = np.concatenate(taken)  # [num_logits]: the asked-for place of each logits row
+        back = np.empty_like(taken)
+        back[taken] = np.arange(len(taken))
+        out = torch.cat(logits)  # [num_logits, vocab_size], group by group
+        out = out.index_select(0, torch.from_numpy(back).to(out.device))
+        if self._keep_features:
+            self.all_hidden = torch.cat(features).index_select(
+                0, torch.from_numpy(where).to(self.device))
+        return out
 
     def keep_features(self, keep: bool) -> None:
         """Keep every forward's final hidden states of all new tokens in :attr:`all_hidden`."""

@@ -67,7 +67,8 @@ def test_a_bucket_is_captured_when_it_comes_back():
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=256, max_model_len=64,
                          cuda_graph_max_new=2)
     slot = runner.allocate_slot()
-    runner.forward([slot], [[3, 4, 5, 6]])  # a prefill: eager
+    runner.forward([slot], [[3, 4, 5, 6]])  # a prefill: its bucket's first step, eager
+    assert runner.graphs.decision[0] == (1, 16, 65)  # (a prefill bucket)
     first = runner.forward([slot], [[7]])  # the bucket's first step: eager, nothing captured
     assert runner.graphs.num_graphs == 0 and runner.graphs.capture_seconds == 0
     runner.truncate(slot, 4)
@@ -79,5 +80,5 @@ def test_a_bucket_is_captured_when_it_comes_back():
     assert torch.equal(runner.forward([slot], [[7]]), first)  # replayed, no new capture
     runner.truncate(slot, 4)
     verify = runner.forward([slot], [[7, 8]])  # the twin: replayed at its first step
-    assert runner.graphs.num_graphs == 2 and runner.graphs.num_replays == 4
+    assert runner.graphs.num_graphs == 2 and runner.graphs.num_replays == 5  # (prefill too)
     torch.testing.assert_close(verify[0], first[0], rtol=1e-4, atol=1e-4)

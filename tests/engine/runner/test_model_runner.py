@@ -89,6 +89,8 @@ def test_random_interleavings_match_full_forward(family):
 def test_graph_bucket_layout_matches_full_forward(family):
     """Steps of <= 3 new tokens run in their CUDA-graph bucket's padded layout (batch rounded
     up with scratch sequences, key length rounded up), here eagerly: logits stay exact."""
+    from engine.runner.cuda_graphs import CudaGraphs
+
     model = tiny_model(family, vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=160, max_model_len=40)
     runner.use_graph_buckets(3, capture=False)
@@ -98,7 +100,67 @@ def test_graph_bucket_layout_matches_full_forward(family):
     # key length rounds up to 128, capped at the slot table's max_model_len + 1 = 41 columns
     assert runner.graphs.bucket(3, 2, 20) == (4, 2, 41)
     assert runner.graphs.bucket(3, 1, 20) == (4, 1, 41)
-    assert runner.graphs.bucket(3, 4, 20) is None
+    # more tokens than max_num_new: a prefill bucket (a power of two, at least 16), up to
+    # PREFILL_MAX_BATCH sequences of PREFILL_MAX_TOKENS padded tokens
+    assert runner.graphs.bucket(3, 4, 20) == (4, 16, 41)
+    assert runner.graphs.bucket(1, 17, 20) == (1, 32, 41)
+    graphs = CudaGraphs(None, None, 32, 3, 2000, torch.device("cpu"), capture=False)
+    assert graphs.bucket(8, 100, 300) == (8, 128, 384)
+    assert graphs.bucket(9, 100, 300) is None  # (more than 8 sequences)
+    assert graphs.bucket(2, 600, 700) is None  # (more than 1024 padded tokens)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
+    """A step of decoding and prefilling sequences runs as two forwards (the decodes padded
+    only among themselves); the logits, in the step's row order, are a full forward's."""
+    from engine.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
+    monkeypatch.setattr(model_runner, "SPLIT_SHORT", 5)  # (the schedule's prompts: 6-12 tokens)
+    splits = []
+    forward_groups = ModelRunner._forward_groups
+    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
+        splits.append(groups), forward_groups(self, groups, *a))[1])
+    model = tiny_model("llama", vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
+    if graphs:
+        runner.use_graph_buckets(5, capture=False)
+    random_schedule(runner, model, seed=21, num_steps=40, vocab_size=96)
+    assert len(splits) >= 3 and all(short and long for short, long in splits)
+
+
+def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
+    """Split and unsplit runners give the same logits for rows asked in any order, and the same
+    ``all_hidden`` (every new token's features, step order)."""
+    from engine.runner import model_runner
+
+    splits = []
+    forward_groups = ModelRunner._forward_groups
+    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
+        splits.append(groups), forward_groups(self, groups, *a))[1])
+    model = tiny_model("llama", vocab_size=96, seed=6)
+    runners = [ModelRunner(model, max_num_seqs=4, max_num_tokens=200, max_model_len=60)
+               for _ in range(2)]
+    runners[1].split_mixed = False
+    rng = random.Random(3)
+    prompts = [[rng.randrange(96) for _ in range(n)] for n in (5, 7, 30, 3)]
+    outs = []
+    for runner in runners:
+        runner.keep_features(True)
+        slots = [runner.allocate_slot() for _ in range(4)]
+        runner.forward(slots[:2], prompts[:2])  # two sequences decoding ...
+        runner.forward(slots[:2], [[1], [2]])
+        # ... then a step of a 2-token verification, a 30-token prompt, a decode, a 3-token one
+        step = [[4, 5], prompts[2], [6], prompts[3]]
+        asked = [33, 0, 2, 35, 34, 1, 10]  # rows of the step's layout, in no order
+        monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
+        outs.append((runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked),
+                     runner.all_hidden.clone()))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
+    assert outs[0][1].shape[0] == 2 + 30 + 1 + 3
+    assert splits == [([0, 2, 3], [1])]  # the first runner split the step, the second did not
 
 
 class _EagerGraph:
@@ -218,14 +280,21 @@ def test_a_decode_captures_the_twin_its_batch_can_use(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_cuda_graphs_match_full_forward(family):
-    """Decode and verification steps replay captured CUDA graphs and stay exact (float32)."""
+@pytest.mark.parametrize("split", [False, True])
+def test_cuda_graphs_match_full_forward(family, split, monkeypatch):
+    """Decode, verification and prefill steps replay captured CUDA graphs and stay exact
+    (float32), with mixed steps split in two forwards or not."""
+    from engine.runner import model_runner
+
+    if split:
+        monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
     model = tiny_model(family, vocab_size=96, seed=5).cuda()
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=400, max_model_len=300,
                          cuda_graph_max_new=4)
     assert runner.graphs is not None
     random_schedule(runner, model, seed=15, num_steps=40, vocab_size=96)
     assert runner.graphs.num_graphs > 0 and runner.graphs.num_replays > 10
+    assert any(num_new > 4 for _, num_new, _ in runner.graphs._graphs)  # a prefill graph
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
