@@ -150,9 +150,9 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
     # for its shapes, the engine's CUDA graphs: a bucket is captured on its second step), so
     # that no system pays those costs inside a timed run; captures that still happen there are
     # counted in the JSON (graph_captures, capture_seconds).
-    for _ in range(args.warmup_rounds):
+    for _ in range(args.warmup_rounds):  # (a whole group: waves meet prefill shapes of theirs)
         for _, generate in systems.values():
-            timed(generate, prompts[:b], device)
+            timed(generate, prompts[:group_size], device)
     for llm in llms.values():
         llm.reset_metrics()
     graphs_before = {method: graph_stats(llm) for method, llm in llms.items()}
