@@ -244,7 +244,8 @@ class EngineConfig:
     ends its process when rank 0 exits.
     ``enforce_eager``: run every forward eager. By default (vLLM's too), on one CUDA device the
     decode and verification forwards of the target and of a draft model replay CUDA graphs
-    (:mod:`engine.runner.cuda_graphs`); prefills always run eager.
+    (:mod:`engine.runner.cuda_graphs`), and so do prompt chunks of up to 8 sequences and 1024
+    padded tokens; larger prefills run eager.
     ``fused_ops``: on CUDA, the model's LLaMA-form RMSNorms and rotary embedding run as one Triton
     kernel each (:mod:`engine.runner.fused_ops`: a decode step of a small batch is bound by its
     number of kernels); False runs transformers' own operations.
