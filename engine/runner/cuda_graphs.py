@@ -19,10 +19,10 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   tokens per sequence rounded up to a power of two (at least ``PREFILL_MIN_NEW``, at most
   ``PREFILL_MAX_TOKENS`` in all), covered only by prefill buckets, and covering none of the
   others. Without them a prompt admitted while others decode cost an eager step (about ten
-  graph steps of the default model on an H100: the runner splits such a step into its
-  decoding and its prefilling sequences, ``ModelRunner.forward``), and under continuous
-  batching, where speculation makes requests end and be replaced at different steps, that was
-  most of what speculation lost. Larger prefills run eager;
+  graph steps of the default model on an H100, docs/design.md; the runner splits such a step
+  into its decoding and its prefilling sequences, ``ModelRunner.forward``), and under
+  continuous batching, where speculation makes requests end and be replaced at different
+  steps, that was most of what speculation lost. Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
