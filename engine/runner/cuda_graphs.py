@@ -16,13 +16,16 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   tokens per sequence at 1.06 plain steps and one of 5 at 1.23 (docs/performance.md, the oracle
   table), so a controller that chose one draft would have paid for four. Longer steps
   (prompt chunks) of at most ``PREFILL_MAX_BATCH`` sequences have *prefill* buckets: their
-  tokens per sequence rounded up to a power of two (at least ``PREFILL_MIN_NEW``, at most
-  ``PREFILL_MAX_TOKENS`` in all), covered only by prefill buckets, and covering none of the
-  others. Without them a prompt admitted while others decode cost an eager step (about ten
-  graph steps of the default model on an H100, docs/design.md; the runner splits such a step
-  into its decoding and its prefilling sequences, ``ModelRunner.forward``), and under
-  continuous batching, where speculation makes requests end and be replaced at different
-  steps, that was most of what speculation lost. Larger prefills run eager;
+  tokens per sequence rounded up by at most a quarter past 64 (at least ``PREFILL_MIN_NEW``; at
+  most ``PREFILL_MAX_TOKENS`` in all and ``PREFILL_MAX_CELLS`` mask cells, the mask being what
+  a capture's pool keeps), covered only by prefill buckets, and covering none of the others;
+  one is captured only while the device keeps ``COVERED_GRAPH_RESERVE`` free, and its captures
+  are priced apart from the others' (``capture_cost``). Without them a prompt admitted while
+  others decode cost an eager step (about ten graph steps of the default model on an H100,
+  docs/design.md; the runner splits such a step into its decoding and its prefilling
+  sequences, ``ModelRunner.forward``), and under continuous batching, where speculation makes
+  requests end and be replaced at different steps, that was most of what speculation lost.
+  Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
@@ -95,7 +98,8 @@ TIMED_REPLAYS = 3  # replays of a new graph timed right after its capture
 COVERED_GRAPH_RESERVE = 2 << 30
 PREFILL_MAX_BATCH = 8  # prefill buckets: at most this many sequences ...
 PREFILL_MAX_TOKENS = 1024  # ... of at most this many padded tokens in all ...
-PREFILL_MIN_NEW = 16  # ... each sequence's tokens rounded up to a power of two, at least this
+PREFILL_MIN_NEW = 16  # ... each sequence's tokens rounded up (new_bucket), at least this ...
+PREFILL_MAX_CELLS = 1 << 22  # ... and at most this many mask cells (padded tokens * key length)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -107,10 +111,13 @@ def batch_bucket(batch_size: int) -> int:
 
 def new_bucket(num_new: int, max_num_new: int) -> int:
     """A step's tokens per sequence in its bucket: as they are up to ``max_num_new`` (decode and
-    verification), else (a prefill bucket) the next power of two, at least ``PREFILL_MIN_NEW``."""
+    verification), else (a prefill bucket) rounded up to a multiple of
+    ``max(PREFILL_MIN_NEW, next_power_of_two(num_new) / 4)`` (at most a quarter more tokens past
+    64, as key lengths round)."""
     if num_new <= max_num_new:
         return num_new
-    return max(PREFILL_MIN_NEW, 1 << (num_new - 1).bit_length())
+    step = max(PREFILL_MIN_NEW, (1 << (num_new - 1).bit_length()) // 4)
+    return -(-num_new // step) * step
 
 
 def kv_bucket(kv_len: int, limit: int) -> int:
@@ -167,6 +174,7 @@ class CudaGraphs:
         self._padding_s: dict[Key, float] = {}  # what padding has cost each covered bucket
         self._replay_s: dict[Key, float] = {}  # each captured graph's replay, measured
         self._num_captures = 0  # graphs captured (their host time: capture_seconds)
+        self._prefill_captures = (0.0, 0)  # (seconds, count) of the prefill buckets' captures
         self._covers: dict[Key, Key | None] = {}  # the smallest captured bucket covering one
         self._bounds: dict[Key, float] = {}  # a padded step's cost bound, per covered bucket
         self._room = True  # the device kept COVERED_GRAPH_RESERVE free when last asked
@@ -239,18 +247,23 @@ class CudaGraphs:
         if batch_size > self.max_batch_size:
             return None
         batch, num_new = batch_bucket(batch_size), new_bucket(num_new, self.max_num_new)
-        if num_new > self.max_num_new and (batch > PREFILL_MAX_BATCH
-                                           or batch * num_new > PREFILL_MAX_TOKENS):
+        kv = kv_bucket(kv_len, self.max_kv_len)
+        prefill = num_new > self.max_num_new
+        if prefill and (batch > PREFILL_MAX_BATCH or batch * num_new > PREFILL_MAX_TOKENS
+                        or batch * num_new * kv > PREFILL_MAX_CELLS):
             return None  # a large prefill: eager
-        key = (batch, num_new, kv_bucket(kv_len, self.max_kv_len))
+        key = (batch, num_new, kv)
         if key in self._graphs or not self._capture_graphs:
             return key
         self._met[key] = self._met.get(key, 0) + 1
         cover = self._cover(key)
         if cover is None:
+            if prefill and self._met[key] >= 2 and not self._room_for_another():
+                self._met[key] = 1  # (no room for its graph: eager, for good)
+                return None
             return key  # eager the first time, captured the next (replay)
         paid = self._padding_s[key] = self._padding_s.get(key, 0.0) + self._padding(key, cover)
-        if paid >= self.capture_cost():
+        if paid >= self.capture_cost(prefill):
             self._met[key] = 2  # (captured at this replay)
             if self._room_for_another():
                 return key  # captured now
@@ -285,9 +298,13 @@ class CudaGraphs:
             bound = self._bounds[key] = max(self._replay_s.get(cover, 0.0) - inside, 0.0)
         return bound
 
-    def capture_cost(self) -> float:
-        """Seconds a capture costs, the mean of those measured (the first one's when only one)."""
-        return self.capture_seconds / self._num_captures if self._num_captures else 0.0
+    def capture_cost(self, prefill: bool = False) -> float:
+        """Seconds a capture costs, the mean of those measured (the first one's when only one),
+        of prefill buckets or of the others (a prefill's capture runs a larger forward)."""
+        seconds, count = self._prefill_captures
+        if not prefill:
+            seconds, count = self.capture_seconds - seconds, self._num_captures - count
+        return seconds / count if count else 0.0
 
     def _room_for_another(self) -> bool:
         """Whether the device keeps ``COVERED_GRAPH_RESERVE`` bytes free for one more graph of
@@ -328,8 +345,12 @@ class CudaGraphs:
             start = time.perf_counter()
             graph = self._graphs[bucket] = self._capture(*bucket)
             self._replay_s[bucket] = self._time_replays(graph)
-            self.capture_seconds += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.capture_seconds += took
             self._num_captures += 1
+            if bucket[1] > self.max_num_new:
+                seconds, count = self._prefill_captures
+                self._prefill_captures = (seconds + took, count + 1)
         self._met.pop(key, None)
         self._padding_s.pop(key, None)
         self._covers.clear()

@@ -59,7 +59,7 @@ from engine.runner.attention_backend import (
 from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
-from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision
+from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision, new_bucket
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.tp_head import gathered_head
@@ -208,6 +208,7 @@ class ModelRunner:
         self._min = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype,
                                  device=self.device)  # []
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
+        self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self._free_rows: list[int] = list(range(max_num_tokens - 1, -1, -1))
         self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
@@ -353,7 +354,8 @@ class ModelRunner:
         on_device = isinstance(logits_indices, torch.Tensor)
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
-        groups = self._mixed_groups(token_ids) if self.split_mixed and not on_device else None
+        groups = (self._mixed_groups(token_ids) if self.split_mixed and not on_device
+                  and self.before_launch is None else None)
         if groups is not None:
             return self._forward_groups(groups, slots, token_ids, logits_indices, trees)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
@@ -395,8 +397,9 @@ class ModelRunner:
                       ) -> tuple[list[int], list[int]] | None:
         """A step of short rows (decodes, verifications: at most the graphs' ``max_num_new``
         new tokens, ``SPLIT_SHORT`` without graphs) and long ones (prompt chunks) split in two
-        forwards, ``(short, long)`` indices, when padding the short rows to the longest saves at
-        least ``SPLIT_MIN_SAVED`` padded tokens; None: one forward."""
+        forwards, ``(short, long)`` indices, when padding the short rows to the longest (to
+        its graph bucket's width with graphs) saves at least ``SPLIT_MIN_SAVED`` padded tokens;
+        None: one forward."""
         lens = [len(t) for t in token_ids]
         limit = self.graphs.max_num_new if self.graphs is not None else SPLIT_SHORT
         longest = max(lens)
@@ -406,7 +409,8 @@ class ModelRunner:
         if not short:
             return None
         long = [i for i, n in enumerate(lens) if n > limit]
-        saved = len(short) * (longest - max(lens[i] for i in short))
+        width = longest if self.graphs is None else new_bucket(longest, limit)
+        saved = len(short) * (width - max(lens[i] for i in short))
         return (short, long) if saved >= SPLIT_MIN_SAVED else None
 
     def _forward_groups(self, groups: tuple[list[int], list[int]], slots: Sequence[int],
@@ -414,7 +418,8 @@ class ModelRunner:
                         trees: Sequence[Tree | None]) -> torch.Tensor:
         """:meth:`forward` of a step as two forwards, one per group of :meth:`_mixed_groups`
         (the short rows first), their logits (and :attr:`all_hidden`) put back in the step's
-        row order."""
+        row order (the reordering indices go to the device before the forwards, through a
+        pinned buffer of their own: nothing waits for the device)."""
         lens = [len(t) for t in token_ids]
         first = np.cumsum([0] + lens[:-1])  # [batch_size]: each sequence's first row
         order = np.concatenate([np.arange(first[i], first[i] + lens[i])
@@ -424,25 +429,27 @@ class ModelRunner:
         wanted = np.arange(len(order)) if logits_indices is None else np.asarray(
             logits_indices, dtype=np.int64)  # [num_logits] rows asked for
         at = where[wanted]  # [num_logits]: their places in the groups' rows
-        logits, features, taken, steady, done = [], [], [], True, 0
-        for group in groups:
-            size = sum(lens[i] for i in group)
-            mine = np.flatnonzero((at >= done) & (at < done + size))  # asked-for, this group's
-            logits.append(self.forward([slots[i] for i in group], [token_ids[i] for i in group],
-                                       (at[mine] - done).tolist(), [trees[i] for i in group]))
-            features.append(self.all_hidden)
-            taken.append(mine)
-            steady = steady and self.last_step_steady
-            done += size
-        self.last_step_steady = steady
-        taken = np.concatenate(taken)  # [num_logits]: the asked-for place of each logits row
-        back = np.empty_like(taken)
+        sizes = [sum(lens[i] for i in group) for group in groups]
+        ends = np.cumsum(sizes)
+        mine = [np.flatnonzero((at >= end - size) & (at < end))  # each group's asked-for rows
+                for size, end in zip(sizes, ends, strict=True)]
+        taken = np.concatenate(mine)  # [num_logits]: the asked-for place of each logits row
+        back = np.empty_like(taken)  # [num_logits]: each asked-for row's place in the logits
         back[taken] = np.arange(len(taken))
+        keep = self._keep_features
+        indices = self._order_staging(np.concatenate([back, where]) if keep else back)
+        logits, features, steady = [], [], True
+        for group, asked, end, size in zip(groups, mine, ends, sizes, strict=True):
+            logits.append(self.forward([slots[i] for i in group], [token_ids[i] for i in group],
+                                       (at[asked] - (end - size)).tolist(),
+                                       [trees[i] for i in group]))
+            features.append(self.all_hidden)
+            steady = steady and self.last_step_steady
+        self.last_step_steady = steady
         out = torch.cat(logits)  # [num_logits, vocab_size], group by group
-        out = out.index_select(0, torch.from_numpy(back).to(out.device))
-        if self._keep_features:
-            self.all_hidden = torch.cat(features).index_select(
-                0, torch.from_numpy(where).to(self.device))
+        out = out.index_select(0, indices[:len(back)])
+        if keep:  # [num_rows, hidden_size], step order
+            self.all_hidden = torch.cat(features).index_select(0, indices[len(back):])
         return out
 
     def keep_features(self, keep: bool) -> None:

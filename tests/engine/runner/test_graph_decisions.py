@@ -48,7 +48,7 @@ class FakeRank(CudaGraphs):
     def _time_replays(self, graph: _Graph) -> float:
         return self._replay_of(self.captured[-1])
 
-    def capture_cost(self) -> float:
+    def capture_cost(self, prefill: bool = False) -> float:
         return self._capture_s if self.captured else 0.0
 
 

@@ -140,7 +140,7 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
         splits.append(groups), forward_groups(self, groups, *a))[1])
     model = tiny_model("llama", vocab_size=96, seed=6)
-    runners = [ModelRunner(model, max_num_seqs=4, max_num_tokens=200, max_model_len=60)
+    runners = [ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=60)
                for _ in range(2)]
     runners[1].split_mixed = False
     rng = random.Random(3)
@@ -153,7 +153,8 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
         runner.forward(slots[:2], [[1], [2]])
         # ... then a step of a 2-token verification, a 30-token prompt, a decode, a 3-token one
         step = [[4, 5], prompts[2], [6], prompts[3]]
-        asked = [33, 0, 2, 35, 34, 1, 10]  # rows of the step's layout, in no order
+        # rows of the step's layout, in no order, one twice
+        asked = [33, 0, 2, 35, 34, 1, 10, 33]
         monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
         outs.append((runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked),
                      runner.all_hidden.clone()))
@@ -161,6 +162,12 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
     assert outs[0][1].shape[0] == 2 + 30 + 1 + 3
     assert splits == [([0, 2, 3], [1])]  # the first runner split the step, the second did not
+    # only short rows asked (the prompt's forward gives no logits): the same rows
+    for runner in runners:
+        slot = runner.allocate_slot()
+        outs.append(runner.forward([0, slot], [[8], prompts[2]], [0]))
+    torch.testing.assert_close(outs[-2], outs[-1], atol=ATOL, rtol=ATOL)
+    assert outs[-1].shape == (1, 96) and len(splits) == 2
 
 
 class _EagerGraph:
@@ -202,7 +209,7 @@ def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkey
         return batch_size * (1 + 0.01 * (num_new - 1)) / 1e3
 
     monkeypatch.setattr(CudaGraphs, "_time_replays", replay_seconds)
-    monkeypatch.setattr(CudaGraphs, "capture_cost", lambda self: 2.5e-3)
+    monkeypatch.setattr(CudaGraphs, "capture_cost", lambda self, prefill=False: 2.5e-3)
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=96, max_model_len=40)
     runner.use_graph_buckets(3, capture=True)
@@ -259,6 +266,28 @@ def test_a_decode_step_is_covered_only_by_a_decode_graph():
     assert graphs._cover((2, 2, 41)) == (8, 2, 41)  # the fewest padded tokens
     assert graphs._cover((2, 3, 41)) == (8, 3, 41)
     assert graphs._cover((16, 2, 41)) is None
+
+
+def test_prefill_buckets_cover_only_each_other_and_price_their_captures_apart(monkeypatch):
+    from engine.runner.cuda_graphs import CudaGraphs
+
+    graphs = CudaGraphs(None, None, 8, 3, 8192, torch.device("cpu"))
+    graphs._graphs = dict.fromkeys([(8, 3, 256), (1, 16, 256), (2, 64, 256)])
+    assert graphs._cover((1, 2, 128)) == (8, 3, 256)  # never a prefill graph
+    assert graphs._cover((1, 32, 128)) == (2, 64, 256)  # never a verification graph
+    assert graphs._cover((1, 16, 200)) == (1, 16, 256)
+    assert graphs._cover((4, 16, 128)) is None
+    # rounded to a quarter of the next power of two (at least 16); mask cells capped
+    assert [graphs.bucket(1, n, 100)[1] for n in (4, 17, 40, 100, 300)] == [16, 32, 48, 128, 384]
+    assert graphs.bucket(1, 1000, 5000) is None  # (1024 tokens * 5120 keys: too many cells)
+    graphs.capture_seconds, graphs._num_captures = 0.5, 3
+    graphs._prefill_captures = (0.4, 1)  # one prefill capture of 0.4 s, two others of 0.05
+    assert graphs.capture_cost() == pytest.approx(0.05)
+    assert graphs.capture_cost(prefill=True) == pytest.approx(0.4)
+    # without room for one more graph, a prefill bucket runs eager instead of being captured
+    monkeypatch.setattr(CudaGraphs, "_room_for_another", lambda self: False)
+    assert graphs.bucket(4, 20, 100) == (4, 32, 128)  # (its first step: eager in its bucket)
+    assert graphs.bucket(4, 20, 100) is None  # (the second: eager, unbucketed, no capture)
 
 
 def test_a_decode_captures_the_twin_its_batch_can_use(monkeypatch):

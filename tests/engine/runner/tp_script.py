@@ -74,7 +74,8 @@ def fake_graphs(out_path: str) -> None:
 
     CudaGraphs._capture = capture
     CudaGraphs._time_replays = replay_s
-    CudaGraphs.capture_cost = lambda self: (0.003 if rank == 0 else 0.015) * bool(captured)
+    CudaGraphs.capture_cost = lambda self, prefill=False: (0.003 if rank == 0 else 0.015) * bool(
+        captured)
     plain_init = ModelRunner.__init__
 
     def with_graphs(self, *args, **kwargs) -> None:
