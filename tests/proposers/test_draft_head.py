@@ -253,13 +253,19 @@ def test_a_gap_in_the_features_stops_drafts_until_the_request_is_removed(target)
     assert "a" not in proposer.cache.slot_of and not proposer._pending
 
 
+def cuda_head_proposers(head_seed: int, max_tokens: int):
+    """A 2-layer tiny target on the GPU, and ``make(graphs)``: a draft-head proposer of a
+    random head on it (4 slots, ``max_tokens`` tokens, k = 4), with or without CUDA graphs."""
+    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)).cuda()
+    head = random_head(model.config, seed=head_seed).cuda()
+    return model, lambda graphs: DraftHeadProposer(
+        head, model.get_input_embeddings(), model.get_output_embeddings(), VOCAB, 4,
+        max_tokens, 4, graphs=graphs)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_the_proposal_replays_cuda_graphs_that_match_the_eager_proposal():
-    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)).cuda()
-    head = random_head(model.config, seed=5).cuda()
-    make = lambda graphs: DraftHeadProposer(  # noqa: E731
-        head, model.get_input_embeddings(), model.get_output_embeddings(), VOCAB, 4, 64, 4,
-        graphs=graphs)
+    model, make = cuda_head_proposers(head_seed=5, max_tokens=64)
     eager, graphed = make(False), make(True)
     contexts = {r: [3 + i, 9, 4 + i] for i, r in enumerate("abc")}
     for step in range(5):
@@ -289,11 +295,7 @@ def test_on_a_gpu_plain_steps_observed_behind_a_forward_keep_proposals_exact():
     the pinned buffer), then graph-replayed proposals after 1-6 plain steps. Each equals the
     proposals of an eager proposer that was never shown the plain steps (it writes every
     pending pair in its proposal), and the queued work does not hold ``observe`` back."""
-    model = copy.deepcopy(tiny_model("llama", vocab_size=VOCAB, num_layers=2, seed=3)).cuda()
-    head = random_head(model.config, seed=9).cuda()
-    make = lambda graphs: DraftHeadProposer(  # noqa: E731
-        head, model.get_input_embeddings(), model.get_output_embeddings(), VOCAB, 4, 96, 4,
-        graphs=graphs)
+    model, make = cuda_head_proposers(head_seed=9, max_tokens=96)
     observed, eager = make(True), make(False)
     contexts = {r: [3 + i, 9, 4 + i] for i, r in enumerate("ab")}
 
