@@ -59,7 +59,14 @@ from engine.runner.attention_backend import (
 from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
-from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision, new_bucket
+from engine.runner.cuda_graphs import (
+    NO_DECISION,
+    CudaGraphs,
+    Decision,
+    batch_bucket,
+    kv_bucket,
+    new_bucket,
+)
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.tp_head import gathered_head
@@ -77,6 +84,11 @@ MAX_TREE_NODES = 62  # a node's ancestors are bits of an int64 (and the shift st
 # a row is short up to SPLIT_SHORT new tokens (with them: the graphs' max_num_new).
 SPLIT_MIN_SAVED = 128
 SPLIT_SHORT = 16
+# With CUDA graphs a mixed step is first *folded* (ModelRunner._fold): each prompt chunk laid out
+# as rows of the decodes' width, one forward of one graph bucket, when the rows fit
+# FOLD_MIN_ROWS, or twice the slots where that is more, and gather at most twice the key cells
+# of a full batch at the longest context.
+FOLD_MIN_ROWS = 64
 LAYOUT_ROWS = 6  # the host plan's per-token rows (ids, positions, pool rows, cells, limits,
 # ancestors), before the slots
 
@@ -227,8 +239,10 @@ class ModelRunner:
         if (cuda_graph_max_new and self.device.type == "cuda" and self.cache.single_device
                 and not spread_by_accelerate(model)):
             self.use_graph_buckets(cuda_graph_max_new)
-        # a step of decoding and prefilling sequences runs as two forwards (_mixed_groups);
-        # off under tensor parallelism, where the other ranks replay each forward as sent
+        # a step of decoding and prefilling sequences is folded into one graph bucket (_fold)
+        # or else runs as two forwards (_mixed_groups); both off under tensor parallelism,
+        # where the other ranks replay each forward as sent
+        self.fold_mixed = True
         self.split_mixed = True
         # called in each forward once its graph decision is made, before the device runs
         # anything of it (tensor parallelism: the leader sends the step to the other ranks)
@@ -238,9 +252,15 @@ class ModelRunner:
         """Run steps of at most ``max_num_new`` new tokens per sequence through
         :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded bucket
         layout eagerly, to check it off-GPU)."""
-        self.graphs = CudaGraphs(self._hidden, self._scratch_plan, self.max_num_seqs,
+        # (batches past max_num_seqs: folded steps, whose prompt chunks take several rows)
+        self.graphs = CudaGraphs(self._hidden, self._scratch_plan, self.fold_rows,
                                  _positive("max_num_new", max_num_new), self.max_model_len + 1,
                                  self.device, capture)
+
+    @property
+    def fold_rows(self) -> int:
+        """The most rows a folded step may take (:meth:`_fold`)."""
+        return max(FOLD_MIN_ROWS, 2 * batch_bucket(self.max_num_seqs))
 
     # ---- slots and budget -------------------------------------------------------------------
 
@@ -354,12 +374,16 @@ class ModelRunner:
         on_device = isinstance(logits_indices, torch.Tensor)
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
+        kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
+        fold = (self._fold(token_ids, trees, kv_len) if self.fold_mixed
+                and self.before_launch is None else None)
+        if fold is not None:  # (each prompt chunk as rows of the step's width, one slot each)
+            slots, token_ids, starts, trees = self._folded(fold, slots, token_ids, starts, trees)
         groups = (self._mixed_groups(token_ids) if self.split_mixed and not on_device
-                  and self.before_launch is None else None)
+                  and self.before_launch is None and fold is None else None)
         if groups is not None:
             return self._forward_groups(groups, slots, token_ids, logits_indices, trees)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
-        kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
         bucket = None if self.graphs is None else self.graphs.bucket(batch_size, num_new, kv_len)
         if self.before_launch is not None:
             self.before_launch(NO_DECISION if self.graphs is None else self.graphs.decision)
@@ -392,6 +416,54 @@ class ModelRunner:
             self.all_hidden = hidden.index_select(0, all_rows).to(self.device)
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
         return self._lm_head(hidden).float().to(self.device)
+
+    def _fold(self, token_ids: Sequence[Sequence[int]], trees: Sequence[Tree | None],
+              kv_len: int) -> int | None:
+        """The width of a *folded* step, or None: with CUDA graphs, a step of short rows
+        (decodes, verifications: at most ``max_num_new`` tokens) and long ones (prompt chunks)
+        runs as one forward in one graph bucket, each long row laid out as consecutive rows of
+        that width on the same slot (positions and the causal mask as one row's: a row's keys
+        and values are in the pool before any row reads them). Two forwards (:meth:`_mixed_groups`)
+        cost about two steps on a GPU where a step is mostly launches; the folded one about one.
+        The width: from the longest short row to ``max_num_new``, the one of fewest padded
+        tokens in its bucket (then fewest rows), where the rows fit :attr:`fold_rows` and gather
+        at most twice the key cells of a full batch at the longest context."""
+        graphs = self.graphs
+        if graphs is None:
+            return None
+        lens = [len(t) for t in token_ids]
+        limit = graphs.max_num_new
+        short = [n for n in lens if n <= limit]
+        long = [n for n, tree in zip(lens, trees, strict=True) if n > limit and tree is None]
+        if not short or not long or len(short) + len(long) < len(lens):
+            return None  # (nothing to fold, or a long row that is a tree)
+        cells = 2 * batch_bucket(self.max_num_seqs) * graphs.max_kv_len
+        kv = kv_bucket(kv_len, graphs.max_kv_len)
+        best: tuple[int, int, int] | None = None  # (padded tokens, rows, width)
+        for width in range(max(short), limit + 1):
+            rows = len(short) + sum(-(-n // width) for n in long)
+            if rows > self.fold_rows or batch_bucket(rows) * kv > cells:
+                continue
+            option = (batch_bucket(rows) * width, rows, width)
+            best = option if best is None or option < best else best
+        return None if best is None else best[2]
+
+    def _folded(self, width: int, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
+                starts: list[int], trees: Sequence[Tree | None]
+                ) -> tuple[list[int], list[list[int]], list[int], list[Tree | None]]:
+        """The step of :meth:`_fold`'s ``width``: every row longer than it cut into rows of
+        ``width`` tokens (the last one shorter) on its slot, in place, so that the padded index
+        of every new token stays in slot order then token order."""
+        rows: tuple[list, list, list, list] = ([], [], [], [])  # slots, ids, starts, trees
+        for slot, ids, start, tree in zip(slots, token_ids, starts, trees, strict=True):
+            cuts = range(0, len(ids), width) if len(ids) > width else (0,)
+            for at in cuts:
+                piece = list(ids[at:at + width]) if len(cuts) > 1 else list(ids)
+                rows[0].append(slot)
+                rows[1].append(piece)
+                rows[2].append(start + at)
+                rows[3].append(tree if len(cuts) == 1 else None)
+        return rows
 
     def _mixed_groups(self, token_ids: Sequence[Sequence[int]]
                       ) -> tuple[list[int], list[int]] | None:

@@ -169,7 +169,8 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
     """Rank 0: ``runner`` as a :class:`LeaderRunner`. Any other rank: replay rank 0's calls on
     ``runner`` until rank 0 stops, then end the process (exit status 0): what rank 0's script
     does after building its engine is rank 0's alone."""
-    runner.split_mixed = False  # (one forward per step message: the ranks run the same ones)
+    # (one forward per step message, laid out as sent: the ranks run the same ones)
+    runner.split_mixed = runner.fold_mixed = False
     if dist.get_rank() == 0:
         return LeaderRunner(runner)
     try:

@@ -622,3 +622,45 @@ def test_steps_split_around_admitted_prompts_keep_greedy_output(target, head_dir
     # (at least one split put a long row before a short one back in place)
     assert any(max(short) > min(long) for short, long in splits)
     assert counts[0][:2] == counts[1][:2] and counts[0][1] > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "ngram_eagle"])
+def test_steps_folded_around_admitted_prompts_keep_greedy_output(target, head_dir, monkeypatch,
+                                                                  method):
+    """With graph buckets (their padded layout, eagerly here) a prompt admitted while others
+    verify drafts is folded into the step: its chunk cut into rows of the step's width, one
+    forward. Greedy output equals Hugging Face's, and the run drafts and accepts as many drafts
+    as a runner that neither folds nor splits (the head reads every token's features back in
+    step order)."""
+    from engine.llm import build_output
+    from engine.runner.model_runner import ModelRunner
+
+    folds = []
+    folded = ModelRunner._folded
+    monkeypatch.setattr(ModelRunner, "_folded", lambda self, width, *a: (
+        folds.append(width), folded(self, width, *a))[1])
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (9, 19, 3, 12, 11)]
+    arrivals = [0, 1, 2, 4, 5]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    counts = []
+    for fold in (True, False):
+        llm = make_llm(target, head_dir, spec={"method": method, "adaptive_k": False},
+                       max_num_batched_tokens=16)
+        engine, step, ids = llm.engine, 0, [f"r{i}" for i in range(len(prompts))]
+        engine.runner.use_graph_buckets(4, capture=False)  # (k + 1 = 4)
+        engine.runner.fold_mixed = fold
+        engine.runner.split_mixed = False
+        while step <= max(arrivals) or engine.has_work():
+            for rid, prompt, at in zip(ids, prompts, arrivals, strict=True):
+                if at == step:
+                    engine.add_request(rid, None, prompt, params)
+            engine.step()
+            step += 1
+        outputs = [build_output(engine.pop_request(rid)).outputs[0].token_ids for rid in ids]
+        for prompt, out in zip(prompts, outputs, strict=True):
+            assert list(out) == hf_greedy(target, prompt, 12)
+        metrics = llm.get_metrics()
+        counts.append((metrics.num_drafted, metrics.num_accepted, len(folds)))
+    assert counts[0][2] >= 2 and counts[1][2] == counts[0][2]  # folded steps: the first run's
+    assert counts[0][:2] == counts[1][:2] and counts[0][1] > 0

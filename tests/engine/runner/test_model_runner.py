@@ -126,8 +126,83 @@ def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
     if graphs:
         runner.use_graph_buckets(5, capture=False)
+        runner.fold_mixed = False  # (else such steps fold: the test below)
     random_schedule(runner, model, seed=21, num_steps=40, vocab_size=96)
     assert len(splits) >= 3 and all(short and long for short, long in splits)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
+def test_mixed_steps_fold_into_one_bucket_stay_exact(monkeypatch, family):
+    """With graph buckets, a step of decoding and prefilling sequences runs as one forward, each
+    prompt chunk cut into rows of the step's width on its slot (here the buckets' padded layout,
+    eagerly); every row's logits stay a full forward's, and no step is split."""
+    folds, splits = [], []
+    folded, forward_groups = ModelRunner._folded, ModelRunner._forward_groups
+    monkeypatch.setattr(ModelRunner, "_folded", lambda self, width, *a: (
+        folds.append((width, [len(t) for t in a[1]])), folded(self, width, *a))[1])
+    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
+        splits.append(groups), forward_groups(self, groups, *a))[1])
+    model = tiny_model(family, vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
+    runner.use_graph_buckets(5, capture=False)
+    random_schedule(runner, model, seed=21, num_steps=40, vocab_size=96)
+    assert len(folds) >= 3 and not splits
+    # each fold: a width from the longest short row up to 5, and a prompt chunk cut in rows
+    assert all(max(n for n in lens if n <= 5) <= width <= 5 and max(lens) > 5
+               for width, lens in folds)
+    assert any(width < 5 for width, _ in folds)
+
+
+def test_fold_width_and_limits():
+    """The folded width: fewest padded tokens in the bucket (then fewest rows), within the
+    rows a fold may take and twice the key cells of a full batch; None without graphs, without a
+    prompt chunk or a decode, or when a long row is a tree."""
+    model = tiny_model("llama", vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=400, max_model_len=2000)
+    assert runner._fold([[1], [2] * 40], [None, None], 60) is None  # (no graphs)
+    runner.use_graph_buckets(5, capture=False)
+    assert runner.fold_rows == 64
+    # 3 decodes and a 40-token prompt: 1 token a row is 43 rows (bucket 48: 48 tokens), 2 is
+    # 23 (24 x 2 = 48, fewer rows), 3 is 17 (24 x 3), 4 is 13 (16 x 4 = 64), 5 is 11 (80)
+    assert runner._fold([[1], [2], [3], [4] * 40], [None] * 4, 60) == 2
+    # a verification of 5 tokens sets the least width
+    assert runner._fold([[1] * 5, [2] * 40], [None] * 2, 60) == 5
+    # more rows than fold_rows at every width (1 + 64): not folded
+    assert runner._fold([[1] * 5] + [[2] * 320], [None] * 2, 60) is None
+    assert runner._fold([[1], [2] * 40], [None, (1, [-1] * 39)], 60) is None  # a long tree
+    assert runner._fold([[1] * 40, [2] * 40], [None] * 2, 60) is None  # (prompts only)
+    assert runner._fold([[1], [2]], [None] * 2, 60) is None  # (decodes only)
+    # the key cells: at most twice a full batch's, 2 x 4 x 2001; at 1536 key columns 8 rows fit
+    assert runner._fold([[1] * 2, [2] * 15], [None] * 2, 1500) == 5  # (2-4 a row: 9-5 rows)
+    assert runner._fold([[1] * 2, [2] * 60], [None] * 2, 1500) is None  # (16 rows at best)
+
+
+def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
+    """Folded and unfolded runners give the same logits for rows asked in any order, and the
+    same ``all_hidden`` (every new token's features, step order)."""
+    model = tiny_model("llama", vocab_size=96, seed=6)
+    runners = [ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=60)
+               for _ in range(2)]
+    for runner in runners:
+        runner.use_graph_buckets(5, capture=False)
+    runners[1].fold_mixed = runners[1].split_mixed = False
+    rng = random.Random(3)
+    prompts = [[rng.randrange(96) for _ in range(n)] for n in (5, 7, 30, 3)]
+    outs = []
+    for runner in runners:
+        runner.keep_features(True)
+        slots = [runner.allocate_slot() for _ in range(4)]
+        runner.forward(slots[:2], prompts[:2])
+        runner.forward(slots[:2], [[1], [2]])
+        step = [[4, 5], prompts[2], [6], prompts[3]]
+        asked = [33, 0, 2, 35, 34, 1, 10, 33]
+        outs.append((runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked),
+                     runner.all_hidden.clone(), [runner.seq_len(s) for s in slots]))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
+    assert outs[0][1].shape[0] == 2 + 30 + 1 + 3 and outs[0][2] == outs[1][2] == [8, 9, 30, 3]
+    # the first runner folded the step: the 3-token prompt sets the width, 3 + 30 / 3 = 13 rows
+    assert runners[0].graphs.num_replays == 3 and runners[0].graphs.decision[0][:2] == (16, 3)
 
 
 def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):

@@ -1,0 +1,137 @@
+"""What a step that admits a prompt while others decode costs, by how the runner lays it out.
+
+Under continuous batching with speculation, requests end at different steps, so most prompts are
+admitted in a step where the other sequences decode or verify drafts (a *mixed* step). The
+runner can run such a step three ways (``engine/runner/model_runner.py``):
+
+- ``fold``: one forward, each prompt chunk cut into rows of the step's width (the default with
+  CUDA graphs, ``ModelRunner._fold``);
+- ``split``: two forwards, the decodes in their graph bucket, then the prompt (a prefill graph);
+- ``padded``: one forward, every sequence padded to the prompt's length (eager past the graphs).
+
+Each is timed against the same step without the prompt (``decode``). ``batch - 1`` sequences
+hold ``--context`` cached tokens and bring ``width`` new tokens each (1: decoding; k + 1:
+verifying drafts); the prompt has ``--prompt`` tokens. After every timed step the runner is cut
+back (``truncate``, the prompt's slot freed), so every repetition runs the same step; the
+layouts take turns, each after its own warm-up (so that its graph buckets are captured as the
+engine would capture them). Medians of ``--iters`` synchronized steps, milliseconds.
+
+    python benchmarks/mixed_step.py --device cuda --model random-smollm2-135m --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.e2e_workloads import build_model  # noqa: E402
+from engine.runner.model_runner import ModelRunner  # noqa: E402
+
+LAYOUTS = {"decode": None, "fold": (True, True), "split": (False, True),
+           "padded": (False, False)}  # (fold_mixed, split_mixed)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(runner: ModelRunner, batch: int, width: int, prompt_len: int, context: int,
+            warmup: int, iters: int) -> dict[str, float]:
+    """Median ms of each layout's step (see the module docstring)."""
+    gen = torch.Generator().manual_seed(batch * 1000 + width)
+    vocab = min(runner.vocab_size, 5000)
+    slots = [runner.allocate_slot() for _ in range(batch - 1)]
+    for slot in slots:
+        runner.forward([slot], [torch.randint(2, vocab, (context,), generator=gen).tolist()])
+    news = [torch.randint(2, vocab, (width,), generator=gen).tolist() for _ in slots]
+    prompt = torch.randint(2, vocab, (prompt_len,), generator=gen).tolist()
+    device = runner.device
+
+    def step(layout: str) -> float:
+        sync(device)
+        start = time.perf_counter()
+        if layout == "decode":
+            runner.forward(slots, news)
+            sync(device)
+            took = time.perf_counter() - start
+        else:
+            runner.fold_mixed, runner.split_mixed = LAYOUTS[layout]
+            extra = runner.allocate_slot()
+            runner.forward(slots + [extra], news + [prompt])
+            sync(device)
+            took = time.perf_counter() - start
+            runner.free_slot(extra)
+        for slot in slots:
+            runner.truncate(slot, context)
+        return took * 1e3
+
+    times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+    for layout in LAYOUTS:
+        for _ in range(warmup):
+            step(layout)
+    for _ in range(iters):
+        for layout in LAYOUTS:
+            times[layout].append(step(layout))
+    for slot in slots:
+        runner.free_slot(slot)
+    runner.fold_mixed = runner.split_mixed = True
+    return {layout: statistics.median(t) for layout, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="random-smollm2-135m")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bf16 on CUDA")
+    parser.add_argument("--batch-sizes", default="8,32")
+    parser.add_argument("--widths", default="1,5", help="new tokens per decoding sequence")
+    parser.add_argument("--prompts", default="40,120", help="prompt lengths")
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = args.dtype or ("float32" if device.type == "cpu" else "bfloat16")
+    model, _ = build_model(args.model, args.device, dtype)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    widths = [int(w) for w in args.widths.split(",")]
+    runner = ModelRunner(model, max_num_seqs=max(batches), max_num_tokens=max(batches) * 1024,
+                         max_model_len=1024, cuda_graph_max_new=max(widths))
+    if runner.graphs is None and device.type == "cpu":  # (the buckets' layout, eagerly)
+        runner.use_graph_buckets(max(widths), capture=False)
+    rows = []
+    print("batch width prompt  decode    fold   split  padded  fold/split  fold/decode")
+    for batch in batches:
+        for width in widths:
+            for prompt_len in (int(p) for p in args.prompts.split(",")):
+                ms = measure(runner, batch, width, prompt_len, args.context, args.warmup,
+                             args.iters)
+                rows.append(dict(batch=batch, width=width, prompt=prompt_len, ms=ms,
+                                 fold_over_split=ms["fold"] / ms["split"],
+                                 fold_over_decode=ms["fold"] / ms["decode"]))
+                print(f"{batch:5d} {width:5d} {prompt_len:6d} {ms['decode']:7.2f} "
+                      f"{ms['fold']:7.2f} {ms['split']:7.2f} {ms['padded']:7.2f} "
+                      f"{rows[-1]['fold_over_split']:11.2f} {rows[-1]['fold_over_decode']:12.2f}",
+                      flush=True)
+    if args.json:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        graphs = None if runner.graphs is None else sorted(runner.graphs._graphs)
+        Path(args.json).write_text(json.dumps(dict(args=vars(args), commit=commit,
+                                                   machine=machine, rows=rows,
+                                                   graphs=graphs), indent=1))
+
+
+if __name__ == "__main__":
+    main()
