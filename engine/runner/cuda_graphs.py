@@ -225,6 +225,15 @@ class CudaGraphs:
         self.decision = (key, self._planned_captures(key))
         return key
 
+    def ready(self, batch_size: int, num_new: int, kv_len: int) -> bool:
+        """Whether a step of these sizes would replay a graph now (its bucket's own or a
+        cover), without counting it as met."""
+        if batch_size > self.max_batch_size:
+            return False
+        key = (batch_bucket(batch_size), new_bucket(num_new, self.max_num_new),
+               kv_bucket(kv_len, self.max_kv_len))
+        return key in self._graphs or self._cover(key) is not None
+
     def dictate(self, decision: Decision) -> None:
         """The next step runs in ``decision``'s bucket and captures its buckets first, whatever
         this object would decide (a tensor-parallel follower, told by the leader: see the

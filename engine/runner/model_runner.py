@@ -425,9 +425,11 @@ class ModelRunner:
         that width on the same slot (positions and the causal mask as one row's: a row's keys
         and values are in the pool before any row reads them). Two forwards (:meth:`_mixed_groups`)
         cost about two steps on a GPU where a step is mostly launches; the folded one about one.
-        The width: from the longest short row to ``max_num_new``, the one of fewest padded
-        tokens in its bucket (then fewest rows), where the rows fit :attr:`fold_rows` and gather
-        at most twice the key cells of a full batch at the longest context."""
+        The width: from the longest short row to ``max_num_new``, where the rows fit
+        :attr:`fold_rows` and gather at most twice the key cells of a full batch at the longest
+        context, one whose bucket a captured graph serves (its own or a cover: a bucket met
+        first runs eager, about ten graph steps, and is captured the next time), then the
+        fewest padded tokens in its bucket, then the fewest rows."""
         graphs = self.graphs
         if graphs is None:
             return None
@@ -439,14 +441,15 @@ class ModelRunner:
             return None  # (nothing to fold, or a long row that is a tree)
         cells = 2 * batch_bucket(self.max_num_seqs) * graphs.max_kv_len
         kv = kv_bucket(kv_len, graphs.max_kv_len)
-        best: tuple[int, int, int] | None = None  # (padded tokens, rows, width)
+        best: tuple[bool, int, int, int] | None = None  # (no graph, padded tokens, rows, width)
         for width in range(max(short), limit + 1):
             rows = len(short) + sum(-(-n // width) for n in long)
             if rows > self.fold_rows or batch_bucket(rows) * kv > cells:
                 continue
-            option = (batch_bucket(rows) * width, rows, width)
+            option = (not graphs.ready(rows, width, kv_len), batch_bucket(rows) * width, rows,
+                      width)
             best = option if best is None or option < best else best
-        return None if best is None else best[2]
+        return None if best is None else best[3]
 
     def _folded(self, width: int, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 starts: list[int], trees: Sequence[Tree | None]

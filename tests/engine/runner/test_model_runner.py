@@ -175,6 +175,13 @@ def test_fold_width_and_limits():
     # the key cells: at most twice a full batch's, 2 x 4 x 2001; at 1536 key columns 8 rows fit
     assert runner._fold([[1] * 2, [2] * 15], [None] * 2, 1500) == 5  # (2-4 a row: 9-5 rows)
     assert runner._fold([[1] * 2, [2] * 60], [None] * 2, 1500) is None  # (16 rows at best)
+    # a width whose bucket a captured graph serves comes first: with (16, 5, 128) captured,
+    # 4 tokens a row (13 rows: covered) rather than 2 (24 rows: no graph, eager first)
+    runner.graphs._graphs[(16, 5, 128)] = None  # (stands for a captured graph)
+    runner.graphs._covers.clear()
+    assert runner.graphs.ready(13, 4, 60) and runner.graphs.ready(16, 5, 100)
+    assert not runner.graphs.ready(17, 4, 60) and not runner.graphs.ready(13, 1, 60)
+    assert runner._fold([[1], [2], [3], [4] * 40], [None] * 4, 60) == 4
 
 
 def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
