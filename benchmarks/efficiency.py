@@ -144,7 +144,7 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams,
                                                      graphs.capture_seconds - before[1])
         if not captures[0]:
             break
-    STATE["steps"] = run_steps(llm)
+    STATE["steps"] = run_steps(llm, len(prompts))
     return tps, [o.outputs[0].token_ids for o in outs], captures
 
 
@@ -167,13 +167,23 @@ def rate(llm: LLM, prompts: list[list[int]], params: SamplingParams, repeats: in
     return _median_rate(llm, prompts, params, repeats)[0]
 
 
-def run_steps(llm: LLM) -> dict:
+def run_steps(llm: LLM, batch: int) -> dict:
     """The last ``generate``'s engine steps, its sequences' steps that verified drafts, and the
-    mean drafts of those (what the controller chose)."""
+    mean drafts of those (what the controller chose); with the controller on, also what it
+    decided from at the end: its step costs at ``batch`` by width (``controller_costs[w]``: a
+    step of ``w`` tokens per sequence over a plain one) and the engine-wide acceptance rates
+    (by backed draft position, then the unbacked ones and the proposals that found drafts)."""
     m = llm.engine.metrics
-    return dict(steps=m.num_steps, drafting_request_steps=m.num_spec_request_steps,
-                mean_drafts=m.num_drafted / m.num_spec_request_steps
-                if m.num_spec_request_steps else 0.0)
+    out = dict(steps=m.num_steps, drafting_request_steps=m.num_spec_request_steps,
+               mean_drafts=m.num_drafted / m.num_spec_request_steps
+               if m.num_spec_request_steps else 0.0)
+    policy = llm.engine.spec_policy
+    if policy.adaptive:
+        controller = policy.controller
+        out["controller_costs"] = [round(float(c), 4) for c in controller.step_cost(batch)[1:]]
+        out["engine_acceptance"] = [round(float(r), 4)
+                                    for r in controller.acceptance.engine_rates]
+    return out
 
 
 def release(llm: LLM) -> None:
@@ -244,7 +254,10 @@ def run(args: argparse.Namespace) -> dict:
                       f"{steps['drafting_request_steps']} sequence steps, "
                       f"{steps['mean_drafts']:.2f} each"
                       + (f"  ({captures} graph captures, {capture_s:.2f} s, timed)"
-                         if captures else ""), flush=True)
+                         if captures else "")
+                      + (f"  costs by width {steps['controller_costs']}, engine acceptance "
+                         f"{steps['engine_acceptance']}" if "controller_costs" in steps else ""),
+                      flush=True)
         if args.drift:
             drift.append(run_drift(model, tokenizer, args, prompts, params, base_tps, batch))
     return {"args": vars(args), "rows": rows, "drift": drift}

@@ -9,7 +9,9 @@ runner can run such a step three ways (``engine/runner/model_runner.py``):
 - ``split``: two forwards, the decodes in their graph bucket, then the prompt (a prefill graph);
 - ``padded``: one forward, every sequence padded to the prompt's length (eager past the graphs).
 
-Each is timed against the same step without the prompt (``decode``). ``batch - 1`` sequences
+Each is timed against the same step without the prompt (``decode``). Each row records how the
+runner lays the step out (``fold_width``: None when it would not fold; ``split``: False when
+the split saves too little and that layout is one padded forward). ``batch - 1`` sequences
 hold ``--context`` cached tokens and bring ``width`` new tokens each (1: decoding; k + 1:
 verifying drafts); the prompt has ``--prompt`` tokens. After every timed step the runner is cut
 back (``truncate``, the prompt's slot freed), so every repetition runs the same step; the
@@ -74,6 +76,12 @@ def measure(runner: ModelRunner, batch: int, width: int, prompt_len: int, contex
             runner.truncate(slot, context)
         return took * 1e3
 
+    # how the runner lays the mixed step out: the fold's width (None: not folded) and whether
+    # the split applies (None / False: that layout ran as one padded forward)
+    mixed = news + [prompt]
+    runner.fold_mixed = True
+    layout_of = dict(fold_width=runner._fold(mixed, [None] * len(mixed), context + prompt_len),
+                     split=runner._mixed_groups(mixed) is not None)
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     for layout in LAYOUTS:
         for _ in range(warmup):
@@ -84,10 +92,10 @@ def measure(runner: ModelRunner, batch: int, width: int, prompt_len: int, contex
     for slot in slots:
         runner.free_slot(slot)
     runner.fold_mixed = runner.split_mixed = True
-    return {layout: statistics.median(t) for layout, t in times.items()}
+    return {layout: statistics.median(t) for layout, t in times.items()}, layout_of
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="random-smollm2-135m")
     parser.add_argument("--device", default="cuda")
@@ -99,7 +107,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = args.dtype or ("float32" if device.type == "cpu" else "bfloat16")
     model, _ = build_model(args.model, args.device, dtype)
@@ -114,14 +122,16 @@ def main() -> None:
     for batch in batches:
         for width in widths:
             for prompt_len in (int(p) for p in args.prompts.split(",")):
-                ms = measure(runner, batch, width, prompt_len, args.context, args.warmup,
-                             args.iters)
-                rows.append(dict(batch=batch, width=width, prompt=prompt_len, ms=ms,
+                ms, layout_of = measure(runner, batch, width, prompt_len, args.context,
+                                        args.warmup, args.iters)
+                rows.append(dict(batch=batch, width=width, prompt=prompt_len, ms=ms, **layout_of,
                                  fold_over_split=ms["fold"] / ms["split"],
                                  fold_over_decode=ms["fold"] / ms["decode"]))
                 print(f"{batch:5d} {width:5d} {prompt_len:6d} {ms['decode']:7.2f} "
                       f"{ms['fold']:7.2f} {ms['split']:7.2f} {ms['padded']:7.2f} "
-                      f"{rows[-1]['fold_over_split']:11.2f} {rows[-1]['fold_over_decode']:12.2f}",
+                      f"{rows[-1]['fold_over_split']:11.2f} {rows[-1]['fold_over_decode']:12.2f}"
+                      + ("" if layout_of["split"] else "  (split: one padded forward here)")
+                      + ("" if layout_of["fold_width"] else "  (fold: not folded here)"),
                       flush=True)
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -9,7 +9,8 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
 
 - ``batch_size``: the step's sequences rounded up to 1, 2, 4, 8, then a multiple of 8 (the
   padding sequences are the cache's scratch slot: they write the scratch row and read nothing
-  that counts);
+  that counts); a *folded* step's rows, where a prompt chunk takes several rows of the step's
+  width (``ModelRunner._fold``), up to ``max_batch_size`` (the runner's ``fold_rows``);
 - ``num_new``: the step's tokens per sequence (1: decode; up to ``max_num_new``, the engine's
   k + 1), the shorter sequences padded with scratch tokens. Each width has its own buckets,
   because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2

@@ -45,6 +45,12 @@ def test_the_benchmark_runs_and_its_numbers_add_up(tmp_path):
     k2 = rows[0.0, "k=2"]
     assert (k2["steps"], k2["drafting_request_steps"]) == (8, 12)
     assert k2["mean_drafts"] == pytest.approx(11 / 6)
+    # the controller's rows carry what it decided from: a cost per width (1 to k + 1 tokens a
+    # sequence, plain first) and the engine's acceptance (k positions, unbacked, found)
+    assert "controller_costs" not in k2
+    adaptive = rows[0.9, "adaptive"]
+    assert len(adaptive["controller_costs"]) == 3 and adaptive["controller_costs"][0] == 1.0
+    assert len(adaptive["engine_acceptance"]) == 4
     (drift,) = result["drift"]
     steps = [b["steps_before"] for b in drift["batches"]]
     assert len(steps) == DRIFT_BATCHES and steps[0] == 0
