@@ -578,6 +578,35 @@ def test_the_head_captures_graphs_only_beside_the_targets_embeddings_and_head():
     assert not beside(head, torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, device="meta"))
 
 
+def staggered_drafts(target, head_dir, method: str, configure=None) -> tuple[int, int]:
+    """Five prompts arriving at steps 0, 1, 2, 4 and 5 of an engine of 16 tokens a step (the
+    19-token prompt's last chunk, 8 tokens, comes after the first request's verification and
+    before the 3-token newcomer's prefill), greedy, ``configure(runner)`` first; every output
+    must equal Hugging Face's. Returns the run's drafted and accepted drafts."""
+    from engine.llm import build_output
+
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (9, 19, 3, 12, 11)]
+    arrivals = [0, 1, 2, 4, 5]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = make_llm(target, head_dir, spec={"method": method, "adaptive_k": False},
+                   max_num_batched_tokens=16)
+    if configure is not None:
+        configure(llm.engine.runner)
+    engine, step, ids = llm.engine, 0, [f"r{i}" for i in range(len(prompts))]
+    while step <= max(arrivals) or engine.has_work():
+        for rid, prompt, at in zip(ids, prompts, arrivals, strict=True):
+            if at == step:
+                engine.add_request(rid, None, prompt, params)
+        engine.step()
+        step += 1
+    for rid, prompt in zip(ids, prompts, strict=True):
+        out = build_output(engine.pop_request(rid)).outputs[0].token_ids
+        assert list(out) == hf_greedy(target, prompt, 12)
+    metrics = llm.get_metrics()
+    return metrics.num_drafted, metrics.num_accepted
+
+
 @pytest.mark.parametrize("method", ["eagle", "ngram_eagle"])
 def test_steps_split_around_admitted_prompts_keep_greedy_output(target, head_dir, monkeypatch,
                                                                  method):
@@ -586,7 +615,6 @@ def test_steps_split_around_admitted_prompts_keep_greedy_output(target, head_dir
     Greedy output equals Hugging Face's, and the run drafts and accepts as many drafts as
     without the split (the features' order itself: the runner's tests, which compare
     ``all_hidden`` row by row)."""
-    from engine.llm import build_output
     from engine.runner import model_runner
     from engine.runner.model_runner import ModelRunner
 
@@ -595,29 +623,10 @@ def test_steps_split_around_admitted_prompts_keep_greedy_output(target, head_dir
     forward_groups = ModelRunner._forward_groups
     monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
         splits.append(groups), forward_groups(self, groups, *a))[1])
-    g = torch.Generator().manual_seed(3)
-    # With 16 tokens a step, the 19-token prompt's last chunk (8 tokens) comes after the first
-    # request's verification (5) and before the 3-token newcomer's prefill: its rows move
-    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (9, 19, 3, 12, 11)]
-    arrivals = [0, 1, 2, 4, 5]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     counts = []
     for min_saved in (1, 10**9):  # split at any saving, then never
         monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", min_saved)
-        llm = make_llm(target, head_dir, spec={"method": method, "adaptive_k": False},
-                       max_num_batched_tokens=16)
-        engine, step, ids = llm.engine, 0, [f"r{i}" for i in range(len(prompts))]
-        while step <= max(arrivals) or engine.has_work():
-            for rid, prompt, at in zip(ids, prompts, arrivals, strict=True):
-                if at == step:
-                    engine.add_request(rid, None, prompt, params)
-            engine.step()
-            step += 1
-        outputs = [build_output(engine.pop_request(rid)).outputs[0].token_ids for rid in ids]
-        for prompt, out in zip(prompts, outputs, strict=True):
-            assert list(out) == hf_greedy(target, prompt, 12)
-        metrics = llm.get_metrics()
-        counts.append((metrics.num_drafted, metrics.num_accepted, len(splits)))
+        counts.append((*staggered_drafts(target, head_dir, method), len(splits)))
     assert counts[0][2] > 0 and counts[1][2] == counts[0][2]  # split steps: the first run's
     # (at least one split put a long row before a short one back in place)
     assert any(max(short) > min(long) for short, long in splits)
@@ -632,35 +641,18 @@ def test_steps_folded_around_admitted_prompts_keep_greedy_output(target, head_di
     forward. Greedy output equals Hugging Face's, and the run drafts and accepts as many drafts
     as a runner that neither folds nor splits (the head reads every token's features back in
     step order)."""
-    from engine.llm import build_output
     from engine.runner.model_runner import ModelRunner
 
     folds = []
     folded = ModelRunner._folded
     monkeypatch.setattr(ModelRunner, "_folded", lambda self, width, *a: (
         folds.append(width), folded(self, width, *a))[1])
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(2, VOCAB, (n,), generator=g).tolist() for n in (9, 19, 3, 12, 11)]
-    arrivals = [0, 1, 2, 4, 5]
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     counts = []
     for fold in (True, False):
-        llm = make_llm(target, head_dir, spec={"method": method, "adaptive_k": False},
-                       max_num_batched_tokens=16)
-        engine, step, ids = llm.engine, 0, [f"r{i}" for i in range(len(prompts))]
-        engine.runner.use_graph_buckets(4, capture=False)  # (k + 1 = 4)
-        engine.runner.fold_mixed = fold
-        engine.runner.split_mixed = False
-        while step <= max(arrivals) or engine.has_work():
-            for rid, prompt, at in zip(ids, prompts, arrivals, strict=True):
-                if at == step:
-                    engine.add_request(rid, None, prompt, params)
-            engine.step()
-            step += 1
-        outputs = [build_output(engine.pop_request(rid)).outputs[0].token_ids for rid in ids]
-        for prompt, out in zip(prompts, outputs, strict=True):
-            assert list(out) == hf_greedy(target, prompt, 12)
-        metrics = llm.get_metrics()
-        counts.append((metrics.num_drafted, metrics.num_accepted, len(folds)))
+        def graphs(runner, fold=fold) -> None:
+            runner.use_graph_buckets(4, capture=False)  # (k + 1 = 4)
+            runner.fold_mixed, runner.split_mixed = fold, False
+
+        counts.append((*staggered_drafts(target, head_dir, method, graphs), len(folds)))
     assert counts[0][2] >= 2 and counts[1][2] == counts[0][2]  # folded steps: the first run's
     assert counts[0][:2] == counts[1][:2] and counts[0][1] > 0

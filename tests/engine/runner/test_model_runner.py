@@ -131,6 +131,26 @@ def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
     assert len(splits) >= 3 and all(short and long for short, long in splits)
 
 
+def mixed_prompts() -> list[list[int]]:
+    rng = random.Random(3)
+    return [[rng.randrange(96) for _ in range(n)] for n in (5, 7, 30, 3)]
+
+
+def mixed_step(runner) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Two sequences decode, then one step of a 2-token verification, a 30-token prompt, a
+    decode and a 3-token prompt, its rows asked in no order (one twice): the logits, every new
+    token's features, and each slot's length after it."""
+    prompts = mixed_prompts()
+    runner.keep_features(True)
+    slots = [runner.allocate_slot() for _ in range(4)]
+    runner.forward(slots[:2], prompts[:2])
+    runner.forward(slots[:2], [[1], [2]])
+    step = [[4, 5], prompts[2], [6], prompts[3]]
+    asked = [33, 0, 2, 35, 34, 1, 10, 33]
+    logits = runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked)
+    return logits, runner.all_hidden.clone(), [runner.seq_len(s) for s in slots]
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
 def test_mixed_steps_fold_into_one_bucket_stay_exact(monkeypatch, family):
     """With graph buckets, a step of decoding and prefilling sequences runs as one forward, each
@@ -193,18 +213,7 @@ def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
     for runner in runners:
         runner.use_graph_buckets(5, capture=False)
     runners[1].fold_mixed = runners[1].split_mixed = False
-    rng = random.Random(3)
-    prompts = [[rng.randrange(96) for _ in range(n)] for n in (5, 7, 30, 3)]
-    outs = []
-    for runner in runners:
-        runner.keep_features(True)
-        slots = [runner.allocate_slot() for _ in range(4)]
-        runner.forward(slots[:2], prompts[:2])
-        runner.forward(slots[:2], [[1], [2]])
-        step = [[4, 5], prompts[2], [6], prompts[3]]
-        asked = [33, 0, 2, 35, 34, 1, 10, 33]
-        outs.append((runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked),
-                     runner.all_hidden.clone(), [runner.seq_len(s) for s in slots]))
+    outs = [mixed_step(runner) for runner in runners]
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
     assert outs[0][1].shape[0] == 2 + 30 + 1 + 3 and outs[0][2] == outs[1][2] == [8, 9, 30, 3]
@@ -225,21 +234,8 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     runners = [ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=60)
                for _ in range(2)]
     runners[1].split_mixed = False
-    rng = random.Random(3)
-    prompts = [[rng.randrange(96) for _ in range(n)] for n in (5, 7, 30, 3)]
-    outs = []
-    for runner in runners:
-        runner.keep_features(True)
-        slots = [runner.allocate_slot() for _ in range(4)]
-        runner.forward(slots[:2], prompts[:2])  # two sequences decoding ...
-        runner.forward(slots[:2], [[1], [2]])
-        # ... then a step of a 2-token verification, a 30-token prompt, a decode, a 3-token one
-        step = [[4, 5], prompts[2], [6], prompts[3]]
-        # rows of the step's layout, in no order, one twice
-        asked = [33, 0, 2, 35, 34, 1, 10, 33]
-        monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
-        outs.append((runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked),
-                     runner.all_hidden.clone()))
+    monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
+    outs = [mixed_step(runner) for runner in runners]
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
     assert outs[0][1].shape[0] == 2 + 30 + 1 + 3
@@ -247,7 +243,7 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     # only short rows asked (the prompt's forward gives no logits): the same rows
     for runner in runners:
         slot = runner.allocate_slot()
-        outs.append(runner.forward([0, slot], [[8], prompts[2]], [0]))
+        outs.append(runner.forward([0, slot], [[8], mixed_prompts()[2]], [0]))
     torch.testing.assert_close(outs[-2], outs[-1], atol=ATOL, rtol=ATOL)
     assert outs[-1].shape == (1, 96) and len(splits) == 2
 
