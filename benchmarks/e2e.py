@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.e2e_runs import (  # noqa: E402
     RunResult,
+    controller_state,
     engine_generate,
     graph_stats,
     hf_generate,
@@ -170,6 +171,7 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
             metrics = llm.get_metrics()
             run.acceptance_rate = metrics.acceptance_rate
             run.mean_accepted_length = metrics.mean_accepted_length
+            run.controller = controller_state(llm, b)
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
                     if run.graph_captures else "")

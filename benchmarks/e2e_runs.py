@@ -38,6 +38,8 @@ class RunResult:
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     # (stolen, all) CPU ticks of the machine during the timed runs; None off Linux
     cpu_ticks: tuple[int, int] | None = field(default=None, repr=False)
+    # the speculation controller's state after the runs (controller_state), None without it
+    controller: dict | None = None
 
     @property
     def name(self) -> str:
@@ -69,6 +71,19 @@ class RunResult:
         """The JSON record of this run (no outputs, no tick counts: the steal share)."""
         fields = {k: v for k, v in asdict(self).items() if k not in ("outputs", "cpu_ticks")}
         return {**fields, "steal": self.steal}
+
+
+def controller_state(llm: Any, batch: int) -> dict | None:
+    """What an engine's speculation controller decides from, None when it has none (fixed k, no
+    speculation): its step costs at ``batch`` by width (``costs[w - 1]``: a step of ``w`` tokens
+    per sequence over a plain one) and the engine-wide acceptance rates (by backed draft
+    position, then the unbacked drafts pooled and the proposals that found drafts)."""
+    policy = llm.engine.spec_policy
+    if not policy.adaptive:
+        return None
+    controller = policy.controller
+    return dict(costs=[round(float(c), 4) for c in controller.step_cost(batch)[1:]],
+                acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates])
 
 
 def _sync(device: torch.device) -> None:

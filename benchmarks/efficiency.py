@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "benchmarks")]
 
 from custom_proposer import OracleProposer  # noqa: E402
+from e2e_runs import controller_state  # noqa: E402
 from e2e_workloads import RANDOM_LLAMAS, build_model, word_tokenizer  # noqa: E402
 
 from engine import LLM, SamplingParams  # noqa: E402
@@ -177,12 +178,9 @@ def run_steps(llm: LLM, batch: int) -> dict:
     out = dict(steps=m.num_steps, drafting_request_steps=m.num_spec_request_steps,
                mean_drafts=m.num_drafted / m.num_spec_request_steps
                if m.num_spec_request_steps else 0.0)
-    policy = llm.engine.spec_policy
-    if policy.adaptive:
-        controller = policy.controller
-        out["controller_costs"] = [round(float(c), 4) for c in controller.step_cost(batch)[1:]]
-        out["engine_acceptance"] = [round(float(r), 4)
-                                    for r in controller.acceptance.engine_rates]
+    state = controller_state(llm, batch)
+    if state is not None:
+        out["controller_costs"], out["engine_acceptance"] = state["costs"], state["acceptance"]
     return out
 
 

@@ -27,6 +27,15 @@ def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
     assert all(r["steal"] is None or 0.0 <= r["steal"] <= 1.0 for r in doc["runs"])
     assert any(r["steal"] is not None for r in doc["runs"]) == sys.platform.startswith("linux")
     assert "tokens/s over the engine without speculation" in capsys.readouterr().out
+    # what the controller decided from: costs by width (k + 1 widths, plain first) and the
+    # engine's acceptance; none for the engine without speculation and for Hugging Face
+    for r in doc["runs"]:
+        state = r["controller"]
+        if (r["system"], r["method"]) in (("engine", "ngram"), ("engine", "early_exit")):
+            assert len(state["costs"]) == r["k"] + 1 and state["costs"][0] == 1.0
+            assert len(state["acceptance"]) == r["k"] + 2
+        else:
+            assert state is None, (r["system"], r["method"])
 
 
 def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tmp_path, monkeypatch):
