@@ -229,11 +229,20 @@ class CudaGraphs:
     def ready(self, batch_size: int, num_new: int, kv_len: int) -> bool:
         """Whether a step of these sizes would replay a graph now (its bucket's own or a
         cover), without counting it as met."""
+        key = self._key(batch_size, num_new, kv_len)
+        return key is not None and (key in self._graphs or self._cover(key) is not None)
+
+    def _key(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
+        """The bucket of a step of these sizes, None when it has none (eager)."""
         if batch_size > self.max_batch_size:
-            return False
-        key = (batch_bucket(batch_size), new_bucket(num_new, self.max_num_new),
-               kv_bucket(kv_len, self.max_kv_len))
-        return key in self._graphs or self._cover(key) is not None
+            return None
+        batch, num_new = batch_bucket(batch_size), new_bucket(num_new, self.max_num_new)
+        kv = kv_bucket(kv_len, self.max_kv_len)
+        if num_new > self.max_num_new and (
+                batch > PREFILL_MAX_BATCH or batch * num_new > PREFILL_MAX_TOKENS
+                or batch * num_new * kv > PREFILL_MAX_CELLS):
+            return None  # a large prefill: eager
+        return batch, num_new, kv
 
     def dictate(self, decision: Decision) -> None:
         """The next step runs in ``decision``'s bucket and captures its buckets first, whatever
@@ -254,17 +263,10 @@ class CudaGraphs:
         return (key,)
 
     def _bucket(self, batch_size: int, num_new: int, kv_len: int) -> Key | None:
-        if batch_size > self.max_batch_size:
-            return None
-        batch, num_new = batch_bucket(batch_size), new_bucket(num_new, self.max_num_new)
-        kv = kv_bucket(kv_len, self.max_kv_len)
-        prefill = num_new > self.max_num_new
-        if prefill and (batch > PREFILL_MAX_BATCH or batch * num_new > PREFILL_MAX_TOKENS
-                        or batch * num_new * kv > PREFILL_MAX_CELLS):
-            return None  # a large prefill: eager
-        key = (batch, num_new, kv)
-        if key in self._graphs or not self._capture_graphs:
+        key = self._key(batch_size, num_new, kv_len)
+        if key is None or key in self._graphs or not self._capture_graphs:
             return key
+        prefill = key[1] > self.max_num_new
         self._met[key] = self._met.get(key, 0) + 1
         cover = self._cover(key)
         if cover is None:

@@ -375,12 +375,11 @@ class ModelRunner:
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
-        fold = (self._fold(token_ids, trees, kv_len) if self.fold_mixed
-                and self.before_launch is None else None)
+        fold = self._fold(token_ids, trees, kv_len) if self.fold_mixed else None
         if fold is not None:  # (each prompt chunk as rows of the step's width, one slot each)
             slots, token_ids, starts, trees = self._folded(fold, slots, token_ids, starts, trees)
         groups = (self._mixed_groups(token_ids) if self.split_mixed and not on_device
-                  and self.before_launch is None and fold is None else None)
+                  and fold is None else None)
         if groups is not None:
             return self._forward_groups(groups, slots, token_ids, logits_indices, trees)
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
@@ -439,12 +438,12 @@ class ModelRunner:
         long = [n for n, tree in zip(lens, trees, strict=True) if n > limit and tree is None]
         if not short or not long or len(short) + len(long) < len(lens):
             return None  # (nothing to fold, or a long row that is a tree)
-        cells = 2 * batch_bucket(self.max_num_seqs) * graphs.max_kv_len
+        most_rows, cells = self.fold_rows, 2 * batch_bucket(self.max_num_seqs) * graphs.max_kv_len
         kv = kv_bucket(kv_len, graphs.max_kv_len)
         best: tuple[bool, int, int, int] | None = None  # (no graph, padded tokens, rows, width)
         for width in range(max(short), limit + 1):
             rows = len(short) + sum(-(-n // width) for n in long)
-            if rows > self.fold_rows or batch_bucket(rows) * kv > cells:
+            if rows > most_rows or batch_bucket(rows) * kv > cells:
                 continue
             option = (not graphs.ready(rows, width, kv_len), batch_bucket(rows) * width, rows,
                       width)
@@ -457,16 +456,17 @@ class ModelRunner:
         """The step of :meth:`_fold`'s ``width``: every row longer than it cut into rows of
         ``width`` tokens (the last one shorter) on its slot, in place, so that the padded index
         of every new token stays in slot order then token order."""
-        rows: tuple[list, list, list, list] = ([], [], [], [])  # slots, ids, starts, trees
+        out: tuple[list, list, list, list] = ([], [], [], [])  # slots, ids, starts, trees
         for slot, ids, start, tree in zip(slots, token_ids, starts, trees, strict=True):
-            cuts = range(0, len(ids), width) if len(ids) > width else (0,)
-            for at in cuts:
-                piece = list(ids[at:at + width]) if len(cuts) > 1 else list(ids)
-                rows[0].append(slot)
-                rows[1].append(piece)
-                rows[2].append(start + at)
-                rows[3].append(tree if len(cuts) == 1 else None)
-        return rows
+            # (a row of at most ``width`` tokens stays whole, with its tree; a longer one is a
+            # prompt chunk, never a tree: _fold)
+            cuts = [(ids, start, tree)] if len(ids) <= width else [
+                (ids[at:at + width], start + at, None) for at in range(0, len(ids), width)]
+            for piece, first, piece_tree in cuts:
+                for column, value in zip(out, (slot, list(piece), first, piece_tree),
+                                         strict=True):
+                    column.append(value)
+        return out
 
     def _mixed_groups(self, token_ids: Sequence[Sequence[int]]
                       ) -> tuple[list[int], list[int]] | None:
