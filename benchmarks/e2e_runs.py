@@ -76,14 +76,18 @@ class RunResult:
 def controller_state(llm: Any, batch: int) -> dict | None:
     """What an engine's speculation controller decides from, None when it has none (fixed k, no
     speculation): its step costs at ``batch`` by width (``costs[w - 1]``: a step of ``w`` tokens
-    per sequence over a plain one) and the engine-wide acceptance rates (by backed draft
-    position, then the unbacked drafts pooled and the proposals that found drafts)."""
+    per sequence over a plain one), the engine-wide acceptance rates (by backed draft
+    position, then the unbacked drafts pooled and the proposals that found drafts), and the
+    recent step times that the costs are medians of (``samples_ms[w]``, oldest first)."""
     policy = llm.engine.spec_policy
     if not policy.adaptive:
         return None
     controller = policy.controller
+    table = controller.costs
     return dict(costs=[round(float(c), 4) for c in controller.step_cost(batch)[1:]],
-                acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates])
+                acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates],
+                samples_ms={w: [round(1e3 * s, 3) for s in table.samples("step", batch, w)]
+                            for w in range(1, controller.max_k + 2)})
 
 
 def _sync(device: torch.device) -> None:

@@ -181,6 +181,7 @@ def run_steps(llm: LLM, batch: int) -> dict:
     state = controller_state(llm, batch)
     if state is not None:
         out["controller_costs"], out["engine_acceptance"] = state["costs"], state["acceptance"]
+        out["controller_samples_ms"] = state["samples_ms"]
     return out
 
 

@@ -237,6 +237,9 @@ def summary(clock: StepClock, wall: float) -> dict:
                      "stages_ms": {k: round(1e3 * v, 3) for k, v in s["stages"].items()}}
                     for i, s in sorted(enumerate(recorded), key=lambda p: -p[1]["s"])[:6]],
         "decisions": decision_summary(clock.decisions),
+        # every step in order: [width recorded (0: not recorded), ms, graphs captured so far]
+        "trace": [[s["recorded"][0] if s["recorded"] else 0, round(1e3 * s["s"], 3),
+                   s.get("graphs", 0)] for s in steps],
         "left_out": [{**{k: v for k, v in s.items() if k not in ("start", "recorded",
                                                                  "stages")},
                       "index": i, "ms": 1e3 * s["s"]}

@@ -63,6 +63,11 @@ class StepCostTable:
         samples = self._samples.get((kind, self.batch_bucket(batch_size), width))
         return 0 if samples is None else len(samples)
 
+    def samples(self, kind: str, batch_size: int, width: int) -> list[float]:
+        """The cell's recent samples, oldest first (for benchmarks that show what a cost was
+        made of)."""
+        return list(self._samples.get((kind, self.batch_bucket(batch_size), width), ()))
+
     def seconds(self, kind: str, batch_size: int, width: int) -> float | None:
         return self._median.get((kind, self.batch_bucket(batch_size), width))
 

@@ -51,6 +51,10 @@ def test_the_benchmark_runs_and_its_numbers_add_up(tmp_path):
     adaptive = rows[0.9, "adaptive"]
     assert len(adaptive["controller_costs"]) == 3 and adaptive["controller_costs"][0] == 1.0
     assert len(adaptive["engine_acceptance"]) == 4
+    # ... and the recent step times each cost is the median of (a width met: some samples)
+    samples = adaptive["controller_samples_ms"]
+    assert set(samples) == {"1", "2", "3"} and all(ms > 0 for v in samples.values() for ms in v)
+    assert samples["3"]  # at alpha 0.9 the controller verified both drafts after its first steps
     (drift,) = result["drift"]
     steps = [b["steps_before"] for b in drift["batches"]]
     assert len(steps) == DRIFT_BATCHES and steps[0] == 0

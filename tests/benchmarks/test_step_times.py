@@ -21,6 +21,9 @@ def test_step_times_accounts_for_every_step(tmp_path):
         assert run["steps"] > 0
         assert run["recorded_steps"] + run["left_out_steps"] == run["steps"]
         assert len(run["left_out"]) == run["left_out_steps"]
+        # the trace: every step in order, its recorded width 0 exactly where left out
+        assert len(run["trace"]) == run["steps"]
+        assert sum(1 for w, _, _ in run["trace"] if w == 0) == run["left_out_steps"]
         assert set(run["stages_ms_per_step"]) == {"schedule", "propose", "forward", "adjust",
                                                   "verify", "append_and_stop", "rollback",
                                                   "record"}
