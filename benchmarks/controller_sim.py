@@ -9,9 +9,13 @@ one right with probability ``alpha``, independently, so a step accepts the leadi
 A step of ``b`` sequences that scores ``w`` tokens each takes ``cost(b, w)`` plain steps, with
 lognormal noise; the cost model is ``1 + verify_cost * (w - 1) + spec_overhead`` (``w > 1``),
 which the defaults set near the H100's measured ratios for the random 1B LLaMA (alpha = 0 rows
-of docs/performance.md, "Efficiency against an oracle"). Each batch is closed (``LLM.generate``:
-``max_tokens`` each, the call ends with its slowest sequence), one engine per (batch, alpha,
-policy) serves ``--warmup`` batches, then ``--runs`` timed ones.
+of docs/performance.md, "Efficiency against an oracle"). ``--bursts P``: with probability ``P``
+a step starts a slow stretch, as the H100 machine showed at batch 1 (a step of 12-14 ms among
+steps of 2.5, then 5.9, 4.6, 3.9, 3.3 ms...: something outside the engine, whichever width the
+steps had): ``--burst-height`` plain steps more, shrinking by ``--burst-decay`` a step. Each
+batch is closed (``LLM.generate``: ``max_tokens`` each, the call ends with its slowest
+sequence), one engine per (batch, alpha, policy) serves ``--warmup`` batches, then ``--runs``
+timed ones.
 
     python benchmarks/controller_sim.py --batch-sizes 1,8,32 --alphas 0,0.3,0.5,0.7,0.9
 
@@ -43,7 +47,8 @@ class SimEngine:
     """One engine's policy and clock over simulated steps (see the module docstring)."""
 
     def __init__(self, k: int, adaptive: bool, verify_cost: float, spec_overhead: float,
-                 noise: float, seed: int, defer: bool = True) -> None:
+                 noise: float, seed: int, defer: bool = True,
+                 bursts: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, adaptive_k=adaptive)
         self.policy = SpeculationPolicy(spec, k, 1 << 20, drafts_are_free=True,
                                         measured_draft_cost=lambda: 0.0)
@@ -51,11 +56,17 @@ class SimEngine:
         self.verify_cost, self.spec_overhead, self.noise = verify_cost, spec_overhead, noise
         self.rng = np.random.default_rng(seed)
         self.steps = 0
+        self.bursts = bursts  # (chance a step starts one, height in plain steps, decay)
+        self.excess = 0.0  # the slow stretch's extra plain steps at this step
 
     def cost(self, width: int) -> float:
         """Seconds of a step scoring ``width`` tokens per sequence, with noise."""
         rel = 1.0 if width == 1 else 1.0 + self.verify_cost * (width - 1) + self.spec_overhead
-        return PLAIN_STEP_S * rel * float(self.rng.lognormal(0.0, self.noise))
+        chance, height, decay = self.bursts
+        self.excess *= decay
+        if chance and self.rng.random() < chance:
+            self.excess = height
+        return PLAIN_STEP_S * (rel * float(self.rng.lognormal(0.0, self.noise)) + self.excess)
 
     def batch(self, size: int, alpha: float, max_tokens: int) -> tuple[float, int]:
         """One closed batch: its seconds and decode steps."""
@@ -116,7 +127,7 @@ def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) 
 def sim_engine(args: argparse.Namespace, k: int, adaptive: bool, seed: int) -> SimEngine:
     """An engine with the command line's cost model (k = 0: plain decoding)."""
     return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
-                     args.defer)
+                     args.defer, (args.bursts, args.burst_height, args.burst_decay))
 
 
 def cell(size: int, alpha: float, args: argparse.Namespace, seed: int) -> dict:
@@ -156,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spec-overhead", type=float, default=0.02,
                    help="a drafting step's fixed extra cost, in plain steps")
     p.add_argument("--noise", type=float, default=0.03, help="lognormal sigma of step times")
+    p.add_argument("--bursts", type=float, default=0.0,
+                   help="chance that a step starts a slow stretch (see the module docstring)")
+    p.add_argument("--burst-height", type=float, default=4.0,
+                   help="a slow stretch's first step: this many plain steps more")
+    p.add_argument("--burst-decay", type=float, default=0.6,
+                   help="a slow stretch's extra time shrinks by this factor a step")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seeds", type=int, default=5, help="simulations per cell (mean reported)")

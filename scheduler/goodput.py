@@ -77,9 +77,12 @@ DEFAULT_VERIFY_COST * (w - 1)``; a costly proposer's ``k`` drafts cost ``draft_c
 Optimistic, so a width is tried, measured and then judged on its measured cost; until a width
 holds ``TRUSTED`` samples at a batch size it costs what the next narrower width does (measured
 on the H100: one slow first step of 4 drafts kept the controller at 2 drafts for the rest of a
-run), and after, the trusted medians are made non-decreasing in the width by pooling
-(:func:`monotone_fit`: a median below a narrower width's is noise, and is averaged with it
-rather than raised to it, which made every wider width dear where widths cost about the same).
+run), and after, the trusted cells' answers (lower quartiles of recent samples) are made
+non-decreasing in the width by pooling (:func:`monotone_fit`: one below a narrower width's is
+noise, and is averaged with it rather than raised to it, which made every wider width dear
+where widths cost about the same). A width not measured is read between trusted widths only
+(one untrusted sample from a slow stretch, as an end of that line, made every narrower width
+dear: seen in simulation, ``benchmarks/controller_sim.py --bursts``).
 
 On a GPU the controller learns while the next step's forward runs (``SpeculationPolicy.flush``:
 the acceptance of the last step, its cost, and the tables of the next decision), so a decision
@@ -262,11 +265,11 @@ class GoodputController:
         if self.verify_cost is not None:
             cost[2:] = 1.0 + self.verify_cost * np.arange(1, self.max_k + 1)
             return cost
-        # [max_k + 2]: each width's median over the plain step's, None where not measured
+        # [max_k + 2]: each width's cost over the plain step's, None where not measured
         measured = [self.costs.relative("step", batch_size, w) for w in range(self.max_k + 2)]
         measured[1] = 1.0
-        # The trusted medians, made non-decreasing by pooling (a step's work grows with its
-        # width, so a median below a narrower width's is noise). Pooled, not raised to the
+        # The trusted costs, made non-decreasing by pooling (a step's work grows with its
+        # width, so a cost below a narrower width's is noise). Pooled, not raised to the
         # narrower one: where widths cost about the same (batch 1 on an H100 with the fused
         # kernels: 2 to 5 tokens within 2-9% of a plain step), raising each width to the
         # largest noise below it made every wider width dearer than it is, and the controller
@@ -279,9 +282,11 @@ class GoodputController:
                                   [counts[w] for w in trusted])
             for w, value in zip(trusted, fitted, strict=True):
                 measured[w] = value
-        known = [w for w in range(1, self.max_k + 2) if measured[w] is not None]
+        # (the widths a width not measured is read between: an untrusted one's sample may be
+        # a slow stretch's, which on a line through it made every narrower width dear)
+        known = [1, *trusted]
         for w in range(2, self.max_k + 2):
-            # A step costs at least what a narrower one does (its work is a superset): a median
+            # A step costs at least what a narrower one does (its work is a superset): a cost
             # below it is noise, which would make drafts that are never accepted look free (on
             # the H100 at batch 1 one draft's step costs about a plain step's).
             cost[w] = max(self._width_cost(w, measured, counts, known, cost), cost[w - 1])
@@ -294,7 +299,7 @@ class GoodputController:
         ``counts``: the samples of each measured width (2 and wider)."""
         if measured[w] is not None:
             if counts[w] < TRUSTED:
-                # (until the width holds a median of samples it costs what the narrower one
+                # (until the width holds TRUSTED samples it costs what the narrower one
                 # does: one slow first step must not rule it out; it is tried)
                 return cost[w - 1]
             return measured[w]

@@ -25,6 +25,18 @@ def test_fixed_k_speedups_follow_the_cost_model(tmp_path):
     assert cells[0.0]["k=4"] == pytest.approx(65 / (2 + 59 * 1.22 + 1.17 + 1.12 + 1.07 + 1))
 
 
+def test_a_slow_stretch_adds_its_height_then_shrinks_by_its_decay():
+    """``--bursts``: a stretch starts at a step with the given chance (1: every step restarts
+    it; 0: never) and adds plain steps that shrink by the decay each step after."""
+    from benchmarks.controller_sim import PLAIN_STEP_S, SimEngine
+
+    engine = SimEngine(4, False, 0.05, 0.02, 0.0, seed=0, bursts=(1.0, 4.0, 0.5))
+    assert [engine.cost(1) / PLAIN_STEP_S for _ in range(2)] == pytest.approx([5.0, 5.0])
+    engine.bursts = (0.0, 4.0, 0.5)  # (no new stretch: the last one shrinks)
+    assert [engine.cost(5) / PLAIN_STEP_S for _ in range(3)] == pytest.approx(
+        [1.22 + 2.0, 1.22 + 1.0, 1.22 + 0.5])
+
+
 def test_the_controller_drafts_when_drafts_pay_and_stops_when_they_do_not(tmp_path):
     cells = run(tmp_path, "--alphas", "1,0")
     assert cells[1.0]["controller"] > 0.9 * cells[1.0]["k=4"]
