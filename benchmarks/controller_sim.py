@@ -58,6 +58,12 @@ class SimEngine:
         self.steps = 0
         self.bursts = bursts  # (chance a step starts one, height in plain steps, decay)
         self.excess = 0.0  # the slow stretch's extra plain steps at this step
+        self.score_clean = False  # time the batches without the noise (--score-clean)
+
+    def clean_cost(self, width: int) -> float:
+        """Seconds of a step scoring ``width`` tokens per sequence, without noise."""
+        return PLAIN_STEP_S * (1.0 if width == 1 else
+                               1.0 + self.verify_cost * (width - 1) + self.spec_overhead)
 
     def cost(self, width: int) -> float:
         """Seconds of a step scoring ``width`` tokens per sequence, with noise."""
@@ -105,10 +111,10 @@ class SimEngine:
                 seq.num_computed_tokens = seq.num_tokens - 1
             self.policy.update(running, kept, accepted, [None] * len(running))
             width = 1 + max(kept)
-            step_s = self.cost(width)
+            step_s = self.cost(width)  # (what the controller measures)
             self.policy.record_step(items, [[1] * g for g in kept], step_s,
                                     0.0 if wanted else None)
-            seconds += step_s
+            seconds += self.clean_cost(width) if self.score_clean else step_s
             steps += 1
             self.steps += 1
             done = [s for s in running if s.num_output_tokens >= params.max_tokens]
@@ -126,8 +132,10 @@ def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) 
 
 def sim_engine(args: argparse.Namespace, k: int, adaptive: bool, seed: int) -> SimEngine:
     """An engine with the command line's cost model (k = 0: plain decoding)."""
-    return SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
-                     args.defer, (args.bursts, args.burst_height, args.burst_decay))
+    engine = SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
+                       args.defer, (args.bursts, args.burst_height, args.burst_decay))
+    engine.score_clean = args.score_clean
+    return engine
 
 
 def cell(size: int, alpha: float, args: argparse.Namespace, seed: int) -> dict:
@@ -173,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="a slow stretch's first step: this many plain steps more")
     p.add_argument("--burst-decay", type=float, default=0.6,
                    help="a slow stretch's extra time shrinks by this factor a step")
+    p.add_argument("--score-clean", action="store_true",
+                   help="time the batches by the cost model without noise (the controller still "
+                        "measures the noisy steps): the decisions' worth, not the noise's luck")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seeds", type=int, default=5, help="simulations per cell (mean reported)")

@@ -13,8 +13,14 @@ way, and the ratios between them are what the controller uses.) The first step o
 not recorded at all: it pays one-time costs that no later step pays (a Triton kernel compiled
 for a new shape: 40 ms on an H100).
 
-Samples expire: one older than ``WINDOW`` recorded steps of its batch size is dropped (the
-cells' ages are looked at every ``SWEEP`` steps), so a
+A trusted cell also leaves out a sample over ``OUTLIER`` times its answer, unless it left out
+the ``SKIP_LIMIT`` before it too (then the cost moved, and such samples are taken until one
+comes within the bound again): a slow stretch
+of the machine came 13 steps long at times, more than a quartile can shrug off.
+
+Samples expire (but the plain step's, which every cost is relative to: while drafting pays no
+plain step comes to measure it again): one older than ``WINDOW`` recorded steps of its batch
+size is dropped (the cells' ages are looked at every ``SWEEP`` steps), so a
 width that the controller stopped choosing is measured again (it then reads as not measured:
 optimistic, ``scheduler.goodput``). Without it a width measured in one slow stretch kept its
 cost for good: on the H100 machine, batch 1 of the random 1B, stretches of 5-10 steps came
@@ -50,6 +56,8 @@ SAMPLES = 15  # recent measurements kept per cell
 TRUSTED = 3  # below this many a cell answers its fastest sample (optimism: it is tried again)
 WINDOW = 128  # a sample older than this many recorded steps of its batch size is dropped
 SWEEP = 16  # recorded steps of a batch size between looks at its cells' ages
+OUTLIER = 1.5  # a trusted cell leaves out a sample over this many times its answer ...
+SKIP_LIMIT = 8  # ... unless it left out this many in a row (then its cost moved)
 
 
 class StepCostTable:
@@ -62,6 +70,7 @@ class StepCostTable:
         self._samples: dict[tuple[str, int, int], deque[tuple[int, float]]] = {}
         self._answer: dict[tuple[str, int, int], float] = {}  # each cell's answer
         self._clock: dict[int, int] = {}  # bucket -> its steps recorded
+        self._skipped: dict[tuple[str, int, int], int] = {}  # outliers left out in a row
         self._plain_batches: list[int] = []  # buckets with a measured plain step
         self._nearest: dict[int, list[int]] = {}  # bucket -> _plain_batches nearest first
         self.version = 0  # bumped when an answer may change (moved, began or emptied)
@@ -79,27 +88,34 @@ class StepCostTable:
         if samples is None:  # a cell's first step is a warm-up: not recorded (see above)
             self._samples[key] = deque(maxlen=SAMPLES)
             return
+        answer = self._answer.get(key)
+        if answer is not None and len(samples) >= TRUSTED and seconds > OUTLIER * answer:
+            skipped = self._skipped.get(key, 0)
+            if skipped < SKIP_LIMIT:  # (a slow stretch, left out: see above; past the limit
+                self._skipped[key] = skipped + 1  # the cost moved, and every one is taken)
+                return
+        else:
+            self._skipped[key] = 0
         samples.append((clock, seconds))
         self._update(key, samples, clock)
 
     def _sweep(self, bucket: int, clock: int) -> None:
-        """Drop the samples of ``bucket``'s cells that are older than ``WINDOW``."""
+        """Drop the samples of ``bucket``'s cells that are older than ``WINDOW`` (not the plain
+        step's: see the module docstring)."""
         for key, samples in self._samples.items():
-            if key[1] == bucket and samples and samples[0][0] <= clock - WINDOW:
+            if (key[1] == bucket and key[2] != 1 and samples
+                    and samples[0][0] <= clock - WINDOW):
                 self._update(key, samples, clock)
 
     def _update(self, key: tuple[str, int, int], samples: deque[tuple[int, float]],
                 clock: int) -> None:
         """The cell's answer from its samples of the last ``WINDOW`` steps."""
-        while samples and samples[0][0] <= clock - WINDOW:
-            samples.popleft()
         plain = key[0] == "step" and key[2] == 1
+        while not plain and samples and samples[0][0] <= clock - WINDOW:
+            samples.popleft()
         if not samples:
             if self._answer.pop(key, None) is not None:
                 self.version += 1
-                if plain:
-                    self._plain_batches.remove(key[1])
-                    self._nearest.clear()
             return
         if plain and key not in self._answer:
             self._plain_batches.append(key[1])

@@ -12,7 +12,7 @@ from scheduler.goodput import (
     monotone_fit,
     probe_wait,
 )
-from scheduler.step_costs import SAMPLES, SWEEP, WINDOW, StepCostTable
+from scheduler.step_costs import SAMPLES, SKIP_LIMIT, SWEEP, WINDOW, StepCostTable
 
 
 def leviathan(a: float, k: int) -> float:
@@ -121,10 +121,10 @@ def test_one_slow_first_step_does_not_rule_a_width_out():
         ctl.costs.record("step", 8, 5, 0.0120)
     assert ctl.step_cost(8)[5] == pytest.approx(1.2)
     assert ctl.choose_width(accs, [4] * 8, None, 0) == 4
-    for _ in range(2):  # two more slow steps of 5 are still a slow stretch ...
+    for _ in range(2):  # two more slow steps of 5 are a slow stretch (left out) ...
         ctl.costs.record("step", 8, 5, 0.030)
     assert ctl.choose_width(accs, [4] * 8, None, 0) == 4
-    for _ in range(4):  # ... a width that is slow in most of its steps loses
+    for _ in range(SKIP_LIMIT + 6):  # ... a width that stays slow loses
         ctl.costs.record("step", 8, 5, 0.030)
     assert ctl.choose_width(accs, [4] * 8, None, 0) == 3
 
@@ -410,7 +410,7 @@ def test_a_prepared_decision_is_weighed_again_when_an_input_changed(monkeypatch,
     if change == "drafting":
         ctl.drafting = False
     elif change == "cost":
-        for _ in range(12):  # (its lower quartile moves)
+        for _ in range(SKIP_LIMIT + 12):  # (its lower quartile moves)
             ctl.costs.record("step", 8, 5, 0.02)
     elif change == "acceptance":
         ctl.acceptance.deferred = False
@@ -457,8 +457,8 @@ def test_step_costs_take_the_lower_quartile_and_borrow_from_the_nearest_batch_si
     costs = StepCostTable()
     costs.record("step", 8, 1, 0.9)  # a cell's first step (a kernel compiled): left out
     assert costs.count("step", 8, 1) == 0
-    # half of the samples slow (a capture, a GC, a slow stretch of the machine)
-    for seconds in [0.010, 0.500, 0.010, 0.300, 0.200, 0.010, 0.600, 0.010]:
+    # half of the samples slower (by less than OUTLIER: none left out)
+    for seconds in [0.010, 0.014, 0.010, 0.014, 0.014, 0.010, 0.014, 0.010]:
         costs.record("step", 8, 1, seconds)
     for _ in range(3):
         costs.record("step", 8, 5, 0.015)
@@ -631,41 +631,37 @@ def table_controller():
 
 def test_step_costs_shrug_off_a_stretch_of_slow_steps():
     """The H100 machine's slow stretches at batch 1: a step of 5 plain steps' time, then 3.5,
-    2.5, 1.9, 1.6, 1.4 (whatever the width): six of a cell's nine samples. The cell still
-    answers its width's own cost (a median answered 1.6 plain steps)."""
+    2.5, 1.9, 1.6, 1.4, 1.3, 1.2 (whatever the width). Those over ``OUTLIER`` times the cell's
+    answer are left out, and the lower quartile shrugs off the rest: the cell still answers
+    its width's own cost (the median of all of them: 1.6)."""
     costs = StepCostTable()
-    stretch = [5.0, 3.5, 2.5, 1.9, 1.6, 1.4]
+    stretch = [5.0, 3.5, 2.5, 1.9, 1.6, 1.4, 1.3, 1.2]
     for seconds in [0.0, 1.02, 1.03, 1.04, *stretch]:  # (the first: the warm-up)
         costs.record("step", 1, 5, 0.0025 * seconds)
     assert costs.samples("step", 1, 5) == pytest.approx([0.0025 * s for s in
-                                                         [1.02, 1.03, 1.04, *stretch]])
-    assert costs.seconds("step", 1, 5) == pytest.approx(0.0025 * 1.04)
+                                                         [1.02, 1.03, 1.04, 1.4, 1.3, 1.2]])
+    assert costs.seconds("step", 1, 5) == pytest.approx(0.0025 * 1.03)
 
 
 def test_step_cost_samples_expire_so_an_unused_width_is_measured_again():
     """A sample older than ``WINDOW`` recorded steps of its batch size is dropped: the cell
     reads as not measured (the controller then costs it optimistically and tries it), and
-    its next step is a sample at once (its warm-up was long ago). The plain cell expires too,
-    and the batch size's costs are relative to nothing until plain steps are measured."""
+    its next step is a sample at once (its warm-up was long ago). The plain cell does not
+    expire (while drafting pays, nothing would measure it again)."""
     costs = StepCostTable()
     for _ in range(4):
         costs.record("step", 8, 1, 0.010)
         costs.record("step", 8, 5, 0.012)
-        costs.record("step", 32, 1, 0.020)
     version = costs.version
     for _ in range(WINDOW + SWEEP):  # the engine settles on 2 drafts at batch 8 (cells' ages
         # are looked at every SWEEP steps)
         costs.record("step", 8, 3, 0.011)
     assert costs.version > version
     assert costs.count("step", 8, 5) == 0 and costs.seconds("step", 8, 5) is None
-    assert costs.count("step", 8, 1) == 0 and costs.relative("step", 8, 3) is None
-    assert costs.count("step", 32, 1) == 3  # (another batch size's steps: its own clock)
-    assert costs.count("step", 8, 3) <= SAMPLES
+    assert costs.count("step", 8, 1) == 3 and costs.relative("step", 8, 3) == pytest.approx(1.1)
+    assert costs.count("step", 8, 3) == SAMPLES
     costs.record("step", 8, 5, 0.013)
     assert costs.samples("step", 8, 5) == [0.013]
-    for _ in range(3):
-        costs.record("step", 8, 1, 0.010)
-    assert costs.relative("step", 8, 3) == pytest.approx(1.1)
     assert costs.relative("step", 8, 5) == pytest.approx(1.3)  # (untrusted: its fastest)
 
 
@@ -702,3 +698,21 @@ def test_a_deep_position_tried_rarely_reads_near_the_one_before_it():
         model.tick()
         model.update([acc], [4], [2], [None])
     assert model.engine_rates[2] < 0.1
+
+
+def test_a_trusted_cell_leaves_out_a_slow_stretch_but_follows_a_cost_that_moved():
+    """Samples over ``OUTLIER`` times a trusted cell's answer are left out (a slow stretch of
+    13 steps is more than three quarters of a cell's recent samples), unless ``SKIP_LIMIT``
+    came in a row: then the cost moved and the cell takes them."""
+    costs = StepCostTable()
+    for seconds in [0.0, 0.010, 0.010, 0.010]:  # (the first: the warm-up)
+        costs.record("step", 1, 5, seconds)
+    for seconds in [0.05, 0.04, 0.03, 0.025, 0.02, 0.018, 0.017, 0.016][:SKIP_LIMIT]:
+        costs.record("step", 1, 5, seconds)
+    assert costs.samples("step", 1, 5) == [0.010] * 3
+    assert costs.seconds("step", 1, 5) == pytest.approx(0.010)
+    costs.record("step", 1, 5, 0.011)  # (within the bound: the count of left out restarts)
+    for _ in range(SKIP_LIMIT + 12):  # twice the cost for good: each taken after SKIP_LIMIT
+        costs.record("step", 1, 5, 0.020)
+    assert costs.count("step", 1, 5) == SAMPLES
+    assert costs.seconds("step", 1, 5) == pytest.approx(0.020)
