@@ -43,8 +43,8 @@ from benchmarks.efficiency import STATE, decisive  # noqa: E402  (registers "ora
 from engine import LLM  # noqa: E402
 from scheduler.goodput import expected_by_width  # noqa: E402
 
-STAGES = ("_schedule", "_propose", "_forward", "_adjust", "_verify", "_append_and_stop",
-          "_rollback", "_record")
+STAGES = ("_schedule", "_propose", "_forward", "_observe", "_adjust", "_verify",
+          "_append_and_stop", "_rollback", "_hand_features", "_record")
 
 
 class StepClock:
@@ -64,6 +64,8 @@ class StepClock:
         self._step = engine.step
         engine.step = self._timed_step
         policy = engine.spec_policy
+        # (the controller's learning, while the forward runs: LLMEngine._run_step)
+        policy.flush = self._timed("flush", policy.flush)
         self._record_step = policy.record_step
         policy.record_step = self._on_record
         # the controller's width choices: predicted token gain and cost against what came
@@ -230,7 +232,8 @@ def summary(clock: StepClock, wall: float) -> dict:
                                          ("with_prefill", [s["s"] for s in steps
                                                            if not s.get("decode_only")]))},
         "stage_ms_percentiles": {name.strip("_"): percentiles(
-            [s["stages"].get(name.strip("_"), 0.0) for s in recorded]) for name in STAGES},
+            [s["stages"].get(name.strip("_"), 0.0) for s in recorded])
+            for name in (*STAGES, "flush")},
         # (where a mean and a median part: the slowest steps, whole)
         "slowest": [{**{k: v for k, v in s.items() if k not in ("start", "recorded", "stages")},
                      "index": i, "ms": round(1e3 * s["s"], 3),

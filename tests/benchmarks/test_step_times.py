@@ -24,9 +24,9 @@ def test_step_times_accounts_for_every_step(tmp_path):
         # the trace: every step in order, its recorded width 0 exactly where left out
         assert len(run["trace"]) == run["steps"]
         assert sum(1 for w, _, _ in run["trace"] if w == 0) == run["left_out_steps"]
-        assert set(run["stages_ms_per_step"]) == {"schedule", "propose", "forward", "adjust",
-                                                  "verify", "append_and_stop", "rollback",
-                                                  "record"}
+        assert set(run["stages_ms_per_step"]) == {
+            "schedule", "propose", "forward", "flush", "observe", "adjust", "verify",
+            "append_and_stop", "rollback", "hand_features", "record"}
         if method == "none":  # no proposer: no width choices and one token per step
             assert all(d["n"] == 0 for d in run["decisions"].values())
             assert run["steps"] == 8 and set(run["recorded_by_width"]) == {"1"}
