@@ -139,11 +139,6 @@ class _StepBatch:
 # the run before) and 8 (0.88-0.97x against 1.05-1.07x): each tree node is a token of the
 # target's forward and a query of the head, and a tree step's host work grows with the batch.
 TREE_MAX_SEQS = 2
-# Steps without a proposal between two that show the proposer the contexts (_observe): on the
-# H100 with the default model, open prompts, an observe of every step took 0.15-0.28 ms at
-# batch 8 and 0.33-0.41 ms at batch 32 (of a 2.7 / 4 ms step), not all of it in the forward's
-# shadow, where the engine without speculation took 2.5 / 3.9 ms a step.
-OBSERVE_EVERY = 8
 
 
 def tree_depth(parents: list[int]) -> int:
@@ -458,19 +453,20 @@ class LLMEngine:
         """On a GPU, while the forward runs: a proposer that keeps state of the text (n-gram's
         index, the draft head's pending pairs) and was not asked for drafts this step sees the
         sampling sequences' contexts (``Proposer.observe``), so that a later proposal does not
-        catch up on every token since the last one. Measured on
-        the H100 with the default model, open prompts: a probe's proposal after up to 16 steps
-        without one (the catch-up, the drafts and the controller's choice; probes now come up
-        to 32 steps apart) took 0.5-1.6 ms at batch 8, where a step takes about 4 ms, and
-        0.8-4.3 ms at batch 32. Every ``OBSERVE_EVERY``-th such step, so that a proposal
-        catches up on fewer tokens than that and a plain step seldom pays the call."""
+        catch up on every token since the last one. Measured on the H100 with the default
+        model, open prompts: a probe's proposal after up to 16 steps without one (the catch-up,
+        the drafts and the controller's choice; probes now come up to 32 steps apart) took
+        0.5-1.6 ms at batch 8, where a step takes about 4 ms, and 0.8-4.3 ms at batch 32. At
+        every ``Proposer.observe_every``-th such step (n-gram: 8; the draft head: each), since
+        n-gram's observe of every step took 0.15-0.28 ms at batch 8 and 0.33-0.41 ms at batch
+        32 on the H100 (a plain step 2.5 / 3.9 ms), not all of it in the forward's shadow."""
         if batch.proposed:
             self._unobserved = 0
         if (batch.proposed or self.proposer is None or not self.proposer.observes
                 or not self.forward_is_async):
             return
         self._unobserved += 1
-        if self._unobserved < OBSERVE_EVERY:  # (every OBSERVE_EVERY-th step: see there)
+        if self._unobserved < self.proposer.observe_every:
             return
         self._unobserved = 0
         requests = [ProposeRequest(seq.seq_id, seq.all_token_ids, 0, seq.params)

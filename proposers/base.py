@@ -103,6 +103,10 @@ class Proposer(ABC):
     # ``observes``: :meth:`observe` does work (n-gram's index of the text kept current, the
     # draft head's pending pairs written)
     observes: bool = False
+    # ``observe_every``: the engine calls :meth:`observe` at every this-many-th step without a
+    # proposal (n-gram: a proposal catches up on the tokens since, at the same cost per token;
+    # the calls themselves are what a plain step pays)
+    observe_every: int = 8
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:

@@ -119,6 +119,10 @@ class DraftHeadProposer(Proposer):
         self.branching = None if tree is None else list(tree)
         self._trees: dict[int, DraftTree] = {}  # depth -> its tree's static layout
         self.vocab_size, self.max_pending = vocab_size, max_pending
+        # (observed at every plain step: the pairs of a request whose pending ones fill a
+        # graph's room are written then, so that its next proposal replays without writing
+        # first; a sparser cadence was not measured)
+        self.observe_every = 1
         self.max_lazy = max(max_pending, LAZY_PENDING)  # pending pairs before a write
         self._readout_weight = self._readout_bias = self._vocab = None
         if head.vocab is not None:  # the draft vocabulary's rows of the output head

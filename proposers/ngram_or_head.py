@@ -48,6 +48,7 @@ class NgramOrHeadProposer(Proposer):
 
     def __init__(self, ngram: NgramProposer, head: DraftHeadProposer) -> None:
         self.ngram, self.head = ngram, head
+        self.observe_every = min(ngram.observe_every, head.observe_every)
         self.drafts_are_free = head.drafts_are_free
         # request -> [one-token matches' mean, the head's mean] accepted drafts per proposal
         self._means: dict[str | int, list[float]] = {}

@@ -4,7 +4,6 @@ import pytest
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
-from engine.llm_engine import OBSERVE_EVERY
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
 from tests.engine.test_llm_greedy import noisy_copy
 
@@ -160,9 +159,10 @@ def test_steps_without_drafts_show_the_ngram_index_their_contexts(target, monkey
     out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [hf_greedy(target, p, 40) for p in PROMPTS]
     assert observed and max(observed) == len(PROMPTS)
-    # ... every OBSERVE_EVERY-th step without a proposal, not every one
+    # ... every observe_every-th step without a proposal, not every one
     steps = llm.engine.metrics.num_steps
-    assert steps >= 40 and len(observed) <= steps // OBSERVE_EVERY < steps // 2
+    every = llm.engine.proposer.observe_every
+    assert steps >= 40 and len(observed) <= steps // every < steps // 2
 
 
 def test_deferred_learning_keeps_greedy_output_and_loses_no_row(target):
