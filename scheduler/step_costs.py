@@ -28,10 +28,12 @@ slow (12-14 ms, then 5.9, 4.6, 3.9, 3.3 against 2.5), whichever width they had, 
 whose samples fell there read 1.5-1.8 plain steps where it costs 1.02-1.04; the controller
 never chose it again (0.53 of the best fixed k in one cell, docs/performance.md). Simulated
 with such stretches (``benchmarks/controller_sim.py --bursts 0.01``, batch 1, the H100's cost
-ratios, 12 seeds), the controller kept 0.90 / 0.91 / 0.98 of the best fixed k at acceptance
-0.3 / 0.5 / 0.9 before, 0.96 / 0.99 / 1.00 with the window, the quartile, and the two changes
-that came with them (``scheduler.goodput``'s interpolation between trusted widths only, and
-``scheduler.acceptance``'s ``POSITION_PRIOR``); without the stretches, as before.
+ratios, decisions timed without the noise: ``--score-clean``, stretches of 5 plain steps
+decaying by 0.8), the controller kept 0.90 / 0.82 / 0.93 of the best fixed k at acceptance
+0.3 / 0.5 / 0.9 before, 0.96 / 0.97 / 0.99 with the window, the quartile, the bound on
+outliers and the two changes that came with them (``scheduler.goodput``'s interpolation
+between trusted widths only, and ``scheduler.acceptance``'s ``POSITION_PRIOR``); without the
+stretches, as before (docs/performance.md, "Efficiency against an oracle").
 
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
 rollback: the host work of the speculative path is in it), and ``"propose"``, the proposer's
