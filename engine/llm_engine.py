@@ -90,6 +90,8 @@ class _StepBatch:
     observed: bool = False  # or shown the contexts instead (``Proposer.observe``)
     # timed like the proposals after it (not a first look at a prompt, a graph capture ...)
     typical_proposal: bool = False
+    after_idle: bool = False  # the first proposal after steps without one (a probe's), no
+    # sequence new to the proposer: its time is what such a proposal costs (catch-up included)
     num_draft_steps: int = 0
     target_start: float = 0.0  # perf_counter() when the target forward began
     verified_at: float = 0.0  # perf_counter() when verification returned (0: no verification)
@@ -375,8 +377,9 @@ class LLMEngine:
         if not wanted or self.proposer is None:
             return
         batch.proposed = True
-        batch.first_proposal = not self._proposed_last_step or any(
-            batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
+        new = any(batch.items[i].seq.num_output_tokens <= 1 for i in wanted)
+        batch.first_proposal = not self._proposed_last_step or new
+        batch.after_idle = not self._proposed_last_step and not new
         start = time.perf_counter()
         # (trees only in a step of at most TREE_MAX_SEQS sequences: a decode graph's twin is
         # as wide as a tree step only there)
@@ -808,6 +811,7 @@ class LLMEngine:
                 and all(item.samples and item.num_context_tokens == 1 for item in batch.items)):
             self.spec_policy.record_step(batch.items, batch.levels(),
                                          end - start - batch.propose_s,
-                                         batch.propose_s if batch.typical_proposal else None)
+                                         batch.propose_s if batch.typical_proposal else None,
+                                         batch.propose_s if batch.after_idle else None)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
                                  batch.num_draft_steps if batch.typical_proposal else 0)

@@ -397,9 +397,24 @@ class GoodputController:
         if w > 0:
             self.idle, self._idle_key, self._recheck = 0, None, False
             return self.max_k if self.free else w
-        self._idle_key, self._probe_overhead = key, cost[self.max_k if self.free else 1] - 1.0
+        self._idle_key = key
+        self._probe_overhead = self._probe_cost(b, cost, measured_draft_cost) - 1.0
         self._fresh = self.acceptance.untested_share(accs) >= FRESH_SHARE
         return self._idle_or_probe(self._probe_overhead)
+
+    def _probe_cost(self, b: int, cost: np.ndarray, measured_draft_cost: float) -> float:
+        """A probe's cost in plain steps: its width's (``cost [max_k + 1]``, :meth:`plan`'s,
+        whose proposal is a typical one), with the proposal's time after plain steps instead
+        where measured (kind ``"probe"``: it catches up on the steps since the last one, and
+        a probe's is never a typical proposal, so without it a probe read as cheap as its
+        forward: on the H100 the 8B at batch 1, acceptance 0, probed every 2 steps and kept
+        0.95 of plain decoding, drafting at every step 0.99)."""
+        w = self.max_k if self.free else 1
+        after_idle = self.costs.relative("probe", b, w)
+        if after_idle is None:
+            return float(cost[w])
+        typical = self.propose_cost(b, w, 0.0 if self.free else measured_draft_cost)
+        return float(cost[w]) + max(after_idle - typical, 0.0)
 
     def _set_drafting(self, drafting: bool) -> None:
         """Record whether the decision drafts; a stop of drafting makes the next probe come
@@ -542,9 +557,13 @@ class GoodputController:
         return confidence_spread(batch_size) if self.drafting else 0.0
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
-               propose_s: float) -> None:
+               propose_s: float | None, after_idle_s: float | None = None) -> None:
         """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
-        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence."""
+        proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence (None:
+        not a typical one), or ``after_idle_s`` when it was the first after steps without one
+        (a probe's: what a probe's proposal costs, kind ``"probe"``)."""
         self.costs.record("step", batch_size, width, step_s)
-        if num_asked:
+        if num_asked and propose_s is not None:
             self.costs.record("propose", batch_size, num_asked, propose_s)
+        if num_asked and after_idle_s is not None:
+            self.costs.record("probe", batch_size, num_asked, after_idle_s)

@@ -243,15 +243,18 @@ class SpeculationPolicy:
         return got
 
     def record_step(self, items: list[ScheduledSequence], drafts: list[list[int]],
-                    step_s: float, propose_s: float | None) -> None:
+                    step_s: float, propose_s: float | None,
+                    after_idle_s: float | None = None) -> None:
         """A steady decode step's time (the engine leaves out prefills and steps whose graph
         bucket ran eager or was captured): ``step_s`` without the proposal, ``propose_s`` (None:
-        not typical, e.g. the proposer's first look at a prompt)."""
+        not typical, e.g. the proposer's first look at a prompt); ``after_idle_s``: the
+        proposal's time when it was the first after steps without one (a probe's)."""
         if not self.adaptive or not items:
             return
         width = 1 + max(map(len, drafts))
-        asked = 0 if propose_s is None else max(item.num_spec_tokens for item in items)
-        args = (len(items), width, step_s, asked, propose_s or 0.0)
+        timed = propose_s is not None or after_idle_s is not None
+        asked = max(item.num_spec_tokens for item in items) if timed else 0
+        args = (len(items), width, step_s, asked, propose_s, after_idle_s)
         if self.defer_updates:
             self._records.append(args)
         else:

@@ -193,3 +193,20 @@ def test_deferred_learning_keeps_greedy_output_and_loses_no_row(target):
     assert out[0].outputs[0].token_ids == hf_greedy(target, PROMPTS[0], 40)
     policy.flush()
     assert len(acceptance._free) == rows
+
+
+def test_a_probes_proposal_after_plain_steps_is_timed_as_such(target):
+    """Where drafts never pay, the controller probes after plain steps; each probe's proposal
+    is timed into the controller's ``"probe"`` cell (not its typical proposals'), which its
+    probe wait weighs."""
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                  "verify_cost_per_token": 2.0,  # (drafts never pay: idle)
+                                  "adaptive_probe_interval": 2})  # (probes every 2 x 8 steps)
+    out = llm.generate(PROMPTS * 2, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out[:3]] == [hf_greedy(target, p, 40)
+                                                         for p in PROMPTS]
+    costs = llm.engine.spec_policy.controller.costs
+    probes = sum(costs.count("probe", 2 * len(PROMPTS), k) for k in range(1, 5))
+    typical = sum(costs.count("propose", 2 * len(PROMPTS), k) for k in range(1, 5))
+    assert probes >= 1 and typical == 0

@@ -716,3 +716,22 @@ def test_a_trusted_cell_leaves_out_a_slow_stretch_but_follows_a_cost_that_moved(
         costs.record("step", 1, 5, 0.020)
     assert costs.count("step", 1, 5) == SAMPLES
     assert costs.seconds("step", 1, 5) == pytest.approx(0.020)
+
+
+def test_a_probes_proposal_after_plain_steps_counts_in_the_probes_cost():
+    """A probe's proposal follows plain steps, so it is never a typical one and its time was
+    left out: a probe read as cheap as its forward (1% over a plain step here) and came every
+    2 steps where drafts fail (the 8B at batch 1 on the H100: 0.95 of plain decoding). Its
+    time after plain steps (kind "probe") now counts: at 0.2 plain steps, a probe every 21."""
+
+    def probes(after_idle_s: float | None) -> int:
+        ctl = measured({1: 0.010, 5: 0.0101})
+        if after_idle_s is not None:
+            for _ in range(4):  # (the first: the cell's warm-up)
+                ctl.record(1, 5, 0.0101, 4, None, after_idle_s)
+        acc = ctl.acceptance.new_request()
+        feed(ctl, [acc], 30, accepted=0)  # every draft fails
+        return sum(ctl.plan([acc], [4], 0) > 0 for _ in range(105))
+
+    assert probes(None) >= 40
+    assert 4 <= probes(0.002) <= 6
