@@ -102,9 +102,9 @@ def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
 
     record = engine.spec_policy.record_step
 
-    def recorded(items, drafts, step_s, propose_s):
+    def recorded(items, drafts, step_s, propose_s, after_idle_s=None):
         seen.append((calls[-1] if calls else None, propose_s))
-        return record(items, drafts, step_s, propose_s)
+        return record(items, drafts, step_s, propose_s, after_idle_s)
 
     proposer.propose = propose
     engine.spec_policy.record_step = recorded
