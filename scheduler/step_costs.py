@@ -15,13 +15,13 @@ for a new shape: 40 ms on an H100).
 
 A trusted cell also leaves out a sample over ``OUTLIER`` times its answer, unless it left out
 the ``SKIP_LIMIT`` before it too (then the cost moved, and such samples are taken until one
-comes within the bound again): a slow stretch
-of the machine came 13 steps long at times, more than a quartile can shrug off.
+comes within the bound again): a slow stretch of the machine came 13 steps long at times, more
+than a quartile can shrug off.
 
 Samples expire (but the plain step's, which every cost is relative to: while drafting pays no
 plain step comes to measure it again): one older than ``WINDOW`` recorded steps of its batch
-size is dropped (the cells' ages are looked at every ``SWEEP`` steps), so a
-width that the controller stopped choosing is measured again (it then reads as not measured:
+size is dropped (the cells' ages are looked at every ``SWEEP`` steps), so a width that the
+controller stopped choosing is measured again (it then reads as not measured:
 optimistic, ``scheduler.goodput``). Without it a width measured in one slow stretch kept its
 cost for good: on the H100 machine, batch 1 of the random 1B, stretches of 5-10 steps came
 slow (12-14 ms, then 5.9, 4.6, 3.9, 3.3 against 2.5), whichever width they had, and a width
@@ -36,8 +36,9 @@ between trusted widths only, and ``scheduler.acceptance``'s ``POSITION_PRIOR``);
 stretches, as before (docs/performance.md, "Efficiency against an oracle").
 
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
-rollback: the host work of the speculative path is in it), and ``"propose"``, the proposer's
-time for ``w`` requested drafts.
+rollback: the host work of the speculative path is in it), ``"propose"``, the proposer's time
+for ``w`` requested drafts, and ``"probe"``, the same for a proposal that follows steps without
+one (a probe's: it catches up on those steps, and is never a typical proposal).
 
 Batch sizes are grouped by ``batch_bucket`` (the engine passes its runner's CUDA-graph buckets:
 steps of one bucket replay one graph and cost the same; the identity otherwise).
@@ -60,6 +61,11 @@ WINDOW = 128  # a sample older than this many recorded steps of its batch size i
 SWEEP = 16  # recorded steps of a batch size between looks at its cells' ages
 OUTLIER = 1.5  # a trusted cell leaves out a sample over this many times its answer ...
 SKIP_LIMIT = 8  # ... unless it left out this many in a row (then its cost moved)
+
+
+def _plain(key: tuple[str, int, int]) -> bool:
+    """Whether a cell is a plain step's (it never expires: see the module docstring)."""
+    return key[0] == "step" and key[2] == 1
 
 
 class StepCostTable:
@@ -105,14 +111,14 @@ class StepCostTable:
         """Drop the samples of ``bucket``'s cells that are older than ``WINDOW`` (not the plain
         step's: see the module docstring)."""
         for key, samples in self._samples.items():
-            if (key[1] == bucket and key[2] != 1 and samples
+            if (key[1] == bucket and not _plain(key) and samples
                     and samples[0][0] <= clock - WINDOW):
                 self._update(key, samples, clock)
 
     def _update(self, key: tuple[str, int, int], samples: deque[tuple[int, float]],
                 clock: int) -> None:
         """The cell's answer from its samples of the last ``WINDOW`` steps."""
-        plain = key[0] == "step" and key[2] == 1
+        plain = _plain(key)
         while not plain and samples and samples[0][0] <= clock - WINDOW:
             samples.popleft()
         if not samples:
