@@ -67,12 +67,12 @@ class SimEngine:
 
     def cost(self, width: int) -> float:
         """Seconds of a step scoring ``width`` tokens per sequence, with noise."""
-        rel = 1.0 if width == 1 else 1.0 + self.verify_cost * (width - 1) + self.spec_overhead
         chance, height, decay = self.bursts
         self.excess *= decay
         if chance and self.rng.random() < chance:
             self.excess = height
-        return PLAIN_STEP_S * (rel * float(self.rng.lognormal(0.0, self.noise)) + self.excess)
+        return (self.clean_cost(width) * float(self.rng.lognormal(0.0, self.noise))
+                + PLAIN_STEP_S * self.excess)
 
     def batch(self, size: int, alpha: float, max_tokens: int) -> tuple[float, int]:
         """One closed batch: its seconds and decode steps."""

@@ -78,7 +78,7 @@ def controller_state(llm: Any, batch: int) -> dict | None:
     speculation): its step costs at ``batch`` by width (``costs[w - 1]``: a step of ``w`` tokens
     per sequence over a plain one), the engine-wide acceptance rates (by backed draft
     position, then the unbacked drafts pooled and the proposals that found drafts), and the
-    recent step times that the costs are medians of (``samples_ms[w]``, oldest first)."""
+    recent step times that the costs are read from (``samples_ms[w]``, oldest first)."""
     policy = llm.engine.spec_policy
     if not policy.adaptive:
         return None

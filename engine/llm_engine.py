@@ -465,8 +465,8 @@ class LLMEngine:
         32 on the H100 (a plain step 2.5 / 3.9 ms), not all of it in the forward's shadow."""
         if batch.proposed:
             self._unobserved = 0
-        if (batch.proposed or self.proposer is None or not self.proposer.observes
-                or not self.forward_is_async):
+            return
+        if self.proposer is None or not self.proposer.observes or not self.forward_is_async:
             return
         self._unobserved += 1
         if self._unobserved < self.proposer.observe_every:
