@@ -24,9 +24,6 @@ engine would capture them). Medians of ``--iters`` synchronized steps, milliseco
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,16 +31,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.e2e_workloads import build_model  # noqa: E402
+from benchmarks.step_bench import (  # noqa: E402
+    add_arguments,
+    build_runner,
+    sync,
+    take_turns,
+    write_json,
+)
 from engine.runner.model_runner import ModelRunner  # noqa: E402
 
 LAYOUTS = {"decode": None, "fold": (True, True), "split": (False, True),
            "padded": (False, False)}  # (fold_mixed, split_mixed)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure(runner: ModelRunner, batch: int, width: int, prompt_len: int, context: int,
@@ -82,41 +80,20 @@ def measure(runner: ModelRunner, batch: int, width: int, prompt_len: int, contex
     runner.fold_mixed = True
     layout_of = dict(fold_width=runner._fold(mixed, [None] * len(mixed), context + prompt_len),
                      split=runner._mixed_groups(mixed) is not None)
-    times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
-    for layout in LAYOUTS:
-        for _ in range(warmup):
-            step(layout)
-    for _ in range(iters):
-        for layout in LAYOUTS:
-            times[layout].append(step(layout))
+    ms = take_turns(step, LAYOUTS, warmup, iters)
     for slot in slots:
         runner.free_slot(slot)
     runner.fold_mixed = runner.split_mixed = True
-    return {layout: statistics.median(t) for layout, t in times.items()}, layout_of
+    return ms, layout_of
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="random-smollm2-135m")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bf16 on CUDA")
-    parser.add_argument("--batch-sizes", default="8,32")
-    parser.add_argument("--widths", default="1,5", help="new tokens per decoding sequence")
+    add_arguments(parser, "8,32", "1,5", "new tokens per decoding sequence", context=200,
+                  warmup=40)
     parser.add_argument("--prompts", default="40,120", help="prompt lengths")
-    parser.add_argument("--context", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=40)
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    dtype = args.dtype or ("float32" if device.type == "cpu" else "bfloat16")
-    model, _ = build_model(args.model, args.device, dtype)
-    batches = [int(b) for b in args.batch_sizes.split(",")]
-    widths = [int(w) for w in args.widths.split(",")]
-    runner = ModelRunner(model, max_num_seqs=max(batches), max_num_tokens=max(batches) * 1024,
-                         max_model_len=1024, cuda_graph_max_new=max(widths))
-    if runner.graphs is None and device.type == "cpu":  # (the buckets' layout, eagerly)
-        runner.use_graph_buckets(max(widths), capture=False)
+    runner, batches, widths = build_runner(args)
     rows = []
     print("batch width prompt  decode    fold   split  padded  fold/split  fold/decode")
     for batch in batches:
@@ -133,14 +110,8 @@ def main(argv: list[str] | None = None) -> None:
                       + ("" if layout_of["split"] else "  (split: one padded forward here)")
                       + ("" if layout_of["fold_width"] else "  (fold: not folded here)"),
                       flush=True)
-    if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        graphs = None if runner.graphs is None else sorted(runner.graphs._graphs)
-        Path(args.json).write_text(json.dumps(dict(args=vars(args), commit=commit,
-                                                   machine=machine, rows=rows,
-                                                   graphs=graphs), indent=1))
+    write_json(args, runner, rows,
+               graphs=None if runner.graphs is None else sorted(runner.graphs._graphs))
 
 
 if __name__ == "__main__":

@@ -85,10 +85,11 @@ class StepClock:
                 self._cur[name.strip("_")] = took
         return run
 
-    def _on_choose_width(self, accs, avail, backed, min_width, critical=None, batch_size=None):
+    def _on_choose_width(self, accs, avail, backed, min_width, critical=None, batch_size=None,
+                         layout=None):
         ctl = self.engine.spec_policy.controller
         probing = ctl.probing
-        width = self._choose_width(accs, avail, backed, min_width, critical, batch_size)
+        width = self._choose_width(accs, avail, backed, min_width, critical, batch_size, layout)
         if accs:
             tokens = expected_by_width(ctl.acceptance.rates(accs, backed), avail)
             cost = ctl.step_cost(len(accs) if batch_size is None else batch_size)[1:]
@@ -105,9 +106,10 @@ class StepClock:
             last["real"] = (len(seqs) + kept) / max(len(seqs), 1)
         return self._update(seqs, num_drafted, num_accepted, num_backed, private)
 
-    def _on_record(self, items, drafts, step_s, propose_s, after_idle_s=None):
+    def _on_record(self, items, drafts, step_s, propose_s, after_idle_s=None, packed_rows=None):
         self._recorded = (1 + max(map(len, drafts)), step_s)
-        return self._record_step(items, drafts, step_s, propose_s, after_idle_s)
+        self._info["packed_rows"] = packed_rows
+        return self._record_step(items, drafts, step_s, propose_s, after_idle_s, packed_rows)
 
     def _on_stage_record(self, batch, start):
         """What decides whether the controller records the step (``LLMEngine._record``)."""
@@ -203,6 +205,7 @@ def summary(clock: StepClock, wall: float) -> dict:
     steps = clock.steps
     inside = sum(s["s"] for s in steps)
     recorded = [s for s in steps if s["recorded"] is not None]
+    packed = [s["s"] for s in recorded if s.get("packed_rows")]
     by_width: dict[int, list[float]] = defaultdict(list)
     stages_by_width: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for s in recorded:
@@ -224,6 +227,9 @@ def summary(clock: StepClock, wall: float) -> dict:
                                                      in stages_by_width[w].items()}}
                               for w, v in sorted(by_width.items())},
         "recorded_ms_percentiles": percentiles([s["s"] for s in recorded]),
+        # steps the runner packed (one token a row: ModelRunner.packed_rows), their median
+        "packed": {"n": len(packed), "ms_median": 1e3 * sorted(packed)[len(packed) // 2]
+                   if packed else 0.0},
         # steps that only decode (or verify) against steps with a prompt's chunk in them
         "by_step_kind": {name: {"n": len(v), "s": sum(v),
                                 "ms_median": 1e3 * sorted(v)[len(v) // 2] if v else 0.0}

@@ -218,7 +218,8 @@ class LLMEngine:
             spec, max_k, self.max_model_len,
             drafts_are_free=bool(self.proposer and self.proposer.drafts_are_free),
             measured_draft_cost=lambda: self.metrics.draft_cost_ratio,
-            batch_bucket=batch_bucket)  # (steps of one graph bucket cost the same)
+            batch_bucket=batch_bucket,  # (steps of one graph bucket cost the same)
+            packed_rows=self.runner.packed_rows)
         # (on a GPU the controller learns each step's acceptance during the next forward)
         self.spec_policy.defer_updates = self.forward_is_async
         self.requests: dict[str, list[Sequence]] = {}
@@ -812,6 +813,7 @@ class LLMEngine:
             self.spec_policy.record_step(batch.items, batch.levels(),
                                          end - start - batch.propose_s,
                                          batch.propose_s if batch.typical_proposal else None,
-                                         batch.propose_s if batch.after_idle else None)
+                                         batch.propose_s if batch.after_idle else None,
+                                         self.runner.last_packed_rows)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
                                  batch.num_draft_steps if batch.typical_proposal else 0)

@@ -2,7 +2,10 @@
 
 A step of batch size ``b`` in which the longest sequence verifies ``w`` drafts costs ``C(w)``
 plain steps (measured: :mod:`scheduler.step_costs`; the runner pads every sequence to the step's
-longest, so up to ``w`` every sequence's drafts ride in the same forward) and yields ``E(w) =
+longest, so up to ``w`` every sequence's drafts ride in the same forward; where the runner packs
+a step of unequal drafts instead, one token a row, ``ModelRunner.packed_rows``, the step costs
+what a packed step of its rows does, measured apart: :meth:`GoodputController.packed_cost`) and
+yields ``E(w) =
 sum_i (1 + a_i[1] + a_i[1] a_i[2] + ... )`` tokens over its sequences, each sum taken up to that
 sequence's own drafts (at most ``w``, at most its cap), with the conditional acceptance per
 request and position of :mod:`scheduler.acceptance`. The controller picks the ``w`` with the
@@ -209,15 +212,26 @@ def probe_wait(overhead: float, max_wait: int) -> int:
     return max(MIN_PROBE_WAIT, min(wait, max_wait * max(1, math.ceil(overhead))))
 
 
+# The runner's packing rule (``ModelRunner.packed_rows``): (sequences, the most new tokens of one,
+# new tokens in all) -> the rows of the packed step, or None when the step is padded.
+PackedRows = Callable[[int, int, int], "int | None"]
+# A step's layout less the steered sequences' drafts: (sequences, the most new tokens of one,
+# new tokens in all); the drafts each steered sequence may verify are added per width.
+Layout = tuple[int, int, int]
+
+
 class GoodputController:
     """The decisions of one engine (see the module docstring). ``max_wait``: the longest wait
     between probes; ``verify_cost`` / ``draft_cost``: fixed relative costs instead of the
-    measured ones (None: measured)."""
+    measured ones (None: measured); ``packed_rows``: the runner's rule for packing a step of
+    unequal rows (None: every step is padded to its longest sequence)."""
 
     def __init__(self, max_k: int, drafts_are_free: bool, max_wait: int,
                  verify_cost: float | None = None, draft_cost: float | None = None,
-                 batch_bucket: Callable[[int], int] = int) -> None:
+                 batch_bucket: Callable[[int], int] = int,
+                 packed_rows: PackedRows | None = None) -> None:
         self.max_k = max_k
+        self.packed_rows = packed_rows
         self.free = drafts_are_free
         self.max_wait = max_wait
         self.verify_cost = verify_cost
@@ -318,6 +332,43 @@ class GoodputController:
             return cost[lo]
         return 1.0 + DEFAULT_VERIFY_COST * (w - 1)
 
+    def packed_cost(self, batch_size: int, rows: int) -> float:
+        """A packed step of ``rows`` rows (one new token each) over a plain step of
+        ``batch_size`` sequences: measured (kind ``"packed"``, keyed by the rows' batch bucket)
+        once trusted, else ``DEFAULT_VERIFY_COST`` for each row past the plain step's,
+        relative to its rows (optimistic, so that packing is tried and then judged on its own
+        cost, as a width is)."""
+        bucket = self.costs.batch_bucket(rows)
+        if self.verify_cost is None and self.costs.count("packed", batch_size, bucket) >= TRUSTED:
+            cell = self.costs.seconds("packed", batch_size, bucket)
+            plain = self.costs.seconds("step", batch_size, 1)
+            if cell is not None and plain:
+                return max(cell / plain, 1.0)
+        per_row = DEFAULT_VERIFY_COST if self.verify_cost is None else self.verify_cost
+        return 1.0 + per_row * max(bucket - batch_size, 0) / batch_size
+
+    def _with_packing(self, cost: list[float], b: int, layout: Layout | None,
+                      drafts: Sequence[int], share: float = 1.0) -> list[float]:
+        """``cost [max_k + 1]`` (index ``w``: at most ``w`` drafts a sequence), the widths
+        whose step the runner packs (``packed_rows``) at the packed step's cost instead.
+        ``layout``: the step less its steered sequences' drafts; ``drafts``: the most each
+        steered sequence may verify; ``share``: the expected share of them verified (a free
+        proposer's: the drafts it finds), given that the step verifies any."""
+        if self.packed_rows is None or layout is None or not drafts:
+            return cost
+        n, longest, total = layout
+        most = max(drafts)
+        out = cost
+        for w in range(1, self.max_k + 1):
+            extra = sum(min(w, d) for d in drafts) if w < most else sum(drafts)
+            rows = self.packed_rows(n, max(longest, 1 + min(w, most)),
+                                    total + math.ceil(extra * share))
+            if rows is not None:
+                if out is cost:
+                    out = list(cost)
+                out[w] = self.packed_cost(b, rows)
+        return out
+
     def _free_proposal_cost(self, batch_size: int) -> float:
         """:meth:`propose_cost` of a free proposer's ``max_k`` drafts (kept until the costs
         change)."""
@@ -351,17 +402,19 @@ class GoodputController:
     # ---- decisions ----------------------------------------------------------------------------
     def plan(self, accs: list[RequestAcceptance], caps: list[int], min_width: int,
              measured_draft_cost: float = 0.0, critical: list[bool] | None = None,
-             batch_size: int | None = None) -> int:
+             batch_size: int | None = None, layout: Layout | None = None) -> int:
         """Before proposing: the drafts to ask for (0: none). ``accs``/``caps``: the running
         sequences whose drafts the controller chooses, and the most each may verify;
         ``min_width``: drafts some sequence verifies anyway (seeded sampling keeps its k);
         ``critical``: which of ``accs`` count (None: all; a closed batch counts only the
         sequences with the most tokens left, ``scheduler.spec_policy``); ``batch_size``: the
-        step's sequences, whose cost it is (None: ``len(accs)``). For a free proposer the answer
+        step's sequences, whose cost it is (None: ``len(accs)``); ``layout``: the step less
+        the drafts of ``accs`` (:data:`Layout`; None: not packed). For a free proposer the answer
         is 0 or ``max_k`` (each sequence then asks for its cap and :meth:`choose_width` decides
         after)."""
         self._new_step()
         b = len(accs) if batch_size is None else batch_size
+        all_caps = caps
         if critical is not None:
             accs, caps = list(compress(accs, critical)), list(compress(caps, critical))
         if not accs or max(caps, default=0) == 0:
@@ -385,13 +438,17 @@ class GoodputController:
             rates[:, 0] *= found  # (rates is a fresh array)
             widened = 1.0 - float(np.prod(1.0 - found))
         per_sequence = sequence_tokens(rates, caps)  # [n, max_k + 1]
-        step = self.step_cost(b)
+        # (a free proposer's drafts come for the sequences it finds a match for: the expected
+        # share of them, given that the step verifies any, prices a packed step)
+        share = (float(found.mean()) / widened if self.free and widened > 0 else 1.0)
+        step = self._with_packing(self._step_cost(b)[2][1:], b, layout, all_caps,
+                                  min(share, 1.0))  # [max_k + 1]
         cost = np.ones(self.max_k + 1)
         free_proposal = self.propose_cost(b, self.max_k, 0.0) if self.free else 0.0
         for w in range(1, self.max_k + 1):
             proposal = free_proposal if self.free else self.propose_cost(b, w,
                                                                          measured_draft_cost)
-            cost[w] = 1.0 + widened * (step[w + 1] - 1.0) + proposal
+            cost[w] = 1.0 + widened * (step[w] - 1.0) + proposal
         w = best_width(per_sequence.sum(axis=0), cost, min_width, typical_tokens(per_sequence))
         self._set_drafting(w > 0)
         if w > 0:
@@ -447,14 +504,20 @@ class GoodputController:
 
     def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
                      backed: list[int] | None, min_width: int,
-                     critical: list[bool] | None = None, batch_size: int | None = None) -> int:
+                     critical: list[bool] | None = None, batch_size: int | None = None,
+                     layout: Layout | None = None) -> int:
         """After a free proposer answered: how many drafts the step verifies at most.
         ``avail[i]``: the drafts sequence ``i`` got (within its cap); ``backed``: how many of
-        them the proposer's evidence backs (None: all); ``critical``, ``batch_size``: as
-        :meth:`plan`'s (every sequence learns from the proposal; the critical ones decide)."""
+        them the proposer's evidence backs (None: all); ``critical``, ``batch_size``,
+        ``layout``: as :meth:`plan`'s (every sequence learns from the proposal; the critical
+        ones decide)."""
         # (found: drafts the proposer stands by; guesses past its evidence do not count)
         self.acceptance.record_proposals(accs, avail if backed is None else backed)
         b = len(accs) if batch_size is None else batch_size
+        # (every steered sequence verifies its drafts up to the width: all of them lay out
+        # the step)
+        packing = None if layout is None or self.packed_rows is None else (layout,
+                                                                          tuple(avail))
         if critical is not None:
             accs, avail = list(compress(accs, critical)), list(compress(avail, critical))
             if backed is not None:
@@ -463,30 +526,33 @@ class GoodputController:
             self._keep_asking = self.drafting = False
             return min_width
         self._last_accs = accs
-        self._last_choice = (accs, avail, backed, min_width, b)
-        key = self._choice_key(accs, avail, backed, min_width, b)
+        self._last_choice = (accs, avail, backed, min_width, b, packing)
+        key = self._choice_key(accs, avail, backed, min_width, b, packing)
         decided = self._decided
         if decided is not None and decided[0] == key:
             w, self._keep_asking = decided[1]  # (prepared while the last forward ran)
         else:
-            w, self._keep_asking = self._decide(accs, avail, backed, min_width, b)
+            w, self._keep_asking = self._decide(accs, avail, backed, min_width, b, packing)
         self._set_drafting(w > 0 and not self.probing)
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))
         return w
 
     def _choice_key(self, accs: list[RequestAcceptance], avail: list[int],
-                    backed: list[int] | None, min_width: int, b: int) -> tuple:
-        """Everything :meth:`_decide` reads: the sequences, their drafts, the estimates' and
-        the costs' versions, and the confidence spread."""
+                    backed: list[int] | None, min_width: int, b: int,
+                    packing: tuple | None = None) -> tuple:
+        """Everything :meth:`_decide` reads: the sequences, their drafts, the step's layout,
+        the estimates' and the costs' versions, and the confidence spread."""
         return (tuple(map(_row, accs)), tuple(avail), None if backed is None else tuple(backed),
-                min_width, b, self.acceptance.version, self.costs.version,
+                min_width, b, packing, self.acceptance.version, self.costs.version,
                 self._spread(len(accs)))
 
     def _decide(self, accs: list[RequestAcceptance], avail: list[int],
-                backed: list[int] | None, min_width: int, b: int) -> tuple[int, bool]:
+                backed: list[int] | None, min_width: int, b: int,
+                packing: tuple | None = None) -> tuple[int, bool]:
         """:meth:`choose_width`'s width before a probe widens it, and whether the next step
-        asks the proposer again without weighing it first."""
+        asks the proposer again without weighing it first. ``packing``: (the step's
+        :data:`Layout`, every steered sequence's drafts), None where nothing is packed."""
         per_sequence = self._prepared_tokens(accs, avail, backed)  # [n, max_k + 1] or None
         if per_sequence is None:
             rates = self.acceptance.rates(accs, backed, self.acceptance.optimistic(
@@ -497,6 +563,8 @@ class GoodputController:
         tokens = per_sequence.sum(axis=0).tolist()  # [max_k + 1]
         typical = typical_tokens(per_sequence).tolist()  # [max_k + 1]
         cost = self._step_cost(b)[2][1:]  # [max_k + 1]: the proposal is paid already
+        if packing is not None:
+            cost = self._with_packing(cost, b, *packing)
         w = best_width(tokens, cost, min_width, typical)
         # Would this step have paid with the proposal's cost too? Then the next step asks the
         # proposer again without weighing it first (text that pays goes on paying; a step whose
@@ -557,12 +625,18 @@ class GoodputController:
         return confidence_spread(batch_size) if self.drafting else 0.0
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
-               propose_s: float | None, after_idle_s: float | None = None) -> None:
+               propose_s: float | None, after_idle_s: float | None = None,
+               packed_rows: int | None = None) -> None:
         """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
         proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence (None:
         not a typical one), or ``after_idle_s`` when it was the first after steps without one
-        (a probe's: what a probe's proposal costs, kind ``"probe"``)."""
-        self.costs.record("step", batch_size, width, step_s)
+        (a probe's: what a probe's proposal costs, kind ``"probe"``); ``packed_rows``: the
+        runner packed the step into that many rows (kind ``"packed"``, by their bucket)."""
+        if packed_rows is None:
+            self.costs.record("step", batch_size, width, step_s)
+        else:
+            self.costs.record("packed", batch_size, self.costs.batch_bucket(packed_rows),
+                              step_s)
         if num_asked and propose_s is not None:
             self.costs.record("propose", batch_size, num_asked, propose_s)
         if num_asked and after_idle_s is not None:

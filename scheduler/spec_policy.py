@@ -33,7 +33,7 @@ from typing import Protocol
 
 from samplers.sampling_params import SamplingParams
 from scheduler.acceptance import RequestAcceptance
-from scheduler.goodput import GoodputController
+from scheduler.goodput import GoodputController, PackedRows
 from scheduler.scheduler import ScheduledSequence
 
 NO_END = 1 << 62  # a request without max_tokens
@@ -79,11 +79,13 @@ class SpeculationPolicy:
     """The engine's choice of drafts, step by step (see the module docstring). ``max_k`` is 0
     when nothing proposes; ``drafts_are_free``: the proposer's drafts cost next to nothing
     (n-gram); ``measured_draft_cost()``: the measured draft/target step-cost ratio, the prior
-    of a costly proposer's cost until its proposals are timed."""
+    of a costly proposer's cost until its proposals are timed; ``packed_rows``: the runner's
+    rule for packing a step of unequal rows (``ModelRunner.packed_rows``; None: never)."""
 
     def __init__(self, spec: SpeculationOptions | None, max_k: int, max_model_len: int,
                  drafts_are_free: bool, measured_draft_cost: Callable[[], float],
-                 batch_bucket: Callable[[int], int] = int) -> None:
+                 batch_bucket: Callable[[int], int] = int,
+                 packed_rows: PackedRows | None = None) -> None:
         self.max_k = max_k
         self.max_model_len = max_model_len
         self.measured_draft_cost = measured_draft_cost
@@ -92,7 +94,7 @@ class SpeculationPolicy:
         self.controller = GoodputController(
             max_k, drafts_are_free, spec.adaptive_probe_interval if spec else 1,
             spec.verify_cost_per_token if spec else None, spec.draft_cost_ratio if spec else None,
-            batch_bucket)
+            batch_bucket, packed_rows)
         self._step_k = 0  # drafts asked for this step by the sequences the controller steers
         self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
         self._batch_size = 0  # the running sequences at this step's begin_step (its cost's)
@@ -163,8 +165,13 @@ class SpeculationPolicy:
                 steered.append(spec)
                 caps.append(cap)
         critical = self._critical(running) if closed and len(running) > 1 else None
+        # (the step less the steered drafts: every sequence decodes, a seeded one verifies its
+        # cap; a prompt chunk's step is not packed, and is not priced as one)
+        n = len(running)
+        longest = max(seq.num_uncached_tokens for seq in running)
+        layout = (n, max(longest, 1 + min_width), n + min_width) if longest == 1 else None
         self._step_k = self.controller.plan(steered, caps, min_width, self.measured_draft_cost(),
-                                            critical, len(running))
+                                            critical, n, layout)
         self._idle = None
         if (self.controller.settled and not min_width
                 and all(seq.num_uncached_tokens == 1 for seq in running)):
@@ -216,8 +223,12 @@ class SpeculationPolicy:
             avail: list[int] = []
             backed: list[int] | None = None if num_backed is None else []
             min_width, fixed, critical = 0, False, True
+            longest = total = 0  # the step's new tokens, less the steered drafts
             for item, g, b in zip(items, got, num_backed or [None] * len(items), strict=True):
                 spec = item.seq.speculation
+                new = item.num_context_tokens + (g if spec.fixed else 0)
+                total += new
+                longest = max(longest, new)
                 if spec.fixed:
                     min_width, fixed = max(min_width, g), True
                     continue
@@ -229,7 +240,7 @@ class SpeculationPolicy:
             width = self.controller.choose_width(
                 steered, avail, backed, min_width,
                 None if critical else [s.critical for s in steered],
-                max(self._batch_size, len(items)))
+                max(self._batch_size, len(items)), (len(items), longest, total))
             if fixed:
                 got = [g if item.seq.speculation.fixed else min(g, width)
                        for item, g in zip(items, got, strict=True)]
@@ -244,17 +255,18 @@ class SpeculationPolicy:
 
     def record_step(self, items: list[ScheduledSequence], drafts: list[list[int]],
                     step_s: float, propose_s: float | None,
-                    after_idle_s: float | None = None) -> None:
+                    after_idle_s: float | None = None, packed_rows: int | None = None) -> None:
         """A steady decode step's time (the engine leaves out prefills and steps whose graph
         bucket ran eager or was captured): ``step_s`` without the proposal, ``propose_s`` (None:
         not typical, e.g. the proposer's first look at a prompt); ``after_idle_s``: the
-        proposal's time when it was the first after steps without one (a probe's)."""
+        proposal's time when it was the first after steps without one (a probe's);
+        ``packed_rows``: the runner packed the step into that many rows."""
         if not self.adaptive or not items:
             return
         width = 1 + max(map(len, drafts))
         timed = propose_s is not None or after_idle_s is not None
         asked = max(item.num_spec_tokens for item in items) if timed else 0
-        args = (len(items), width, step_s, asked, propose_s, after_idle_s)
+        args = (len(items), width, step_s, asked, propose_s, after_idle_s, packed_rows)
         if self.defer_updates:
             self._records.append(args)
         else:

@@ -36,9 +36,11 @@ between trusted widths only, and ``scheduler.acceptance``'s ``POSITION_PRIOR``);
 stretches, as before (docs/performance.md, "Efficiency against an oracle").
 
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
-rollback: the host work of the speculative path is in it), ``"propose"``, the proposer's time
-for ``w`` requested drafts, and ``"probe"``, the same for a proposal that follows steps without
-one (a probe's: it catches up on those steps, and is never a typical proposal).
+rollback: the host work of the speculative path is in it), ``"packed"``, the same for a step
+that the runner packed into ``w`` rows of one token (by their batch bucket: ``ModelRunner.
+packed_rows``), ``"propose"``, the proposer's time for ``w`` requested drafts, and
+``"probe"``, the same for a proposal that follows steps without one (a probe's: it catches up
+on those steps, and is never a typical proposal).
 
 Batch sizes are grouped by ``batch_bucket`` (the engine passes its runner's CUDA-graph buckets:
 steps of one bucket replay one graph and cost the same; the identity otherwise).
@@ -61,6 +63,7 @@ WINDOW = 128  # a sample older than this many recorded steps of its batch size i
 SWEEP = 16  # recorded steps of a batch size between looks at its cells' ages
 OUTLIER = 1.5  # a trusted cell leaves out a sample over this many times its answer ...
 SKIP_LIMIT = 8  # ... unless it left out this many in a row (then its cost moved)
+STEPS = ("step", "packed")  # the kinds that are whole steps (a batch size's clock counts them)
 
 
 def _plain(key: tuple[str, int, int]) -> bool:
@@ -86,7 +89,7 @@ class StepCostTable:
     def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
         bucket = self.batch_bucket(batch_size)
         key = (kind, bucket, width)
-        if kind == "step":
+        if kind in STEPS:
             clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
             if clock % SWEEP == 0:
                 self._sweep(bucket, clock)

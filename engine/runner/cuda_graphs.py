@@ -66,7 +66,8 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
 - a decode bucket's capture also captures its widest verification twin (same batch and key
   length, ``max_num_new`` tokens, or ``twin_width(batch)`` where the engine's widest steps
   narrow with the batch, as draft trees do), which covers every width of its batch and key
-  length.
+  length; not past ``twin_max_batch`` (the runner's sequences: more rows than that are a
+  packed verification's or a folded prompt's, one token a row).
 
 Under tensor parallelism every rank must capture and replay the same graphs at the same steps
 (a graph holds the model's collectives, which meet only when every rank runs them). The
@@ -163,6 +164,10 @@ class CudaGraphs:
         # twin_width(batch bucket): the widest verification of that batch (a decode bucket's
         # twin; an engine whose widest steps shrink with the batch, as draft trees do, sets it)
         self.twin_width: Callable[[int], int] = lambda batch_size: max_num_new
+        # decode buckets past this batch get no twin (the rows of a packed verification or a
+        # folded prompt: ModelRunner.packed_rows, _fold; steps of that many sequences never
+        # come, and the twin would hold max_num_new times the rows)
+        self.twin_max_batch = self.max_batch_size
         self.max_kv_len = max_kv_len
         self._body = body
         self._scratch_inputs = scratch_inputs
@@ -258,7 +263,8 @@ class CudaGraphs:
             return ()
         batch_size, num_new, kv_len = key
         twin = (batch_size, self.twin_width(batch_size), kv_len)  # the widest verifications
-        if num_new == 1 and twin != key and twin not in self._graphs:
+        if (num_new == 1 and twin != key and twin not in self._graphs
+                and batch_size <= self.twin_max_batch):
             return key, twin
         return (key,)
 

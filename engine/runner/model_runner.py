@@ -89,6 +89,13 @@ SPLIT_SHORT = 16
 # FOLD_MIN_ROWS, or twice the slots where that is more, and gather at most twice the key cells
 # of a full batch at the longest context.
 FOLD_MIN_ROWS = 64
+# With CUDA graphs a verification step whose sequences verify unequal numbers of drafts is
+# *packed* (ModelRunner.packed_rows): every new token its own row on its slot, one decode bucket
+# of that many rows, in a step of at least PACK_MIN_BATCH sequences whose drafts add at most
+# PACK_MAX_EXTRA rows per sequence (the fold rows' limits apply). Elsewhere padding every
+# sequence to the longest was measured cheaper (benchmarks/packed_step.py, docs/design.md).
+PACK_MIN_BATCH = 64
+PACK_MAX_EXTRA = 0.125
 LAYOUT_ROWS = 6  # the host plan's per-token rows (ids, positions, pool rows, cells, limits,
 # ancestors), before the slots
 
@@ -244,6 +251,9 @@ class ModelRunner:
         # where the other ranks replay each forward as sent
         self.fold_mixed = True
         self.split_mixed = True
+        # a verification step of unequal rows is packed, one token a row (packed_rows)
+        self.pack_verifications = True
+        self.last_packed_rows: int | None = None  # the last step's rows when it was packed
         # called in each forward once its graph decision is made, before the device runs
         # anything of it (tensor parallelism: the leader sends the step to the other ranks)
         self.before_launch: Callable[[Decision], None] | None = None
@@ -256,11 +266,33 @@ class ModelRunner:
         self.graphs = CudaGraphs(self._hidden, self._scratch_plan, self.fold_rows,
                                  _positive("max_num_new", max_num_new), self.max_model_len + 1,
                                  self.device, capture)
+        self.graphs.twin_max_batch = batch_bucket(self.max_num_seqs)
 
     @property
     def fold_rows(self) -> int:
         """The most rows a folded step may take (:meth:`_fold`)."""
         return max(FOLD_MIN_ROWS, 2 * batch_bucket(self.max_num_seqs))
+
+    def packed_rows(self, num_seqs: int, longest: int, total: int) -> int | None:
+        """The rows of a verification step of ``num_seqs`` sequences bringing ``total`` new
+        tokens, ``longest`` the most of one, when the runner *packs* it (None: it pads every
+        sequence to ``longest``). Packed, each new token is a row of its own on its sequence's
+        slot (as a folded prompt chunk's rows, :meth:`_fold`, and exact for the same reasons),
+        so the step runs in the decode bucket of ``total`` rows instead of ``num_seqs`` rows of
+        ``longest`` tokens: one sequence's drafts do not cost every sequence a padded row. With
+        CUDA graphs only (each row gathers its slot's keys: without graphs a step is not mostly
+        launches), chains only (a draft tree keeps its row), at most :attr:`fold_rows` rows,
+        and only where it was measured to pay: on an H100 (``benchmarks/packed_step.py``, 256
+        cached tokens, 4 drafts) a packed step took 0.86-0.96 of the padded one at 64 and 128
+        sequences with up to an eighth more rows, and 0.98-1.25 at 8-32 sequences or with
+        more rows (each row gathers its slot's keys, and padding is nearly free while the
+        weights' reads dominate). The speculation controller reads this rule to price a step
+        before it runs."""
+        if (self.graphs is None or not self.pack_verifications or longest < 2
+                or longest > self.graphs.max_num_new or total > self.fold_rows
+                or num_seqs < PACK_MIN_BATCH or total >= num_seqs * longest):
+            return None
+        return total if total - num_seqs <= PACK_MAX_EXTRA * num_seqs else None
 
     # ---- slots and budget -------------------------------------------------------------------
 
@@ -376,6 +408,9 @@ class ModelRunner:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
         fold = self._fold(token_ids, trees, kv_len) if self.fold_mixed else None
+        self.last_packed_rows = None
+        if fold is None:  # (a verification of unequal rows: one token a row, or None)
+            fold = self._pack(token_ids, trees, kv_len)
         if fold is not None:  # (each prompt chunk as rows of the step's width, one slot each)
             slots, token_ids, starts, trees = self._folded(fold, slots, token_ids, starts, trees)
         groups = (self._mixed_groups(token_ids) if self.split_mixed and not on_device
@@ -449,6 +484,22 @@ class ModelRunner:
                       width)
             best = option if best is None or option < best else best
         return None if best is None else best[3]
+
+    def _pack(self, token_ids: Sequence[Sequence[int]], trees: Sequence[Tree | None],
+              kv_len: int) -> int | None:
+        """1 when the step is packed (:meth:`packed_rows`; :meth:`_folded` then cuts every row
+        into rows of one token), else None; sets :attr:`last_packed_rows`. Never a step with a
+        draft tree, nor one whose rows would gather more than twice the key cells of a full
+        batch at the longest context (:meth:`_fold`'s bound)."""
+        lens = [len(t) for t in token_ids]
+        rows = self.packed_rows(len(lens), max(lens), sum(lens))
+        if rows is None or any(tree is not None for tree in trees):
+            return None
+        cells = 2 * batch_bucket(self.max_num_seqs) * self.graphs.max_kv_len
+        if batch_bucket(rows) * kv_bucket(kv_len, self.graphs.max_kv_len) > cells:
+            return None
+        self.last_packed_rows = rows
+        return 1
 
     def _folded(self, width: int, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 starts: list[int], trees: Sequence[Tree | None]

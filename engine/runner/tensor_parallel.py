@@ -170,7 +170,7 @@ def lead_or_follow(runner: ModelRunner) -> LeaderRunner:
     ``runner`` until rank 0 stops, then end the process (exit status 0): what rank 0's script
     does after building its engine is rank 0's alone."""
     # (one forward per step message, laid out as sent: the ranks run the same ones)
-    runner.split_mixed = runner.fold_mixed = False
+    runner.split_mixed = runner.fold_mixed = runner.pack_verifications = False
     if dist.get_rank() == 0:
         return LeaderRunner(runner)
     try:

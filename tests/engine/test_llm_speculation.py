@@ -86,6 +86,46 @@ def test_sampling_params_cap_or_turn_off_a_requests_speculation(target):
     assert drafted[2] > steps[2]  # more than one draft per step somewhere
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_steps_of_unequal_drafts_are_packed_and_keep_greedy_output(target, monkeypatch,
+                                                                    adaptive):
+    """Requests capped at 0, 1 and 4 drafts verify unequal numbers of drafts in one step: with
+    graph buckets (here their padded layout, eagerly) the runner packs such steps, one token a
+    row (at any saving), and greedy output stays Hugging Face's. The controller (costs fixed:
+    decisions independent of this machine's timings) records those steps as packed ones."""
+    from engine.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "adaptive_k": adaptive,
+            "verify_cost_per_token": 0.1, "draft_cost_ratio": 0.0}
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec)
+    runner, controller = llm.engine.runner, llm.engine.spec_policy.controller
+    runner.use_graph_buckets(5, capture=False)
+    packed, recorded = [], []
+    forward, record = runner.forward, controller.record
+
+    def counted(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        packed.append(runner.last_packed_rows)
+        return out
+
+    def recording(*args, **kwargs):
+        recorded.append(kwargs.get("packed_rows", args[6] if len(args) > 6 else None))
+        return record(*args, **kwargs)
+
+    runner.forward, controller.record = counted, recording
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                             num_speculative_tokens=c) for c in (0, 1, None)]
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(target, p, 40) for p in PROMPTS]
+    assert sum(rows is not None for rows in packed) >= 3
+    if adaptive:
+        assert any(rows is not None for rows in recorded)
+    else:
+        assert outs[2].metrics.num_drafted > outs[2].metrics.num_steps  # (4 drafts at times)
+
+
 def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
     """A proposal the proposer marks as not steady (it captured a CUDA graph, met a new shape)
     reaches the controller without its time (None); the steady ones are timed."""
@@ -102,9 +142,9 @@ def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
 
     record = engine.spec_policy.record_step
 
-    def recorded(items, drafts, step_s, propose_s, after_idle_s=None):
+    def recorded(items, drafts, step_s, propose_s, *rest, **kwargs):
         seen.append((calls[-1] if calls else None, propose_s))
-        return record(items, drafts, step_s, propose_s, after_idle_s)
+        return record(items, drafts, step_s, propose_s, *rest, **kwargs)
 
     proposer.propose = propose
     engine.spec_policy.record_step = recorded

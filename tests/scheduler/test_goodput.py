@@ -735,3 +735,62 @@ def test_a_probes_proposal_after_plain_steps_counts_in_the_probes_cost():
 
     assert probes(None) >= 40
     assert 4 <= probes(0.002) <= 6
+
+
+def pack_unequal(n: int, longest: int, total: int) -> int | None:
+    """A packing rule (``ModelRunner.packed_rows``'s shape): every step of unequal rows."""
+    return total if longest > 1 and total < n * longest else None
+
+
+def test_a_packed_step_is_priced_by_its_rows_and_then_by_its_measured_cost():
+    """16 sequences, 9 with 4 drafts that always pass, 7 with none, where padding every
+    sequence to 5 tokens costs 4 plain steps (a compute-bound forward): padded, drafting does
+    not pay. Packed (52 rows of one token) it is priced at its rows until measured, chosen,
+    and dropped again once its measured cost loses too. A packed step's time is recorded as
+    such, not as its width's."""
+    widths = {1: 0.01, 2: 0.02, 3: 0.025, 4: 0.03, 5: 0.04}
+    avail = [4] * 9 + [0] * 7
+    layout = (16, 1, 16)  # (16 decoding sequences, before their drafts)
+    padded = measured(widths, batch=16)
+    accs = [padded.acceptance.new_request() for _ in range(16)]
+    feed(padded, accs, 20, accepted=4)
+    assert padded.choose_width(accs, avail, None, 0, layout=layout) == 0
+    ctl = measured(widths, batch=16)
+    ctl.packed_rows = pack_unequal
+    accs = [ctl.acceptance.new_request() for _ in range(16)]
+    feed(ctl, accs, 20, accepted=4)
+    # 52 rows: DEFAULT_VERIFY_COST for each of the 36 rows past 16, over 16: 1.225 plain steps
+    assert ctl.packed_cost(16, 52) == pytest.approx(1.225)
+    assert ctl.choose_width(accs, avail, None, 0, layout=layout) == 4
+    before = ctl.costs.samples("step", 16, 5)
+    for _ in range(4):  # measured: 5 plain steps (a cell's first sample is its warm-up)
+        ctl.record(16, 5, 0.05, 0, None, packed_rows=52)
+    assert ctl.costs.samples("packed", 16, 52) == [0.05] * 3
+    assert ctl.costs.samples("step", 16, 5) == before
+    assert ctl.packed_cost(16, 52) == pytest.approx(5.0)
+    # 3 drafts a sequence pack 43 rows, not measured: tried next; once dear too, no drafts
+    assert ctl.choose_width(accs, avail, None, 0, layout=layout) == 3
+    for rows in (43, 34, 25):
+        for _ in range(4):
+            ctl.record(16, 5, 0.05, 0, None, packed_rows=rows)
+    assert ctl.choose_width(accs, avail, None, 0, layout=layout) == 0
+    # no layout (a prompt chunk in the step): priced padded
+    ctl.record(16, 5, 0.001, 0, None, packed_rows=52)
+    assert ctl.choose_width(accs, avail, None, 0) == 0
+
+
+def test_plan_prices_a_costly_proposers_packed_step_for_capped_requests():
+    """A costly proposer's drafts: 16 of 32 sequences may draft 4 (all pass), 16 are capped at
+    0 (opted out). Padded, every sequence would pay 5 tokens (3.5 plain steps): no drafts;
+    packed (96 rows of one token, priced at their rows until measured): drafts."""
+    widths = {1: 0.01, 2: 0.0165, 3: 0.023, 4: 0.029, 5: 0.035}
+    for packing, want in ((None, 0), (pack_unequal, 4)):
+        ctl = GoodputController(4, drafts_are_free=False, max_wait=16, draft_cost=0.05)
+        ctl.packed_rows = packing
+        for w, step_s in widths.items():
+            for _ in range(4):
+                ctl.costs.record("step", 32, w, step_s)
+        accs = [ctl.acceptance.new_request() for _ in range(32)]
+        feed(ctl, accs[:16], 20, accepted=4)
+        caps = [4] * 16 + [0] * 16
+        assert ctl.plan(accs, caps, 0, layout=(32, 1, 32)) == want

@@ -82,3 +82,36 @@ def test_a_bucket_is_captured_when_it_comes_back():
     verify = runner.forward([slot], [[7, 8]])  # the twin: replayed at its first step
     assert runner.graphs.num_graphs == 2 and runner.graphs.num_replays == 5  # (prefill too)
     torch.testing.assert_close(verify[0], first[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_cuda
+def test_packed_verification_steps_replay_graphs_and_equal_hf(monkeypatch):
+    """Requests capped at 0, 1 and 3 drafts (n-gram, every cap verified): their unequal steps
+    are packed, one token a row (at any saving here), into captured decode buckets; greedy
+    output stays Hugging Face's."""
+    from engine.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    target = tiny_model("llama", vocab_size=VOCAB, seed=0).cuda()
+    batch = prompts(12)
+    caps = [0, 1, None] * 4
+    params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                             num_speculative_tokens=c) for c in caps]
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=12,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "adaptive_k": False})
+    runner = llm.engine.runner
+    packed, forward = [], runner.forward
+
+    def counted(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        packed.append(runner.last_packed_rows)
+        return out
+
+    runner.forward = counted
+    outs = llm.generate(batch, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy_on(target, p) for p in batch]
+    assert sum(rows is not None for rows in packed) >= 3
+    # (a decode bucket past the 12 sequences' 16 rows: a packed step's graph)
+    assert any(key[0] > 16 and key[1] == 1 for key in runner.graphs._graphs)

@@ -204,6 +204,88 @@ def test_fold_width_and_limits():
     assert runner._fold([[1], [2], [3], [4] * 40], [None] * 4, 60) == 4
 
 
+def test_packed_rows_rule():
+    """A verification step of unequal rows is packed (one token a row) with graph buckets only,
+    at PACK_MIN_BATCH sequences or more whose drafts add at most PACK_MAX_EXTRA rows a
+    sequence, within fold_rows; never equal rows, decodes, prompt chunks or a runner that
+    packs nothing."""
+    model = tiny_model("llama", vocab_size=96, seed=4)
+    runner = ModelRunner(model, max_num_seqs=128, max_num_tokens=4000, max_model_len=100)
+    assert runner.packed_rows(128, 5, 132) is None  # (no graphs)
+    runner.use_graph_buckets(5, capture=False)
+    assert runner.fold_rows == 256
+    # 128 sequences, one verifying 4 drafts: 132 rows against 128 rows of 5 tokens
+    assert runner.packed_rows(128, 5, 132) == 132
+    assert runner.packed_rows(128, 5, 128 + 16) == 144  # (an eighth more rows)
+    assert runner.packed_rows(128, 5, 128 + 17) is None
+    assert runner.packed_rows(64, 5, 72) == 72
+    assert runner.packed_rows(32, 5, 36) is None  # (fewer than 64 sequences: padded)
+    assert runner.packed_rows(128, 5, 128 * 5) is None  # (equal rows)
+    assert runner.packed_rows(128, 1, 128) is None  # (decodes)
+    assert runner.packed_rows(128, 6, 133) is None  # (a row past max_num_new: a prompt chunk)
+    small = ModelRunner(model, max_num_seqs=64, max_num_tokens=4000, max_model_len=100)
+    small.use_graph_buckets(5, capture=False)
+    assert small.fold_rows == 128 and small.packed_rows(64, 5, 72) == 72
+    runner.pack_verifications = False
+    assert runner.packed_rows(128, 5, 132) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_packed_verifications_stay_exact(monkeypatch, family):
+    """Packed steps (one token a row on its slot, here the buckets' padded layout, eagerly)
+    give every row the logits of a full forward and the same ``all_hidden`` and lengths as an
+    unpacked runner; a step with a draft tree is never packed."""
+    from engine.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    model = tiny_model(family, vocab_size=96, seed=5)
+    runners = [ModelRunner(model, max_num_seqs=6, max_num_tokens=400, max_model_len=60)
+               for _ in range(2)]
+    for runner in runners:
+        runner.use_graph_buckets(5, capture=False)
+        runner.keep_features(True)
+    runners[1].pack_verifications = False
+    rng = random.Random(8)
+    slots = [runners[0].allocate_slot() for _ in range(5)]
+    assert [runners[1].allocate_slot() for _ in range(5)] == slots
+    seqs = {slot: [rng.randrange(96) for _ in range(rng.randint(3, 9))] for slot in slots}
+    for runner in runners:
+        for slot in slots:
+            runner.forward([slot], [seqs[slot]])
+    packed = 0
+    for _ in range(6):
+        new = {slot: [rng.randrange(96) for _ in range(rng.choice([1, 1, 2, 5]))]
+               for slot in slots}
+        new[slots[0]] = [rng.randrange(96)]  # (one decode at least: rows stay unequal)
+        new[slots[1]] = [rng.randrange(96) for _ in range(4)]
+        outs = [(runner.forward(slots, [new[s] for s in slots]), runner.all_hidden.clone())
+                for runner in runners]
+        packed += runners[0].last_packed_rows is not None
+        assert runners[0].last_packed_rows == sum(map(len, new.values()))
+        assert runners[1].last_packed_rows is None
+        torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
+        torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
+        row = 0
+        for slot in slots:
+            start = len(seqs[slot])
+            seqs[slot] += new[slot]
+            n = len(new[slot])
+            expected = full_logits(model, seqs[slot])[start:start + n]
+            torch.testing.assert_close(outs[0][0][row:row + n], expected, atol=ATOL, rtol=ATOL)
+            row += n
+            assert runners[0].seq_len(slot) == runners[1].seq_len(slot) == len(seqs[slot])
+        for runner in runners:  # (a verification keeps an accepted prefix: roll back some)
+            for slot in slots[1:3]:
+                runner.truncate(slot, len(seqs[slot]) - 2)
+        for slot in slots[1:3]:
+            del seqs[slot][-2:]
+    assert packed == 6
+    # a draft tree's step keeps its row: not packed
+    runners[0].forward(slots[:2], [[1], [2, 3, 4]], trees=[None, (1, [-1, -1])])
+    assert runners[0].last_packed_rows is None
+
+
 def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
     """Folded and unfolded runners give the same logits for rows asked in any order, and the
     same ``all_hidden`` (every new token's features, step order)."""
