@@ -12,7 +12,11 @@ which the defaults set near the H100's measured ratios for the random 1B LLaMA (
 of docs/performance.md, "Efficiency against an oracle"). ``--bursts P``: with probability ``P``
 a step starts a slow stretch, as the H100 machine showed at batch 1 (a step of 12-14 ms among
 steps of 2.5, then 5.9, 4.6, 3.9, 3.3 ms...: something outside the engine, whichever width the
-steps had): ``--burst-height`` plain steps more, shrinking by ``--burst-decay`` a step. Each
+steps had): ``--burst-height`` plain steps more, shrinking by ``--burst-decay`` a step.
+``--kv-growth G``: every step's time grows with the batch's context, by ``G`` times its cost
+over ``--max-tokens`` tokens (on the H100 at batch 32 a plain step of the 1B grew from 2.97 to
+3.35 ms over a 128-token batch, of the 8B from 9.4 to 10.8 ms); ``--hide-kv``: the controller is
+not told the steps' contexts (as before ``StepCostTable`` read costs at one context). Each
 batch is closed (``LLM.generate``: ``max_tokens`` each, the call ends with its slowest
 sequence), one engine per (batch, alpha, policy) serves ``--warmup`` batches, then ``--runs``
 timed ones.
@@ -48,7 +52,8 @@ class SimEngine:
 
     def __init__(self, k: int, adaptive: bool, verify_cost: float, spec_overhead: float,
                  noise: float, seed: int, defer: bool = True,
-                 bursts: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+                 bursts: tuple[float, float, float] = (0.0, 0.0, 0.0), kv_growth: float = 0.0,
+                 tell_kv: bool = True) -> None:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, adaptive_k=adaptive)
         self.policy = SpeculationPolicy(spec, k, 1 << 20, drafts_are_free=True,
                                         measured_draft_cost=lambda: 0.0)
@@ -59,11 +64,14 @@ class SimEngine:
         self.bursts = bursts  # (chance a step starts one, height in plain steps, decay)
         self.excess = 0.0  # the slow stretch's extra plain steps at this step
         self.score_clean = False  # time the batches without the noise (--score-clean)
+        self.kv_growth, self.tell_kv = kv_growth, tell_kv
+        self.context = 0.0  # the batch's generated tokens over max_tokens (kv_growth's clock)
 
     def clean_cost(self, width: int) -> float:
         """Seconds of a step scoring ``width`` tokens per sequence, without noise."""
         return PLAIN_STEP_S * (1.0 if width == 1 else
-                               1.0 + self.verify_cost * (width - 1) + self.spec_overhead)
+                               1.0 + self.verify_cost * (width - 1) + self.spec_overhead
+                               ) * (1.0 + self.kv_growth * self.context)
 
     def cost(self, width: int) -> float:
         """Seconds of a step scoring ``width`` tokens per sequence, with noise."""
@@ -100,6 +108,7 @@ class SimEngine:
                 for i, g in zip(wanted, got, strict=True):
                     kept[i] = g
             self.policy.flush()  # (where the engine calls it: the forward was launched)
+            most = max(s.num_output_tokens for s in running)  # (before this step's tokens)
             accepted = []
             for seq, d in zip(running, kept, strict=True):
                 right = self.rng.random(d) < alpha
@@ -111,9 +120,11 @@ class SimEngine:
                 seq.num_computed_tokens = seq.num_tokens - 1
             self.policy.update(running, kept, accepted, [None] * len(running))
             width = 1 + max(kept)
+            self.context = most / max_tokens
             step_s = self.cost(width)  # (what the controller measures)
             self.policy.record_step(items, [[1] * g for g in kept], step_s,
-                                    0.0 if wanted else None)
+                                    0.0 if wanted else None,
+                                    kv=PROMPT_LEN + most + width if self.tell_kv else 0)
             seconds += self.clean_cost(width) if self.score_clean else step_s
             steps += 1
             self.steps += 1
@@ -133,7 +144,8 @@ def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) 
 def sim_engine(args: argparse.Namespace, k: int, adaptive: bool, seed: int) -> SimEngine:
     """An engine with the command line's cost model (k = 0: plain decoding)."""
     engine = SimEngine(k, adaptive, args.verify_cost, args.spec_overhead, args.noise, seed,
-                       args.defer, (args.bursts, args.burst_height, args.burst_decay))
+                       args.defer, (args.bursts, args.burst_height, args.burst_decay),
+                       args.kv_growth, not args.hide_kv)
     engine.score_clean = args.score_clean
     return engine
 
@@ -181,6 +193,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="a slow stretch's first step: this many plain steps more")
     p.add_argument("--burst-decay", type=float, default=0.6,
                    help="a slow stretch's extra time shrinks by this factor a step")
+    p.add_argument("--kv-growth", type=float, default=0.0,
+                   help="a step's time grows by this fraction over max-tokens of context")
+    p.add_argument("--hide-kv", action="store_true",
+                   help="the controller is not told the steps' contexts")
     p.add_argument("--score-clean", action="store_true",
                    help="time the batches by the cost model without noise (the controller still "
                         "measures the noisy steps): the decisions' worth, not the noise's luck")

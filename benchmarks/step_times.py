@@ -106,10 +106,12 @@ class StepClock:
             last["real"] = (len(seqs) + kept) / max(len(seqs), 1)
         return self._update(seqs, num_drafted, num_accepted, num_backed, private)
 
-    def _on_record(self, items, drafts, step_s, propose_s, after_idle_s=None, packed_rows=None):
+    def _on_record(self, items, drafts, step_s, propose_s, after_idle_s=None, packed_rows=None,
+                   kv=0):
         self._recorded = (1 + max(map(len, drafts)), step_s)
         self._info["packed_rows"] = packed_rows
-        return self._record_step(items, drafts, step_s, propose_s, after_idle_s, packed_rows)
+        return self._record_step(items, drafts, step_s, propose_s, after_idle_s, packed_rows,
+                                 kv)
 
     def _on_stage_record(self, batch, start):
         """What decides whether the controller records the step (``LLMEngine._record``)."""

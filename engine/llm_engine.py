@@ -814,6 +814,6 @@ class LLMEngine:
                                          end - start - batch.propose_s,
                                          batch.propose_s if batch.typical_proposal else None,
                                          batch.propose_s if batch.after_idle else None,
-                                         self.runner.last_packed_rows)
+                                         self.runner.last_packed_rows, self.runner.last_kv_len)
         self.metrics.record_step(end - start, batch.propose_s, end - batch.target_start,
                                  batch.num_draft_steps if batch.typical_proposal else 0)

@@ -626,17 +626,18 @@ class GoodputController:
 
     def record(self, batch_size: int, width: int, step_s: float, num_asked: int,
                propose_s: float | None, after_idle_s: float | None = None,
-               packed_rows: int | None = None) -> None:
+               packed_rows: int | None = None, kv: int = 0) -> None:
         """A steady decode step: ``width`` tokens per sequence, ``step_s`` seconds without the
         proposal, which took ``propose_s`` for ``num_asked`` drafts asked per sequence (None:
         not a typical one), or ``after_idle_s`` when it was the first after steps without one
         (a probe's: what a probe's proposal costs, kind ``"probe"``); ``packed_rows``: the
-        runner packed the step into that many rows (kind ``"packed"``, by their bucket)."""
+        runner packed the step into that many rows (kind ``"packed"``, by their bucket);
+        ``kv``: the step's context (``StepCostTable.record``)."""
         if packed_rows is None:
-            self.costs.record("step", batch_size, width, step_s)
+            self.costs.record("step", batch_size, width, step_s, kv)
         else:
             self.costs.record("packed", batch_size, self.costs.batch_bucket(packed_rows),
-                              step_s)
+                              step_s, kv)
         if num_asked and propose_s is not None:
             self.costs.record("propose", batch_size, num_asked, propose_s)
         if num_asked and after_idle_s is not None:

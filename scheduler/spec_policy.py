@@ -255,18 +255,20 @@ class SpeculationPolicy:
 
     def record_step(self, items: list[ScheduledSequence], drafts: list[list[int]],
                     step_s: float, propose_s: float | None,
-                    after_idle_s: float | None = None, packed_rows: int | None = None) -> None:
+                    after_idle_s: float | None = None, packed_rows: int | None = None,
+                    kv: int = 0) -> None:
         """A steady decode step's time (the engine leaves out prefills and steps whose graph
         bucket ran eager or was captured): ``step_s`` without the proposal, ``propose_s`` (None:
         not typical, e.g. the proposer's first look at a prompt); ``after_idle_s``: the
         proposal's time when it was the first after steps without one (a probe's);
-        ``packed_rows``: the runner packed the step into that many rows."""
+        ``packed_rows``: the runner packed the step into that many rows; ``kv``: the step's
+        context (its longest sequence's tokens: step costs drift with it)."""
         if not self.adaptive or not items:
             return
         width = 1 + max(map(len, drafts))
         timed = propose_s is not None or after_idle_s is not None
         asked = max(item.num_spec_tokens for item in items) if timed else 0
-        args = (len(items), width, step_s, asked, propose_s, after_idle_s, packed_rows)
+        args = (len(items), width, step_s, asked, propose_s, after_idle_s, packed_rows, kv)
         if self.defer_updates:
             self._records.append(args)
         else:

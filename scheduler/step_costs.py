@@ -35,6 +35,20 @@ outliers and the two changes that came with them (``scheduler.goodput``'s interp
 between trusted widths only, and ``scheduler.acceptance``'s ``POSITION_PRIOR``); without the
 stretches, as before (docs/performance.md, "Efficiency against an oracle").
 
+Costs are read at one context. A step's time grows with its context (the keys every row
+gathers): on the H100 at batch 32 a plain step of the random 1B went from 2.97 to 3.35 ms over a
+batch of 128-token answers, of the 8B from 9.4 to 10.8 ms. While drafting pays no plain step
+comes, so the plain step's samples were the batch's first ones, every later width's were
+longer ones, and each width read dearer than it is (the 1B's 5-token step 1.49 plain steps
+where fixed k = 4 ran it at 1.36 on average; the 8B's 2-token one 1.15 where k = 1 ran at 1.11). So
+every whole step's sample keeps its context (``kv``: its longest sequence's tokens), a batch
+size has a *drift*, the median of the slopes of log seconds over context between the samples of
+one cell at least ``MIN_KV_SPAN`` tokens apart (at least 0; kept while too few pairs are), and
+every answer is read at the batch size's *reference* context, which follows the steps in bands
+of ``KV_BAND`` tokens: each sample is scaled by ``exp(drift * (reference - its context))``.
+Simulated (``benchmarks/controller_sim.py --kv-growth 0.13``, batch 32, costs 1.12-1.33 plain
+steps for 2-5 tokens), the costs read 1.23-1.43 without the contexts and 1.08-1.35 with them.
+
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
 rollback: the host work of the speculative path is in it), ``"packed"``, the same for a step
 that the runner packed into ``w`` rows of one token (by their batch bucket: ``ModelRunner.
@@ -64,6 +78,9 @@ SWEEP = 16  # recorded steps of a batch size between looks at its cells' ages
 OUTLIER = 1.5  # a trusted cell leaves out a sample over this many times its answer ...
 SKIP_LIMIT = 8  # ... unless it left out this many in a row (then its cost moved)
 STEPS = ("step", "packed")  # the kinds that are whole steps (a batch size's clock counts them)
+KV_BAND = 32  # a batch size's reference context moves in steps of this many tokens ...
+MIN_KV_SPAN = 16  # ... and two samples this far apart in context give a drift ...
+MIN_DRIFT_PAIRS = 8  # ... once at least this many pairs do
 
 
 def _plain(key: tuple[str, int, int]) -> bool:
@@ -77,8 +94,10 @@ class StepCostTable:
 
     def __init__(self, batch_bucket: Callable[[int], int] = int) -> None:
         self.batch_bucket = batch_bucket
-        # (recorded step of its batch size, seconds), oldest first
-        self._samples: dict[tuple[str, int, int], deque[tuple[int, float]]] = {}
+        # (recorded step of its batch size, seconds, the step's context), oldest first
+        self._samples: dict[tuple[str, int, int], deque[tuple[int, float, int]]] = {}
+        self._kv_ref: dict[int, int] = {}  # bucket -> the context its answers are read at
+        self._drift: dict[int, float] = {}  # bucket -> log seconds per token of context
         self._answer: dict[tuple[str, int, int], float] = {}  # each cell's answer
         self._clock: dict[int, int] = {}  # bucket -> its steps recorded
         self._skipped: dict[tuple[str, int, int], int] = {}  # outliers left out in a row
@@ -86,41 +105,76 @@ class StepCostTable:
         self._nearest: dict[int, list[int]] = {}  # bucket -> _plain_batches nearest first
         self.version = 0  # bumped when an answer may change (moved, began or emptied)
 
-    def record(self, kind: str, batch_size: int, width: int, seconds: float) -> None:
+    def record(self, kind: str, batch_size: int, width: int, seconds: float,
+               kv: int = 0) -> None:
+        """A sample of ``seconds``; ``kv``: the step's context (its longest sequence's cached
+        and new tokens; 0 where unknown: no drift is then seen)."""
         bucket = self.batch_bucket(batch_size)
         key = (kind, bucket, width)
         if kind in STEPS:
             clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
+            ref = self._kv_ref.get(bucket)
+            if ref is None or abs(kv - ref) >= KV_BAND:
+                self._kv_ref[bucket] = kv
+                if ref is not None:
+                    self._sweep(bucket, clock)  # (every answer read at the new context)
             if clock % SWEEP == 0:
                 self._sweep(bucket, clock)
         else:
-            clock = self._clock.get(bucket, 0)
+            clock, kv = self._clock.get(bucket, 0), 0
         samples = self._samples.get(key)
         if samples is None:  # a cell's first step is a warm-up: not recorded (see above)
             self._samples[key] = deque(maxlen=SAMPLES)
             return
         answer = self._answer.get(key)
-        if answer is not None and len(samples) >= TRUSTED and seconds > OUTLIER * answer:
+        if (answer is not None and len(samples) >= TRUSTED
+                and seconds * self._at_ref(bucket, kv) > OUTLIER * answer):
             skipped = self._skipped.get(key, 0)
             if skipped < SKIP_LIMIT:  # (a slow stretch, left out: see above; past the limit
                 self._skipped[key] = skipped + 1  # the cost moved, and every one is taken)
                 return
         else:
             self._skipped[key] = 0
-        samples.append((clock, seconds))
+        samples.append((clock, seconds, kv))
         self._update(key, samples, clock)
 
+    def _at_ref(self, bucket: int, kv: int) -> float:
+        """The factor that takes a step's seconds at context ``kv`` to the bucket's reference
+        context (see the module docstring)."""
+        drift = self._drift.get(bucket, 0.0)
+        return math.exp(drift * (self._kv_ref.get(bucket, kv) - kv)) if drift else 1.0
+
     def _sweep(self, bucket: int, clock: int) -> None:
-        """Drop the samples of ``bucket``'s cells that are older than ``WINDOW`` (not the plain
-        step's: see the module docstring)."""
+        """Estimate ``bucket``'s drift again, then read its cells' answers again at its
+        reference context, dropping samples older than ``WINDOW`` (not the plain step's: see
+        the module docstring)."""
+        self._drift[bucket] = self._estimate_drift(bucket)
         for key, samples in self._samples.items():
-            if (key[1] == bucket and not _plain(key) and samples
-                    and samples[0][0] <= clock - WINDOW):
+            if key[1] == bucket and samples:
                 self._update(key, samples, clock)
 
-    def _update(self, key: tuple[str, int, int], samples: deque[tuple[int, float]],
+    def _estimate_drift(self, bucket: int) -> float:
+        """How a step's log seconds grow per token of context at ``bucket``: the median slope
+        of the pairs of samples of one cell at least ``MIN_KV_SPAN`` tokens apart (whole steps
+        only), at least 0; the last estimate while fewer than ``MIN_DRIFT_PAIRS`` pairs are."""
+        slopes = []
+        for key, samples in self._samples.items():
+            if key[1] != bucket or key[0] not in STEPS or len(samples) < 2:
+                continue
+            points = [(kv, math.log(seconds)) for _, seconds, kv in samples if seconds > 0]
+            for i, (kv_i, log_i) in enumerate(points):
+                for kv_j, log_j in points[i + 1:]:
+                    if abs(kv_j - kv_i) >= MIN_KV_SPAN:
+                        slopes.append((log_j - log_i) / (kv_j - kv_i))
+        if len(slopes) < MIN_DRIFT_PAIRS:
+            return self._drift.get(bucket, 0.0)
+        slopes.sort()
+        return max(0.0, slopes[len(slopes) // 2])
+
+    def _update(self, key: tuple[str, int, int], samples: deque[tuple[int, float, int]],
                 clock: int) -> None:
-        """The cell's answer from its samples of the last ``WINDOW`` steps."""
+        """The cell's answer from its samples of the last ``WINDOW`` steps, each taken to its
+        batch size's reference context (whole steps only)."""
         plain = _plain(key)
         while not plain and samples and samples[0][0] <= clock - WINDOW:
             samples.popleft()
@@ -131,7 +185,11 @@ class StepCostTable:
         if plain and key not in self._answer:
             self._plain_batches.append(key[1])
             self._nearest.clear()
-        ordered = sorted(seconds for _, seconds in samples)
+        bucket = key[1]
+        if key[0] in STEPS and self._drift.get(bucket):
+            ordered = sorted(seconds * self._at_ref(bucket, kv) for _, seconds, kv in samples)
+        else:
+            ordered = sorted(seconds for _, seconds, _ in samples)
         answer = ordered[len(ordered) // 4] if len(ordered) >= TRUSTED else ordered[0]
         if self._answer.get(key) != answer:
             self._answer[key] = answer
@@ -145,8 +203,8 @@ class StepCostTable:
     def samples(self, kind: str, batch_size: int, width: int) -> list[float]:
         """The cell's recent samples, oldest first (for benchmarks that show what a cost was
         made of)."""
-        return [s for _, s in self._samples.get((kind, self.batch_bucket(batch_size), width),
-                                                ())]
+        return [s for _, s, _ in self._samples.get((kind, self.batch_bucket(batch_size), width),
+                                                   ())]
 
     def seconds(self, kind: str, batch_size: int, width: int) -> float | None:
         return self._answer.get((kind, self.batch_bucket(batch_size), width))

@@ -254,6 +254,7 @@ class ModelRunner:
         # a verification step of unequal rows is packed, one token a row (packed_rows)
         self.pack_verifications = True
         self.last_packed_rows: int | None = None  # the last step's rows when it was packed
+        self.last_kv_len = 0  # the last step's context: its longest sequence's tokens
         # called in each forward once its graph decision is made, before the device runs
         # anything of it (tensor parallelism: the leader sends the step to the other ranks)
         self.before_launch: Callable[[Decision], None] | None = None
@@ -407,6 +408,7 @@ class ModelRunner:
         if logits_indices is not None and not on_device:
             logits_indices = self._check_logits_indices(logits_indices, num_rows)
         kv_len = max(start + len(ids) for start, ids in zip(starts, token_ids, strict=True))
+        self.last_kv_len = kv_len
         fold = self._fold(token_ids, trees, kv_len) if self.fold_mixed else None
         self.last_packed_rows = None
         if fold is None:  # (a verification of unequal rows: one token a row, or None)
