@@ -49,7 +49,7 @@ def policy_step_seconds(batch_size: int, k: int, number: int, seed: int = 0,
     backed = [[int(x) for x in rng.integers(1, k + 1, batch_size)] for _ in range(64)]
     accepted = [[int(x) for x in rng.integers(0, 3, batch_size)] for _ in range(64)]
     drafts = [list(range(k))] * batch_size
-    state = {"i": 0, "drafted": 0, "flush": 0.0}
+    state = {"i": 0, "drafted": 0, "flush": 0.0, "steps": 0}
 
     def step() -> None:
         i = state["i"] = (state["i"] + 1) % 64
@@ -61,8 +61,11 @@ def policy_step_seconds(batch_size: int, k: int, number: int, seed: int = 0,
         state["flush"] += time.perf_counter() - start
         policy.update(seqs, kept, accepted[i],
                       [min(b, g) for b, g in zip(backed[i], kept, strict=True)])
-        policy.record_step(items, [d[:g] for d, g in zip(drafts, kept, strict=True)], 0.0045,
-                           0.0002)
+        # (a batch's context grows, and its steps with it: the costs' drift is estimated)
+        kv = 100 + (3 * state["steps"]) % 300
+        state["steps"] += 1
+        policy.record_step(items, [d[:g] for d, g in zip(drafts, kept, strict=True)],
+                           0.0045 * (1 + kv / 3000), 0.0002, kv=kv)
         state["drafted"] += kept[0] > 0
 
     for _ in range(200):
