@@ -42,12 +42,17 @@ comes, so the plain step's samples were the batch's first ones, every later widt
 longer ones, and each width read dearer than it is (the 1B's 5-token step 1.49 plain steps
 where fixed k = 4 ran it at 1.36 on average; the 8B's 2-token one 1.15 where k = 1 ran at 1.11). So
 every whole step's sample keeps its context (``kv``: its longest sequence's tokens), a batch
-size has a *drift*, the median of the slopes of log seconds over context between the samples of
-one cell at least ``MIN_KV_SPAN`` tokens apart (at least 0; kept while too few pairs are), and
+size has a *drift*: the median slope of log seconds over context between pairs of one cell's
+samples ``MIN_KV_SPAN`` tokens apart or more (at least 0), and
 every answer is read at the batch size's *reference* context, which follows the steps in bands
 of ``KV_BAND`` tokens: each sample is scaled by ``exp(drift * (reference - its context))``.
 Simulated (``benchmarks/controller_sim.py --kv-growth 0.13``, batch 32, costs 1.12-1.33 plain
 steps for 2-5 tokens), the costs read 1.23-1.43 without the contexts and 1.08-1.35 with them.
+Only from ``DRIFT_MIN_BATCH`` sequences: where the keys' reads are a small part of a step, the
+drift is small against the steps' noise, and its estimate was that noise (simulated at batch 1
+and 8 with slow stretches and a drift of 2% a batch, ``--bursts 0.01 --kv-growth 0.02``: the
+estimates came 0.02-0.21 a batch, and the controller kept 0.90-0.95 of the best k at alpha
+0.3-0.5 where it kept 0.97-0.99 without them).
 
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
 rollback: the host work of the speculative path is in it), ``"packed"``, the same for a step
@@ -79,8 +84,9 @@ OUTLIER = 1.5  # a trusted cell leaves out a sample over this many times its ans
 SKIP_LIMIT = 8  # ... unless it left out this many in a row (then its cost moved)
 STEPS = ("step", "packed")  # the kinds that are whole steps (a batch size's clock counts them)
 KV_BAND = 32  # a batch size's reference context moves in steps of this many tokens ...
-MIN_KV_SPAN = 16  # ... and two samples this far apart in context give a drift ...
-MIN_DRIFT_PAIRS = 8  # ... once at least this many pairs do
+MIN_KV_SPAN = 16  # ... two samples of a cell this far apart in context give a slope ...
+MIN_DRIFT_PAIRS = 8  # ... and this many pairs a drift ...
+DRIFT_MIN_BATCH = 16  # ... at batch sizes (buckets) of at least this many sequences
 
 
 def _plain(key: tuple[str, int, int]) -> bool:
@@ -113,6 +119,7 @@ class StepCostTable:
         key = (kind, bucket, width)
         if kind in STEPS:
             clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
+            kv = kv if bucket >= DRIFT_MIN_BATCH else 0  # (see the module docstring)
             ref = self._kv_ref.get(bucket)
             if ref is None or abs(kv - ref) >= KV_BAND:
                 self._kv_ref[bucket] = kv
