@@ -357,6 +357,8 @@ class GoodputController:
         if self.packed_rows is None or layout is None or not drafts:
             return cost
         n, longest, total = layout
+        if self.packed_rows(n, max(longest, 2), total + 1) is None:
+            return cost  # (a step of one more row is the easiest to pack: then none is)
         most = max(drafts)
         out = cost
         for w in range(1, self.max_k + 1):
