@@ -400,8 +400,13 @@ class LLMEngine:
         if backed is not None and proposal.parents is not None:
             backed = [b if t is None else len(d) for b, t, d in zip(backed, trees, levels,
                                                                     strict=True)]
+        # (the step's other sequences, which asked for no drafts: the controller prices the
+        # step's layout with them)
+        asked = set(wanted)
+        rest = [item.num_context_tokens for i, item in enumerate(batch.items) if i not in asked]
         keep = self.spec_policy.kept_drafts([batch.items[i] for i in wanted], levels, backed,
-                                            batch.free_kv_tokens)
+                                            batch.free_kv_tokens,
+                                            (len(rest), max(rest, default=0), sum(rest)))
         offset = 0
         for j, (i, proposed, k) in enumerate(zip(wanted, proposal.draft_token_ids, keep,
                                                  strict=True)):

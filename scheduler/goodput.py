@@ -345,7 +345,8 @@ class GoodputController:
             if cell is not None and plain:
                 return max(cell / plain, 1.0)
         per_row = DEFAULT_VERIFY_COST if self.verify_cost is None else self.verify_cost
-        return 1.0 + per_row * max(bucket - batch_size, 0) / batch_size
+        plain = self.costs.batch_bucket(batch_size)
+        return 1.0 + per_row * max(bucket - plain, 0) / plain
 
     def _with_packing(self, cost: list[float], b: int, layout: Layout | None,
                       drafts: Sequence[int], share: float = 1.0) -> list[float]:
@@ -428,7 +429,7 @@ class GoodputController:
             return self.max_k
         # Nothing was drafted and nothing learnt since the last step of these sequences: the
         # answer is still no drafts (save the host work; costs are looked at again each probe).
-        key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version)
+        key = (tuple(map(_row, accs)), tuple(caps), min_width, self.acceptance.version, layout)
         if self._idle_key == key:
             return self._idle_or_probe(self._probe_overhead)
         self._last_accs = accs

@@ -209,12 +209,16 @@ class SpeculationPolicy:
         return min(self._step_k, spec.cap) if self._step_k else 0
 
     def kept_drafts(self, items: list[ScheduledSequence], draft_token_ids: list[list[int]],
-                    num_backed: list[int] | None, free_kv_tokens: int | None) -> list[int]:
+                    num_backed: list[int] | None, free_kv_tokens: int | None,
+                    others: tuple[int, int, int] = (0, 0, 0)) -> list[int]:
         """How many of each item's drafts to verify. A free proposer was asked for each cap:
         the controller now picks the step's width with the proposer's evidence (``num_backed``,
         see :attr:`proposers.Proposal.num_backed`), and every steered sequence verifies its
         drafts up to it; seeded sampling keeps its k. Drafts past the KV cache's spare rows
-        (``free_kv_tokens`` less the step's tokens) are cut, so a full cache preempts no one."""
+        (``free_kv_tokens`` less the step's tokens) are cut, so a full cache preempts no one.
+        ``others``: the step's sequences that asked for no drafts, as (how many, the most new
+        tokens of one, their new tokens): with ``items`` they lay out the step, which the
+        controller prices."""
         got = [min(item.num_spec_tokens, len(d)) for item, d in zip(items, draft_token_ids,
                                                                         strict=True)]
         if self.adaptive and self.free:
@@ -223,7 +227,8 @@ class SpeculationPolicy:
             avail: list[int] = []
             backed: list[int] | None = None if num_backed is None else []
             min_width, fixed, critical = 0, False, True
-            longest = total = 0  # the step's new tokens, less the steered drafts
+            # the step's new tokens, less the steered drafts
+            num_others, longest, total = others
             for item, g, b in zip(items, got, num_backed or [None] * len(items), strict=True):
                 spec = item.seq.speculation
                 new = item.num_context_tokens + (g if spec.fixed else 0)
@@ -240,7 +245,8 @@ class SpeculationPolicy:
             width = self.controller.choose_width(
                 steered, avail, backed, min_width,
                 None if critical else [s.critical for s in steered],
-                max(self._batch_size, len(items)), (len(items), longest, total))
+                max(self._batch_size, len(items) + num_others),
+                (len(items) + num_others, longest, total))
             if fixed:
                 got = [g if item.seq.speculation.fixed else min(g, width)
                        for item, g in zip(items, got, strict=True)]

@@ -134,8 +134,8 @@ class StepCostTable:
             self._samples[key] = deque(maxlen=SAMPLES)
             return
         answer = self._answer.get(key)
-        if (answer is not None and len(samples) >= TRUSTED
-                and seconds * self._at_ref(bucket, kv) > OUTLIER * answer):
+        at_ref = self._at_ref(bucket, kv) if kind in STEPS else 1.0
+        if answer is not None and len(samples) >= TRUSTED and seconds * at_ref > OUTLIER * answer:
             skipped = self._skipped.get(key, 0)
             if skipped < SKIP_LIMIT:  # (a slow stretch, left out: see above; past the limit
                 self._skipped[key] = skipped + 1  # the cost moved, and every one is taken)
@@ -164,6 +164,8 @@ class StepCostTable:
         """How a step's log seconds grow per token of context at ``bucket``: the median slope
         of the pairs of samples of one cell at least ``MIN_KV_SPAN`` tokens apart (whole steps
         only), at least 0; the last estimate while fewer than ``MIN_DRIFT_PAIRS`` pairs are."""
+        if bucket < DRIFT_MIN_BATCH:
+            return 0.0
         slopes = []
         for key, samples in self._samples.items():
             if key[1] != bucket or key[0] not in STEPS or len(samples) < 2:

@@ -194,3 +194,23 @@ def test_deferred_updates_wait_for_flush_and_so_do_the_rows_they_name():
     assert acc_later.counts[newcomer.seq.speculation.row].any()
     later.release(newcomer.seq)
     assert newcomer.seq.speculation.row == -1
+
+
+def test_the_controller_prices_the_steps_whole_layout():
+    """The layout a free proposer's width is priced with counts every sequence of the step:
+    the steered ones, a seeded one's drafts, and the sequences that asked for none
+    (``others``: opted out, or in a prefill chunk)."""
+    drafts = policy()
+    seen = []
+    choose = drafts.controller.choose_width
+    drafts.controller.choose_width = lambda *args: (seen.append(args), choose(*args))[1]
+    seeded = item(drafts, "seeded", 2, SamplingParams(temperature=0.8, seed=3))
+    steered = [item(drafts, n, 4) for n in "ab"]
+    items = [seeded, *steered]
+    proposal = Proposal([[1, 2], [3, 4, 5, 6], [7]], None, [2, 4, 1])
+    drafts.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed, None,
+                       (5, 7, 11))  # (4 decodes and a 7-token prompt chunk)
+    batch_size, layout = seen[-1][5:7]
+    # 8 sequences; the most new tokens: the chunk's 7; before the steered drafts: the 3
+    # items' one token each, the seeded one's 2 drafts and the others' 11 tokens
+    assert batch_size == 8 and layout == (8, 7, 3 + 2 + 11)

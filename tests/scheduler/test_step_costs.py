@@ -59,3 +59,16 @@ def test_answers_follow_the_reference_context_by_bands():
     assert costs._kv_ref[32] == ref + KV_BAND and costs.version > before
     # the plain cell's answer is its lower quartile read at the new reference
     assert costs.seconds("step", 32, 1) == pytest.approx(grown(1.0, ref + KV_BAND), rel=0.02)
+
+
+def test_proposal_samples_are_not_read_at_a_context():
+    """A drift scales whole steps only: a proposer's times, recorded without a context, are
+    neither scaled nor left out as outliers."""
+    costs = StepCostTable()
+    for kv in range(100, 1200, 10):
+        costs.record("step", 32, 5, grown(1.2, kv), kv=kv)
+    assert costs._drift[32] > 0 and costs._kv_ref[32] > 1000
+    for _ in range(12):
+        costs.record("propose", 32, 4, 0.1, kv=500)
+    assert costs.samples("propose", 32, 4) == [0.1] * 11  # (the first: its warm-up)
+    assert costs.seconds("propose", 32, 4) == pytest.approx(0.1)
