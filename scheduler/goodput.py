@@ -341,12 +341,12 @@ class GoodputController:
         bucket = self.costs.batch_bucket(rows)
         if self.verify_cost is None and self.costs.count("packed", batch_size, bucket) >= TRUSTED:
             cell = self.costs.seconds("packed", batch_size, bucket)
-            plain = self.costs.seconds("step", batch_size, 1)
-            if cell is not None and plain:
-                return max(cell / plain, 1.0)
+            plain_s = self.costs.seconds("step", batch_size, 1)
+            if cell is not None and plain_s:
+                return max(cell / plain_s, 1.0)
         per_row = DEFAULT_VERIFY_COST if self.verify_cost is None else self.verify_cost
-        plain = self.costs.batch_bucket(batch_size)
-        return 1.0 + per_row * max(bucket - plain, 0) / plain
+        plain_rows = self.costs.batch_bucket(batch_size)
+        return 1.0 + per_row * max(bucket - plain_rows, 0) / plain_rows
 
     def _with_packing(self, cost: list[float], b: int, layout: Layout | None,
                       drafts: Sequence[int], share: float = 1.0) -> list[float]:

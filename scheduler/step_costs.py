@@ -121,11 +121,10 @@ class StepCostTable:
             clock = self._clock[bucket] = self._clock.get(bucket, 0) + 1
             kv = kv if bucket >= DRIFT_MIN_BATCH else 0  # (see the module docstring)
             ref = self._kv_ref.get(bucket)
-            if ref is None or abs(kv - ref) >= KV_BAND:
+            moved = ref is not None and abs(kv - ref) >= KV_BAND
+            if ref is None or moved:
                 self._kv_ref[bucket] = kv
-                if ref is not None:
-                    self._sweep(bucket, clock)  # (every answer read at the new context)
-            if clock % SWEEP == 0:
+            if moved or clock % SWEEP == 0:  # (moved: every answer read at the new context)
                 self._sweep(bucket, clock)
         else:
             clock, kv = self._clock.get(bucket, 0), 0

@@ -274,6 +274,12 @@ class ModelRunner:
         """The most rows a folded step may take (:meth:`_fold`)."""
         return max(FOLD_MIN_ROWS, 2 * batch_bucket(self.max_num_seqs))
 
+    @property
+    def fold_cells(self) -> int:
+        """The most key cells (rows x key length) a folded or packed step may gather: twice a
+        full batch's at the longest context (graphs only)."""
+        return 2 * batch_bucket(self.max_num_seqs) * self.graphs.max_kv_len
+
     def packed_rows(self, num_seqs: int, longest: int, total: int) -> int | None:
         """The rows of a verification step of ``num_seqs`` sequences bringing ``total`` new
         tokens, ``longest`` the most of one, when the runner *packs* it (None: it pads every
@@ -475,7 +481,7 @@ class ModelRunner:
         long = [n for n, tree in zip(lens, trees, strict=True) if n > limit and tree is None]
         if not short or not long or len(short) + len(long) < len(lens):
             return None  # (nothing to fold, or a long row that is a tree)
-        most_rows, cells = self.fold_rows, 2 * batch_bucket(self.max_num_seqs) * graphs.max_kv_len
+        most_rows, cells = self.fold_rows, self.fold_cells
         kv = kv_bucket(kv_len, graphs.max_kv_len)
         best: tuple[bool, int, int, int] | None = None  # (no graph, padded tokens, rows, width)
         for width in range(max(short), limit + 1):
@@ -497,8 +503,7 @@ class ModelRunner:
         rows = self.packed_rows(len(lens), max(lens), sum(lens))
         if rows is None or any(tree is not None for tree in trees):
             return None
-        cells = 2 * batch_bucket(self.max_num_seqs) * self.graphs.max_kv_len
-        if batch_bucket(rows) * kv_bucket(kv_len, self.graphs.max_kv_len) > cells:
+        if batch_bucket(rows) * kv_bucket(kv_len, self.graphs.max_kv_len) > self.fold_cells:
             return None
         self.last_packed_rows = rows
         return 1
