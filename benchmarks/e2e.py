@@ -30,7 +30,7 @@ from benchmarks.e2e_runs import (  # noqa: E402
     hf_generate,
     timed,
 )
-from benchmarks.e2e_targets import check_targets, print_table  # noqa: E402
+from benchmarks.e2e_targets import check_targets, print_positions, print_table  # noqa: E402
 from benchmarks.e2e_workloads import RANDOM_LLAMAS, build_model, build_prompts  # noqa: E402
 from engine import LLM  # noqa: E402
 
@@ -171,6 +171,10 @@ def measure(args: argparse.Namespace, llms: dict, model, pad_id: int, kind: str,
             metrics = llm.get_metrics()
             run.acceptance_rate = metrics.acceptance_rate
             run.mean_accepted_length = metrics.mean_accepted_length
+            if metrics.num_drafted:
+                run.acceptance_per_position = [round(r, 4)
+                                               for r in metrics.acceptance_per_position]
+                run.mean_k = metrics.mean_k
             run.controller = controller_state(llm, b)
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
@@ -224,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         print("note: random weights: the output ignores the prompt's meaning, so n-gram "
               "acceptance depends on the prompts and on the model's own repetition loops.")
     rows = print_table(results)
+    print_positions(results)
     targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
     if args.json:
         doc = {"args": vars(args), "machine": machine, "results": rows, "targets": targets,

@@ -33,6 +33,9 @@ class RunResult:
     seconds: float = 0.0
     acceptance_rate: float | None = None
     mean_accepted_length: float | None = None
+    # accepted / drafted at draft position 1, 2, ... (the engine's metrics; [] without drafts)
+    acceptance_per_position: list[float] = field(default_factory=list)
+    mean_k: float | None = None   # drafts verified per speculating request-step
     graph_captures: int = 0       # CUDA graphs captured inside the timed runs
     capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
     outputs: list[list[int]] = field(default_factory=list, repr=False)

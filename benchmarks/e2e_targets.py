@@ -57,6 +57,24 @@ def print_table(results: list[RunResult]) -> list[dict]:
     return rows
 
 
+def print_positions(results: list[RunResult]) -> None:
+    """Acceptance at each draft position for the runs that drafted (the engine's
+    ``acceptance_per_position``: of the drafts made at position i, the share accepted, a draft
+    behind a rejected one counting as made and not accepted; 0 where none was made)."""
+    drafted = [r for r in results if r.acceptance_per_position]
+    if not drafted:
+        return
+    width = max(len(r.acceptance_per_position) for r in drafted)
+    print(f"\n{'kind':<5} {'batch':>5} {'system':<18} {'k/step':>6} "
+          + " ".join(f"{'pos ' + str(i + 1):>6}" for i in range(width)))
+    for r in drafted:
+        rates = [_fmt(x, 6) for x in r.acceptance_per_position]
+        print(f"{r.kind:<5} {r.batch_size:>5} {r.name:<18} {_fmt(r.mean_k, 6)} "
+              + " ".join(rates))
+    print("k/step: drafts verified per speculating request-step; pos i: accepted / drafted at "
+          "draft position i.")
+
+
 def check_targets(results: list[RunResult], on_gpu: bool, k: int) -> list[dict]:
     """The targets of issue 5 that this run can measure, printed as MET / MISSED."""
     targets = []

@@ -26,7 +26,8 @@ def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
     # the hypervisor's share of CPU time during the timed runs (Linux), a fraction
     assert all(r["steal"] is None or 0.0 <= r["steal"] <= 1.0 for r in doc["runs"])
     assert any(r["steal"] is not None for r in doc["runs"]) == sys.platform.startswith("linux")
-    assert "tokens/s over the engine without speculation" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "tokens/s over the engine without speculation" in printed
     # what the controller decided from: costs by width (k + 1 widths, plain first) and the
     # engine's acceptance; none for the engine without speculation and for Hugging Face
     for r in doc["runs"]:
@@ -36,6 +37,17 @@ def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
             assert len(state["acceptance"]) == r["k"] + 2
         else:
             assert state is None, (r["system"], r["method"])
+    # acceptance per draft position for the runs that drafted: k shares, whose mean weighted by
+    # the drafts made at each position is the overall acceptance rate (so it lies between them)
+    for r in doc["runs"]:
+        if r["system"] == "engine" and r["method"] != "none" and r["mean_k"]:
+            rates = r["acceptance_per_position"]
+            assert len(rates) == r["k"] and all(0.0 <= x <= 1.0 for x in rates)
+            assert min(rates) - 1e-3 <= r["acceptance_rate"] <= max(rates) + 1e-3
+            assert 0.0 < r["mean_k"] <= r["k"]
+        else:
+            assert r["acceptance_per_position"] == [] and r["mean_k"] is None
+    assert "pos 1" in printed
 
 
 def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tmp_path, monkeypatch):
