@@ -6,7 +6,7 @@ On CUDA each call is timed with ``triton.testing.do_bench`` (median, L2 flushed 
 both eagerly (host launch overhead included) and as a replayed CUDA graph. No timing is asserted.
 
     python benchmarks/samplers.py --device cuda --json samplers.json
-    python benchmarks/samplers.py --device cpu --quick
+    python benchmarks/samplers.py --device cpu --quick [--seeded]
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=4, help="drafts per request")
     parser.add_argument("--quick", action="store_true", help="a few small shapes (CPU smoke run)")
     parser.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing")
+    parser.add_argument("--seeded", action="store_true",
+                        help="every request seeded (keyed sampling, samplers.keyed_random)")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     return parser.parse_args()
 
@@ -79,7 +81,8 @@ def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     return 2 * nbytes / (time_us(lambda: dst.copy_(src), device) * 1e-6)
 
 
-def build_case(batch: int, vocab: int, k: int, with_probs: bool, device: torch.device):
+def build_case(batch: int, vocab: int, k: int, with_probs: bool, device: torch.device,
+               seeded: bool = False):
     gen = torch.Generator(device="cpu").manual_seed(0)
     drafts = torch.randint(0, vocab, (batch, k), generator=gen).tolist()
     metadata = SpecDecodeMetadata.from_lists(drafts, device)
@@ -87,8 +90,10 @@ def build_case(batch: int, vocab: int, k: int, with_probs: bool, device: torch.d
     draft_probs = None
     if with_probs:
         draft_probs = torch.softmax(torch.randn(metadata.num_tokens, vocab, device=device), -1)
+    seeds = list(range(batch)) if seeded else None
     sampling = SamplingTensors.from_params([SamplingParams(temperature=1.0)] * batch, None,
-                                           device)
+                                           device, seeds=seeds,
+                                           positions=[100] * batch if seeded else None)
     return metadata, logits, draft_probs, sampling
 
 
@@ -103,13 +108,14 @@ def main() -> None:
     rows = []
     header = (f"{'batch':>5} {'vocab':>6} {'k':>2} {'draft_probs':>11} {'eager_us':>9} "
               f"{'graph_us':>9} {'floor_us':>9} {'floor/best':>10}")
-    print(f"device: {name}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; sampler {args.sampler}")
+    print(f"device: {name}; copy bandwidth {bandwidth / 1e9:.0f} GB/s; sampler {args.sampler}"
+          f"{'; seeded requests' if args.seeded else ''}")
     print(header)
     for vocab in args.vocab:
         for batch in args.batch:
             for with_probs in (False, True):
                 metadata, logits, draft_probs, sampling = build_case(
-                    batch, vocab, args.k, with_probs, device)
+                    batch, vocab, args.k, with_probs, device, args.seeded)
 
                 def call(metadata=metadata, logits=logits, draft_probs=draft_probs,
                          sampling=sampling):
@@ -132,7 +138,8 @@ def main() -> None:
                 print(f"{batch:>5} {vocab:>6} {args.k:>2} {str(with_probs):>11} {eager:9.1f} "
                       f"{graph_s:>9} {floor:9.1f} {floor / best:10.3f}")
                 del metadata, logits, draft_probs, sampling
-    result = dict(device=name, sampler=args.sampler, copy_bandwidth_bytes_per_s=bandwidth,
+    result = dict(device=name, sampler=args.sampler, seeded=args.seeded,
+                  copy_bandwidth_bytes_per_s=bandwidth,
                   torch=torch.__version__, command=" ".join(sys.argv), rows=rows)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

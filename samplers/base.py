@@ -51,7 +51,10 @@ class VerificationSampler:
     ) -> torch.Tensor:
         """Verify every request's drafts; returns int64 ``[batch_size, max_spec_len + 1]``.
 
-        Row ``i`` holds the accepted drafts, then one recovered or bonus token, then -1.
+        Row ``i`` holds the accepted drafts, then one recovered or bonus token, then -1. A keyed
+        request (``sampling.keys``: it has a seed) is verified by matching its keyed samples
+        (:mod:`samplers.keyed_random`) whatever the sampler's rule: lossless, and its tokens do
+        not depend on its drafts.
         """
         check_structure(target_logits, metadata, sampling, draft_probs)
         device = target_logits.device
@@ -79,14 +82,23 @@ class VerificationSampler:
             inv_temperature = torch.ones_like(inv_temperature)
         threshold, alpha = self._thresholds()
         use_triton = self.use_triton if self.use_triton is not None else device.type == "cuda"
+        keys = sampling.keys if sampling.any_keyed and not self.all_greedy else None
         if use_triton:
             is_greedy = None if self.all_greedy or sampling.all_greedy else sampling.is_greedy
             return verify_triton(logits.contiguous(), metadata, inv_temperature, is_greedy,
                                  None if draft_probs is None else draft_probs.contiguous(),
-                                 q, u, self.typical, threshold, alpha, self.chunk_size)
+                                 q, u, self.typical, threshold, alpha, self.chunk_size, keys)
         is_greedy = sampling.is_greedy.bool()
         if self.all_greedy:
             is_greedy = torch.ones_like(is_greedy)
         mode = TYPICAL_MODE if self.typical else REJECTION_MODE
+        keyed_rows = None
+        if keys is not None:  # (the rows of the keyed requests, from the host lists)
+            rows, row = [], 0
+            for keyed, n in zip(sampling.keyed, metadata.num_draft_tokens, strict=True):
+                if keyed:
+                    rows.extend(range(row, row + n + 1))
+                row += n + 1
+            keyed_rows = host_to_device(rows, torch.int64, device)
         return verify_reference(logits, metadata, inv_temperature, is_greedy, draft_probs, q, u,
-                                mode, threshold, alpha)
+                                mode, threshold, alpha, keys, keyed_rows)

@@ -9,8 +9,9 @@ Per sampled (non-greedy) request, in this order from its own generator:
    ever emitted, and which one depends only on the acceptance uniforms, so one ``q`` serves both.
 2. ``u ~ U[0, 1)`` for each of its drafts (only for samplers that accept at random).
 
-A request without drafts draws exactly what plain sampling draws (``q`` only), and greedy
-requests draw nothing: a seeded request's stream never depends on the rest of the batch.
+A request without drafts draws exactly what plain sampling draws (``q`` only); greedy requests
+and keyed ones (``SamplingTensors.keys``, whose numbers are keyed by seed and position,
+:mod:`samplers.keyed_random`) draw nothing here.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ def draw_randoms(sampling: SamplingTensors, num_draft_tokens: list[int], vocab_s
                  device: torch.device, need_uniform: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Return ``q [batch_size, vocab_size]`` and ``u [batch_size, max(max_spec_len, 1)]``.
 
-    Rows of greedy requests are left unset (never read).
+    Rows of greedy and keyed requests are left unset (never read).
     """
     batch_size = len(num_draft_tokens)
     max_spec_len = max(num_draft_tokens, default=0)
     q = torch.empty(batch_size, vocab_size, dtype=torch.float32, device=device)
     u = torch.empty(batch_size, max(max_spec_len, 1), dtype=torch.float32, device=device)
     need_uniform = need_uniform and max_spec_len > 0
-    sampled = [not g for g in sampling.greedy]
+    keyed = sampling.keyed or [False] * batch_size
+    sampled = [not g and not k for g, k in zip(sampling.greedy, keyed, strict=True)]
     if any(s and g is None for s, g in zip(sampled, sampling.generators, strict=True)):
         # one launch for every request without a generator of its own
         q.exponential_(generator=sampling.default_generator)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from samplers.keyed_random import seed_key
 from samplers.metadata import aligned, host_to_device
 from samplers.sampling_params import SamplingParams
 
@@ -34,6 +35,16 @@ class SamplingTensors:
     # What requests without a generator of their own draw from (the engine's RNG); None: torch's
     # global RNG.
     default_generator: torch.Generator | None = None
+    # Keyed requests (``samplers.keyed_random``): [batch_size, 4] int64 rows (keyed 0/1, seed's
+    # low word, seed's high word, output position of the request's first row); None when no
+    # request of the batch is keyed. A keyed request's tokens are the keyed Gumbel-max samples
+    # and its drafts are verified by matching them.
+    keys: torch.Tensor | None = None
+    keyed: list[bool] | None = None  # [batch_size] host copy of keys[:, 0]
+
+    @property
+    def any_keyed(self) -> bool:
+        return self.keyed is not None and any(self.keyed)
 
     @property
     def batch_size(self) -> int:
@@ -51,11 +62,16 @@ class SamplingTensors:
     def from_params(cls, params: list[SamplingParams],
                     generators: list[torch.Generator | None] | None = None,
                     device: torch.device | str = "cpu",
-                    default_generator: torch.Generator | None = None) -> SamplingTensors:
+                    default_generator: torch.Generator | None = None,
+                    seeds: list[int | None] | None = None,
+                    positions: list[int] | None = None) -> SamplingTensors:
         """Gather ``params`` (one per request) into tensors on ``device``.
 
         ``generators[i]`` is request ``i``'s own ``torch.Generator`` (on ``device``) or None (it
         then draws from ``default_generator``, or from torch's global RNG when that is None).
+        ``seeds[i]`` (not None) keys request ``i``'s random numbers by that seed and its output
+        positions, ``positions[i]`` being the output position of its first row this step
+        (:mod:`samplers.keyed_random`); greedy requests are never keyed.
         """
         if generators is None:
             generators = [None] * len(params)
@@ -76,6 +92,19 @@ class SamplingTensors:
                                  min_p + pad], torch.float32, device)  # [4, padded batch]
         ints = host_to_device([top_k + pad, [int(g) for g in greedy] + pad], torch.int32,
                               device)  # [2, padded batch]
+        keys = keyed = None
+        if seeds is not None:
+            if positions is None or len(seeds) != size or len(positions) != size:
+                raise ValueError(f"seeds and positions need one entry per request ({size}), got "
+                                 f"{None if seeds is None else len(seeds)} and "
+                                 f"{None if positions is None else len(positions)}")
+            keyed = [s is not None and not g for s, g in zip(seeds, greedy, strict=True)]
+            if any(keyed):
+                rows = [[int(k), *seed_key(s if k else 0), int(p) & 0xFFFFFFFF]
+                        for k, s, p in zip(keyed, seeds, positions, strict=True)]
+                keys = host_to_device(rows, torch.int64, device)  # [batch_size, 4]
+            else:
+                keyed = None
         return cls(
             temperature=floats[0, :size],
             inv_temperature=floats[1, :size],
@@ -89,4 +118,6 @@ class SamplingTensors:
             any_top_p=any(p < 1.0 for p in top_p),
             any_min_p=any(p > 0.0 for p in min_p),
             default_generator=default_generator,
+            keys=keys,
+            keyed=keyed,
         )

@@ -9,6 +9,8 @@ numbers; both follow the rules documented on the sampler classes:
   one-hot drafts), i.e. with probability ``min(1, p/d)``;
 - typical mode: accept when ``p_j(x_j) > min(threshold, alpha * exp(-H(p_j)))``;
 - greedy requests: accept when ``x_j == argmax(logits_j)``;
+- keyed requests (a seed): accept when ``x_j == t_j``, ``t_j`` the keyed Gumbel-max sample of
+  row ``j`` (:mod:`samplers.keyed_random`), and emit ``t_s`` at the stop position;
 - at the stop position ``s`` (first rejection, or ``k`` when all are accepted) emit, for greedy
   requests or a typical rejection, ``argmax(logits_s)``; otherwise race ``argmax(w / q)`` over
   ``w = max(p_s - d_s, 0)`` (``d_k = 0`` for the bonus row), falling back to ``w = p_s`` if the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from samplers.keyed_random import keyed_sample
 from samplers.metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 
 REJECTION_MODE = 0
@@ -42,8 +45,13 @@ def verify_reference(
     mode: int,
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
+    keys: torch.Tensor | None = None,  # [batch_size, 4] int64 (SamplingTensors.keys)
+    keyed_rows: torch.Tensor | None = None,  # [num keyed rows] int64: rows of keyed requests
 ) -> torch.Tensor:
-    """Return int64 ``[batch_size, max_spec_len + 1]`` with -1 after the stop position."""
+    """Return int64 ``[batch_size, max_spec_len + 1]`` with -1 after the stop position.
+
+    ``keyed_rows`` lists the logits rows of the keyed requests (those with ``keys[i, 0] == 1``),
+    so that only their rows pay for the keyed noise."""
     batch_size, max_len = metadata.batch_size, metadata.max_spec_len
     num_tokens = metadata.num_tokens
     device = logits.device
@@ -70,6 +78,14 @@ def verify_reference(
                           torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))
         return torch.where(pos[None, :] == stop[:, None], token[:, None], out)
     probs = torch.softmax(z, dim=-1)  # [num_rows, vocab_size]
+    keyed = None
+    if keys is not None and keyed_rows is not None and keyed_rows.numel() > 0:
+        owner = row_request[keyed_rows]  # [num keyed rows]
+        position = keys[owner, 3] + keyed_rows - first_row[owner]
+        keyed_token = torch.full_like(argmax, PLACEHOLDER_TOKEN_ID)  # [num_rows]
+        keyed_token[keyed_rows] = keyed_sample(z[keyed_rows], keys[owner, 1], keys[owner, 2],
+                                               position)
+        keyed = keys[:, 0].bool()  # [batch_size]
 
     # Acceptance of every slot; the stop position is the number of leading acceptances.
     p_draft = probs[rows, drafts]  # [batch_size, max_spec_len + 1]
@@ -82,7 +98,10 @@ def verify_reference(
             draft_probs[slot.clamp(max=num_tokens - 1), drafts].float()
         uniform = torch.cat([u[:, :max_len], u.new_ones(batch_size, 1)], dim=1)
         random_ok = p_draft > uniform * d_draft
-    accepted = torch.where(is_greedy[:, None], drafts == argmax[rows], random_ok) & is_draft
+    accepted = torch.where(is_greedy[:, None], drafts == argmax[rows], random_ok)
+    if keyed is not None:
+        accepted = torch.where(keyed[:, None], drafts == keyed_token[rows], accepted)
+    accepted = accepted & is_draft
     stop = accepted.long().cumprod(dim=1).sum(dim=1)  # [batch_size]
 
     # Token at the stop position: argmax, or the race over the residual (or bonus) distribution.
@@ -102,6 +121,8 @@ def verify_reference(
     token = torch.where(residual_best > 0, residual_tok, target_tok)
     use_argmax = is_greedy | (rejected[:, 0] & (mode == TYPICAL_MODE))
     token = torch.where(use_argmax, argmax[stop_row], token)
+    if keyed is not None:
+        token = torch.where(keyed, keyed_token[stop_row], token)
 
     out = torch.where(pos[None, :] < stop[:, None], drafts,
                       torch.full_like(drafts, PLACEHOLDER_TOKEN_ID))

@@ -12,6 +12,10 @@ Three launches per step, none of which synchronises with the host:
    row, ``w = max(p - d, 0)``.
 3. ``_finalize_kernel`` (grid ``batch``) reduces the race partials and writes the padded row.
 
+Keyed requests (``keys``: a seed, :mod:`samplers.keyed_random`): the first kernel also writes
+per-chunk partials of each of their rows' keyed Gumbel-max sample; the second accepts a draft iff
+it equals that sample and emits the sample at the stop position (no race).
+
 Memory traffic: the target logits once, plus one logits row, one draft-probs row and one ``q`` row
 per request. A request whose rows hold NaN, +inf, only -inf, or whose draft ids fall outside the
 vocabulary gets ``INVALID_TOKEN_ID`` (-2) in every slot of its output row.
@@ -23,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from samplers.keyed_random import PURPOSE_TOKEN_TL, keyed_scores_tl
 from samplers.metadata import (
     INVALID_TOKEN_ID,
     MAX_SPEC_LEN,
@@ -52,6 +57,7 @@ def verify_triton(
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
     chunk_size: int | None = None,
+    keys: torch.Tensor | None = None,  # [batch_size, 4] int64 (SamplingTensors.keys) or None
 ) -> torch.Tensor:
     """Launch the three kernels; returns int64 ``[batch_size, max_spec_len + 1]``."""
     batch_size, max_len, num_rows = metadata.batch_size, metadata.max_spec_len, metadata.num_rows
@@ -67,6 +73,8 @@ def verify_triton(
                 float_only=True)
     _expect(q, "q", (batch_size, vocab_size), torch.float32)
     _expect(u, "u", (batch_size, max(max_len, 1)), torch.float32)
+    if keys is not None:
+        _expect(keys, "keys", (batch_size, 4), torch.int64)
     if not 0 <= max_len <= MAX_SPEC_LEN:
         raise ValueError(f"max_spec_len={max_len} is outside the supported range "
                          f"[0, {MAX_SPEC_LEN}]")
@@ -78,33 +86,43 @@ def verify_triton(
     # starting on 16 bytes (:func:`~samplers.metadata.aligned`; a recompile costs about 0.3 s).
     num_stats, num_race = aligned(num_rows * num_chunks), aligned(batch_size * 2 * num_chunks)
     num_decided = aligned(batch_size)
-    work_f = torch.empty(3 * num_stats + num_race, dtype=torch.float32, device=device)
-    work_i = torch.empty(2 * num_stats + num_race + 2 * num_decided, dtype=torch.int32,
+    num_keyed = num_stats if keys is not None else 0  # keyed samples' partials
+    work_f = torch.empty(3 * num_stats + num_race + num_keyed, dtype=torch.float32,
                          device=device)
+    work_i = torch.empty(2 * num_stats + num_race + 2 * num_decided + num_keyed,
+                         dtype=torch.int32, device=device)
     stats_f = work_f[:3 * num_stats].view(3, num_stats)  # rows: [num_rows, num_chunks] each
-    race_f = work_f[3 * num_stats:]  # [batch_size, 2, num_chunks] (+ alignment padding)
+    race_f = work_f[3 * num_stats:3 * num_stats + num_race]  # [batch_size, 2, num_chunks] (+ pad)
     stats_i = work_i[:2 * num_stats].view(2, num_stats)
     race_i = work_i[2 * num_stats:2 * num_stats + num_race]
-    decided = work_i[2 * num_stats + num_race:].view(2, num_decided)  # [2, batch_size] used
+    decided_end = 2 * num_stats + num_race + 2 * num_decided
+    decided = work_i[2 * num_stats + num_race:decided_end].view(2, num_decided)  # [2, batch]
+    # [num_rows, num_chunks] best keyed score and its token (unused without keys)
+    keyed_f = work_f[3 * num_stats + num_race:] if keys is not None else stats_f[0]
+    keyed_i = work_i[decided_end:] if keys is not None else stats_i[0]
     out = torch.empty(batch_size, max_len + 1, dtype=torch.int64, device=device)
     if batch_size == 0:
         return out
     warps = 8 if chunk >= 4096 else 4
     cu = metadata.cu_num_draft_tokens
+    keys_arg = keys if keys is not None else cu  # (a pointer never read without keys)
     _row_stats_kernel[(batch_size, max_len + 1, num_chunks)](
         logits, logits.stride(0), cu, inv_temperature,
         stats_f[0], stats_f[1], stats_f[2], stats_i[0], stats_i[1],
-        vocab_size, num_chunks, CHUNK=chunk, NEED_ENTROPY=typical, num_warps=warps)
+        keys_arg, keyed_f, keyed_i,
+        vocab_size, num_chunks, CHUNK=chunk, NEED_ENTROPY=typical, KEYED=keys is not None,
+        num_warps=warps)
     dp = draft_probs if draft_probs is not None else logits
     _decide_kernel[(batch_size, num_chunks)](
         logits, logits.stride(0), cu, metadata.draft_token_ids, dp, dp.stride(0),
         inv_temperature, is_greedy if is_greedy is not None else inv_temperature,
         q, q.stride(0), u, u.stride(0),
         stats_f[0], stats_f[1], stats_f[2], stats_i[0], stats_i[1],
-        decided[0], decided[1], race_f, race_i,
+        decided[0], decided[1], race_f, race_i, keys_arg, keyed_f, keyed_i,
         vocab_size, num_chunks, float(posterior_threshold), float(posterior_alpha),
         TYPICAL=typical, HAS_DRAFT_PROBS=draft_probs is not None,
-        ALL_GREEDY=is_greedy is None, CHUNK=chunk, NC_PAD=nc_pad, num_warps=warps)
+        ALL_GREEDY=is_greedy is None, KEYED=keys is not None, CHUNK=chunk, NC_PAD=nc_pad,
+        num_warps=warps)
     _finalize_kernel[(batch_size,)](
         out, out.stride(0), cu, metadata.draft_token_ids, decided[0], decided[1],
         race_f, race_i, num_chunks, max_len,
@@ -149,10 +167,14 @@ def _row_stats_kernel(
     ent_ptr,  # [num_rows, num_chunks] sum of exp(z - max) * (z - max)
     arg_ptr,  # [num_rows, num_chunks] int32 argmax (first index)
     bad_ptr,  # [num_rows, num_chunks] int32 1 where NaN or +inf
+    keys_ptr,  # [batch_size, 4] int64 (KEYED): keyed, seed low, seed high, first position
+    keyed_val_ptr,  # [num_rows, num_chunks] float32 out (KEYED): best keyed score
+    keyed_idx_ptr,  # [num_rows, num_chunks] int32 out (KEYED): its token id
     vocab_size,
     num_chunks,
     CHUNK: tl.constexpr,
     NEED_ENTROPY: tl.constexpr,
+    KEYED: tl.constexpr,
 ):
     req = tl.program_id(0)
     pos = tl.program_id(1)
@@ -176,6 +198,15 @@ def _row_stats_kernel(
     tl.store(bad_ptr + slot, tl.max(bad.to(tl.int32), axis=0))
     if NEED_ENTROPY:
         tl.store(ent_ptr + slot, tl.sum(e * tl.where(e > 0, z - m_safe, 0.0), axis=0))
+    if KEYED:
+        if tl.load(keys_ptr + req * 4) != 0:
+            scores = keyed_scores_tl(z, offs, tl.load(keys_ptr + req * 4 + 3) + pos,
+                                     PURPOSE_TOKEN_TL, tl.load(keys_ptr + req * 4 + 1),
+                                     tl.load(keys_ptr + req * 4 + 2))
+            best, at = tl.max(scores, axis=0, return_indices=True,
+                              return_indices_tie_break_left=True)
+            tl.store(keyed_val_ptr + slot, best)
+            tl.store(keyed_idx_ptr + slot, chunk * CHUNK + at)
 
 
 @triton.jit
@@ -204,6 +235,15 @@ def _combine_row(max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, row, num_chunks,
     return m_safe, s, argmax, bad, entropy
 
 
+@triton.jit
+def _combine_keyed(val_ptr, idx_ptr, row, num_chunks, NC_PAD: tl.constexpr):
+    """A keyed row's sample from the chunk partials (ties: the lowest id)."""
+    c = tl.arange(0, NC_PAD)
+    v = tl.load(val_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
+    _, at = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    return tl.load(idx_ptr + row * num_chunks + at)
+
+
 @triton.jit(do_not_specialize=["u_stride"])  # (max_spec_len: 1 or more would recompile)
 def _decide_kernel(
     logits_ptr,  # [num_rows, vocab_size]
@@ -223,6 +263,9 @@ def _decide_kernel(
     token_ptr,  # [batch_size] int32 out: token at the stop position, -1 when raced
     race_val_ptr,  # [batch_size, 2, num_chunks] float32 out: best residual / target score
     race_idx_ptr,  # [batch_size, 2, num_chunks] int32 out: their token ids
+    keys_ptr,  # [batch_size, 4] int64 (KEYED)
+    keyed_val_ptr,  # [num_rows, num_chunks] float32 (KEYED)
+    keyed_idx_ptr,  # [num_rows, num_chunks] int32 (KEYED)
     vocab_size,
     num_chunks,
     posterior_threshold,
@@ -230,6 +273,7 @@ def _decide_kernel(
     TYPICAL: tl.constexpr,
     HAS_DRAFT_PROBS: tl.constexpr,
     ALL_GREEDY: tl.constexpr,
+    KEYED: tl.constexpr,
     CHUNK: tl.constexpr,
     NC_PAD: tl.constexpr,
 ):
@@ -242,6 +286,9 @@ def _decide_kernel(
         greedy = k >= 0
     else:
         greedy = tl.load(greedy_ptr + req) != 0
+    keyed = k < 0  # (False)
+    if KEYED:
+        keyed = tl.load(keys_ptr + req * 4) != 0
     stop = k
     stop_arg = k * 0
     bad = k * 0
@@ -263,6 +310,11 @@ def _decide_kernel(
                 d_x = d_x.to(tl.float32)
             ok = p_x > tl.load(u_ptr + req * u_stride + j) * d_x
         ok = tl.where(greedy, x == amax, ok)
+        if KEYED:
+            sample = _combine_keyed(keyed_val_ptr, keyed_idx_ptr, first_row + j, num_chunks,
+                                    NC_PAD)
+            ok = tl.where(keyed, x == sample, ok)
+            amax = tl.where(keyed, sample, amax)  # (the token emitted if this draft fails)
         first_reject = (stop == k) & ((ok == 0) | (x_ok == 0))
         stop = tl.where(first_reject, j, stop)
         stop_arg = tl.where(first_reject, amax, stop_arg)
@@ -270,12 +322,15 @@ def _decide_kernel(
     m, s, amax, row_bad, entropy = _combine_row(
         max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, first_row + k, num_chunks, NC_PAD, TYPICAL)
     bad = bad | row_bad
+    if KEYED:
+        sample = _combine_keyed(keyed_val_ptr, keyed_idx_ptr, first_row + k, num_chunks, NC_PAD)
+        amax = tl.where(keyed, sample, amax)
     stop_arg = tl.where(stop == k, amax, stop_arg)
     if TYPICAL:
         need_race = stop == k
     else:
         need_race = stop >= 0
-    need_race = need_race & (greedy == 0)
+    need_race = need_race & (greedy == 0) & (keyed == 0)
     if chunk == 0:
         tl.store(stop_ptr + req, tl.where(bad != 0, -1, stop))
         tl.store(token_ptr + req, tl.where(need_race, -1, stop_arg))

@@ -408,7 +408,7 @@ class GoodputController:
              batch_size: int | None = None, layout: Layout | None = None) -> int:
         """Before proposing: the drafts to ask for (0: none). ``accs``/``caps``: the running
         sequences whose drafts the controller chooses, and the most each may verify;
-        ``min_width``: drafts some sequence verifies anyway (seeded sampling keeps its k);
+        ``min_width``: drafts some sequence verifies anyway (the least width to pick);
         ``critical``: which of ``accs`` count (None: all; a closed batch counts only the
         sequences with the most tokens left, ``scheduler.spec_policy``); ``batch_size``: the
         step's sequences, whose cost it is (None: ``len(accs)``); ``layout``: the step less

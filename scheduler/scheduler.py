@@ -14,8 +14,8 @@ Every step the scheduler fills one token budget (``max_num_batched_tokens``):
 **Preemption.** When the KV cache cannot hold a step, the engine asks :meth:`preempt` for the most
 recently admitted running sequence: it leaves the running queue, loses its cache and goes back to
 the *front* of the waiting queue; when readmitted, its prompt + output so far are prefilled again
-(recompute) and decoding resumes where it stopped, with the same tokens (seeded streams depend only
-on the output length, see ``Sequence.step_seed``).
+(recompute) and decoding resumes where it stopped, with the same tokens (a seeded sample's random
+numbers are keyed by its seed and output position: ``samplers.keyed_random``).
 
 Finished sequences leave the running queue at once (:meth:`finish`), freeing their place for the
 next step.

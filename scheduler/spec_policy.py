@@ -4,8 +4,8 @@ Each sequence has a *cap*: the configured ``num_speculative_tokens``, its reques
 ``SamplingParams.num_speculative_tokens`` (0: this request does not speculate), and the drafts
 that can still become output (``max_tokens``, the context length). Within the caps the goodput
 controller (:mod:`scheduler.goodput`) decides; with ``adaptive_k`` off every sequence verifies
-its cap. A seeded sample keeps its cap either way: its drafts must not depend on timings (a
-different k draws different, equally distributed, tokens), so the same seed gives the same text.
+its cap. Seeded samples are steered like the others: their tokens do not depend on how many
+drafts a step verifies (``samplers.keyed_random``).
 
 A batch whose caller waits for all of it (``LLM.generate``: the call returns when its last
 request finishes) is *closed* once nothing waits to be admitted and each running request has a
@@ -48,11 +48,11 @@ class RequestSpeculation(RequestAcceptance):
     among the sequences with the most tokens left this step (always, unless the batch is
     closed)."""
 
-    __slots__ = ("fixed", "limit", "end", "cap", "step", "closes", "critical")
+    __slots__ = ("limit", "end", "cap", "step", "closes", "critical")
 
-    def __init__(self, row: int, fixed: bool, limit: int, end: int, closes: bool = False) -> None:
+    def __init__(self, row: int, limit: int, end: int, closes: bool = False) -> None:
         super().__init__(row)
-        self.fixed, self.limit, self.end, self.closes = fixed, limit, end, closes
+        self.limit, self.end, self.closes = limit, end, closes
         self.cap, self.step, self.critical = 0, -1, True
 
 
@@ -112,14 +112,8 @@ class SpeculationPolicy:
         end = self.max_model_len
         if params.max_tokens is not None:
             end = min(end, seq.num_prompt_tokens + params.max_tokens)
-        return RequestSpeculation(self.controller.acceptance.new_row(), self.fixed_k(seq),
-                                  max(limit, 0), end - 1,
+        return RequestSpeculation(self.controller.acceptance.new_row(), max(limit, 0), end - 1,
                                   together and params.max_tokens is not None)
-
-    @staticmethod
-    def fixed_k(seq: SpeculatingSequence) -> bool:
-        """A seeded sample keeps its cap (see the module docstring)."""
-        return seq.params.seed is not None and not seq.params.greedy
 
     @staticmethod
     def cap(seq: SpeculatingSequence) -> int:
@@ -133,11 +127,11 @@ class SpeculationPolicy:
         nothing that the decision would change); ``waiting``: requests wait to be admitted
         (then the batch is not closed: see the module docstring)."""
         self._step += 1
-        if self.max_k == 0 or not running:
-            self._step_k = 0
-            return
-        if not self.adaptive:
+        if not self.adaptive:  # (every sequence its cap, a newcomer's prefill included)
             self._step_k = self.max_k
+            return
+        if not running:
+            self._step_k = 0
             return
         if (self._idle is not None and running == self._idle[0]
                 and (waiting, self.controller.acceptance.version) == self._idle[1:]):
@@ -152,28 +146,25 @@ class SpeculationPolicy:
             return
         steered: list[RequestSpeculation] = []
         caps: list[int] = []
-        min_width, step, closed = 0, self._step, not waiting
+        step, closed = self._step, not waiting
         self._batch_size = len(running)
         for seq in running:
             spec = seq.speculation
             spec.cap = cap = self.cap(seq)
             spec.step, spec.critical = step, True
             closed = closed and spec.closes
-            if spec.fixed:
-                min_width = max(min_width, cap)
-            else:
-                steered.append(spec)
-                caps.append(cap)
+            steered.append(spec)
+            caps.append(cap)
         critical = self._critical(running) if closed and len(running) > 1 else None
-        # (the step less the steered drafts: every sequence decodes, a seeded one verifies its
-        # cap; a prompt chunk's step is not packed, and is not priced as one)
+        # (the step less the drafts: every sequence decodes; a prompt chunk's step is not
+        # packed, and is not priced as one)
         n = len(running)
         longest = max(seq.num_uncached_tokens for seq in running)
-        layout = (n, max(longest, 1 + min_width), n + min_width) if longest == 1 else None
-        self._step_k = self.controller.plan(steered, caps, min_width, self.measured_draft_cost(),
+        layout = (n, longest, n) if longest == 1 else None
+        self._step_k = self.controller.plan(steered, caps, 0, self.measured_draft_cost(),
                                             critical, n, layout)
         self._idle = None
-        if (self.controller.settled and not min_width
+        if (self.controller.settled
                 and all(seq.num_uncached_tokens == 1 for seq in running)):
             self._idle = (list(running), waiting, self.controller.acceptance.version)
 
@@ -188,25 +179,21 @@ class SpeculationPolicy:
         if most is None:
             return None
         least = most - self.max_k
-        marks = [n is not None and n >= least for n in left]
-        critical = [c for c, seq in zip(marks, running, strict=True)
-                    if not seq.speculation.fixed]
+        critical = [n is not None and n >= least for n in left]
         if all(critical):
             return None
-        for seq, c in zip(running, marks, strict=True):
+        for seq, c in zip(running, critical, strict=True):
             seq.speculation.critical = c
         return critical
 
     def num_spec_tokens(self, seq: SpeculatingSequence) -> int:
         """The drafts ``seq`` asks the proposer for this step."""
         spec = seq.speculation
-        if not self._step_k and not spec.fixed:
+        if not self._step_k:
             return 0
         if spec.step != self._step:  # (admitted this step, or no decision was made)
             spec.cap, spec.step, spec.critical = self.cap(seq), self._step, True
-        if spec.fixed:
-            return spec.cap
-        return min(self._step_k, spec.cap) if self._step_k else 0
+        return min(self._step_k, spec.cap)
 
     def kept_drafts(self, items: list[ScheduledSequence], draft_token_ids: list[list[int]],
                     num_backed: list[int] | None, free_kv_tokens: int | None,
@@ -214,7 +201,7 @@ class SpeculationPolicy:
         """How many of each item's drafts to verify. A free proposer was asked for each cap:
         the controller now picks the step's width with the proposer's evidence (``num_backed``,
         see :attr:`proposers.Proposal.num_backed`), and every steered sequence verifies its
-        drafts up to it; seeded sampling keeps its k. Drafts past the KV cache's spare rows
+        drafts up to it. Drafts past the KV cache's spare rows
         (``free_kv_tokens`` less the step's tokens) are cut, so a full cache preempts no one.
         ``others``: the step's sequences that asked for no drafts, as (how many, the most new
         tokens of one, their new tokens): with ``items`` they lay out the step, which the
@@ -226,32 +213,24 @@ class SpeculationPolicy:
             steered: list[RequestSpeculation] = []
             avail: list[int] = []
             backed: list[int] | None = None if num_backed is None else []
-            min_width, fixed, critical = 0, False, True
+            critical = True
             # the step's new tokens, less the steered drafts
             num_others, longest, total = others
             for item, g, b in zip(items, got, num_backed or [None] * len(items), strict=True):
                 spec = item.seq.speculation
-                new = item.num_context_tokens + (g if spec.fixed else 0)
-                total += new
-                longest = max(longest, new)
-                if spec.fixed:
-                    min_width, fixed = max(min_width, g), True
-                    continue
+                total += item.num_context_tokens
+                longest = max(longest, item.num_context_tokens)
                 steered.append(spec)
                 avail.append(g)
                 critical = critical and spec.critical
                 if backed is not None:
                     backed.append(min(b, g))
             width = self.controller.choose_width(
-                steered, avail, backed, min_width,
+                steered, avail, backed, 0,
                 None if critical else [s.critical for s in steered],
                 max(self._batch_size, len(items) + num_others),
                 (len(items) + num_others, longest, total))
-            if fixed:
-                got = [g if item.seq.speculation.fixed else min(g, width)
-                       for item, g in zip(items, got, strict=True)]
-            else:
-                got = [min(g, width) for g in got]
+            got = [min(g, width) for g in got]
         if free_kv_tokens is not None:
             spare = free_kv_tokens - sum(item.num_context_tokens for item in items)
             for i, g in enumerate(got):

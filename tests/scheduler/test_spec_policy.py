@@ -50,19 +50,19 @@ def test_a_free_proposers_drafts_are_verified_up_to_the_chosen_width():
     assert kept(policy(adaptive=False), items, proposal) == [4, 4, 1]
 
 
-def test_a_seeded_sample_keeps_its_k_and_sets_the_least_width():
+def test_a_seeded_sample_is_steered_like_any_other():
+    """Its tokens do not depend on its drafts (keyed sampling), so it gets no fixed k: where its
+    drafts fail the controller stops drafting for it too."""
     drafts = policy()
     seeded = item(drafts, "seeded", 4, SamplingParams(temperature=0.8, seed=3))
     greedy = item(drafts, "greedy", 4)
-    for _ in range(30):
-        drafts.update([greedy.seq], [4], [0], [4])  # the greedy one's drafts all fail
+    for _ in range(30):  # both sequences' drafts all fail
+        drafts.update([greedy.seq, seeded.seq], [4, 4], [0, 0], [4, 4])
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [4, 4])
-    # the seeded one's 4 drafts set the step's width: the other's ride in its padding
+    assert kept(drafts, [seeded, greedy], proposal) == [0, 0]
+    for _ in range(60):  # now every draft passes
+        drafts.update([greedy.seq, seeded.seq], [4, 4], [4, 4], [4, 4])
     assert kept(drafts, [seeded, greedy], proposal) == [4, 4]
-    short = Proposal([[1], [5, 6, 7, 8]], None, [1, 4])
-    assert kept(drafts, [seeded, greedy], short) == [1, 1]  # no further: its drafts fail
-    drafts.begin_step([seeded.seq, greedy.seq])
-    assert drafts.num_spec_tokens(seeded.seq) == 4
 
 
 def test_drafts_past_the_kv_caches_spare_rows_are_cut():
@@ -198,19 +198,17 @@ def test_deferred_updates_wait_for_flush_and_so_do_the_rows_they_name():
 
 def test_the_controller_prices_the_steps_whole_layout():
     """The layout a free proposer's width is priced with counts every sequence of the step:
-    the steered ones, a seeded one's drafts, and the sequences that asked for none
-    (``others``: opted out, or in a prefill chunk)."""
+    the steered ones and the sequences that asked for none (``others``: opted out, or in a
+    prefill chunk)."""
     drafts = policy()
     seen = []
     choose = drafts.controller.choose_width
     drafts.controller.choose_width = lambda *args: (seen.append(args), choose(*args))[1]
-    seeded = item(drafts, "seeded", 2, SamplingParams(temperature=0.8, seed=3))
-    steered = [item(drafts, n, 4) for n in "ab"]
-    items = [seeded, *steered]
+    items = [item(drafts, n, 4) for n in "abc"]
     proposal = Proposal([[1, 2], [3, 4, 5, 6], [7]], None, [2, 4, 1])
     drafts.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed, None,
                        (5, 7, 11))  # (4 decodes and a 7-token prompt chunk)
     batch_size, layout = seen[-1][5:7]
-    # 8 sequences; the most new tokens: the chunk's 7; before the steered drafts: the 3
-    # items' one token each, the seeded one's 2 drafts and the others' 11 tokens
-    assert batch_size == 8 and layout == (8, 7, 3 + 2 + 11)
+    # 8 sequences; the most new tokens: the chunk's 7; before the drafts: the 3 items' one
+    # token each and the others' 11 tokens
+    assert batch_size == 8 and layout == (8, 7, 3 + 11)
