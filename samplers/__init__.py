@@ -4,7 +4,7 @@ Fast path: ``get_sampler(name).verify(target_logits, metadata, sampling, draft_p
 batches (``SpecDecodeMetadata``); with no drafts it is plain sampling. ``SamplingParams`` and the
 per-position adjustments (``samplers.logits_adjust``) live here too. The APIs of the documents
 the project started from: ``speculative_sampling``, ``greedy_match`` and ``verify_dense``
-(:mod:`samplers.seed_api`).
+(:mod:`samplers.seed_api`), the last also as vLLM V0's module call ``RejectionSampler()(...)``.
 """
 
 from samplers.base import VerificationSampler
