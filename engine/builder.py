@@ -7,6 +7,7 @@ The proposer and the sampler come from their registries by the names in the conf
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,10 @@ import torch
 from torch import nn
 
 from engine.config import HEAD_METHODS, EngineConfig, tree_size
+from engine.draft_trees import TREE_MAX_SEQS
+from engine.runner.executor import attention_devices, execution_device
 from engine.runner.loader import load_model, load_tokenizer
-from engine.runner.model_runner import ModelRunner, attention_devices, execution_device
+from engine.runner.model_runner import ModelRunner
 from engine.runner.tensor_parallel import (
     agreed_minimum,
     check_launch,
@@ -201,6 +204,18 @@ def graph_max_new(config: EngineConfig) -> int:
     return 1 + spec.num_speculative_tokens
 
 
+def twin_width(config: EngineConfig) -> Callable[[int], int] | None:
+    """The widest verification a batch of ``batch_size`` sequences runs, for the target
+    runner's CUDA graphs (a decode bucket's capture also captures that width): with draft trees,
+    a tree step's up to ``TREE_MAX_SEQS`` sequences and a chain's past them (a larger batch
+    drafts chains); None: :func:`graph_max_new` at every batch."""
+    spec = config.speculative_config
+    if spec is None or spec.draft_tree is None:
+        return None
+    widest, chain = graph_max_new(config), spec.num_speculative_tokens + 1
+    return lambda batch_size: widest if batch_size <= TREE_MAX_SEQS else chain
+
+
 def build_components(config: EngineConfig) -> EngineComponents:
     model, tokenizer = load_target(config)
     device = execution_device(model.get_input_embeddings())
@@ -225,7 +240,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
         max_model_len = min(max_model_len, kv_tokens)
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp,
-                         fused_ops=None if config.fused_ops else False)
+                         fused_ops=None if config.fused_ops else False,
+                         twin_width=twin_width(config))
     if tp > 1:
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None

@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.logprobs import LOGPROBS_MODES
 from engine.runner.loader import DTYPES
-from engine.runner.model_runner import MAX_TREE_NODES
+from engine.runner.step_layout import MAX_TREE_NODES
 from proposers import available_proposers
 from proposers.ngram_table import MAX_N
 from samplers import MAX_SPEC_LEN, available_samplers
@@ -115,9 +115,8 @@ class SpeculativeConfig:
     logprobs, in steps of at most 2 sequences, get trees; the others get the chain of the
     likeliest drafts. None: chains.
     ``draft_tree_sampling``: unseeded sampled requests (under the rejection sampler) get trees
-    too, verified by multi-candidate rejection. Off by default: measured on an H100 with the
-    default model at temperature 0.7, batch 1, trees ran at 0.91-0.95x the engine without
-    speculation against 0.97-1.07x for chains (the sampled tree verification's host work).
+    too, verified by multi-candidate rejection. Off by default: sampled trees are slower than
+    chains, for the sampled tree verification's host work (docs/history.md, "Draft trees").
     """
 
     method: str = "ngram"

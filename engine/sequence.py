@@ -28,7 +28,8 @@ class Sequence:
     ``num_computed_tokens`` counts the tokens whose keys and values sit in the target's KV cache
     (``slot``). The newest output token is never cached yet: it is fed at the next step.
     ``seed``: the sample's own seed (``SamplingParams.seed`` for sample 0, a seed derived from it
-    for the others), None to draw from the global RNG.
+    for the others), None to draw from the engine's RNG. Its random numbers are keyed by the seed
+    and the output position (``samplers.keyed_random``).
     """
 
     def __init__(self, request_id: str, index: int, prompt: str | None,
@@ -48,7 +49,6 @@ class Sequence:
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
         self.slot: int | None = None
-        self.generator: torch.Generator | None = None
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_token_ids,
                                                   params.skip_special_tokens,
                                                   params.spaces_between_special_tokens)
@@ -104,13 +104,6 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
-
-    def step_seed(self) -> int | None:
-        """The seed of this step's random stream: a function of the sample's seed and its output
-        length only, so batch composition, k and preemption cannot change what it draws."""
-        if self.seed is None:
-            return None
-        return derive_seed(self.seed, self.num_output_tokens)
 
     # ------------------------------------------------------------------ transitions
     def append_token(self, token_id: int, with_text: bool = True) -> None:

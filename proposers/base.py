@@ -34,18 +34,22 @@ class ProposeRequest:
     ``token_ids`` is the full context (prompt + output so far). ``adjust_logits`` is the engine's
     per-position hook (penalties, ``logit_bias``, ``allowed_token_ids``, ``bad_words``): called
     with the prefix a position would have and its raw logits, before ``process_logits``.
-    ``generator`` is the request's own random stream (None = the engine's).
+    ``seed``: the request's own seed (None: it draws from the proposer's generator); a proposer
+    that samples its drafts draws a seeded request's draft at output position ``position + j``
+    with the keyed noise the target's token there is drawn with (``samplers.keyed_random``), so
+    that the draft is the target's token whenever both distributions pick it (coupled drafts).
     """
 
     req_id: str | int
     token_ids: Sequence[int]
     num_spec_tokens: int
     sampling_params: SamplingParams
-    generator: torch.Generator | None = None
     adjust_logits: AdjustLogits | None = None
     # the engine verifies a draft *tree* for this request (greedy, nothing that makes a
     # position's logits depend on the drafts before it): see ``Proposal.parents``
     tree: bool = False
+    seed: int | None = None
+    position: int = 0  # the output position of this request's first draft
 
     def __post_init__(self) -> None:
         k = self.num_spec_tokens
@@ -151,6 +155,14 @@ class FeatureUpdate:
     row: int | None = None
 
 
+class DraftForward(Protocol):
+    """What a draft runner's forward returns (``engine.runner.ForwardOutput`` is one): float32
+    ``logits [len(logits_indices), vocab_size]`` of the new tokens asked for."""
+
+    @property
+    def logits(self) -> torch.Tensor: ...
+
+
 class DraftRunner(Protocol):
     """What a model-based proposer needs of the runner of its draft model: a paged KV cache with
     slots and rollback (``engine.runner.model_runner.ModelRunner`` is one)."""
@@ -166,8 +178,10 @@ class DraftRunner(Protocol):
     def truncate(self, slot: int, length: int) -> None: ...
 
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
-                logits_indices: Sequence[int] | None = None) -> torch.Tensor:
-        """float32 logits ``[len(logits_indices), vocab_size]`` of the new tokens."""
+                logits_indices: Sequence[int] | None = None) -> DraftForward:
+        """Append each slot's ``token_ids`` to its cache and score them: the output's
+        ``logits`` are float32 ``[len(logits_indices), vocab_size]``, the new tokens' rows
+        ``logits_indices`` (slot order then token order; None: all)."""
 
 
 @dataclass
@@ -187,7 +201,7 @@ class ProposerContext:
     load_model: Callable[[str], tuple[nn.Module, Any]]
     # make_runner(model) -> a runner over ``model`` with its own KV cache for max_num_seqs slots
     make_runner: Callable[[nn.Module], DraftRunner]
-    # what requests without a generator of their own draw from (None: torch's global RNG)
+    # what requests without a seed draw from (None: torch's global RNG)
     generator: torch.Generator | None = None
     # the engine replays CUDA graphs (on a CUDA device, not enforce_eager): a proposer may too
     cuda_graphs: bool = False

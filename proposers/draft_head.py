@@ -5,10 +5,11 @@ forward the engine hands the proposer the features of the positions it verified
 (:meth:`DraftHeadProposer.on_features`); the proposer keeps them *pending* with the token that
 followed each, and at the next proposal writes their keys and values into the head's KV cache
 (:mod:`proposers.head_cache`) and queries the newest one: that gives the first draft; each further
-draft feeds the head's predicted feature and its draft back in, one position further. A
-proposal reads its requests' keys and values into one copy and writes its drafts' pairs there
-only: the cache holds verified pairs alone, and a rejection needs no rollback. Drafts are the
-head's argmax (one-hot drafts: rejection sampling stays exact for sampled requests too).
+draft feeds the head's predicted feature and its draft back in, one position further
+(:mod:`proposers.head_drafting`: a chain, or a tree). A proposal reads its requests' keys and
+values into one copy and writes its drafts' pairs there only: the cache holds verified pairs
+alone, and a rejection needs no rollback. Drafts are the head's argmax (one-hot drafts:
+rejection sampling stays exact for sampled requests too).
 
 Pending pairs are written lazily: a request that goes more than ``LAZY_PENDING`` positions without
 a proposal (a prompt, or steps the controller left without drafts) has all but its newest pair
@@ -17,19 +18,19 @@ replayed from a CUDA graph first writes the same way the pairs past its layout's
 (``num_speculative_tokens + 1`` a request). On a GPU the engine shows the proposer each step
 that asked for no drafts while its forward runs (:meth:`DraftHeadProposer.observe`): the
 requests whose pairs fill that room are written there, in the forward's shadow, so a proposal
-after plain steps finds no more than its layout holds. Measured on the H100 at batch 32
-(``benchmarks/head_proposal.py``): writing at every plain step once past the room cost that
-step 0.24-0.26 ms of host time in ``on_features`` (0.07 ms lazily), and writing it all at the
-next proposal made that proposal 1.66-1.83 ms after 8 plain steps (0.67 ms steady).
+after plain steps finds no more than its layout holds. Writing at every plain step would cost
+each plain step host time, and writing everything at the next proposal would make that
+proposal more than twice a steady one (docs/design.md, "Measured reasons behind the runner's
+choices").
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
 1`` per request, every key of the cache read (:mod:`proposers.head_graphs`), and always
 ``num_speculative_tokens`` drafts (or tree levels), of which each request keeps the ones it asked
-for. A layout per number of drafts as well made new layouts in the last steps of a batch (each
-request's cap shrinks as it nears ``max_tokens``), and a layout met for the first time runs eager
-and the second time is captured: on the H100 with the default model at batch 32, proposals of
-5-21 ms eager and 62-82 ms captured in the timed runs, against 1.1-1.2 ms replayed.
+for. A layout per number of drafts as well would make new layouts in the last steps of a batch
+(each request's cap shrinks as it nears ``max_tokens``), and a layout met for the first time
+runs eager and the second time is captured, each many times a replay's cost (docs/design.md,
+"Measured reasons behind the runner's choices").
 
 The weights (``safetensors``) and a ``draft_head.json`` of its shape live in a directory; the
 factory loads ``SpeculativeConfig.model`` when given, else the head shipped for the default
@@ -50,6 +51,7 @@ from torch import nn
 
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.head_cache import HeadKVCache
+from proposers.head_drafting import DraftTree, draft_chain, draft_tree
 from proposers.head_graphs import HeadGraphs
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
@@ -57,7 +59,7 @@ from samplers.metadata import PinnedStaging
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m"
 
-__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "DraftHeadProposer"]
+__all__ = ["DEFAULT_HEAD_DIR", "DraftHead", "DraftHeadProposer", "DraftTree"]
 
 
 def _pow2(n: int) -> int:
@@ -73,15 +75,14 @@ def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
     """The indices ``[..., count]`` of the ``count`` largest values of ``logits [..., size]``'s
     last dimension, largest first: ``logits.topk(count).indices`` (ties may come in another
     order). One row's ``topk`` on a GPU is one thread block's radix selection over the whole
-    row: 47-52 us a call over the head's 16,384-token vocabulary on the H100, four times per
-    tree proposal. So for a long row it runs in two passes: each chunk of ``TOP_CHUNK``
-    columns keeps its ``count`` best (one block per chunk, in parallel), then the best of
-    those; one draft (``count == 1``) is an ``argmax``."""
+    row, and a tree proposal calls it once a level. So for a long row it runs in two passes:
+    each chunk of ``TOP_CHUNK`` columns keeps its ``count`` best (one block per chunk, in
+    parallel), then the best of those; one draft (``count == 1``) is an ``argmax``."""
     if count == 1:
         return logits.argmax(dim=-1, keepdim=True)
     size = logits.shape[-1]
-    # (measured on the H100, bf16, 16,384 columns, count 3: 27.5 against 52.4 us for one row,
-    # 32.5 against 68.1 for 8; 76.2 against 48.6 for 64 rows, where topk has blocks enough)
+    # (two passes are faster up to about TOP_MAX_ROWS rows; with more, one topk has blocks
+    # enough: docs/design.md, "Measured reasons behind the runner's choices")
     if (size % TOP_CHUNK or size < 4 * TOP_CHUNK or count > TOP_CHUNK
             or logits.numel() > TOP_MAX_ROWS * size):
         return logits.topk(count, dim=-1).indices
@@ -148,10 +149,10 @@ class DraftHeadProposer(Proposer):
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = HeadGraphs(weight.device, capture) if graphs else None
         self._to_device = PinnedStaging(weight.device)  # index columns, without waiting
-        # replayed from CUDA graphs a proposal of k drafts costs a few percent of a target step
-        # (measured, H100: 0.07 ms against 4 ms): the controller then asks for every
-        # sequence's cap and picks the width after, as for n-gram (eager, k drafts cost k runs of
-        # the output head: planned before, as for a draft model)
+        # replayed from CUDA graphs a proposal of k drafts costs a small share of a target step
+        # (docs/performance.md, "Draft head"): the controller then asks for every sequence's
+        # cap and picks the width after, as for n-gram (eager, k drafts cost k runs of the
+        # output head: planned before, as for a draft model)
         self.drafts_are_free = graphs
         self._generation = self.cache.generation
 
@@ -292,7 +293,11 @@ class DraftHeadProposer(Proposer):
         width = steps if tree is None else tree.num_nodes  # drafts per request
         self._ensure(max(last_pos) + width + 1)
         num_keys = max(last_pos) + width + (tree is not None)
-        body = self._draft if tree is None else partial(self._draft_tree, tree=tree)
+        if tree is None:
+            body = partial(draft_chain, self.head, self.cache, self.embed, self._readout)
+        else:
+            body = partial(draft_tree, self.head, self.cache, self.embed, self._candidates,
+                           tree=tree)
         if self.graphs is None:
             out = body(torch.cat(feats).to(self.cache.dtype),
                        *self._index(tokens, row_slots, row_pos, last_rows, slots, last_pos),
@@ -341,7 +346,8 @@ class DraftHeadProposer(Proposer):
 
     def _flat(self, *columns: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Index lists as one device tensor (one host-to-device copy) and their lengths."""
-        # (through numpy: torch.tensor of a list of Python ints costs about 7x the host time)
+        # (through numpy: torch.tensor of a list of Python ints costs several times the host
+        # time; see samplers.metadata.host_to_device)
         flat = self._to_device(np.fromiter(chain.from_iterable(columns), np.int64))
         return flat, [len(c) for c in columns]
 
@@ -349,8 +355,10 @@ class DraftHeadProposer(Proposer):
                        row_pos: list[int], last_rows: list[int], slots: list[int],
                        last_pos: list[int], steps: int, num_keys: int, body,
                        tree: DraftTree | None) -> torch.Tensor:
-        """:meth:`_draft` padded to its layout's static shapes, through :class:`HeadGraphs`:
-        padding rows write into the scratch slot and query its position 0."""
+        """``body`` (:func:`~proposers.head_drafting.draft_chain` or
+        :func:`~proposers.head_drafting.draft_tree`) padded to its layout's static shapes,
+        through :class:`HeadGraphs`: padding rows write into the scratch slot and query its
+        position 0."""
         batch = _pow2(len(slots))
         rows = batch * self.max_pending  # the layout's pending rows
         pad = rows - len(tokens)
@@ -375,9 +383,9 @@ class DraftHeadProposer(Proposer):
     def _capture_smaller(self, batch: int, steps: int, body) -> None:
         """After a chain layout's capture at ``batch``: capture every smaller batch bucket's
         now, on padding rows (they write the scratch slot). A batch shrinks as its requests
-        finish, and a bucket first met in its last steps ran eager, then was captured,
-        mid-run: proposals of 21.6 and 14.8 ms inside a timed run at batch 32 on the H100,
-        against 1.1-1.2 ms replayed."""
+        finish, and a bucket first met in its last steps would run eager, then be captured,
+        mid-run, each many times a replay's cost (docs/design.md, "Measured reasons behind the
+        runner's choices")."""
         scratch, num_keys = self.cache.scratch, self.cache.capacity
         b = batch // 2
         while b >= 1:
@@ -391,116 +399,6 @@ class DraftHeadProposer(Proposer):
                 self.graphs.ensure(key, lambda f, i, sizes=sizes: body(
                     f, *i.split(sizes), steps=steps, num_keys=num_keys), [features, flat])
             b //= 2
-
-    def _draft(self, features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
-               row_pos: torch.Tensor, last_rows: torch.Tensor, slots: torch.Tensor,
-               last_pos: torch.Tensor, steps: int, num_keys: int) -> torch.Tensor:
-        """Write the pending pairs (``features [rows, hidden_size]``, ``tokens``,
-        ``row_slots``, ``row_pos [rows]``) into the cache, then draft ``steps`` tokens for each
-        request from its newest pair (``last_rows``, ``slots``, ``last_pos [batch]``), reading
-        keys ``0 .. num_keys - 1``: ``[batch, steps]``."""
-        head, cache = self.head, self.cache
-        x = head.inputs(features, self.embed(tokens))  # [rows, hidden_size]
-        cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
-        x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
-        key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
-        # each [batch, num_keys, kv_heads, head_dim]: the requests' keys and values, copied
-        # once; the drafts' own pairs go into the copies only (the cache would hold them past
-        # its committed length, where the next verified pairs overwrite them unread)
-        keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
-        rows = torch.arange(slots.shape[0], device=x.device)  # [batch]
-        out = []
-        for s in range(steps):
-            mask = (key_pos[None, :] <= pos[:, None])[:, None]  # [batch, 1, num_keys]
-            feature = head.attend(x[:, None], pos[:, None], keys, values,
-                                  mask)[:, 0]  # [batch, hidden_size]
-            token = self._readout(feature)  # [batch]
-            out.append(token)
-            if s + 1 < steps:
-                x, pos = head.inputs(feature, self.embed(token)), pos + 1
-                keys[rows, pos], values[rows, pos] = head.keys_values(x, pos)
-        return torch.stack(out, dim=1)  # [batch, steps]
-
-
-    def _draft_tree(self, features: torch.Tensor, tokens: torch.Tensor,
-                    row_slots: torch.Tensor, row_pos: torch.Tensor, last_rows: torch.Tensor,
-                    slots: torch.Tensor, last_pos: torch.Tensor, steps: int, num_keys: int,
-                    tree: DraftTree) -> torch.Tensor:
-        """:meth:`_draft` for a tree of ``steps`` levels: the same writes, then level by level
-        every node of the level queries the head (seeing the verified pairs and its own
-        ancestors) and its children are its likeliest drafts. Node ``j``'s key is written at
-        column ``last_pos + 1 + j`` of the proposal's copy of the keys (not the cache), rotated
-        to its own position ``last_pos + depth``:
-        ``[batch, num_nodes]`` tokens in level order."""
-        head, cache = self.head, self.cache
-        x = head.inputs(features, self.embed(tokens))  # [rows, hidden_size]
-        cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
-        batch = slots.shape[0]
-        x = x[last_rows][:, None]  # [batch, 1, hidden_size]: the newest pair queries first
-        key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
-        rel = key_pos[None, :] - last_pos[:, None] - 1  # [batch, num_keys] node of a column
-        in_tree = (rel >= 0) & (rel < tree.num_nodes)  # [batch, num_keys]
-        rel = rel.clamp(0, tree.num_nodes - 1)[:, None, :]  # [batch, 1, num_keys]
-        # each [batch, num_keys, kv_heads, head_dim], copied once (see _draft)
-        keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
-        rows = torch.arange(batch, device=x.device)[:, None]  # [batch, 1]
-        out, queries = [], None  # queries: the level's node indices (None: the root)
-        for level in range(steps):
-            if queries is None:
-                mask = key_pos[None, None, :] <= last_pos[:, None, None]  # [batch, 1, keys]
-            else:
-                anc = tree.ancestors[queries]  # [q, num_nodes] own column and ancestors'
-                seen = anc[None].expand(batch, -1, -1).gather(
-                    2, rel.expand(-1, len(queries), -1))  # [batch, q, num_keys]
-                mask = (key_pos[None, None, :] <= last_pos[:, None, None]) | (
-                    seen & in_tree[:, None])
-            pos = last_pos[:, None] + level  # [batch, 1]: the queries' position
-            feature = head.attend(x, pos.expand(-1, x.shape[1]), keys, values,
-                                  mask)  # [batch, q, hidden_size]
-            branch = tree.branching[level]
-            children = self._candidates(feature, branch)  # [batch, q, branch]
-            out.append(children.flatten(1))
-            if level + 1 == steps:
-                break
-            x = head.inputs(feature.repeat_interleave(branch, dim=1),
-                            self.embed(children.flatten(1)))  # [batch, q * branch, hidden]
-            nodes = tree.levels[level]  # the children's node indices
-            cols = last_pos[:, None] + 1 + nodes[None, :]  # [batch, q * branch]
-            # (into the copies only, as a chain's drafts: see _draft)
-            keys[rows, cols], values[rows, cols] = head.keys_values(x, pos + 1)
-            queries = nodes
-        return torch.cat(out, dim=1)  # [batch, num_nodes]
-
-
-class DraftTree:
-    """The static layout of a full draft tree of ``depth`` levels, ``branching[d]`` children
-    per node at level ``d`` (1 past the list), nodes numbered level by level, a parent's
-    children together, likeliest first: ``parents`` (-1: the root), ``sizes[k]`` (nodes in
-    the first ``k`` levels: a prefix), ``chain`` (each level's first node: the likeliest
-    chain), ``levels[d]`` (the node indices at depth ``d + 1``, a tensor) and ``ancestors
-    [num_nodes, num_nodes]`` (bool: node ``j`` is node ``i`` or one of its ancestors)."""
-
-    def __init__(self, branching: list[int], depth: int, device: torch.device) -> None:
-        self.branching = [branching[d] if d < len(branching) else 1 for d in range(depth)]
-        self.parents: list[int] = []
-        self.sizes = [0]
-        self.chain: list[int] = []
-        levels, above = [], [-1]
-        for b in self.branching:
-            first = len(self.parents)
-            self.parents += [p for p in above for _ in range(b)]
-            above = list(range(first, len(self.parents)))
-            levels.append(above)
-            self.sizes.append(len(self.parents))
-            self.chain.append(first)
-        self.num_nodes = len(self.parents)
-        anc = torch.zeros((self.num_nodes, self.num_nodes), dtype=torch.bool)
-        for j, p in enumerate(self.parents):
-            anc[j, j] = True
-            if p >= 0:
-                anc[j] |= anc[p]
-        self.ancestors = anc.to(device)
-        self.levels = [torch.tensor(nodes, device=device) for nodes in levels]
 
 
 @register_proposer("eagle")

@@ -16,8 +16,12 @@ Drawing a draft (``greedy=False``, vLLM's ``draft_sample_method="probabilistic"`
 brought to the target's width (zero probability past the draft's own vocabulary), passed through
 the request's ``adjust_logits`` with the prefix that position has (context + drafts so far), then
 through ``samplers.logits_processing.logits_to_probs`` with the request's own parameters; the
-token is the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from the request's generator, so it
-is drawn from exactly the returned row ``p`` (one-hot at the argmax for a temperature-0 request).
+token is the exponential race ``argmax(p / q)``, ``q ~ Exp(1)`` from the proposer's generator, so
+it is drawn from exactly the returned row ``p`` (one-hot at the argmax for a temperature-0
+request). A seeded request's draft at output position ``t`` is instead the keyed Gumbel-max
+sample of ``p`` with the noise the target's token at ``t`` is drawn with
+(``samplers.keyed_random``): still a draw from ``p``, and *coupled* to the target's, so that the
+draft is accepted whenever both distributions' races pick the same token.
 With ``greedy=True`` the draft is the argmax of the adjusted logits and no probabilities are
 returned (one-hot drafts).
 
@@ -41,6 +45,7 @@ from torch import nn
 from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.registry import register_proposer
 from proposers.vocab import check_shared_vocab
+from samplers.keyed_random import keyed_sample, seed_key
 from samplers.logits_processing import logits_to_probs
 from samplers.sampling_tensors import SamplingTensors
 
@@ -57,8 +62,7 @@ class DraftModelProposer(Proposer):
 
     ``target_vocab_size``: the width of the target's logits, that of the returned probabilities
     (default: the draft's own). ``greedy``: argmax drafts without probabilities.
-    ``generator``: what requests without a generator of their own draw from (None: torch's
-    global RNG).
+    ``generator``: what requests without a seed draw from (None: torch's global RNG).
     """
 
     def __init__(self, runner: DraftRunner, greedy: bool = False,
@@ -84,7 +88,8 @@ class DraftModelProposer(Proposer):
             last_rows = np.cumsum([len(f) for f in feeds]) - 1
             if sum(len(f) for f in feeds) > self.runner.num_free_tokens:
                 break  # the draft's KV budget is full: keep the drafts made so far
-            logits = self.runner.forward(slots, feeds, last_rows.tolist())  # [n, draft_vocab]
+            # [n, draft_vocab]
+            logits = self.runner.forward(slots, feeds, last_rows.tolist()).logits
             for i, feed in zip(active, feeds, strict=True):
                 self._seqs[requests[i].req_id].cached.extend(feed)
             tokens, probs = self._draw([requests[i] for i in active],
@@ -133,20 +138,24 @@ class DraftModelProposer(Proposer):
                 logits[b] = request.adjust_logits(prefix, logits[b])
         if self.greedy:
             return logits.argmax(dim=-1).tolist(), None
-        sampling = SamplingTensors.from_params([r.sampling_params for r in requests],
-                                               [r.generator for r in requests], logits.device)
+        sampling = SamplingTensors.from_params([r.sampling_params for r in requests], None,
+                                               logits.device)
         probs = logits_to_probs(logits, sampling, [1] * len(requests))  # [n, vocab_size]
-        # Exponential race argmax(p / q), q ~ Exp(1): one draw for the requests on the global
-        # RNG, then each seeded request's row from its own generator. Greedy rows are one-hot:
-        # whatever their q, the race returns their argmax.
+        # Exponential race argmax(p / q), q ~ Exp(1), from the proposer's generator; greedy
+        # rows are one-hot: whatever their q, the race returns their argmax.
         q = torch.ones_like(probs)  # [n, vocab_size]
         sampled = [not g for g in sampling.greedy]
-        if any(s and r.generator is None for s, r in zip(sampled, requests, strict=True)):
+        keyed = [b for b, (s, r) in enumerate(zip(sampled, requests, strict=True))
+                 if s and r.seed is not None]
+        if len(keyed) < sum(sampled):
             q.exponential_(generator=self.generator)
-        for b, request in enumerate(requests):
-            if sampled[b] and request.generator is not None:
-                q[b].exponential_(generator=request.generator)
-        tokens = (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(dim=-1)
+        tokens = (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(dim=-1)  # [n]
+        if keyed:  # (seeded requests: the keyed sample at the draft's output position)
+            keys = [(*seed_key(requests[b].seed), (requests[b].position + len(drafts[b]))
+                     & 0xFFFFFFFF) for b in keyed]
+            lo, hi, position = torch.tensor(keys, device=probs.device).unbind(1)
+            rows = torch.tensor(keyed, device=probs.device)
+            tokens[rows] = keyed_sample(torch.log(probs[rows]), lo, hi, position)
         return tokens.tolist(), probs
 
     def _to_target_width(self, logits: torch.Tensor) -> torch.Tensor:

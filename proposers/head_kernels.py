@@ -4,10 +4,11 @@ The head's rotary (:func:`proposers.head_model.rotate`, the PyTorch reference) i
 kernels for each of the queries and the keys: the positions to float32, their product with the
 frequencies, ``cos``, ``sin``, the float32 copy of ``x``, its halves' four products, the
 difference and the sum, the concatenation and the copy back. A proposal of 4 drafts runs it 8
-times, inside a CUDA graph whose kernels cost about 2 us each whatever their work (the target of
-the default model takes about 2.3 ms a step on an H100; the head's proposal took 0.8-1.0 ms).
-Here it is one Triton launch: each program rotates one (row, head) of ``x``, computing its angles
-``position * inv_freq`` in float32 as the reference does, and rounds once, at the store.
+times, inside a CUDA graph whose kernels cost a few microseconds each whatever their work: a
+proposal is bound by its number of kernels (docs/design.md, "Measured reasons behind the
+runner's choices"). Here it is one Triton launch: each program rotates one (row, head) of
+``x``, computing its angles ``position * inv_freq`` in float32 as the reference does, and
+rounds once, at the store.
 
 Numerics: the same formula in float32; ``cos``/``sin`` are Triton's and may differ from
 PyTorch's in the last float32 place, so outputs are equal to the reference after the rounding to

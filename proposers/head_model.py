@@ -22,10 +22,10 @@ The same three pieces (:meth:`DraftHead.inputs`, :meth:`DraftHead.keys_values`,
 A *draft vocabulary* (:attr:`DraftHead.vocab`, optional, saved with the weights): the ids of the
 tokens the head may draft, the most frequent in the target's own answers. The proposer then
 reads a feature out through those rows of the target's output head only (EAGLE-3 and vLLM's
-``draft_vocab_size`` do the same): on CPU the full head of the default model (49,152 x 576,
-float32) costs about 8 ms a draft against a 63-66 ms target step, and a proposal of 2 drafts
-took 13.4 ms with 16,384 tokens against 25.1 ms with all (docs/performance.md, "Draft head").
-A draft outside it is never proposed; the target would rarely have chosen it.
+``draft_vocab_size`` do the same): the full output head (49,152 x 576 for the default model)
+is most of a draft's work on CPU, and a third of the rows make a proposal about half as long
+(docs/performance.md, "Draft head"). A draft outside it is never proposed; the target would
+rarely have chosen it.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ A shorter match (one token) is the close call, and it is decided per request, fr
 source's drafts of that request were accepted: a decayed mean of accepted drafts per proposal
 for its one-token matches and for the head's drafts (starting from the default model's
 measured means, ``SHORT_PRIOR`` and ``HEAD_PRIOR``: the head first). The n-gram guess is kept
-when it has done at least as well: it costs nothing, where the head's proposal costs about a
-tenth of a CPU step. On copy prompts on this CPU a fixed rule gave the head every one-token
-match, and the combined proposer ran 0.78-1.03 of n-gram alone (4 runs, session 23): as many
-steps, each with the head's proposal in it. The head's mean keeps learning from the steps with
+when it has done at least as well: it costs nothing, where the head's proposal costs a forward
+of its own. A fixed rule that gives the head every one-token match takes as many steps as
+n-gram alone on copy text, each with the head's proposal in it (docs/design.md, "Measured
+reasons behind the runner's choices"). The head's mean keeps learning from the steps with
 no match at all, so a request whose text stops copying goes back to the head. The means learn
 only from proposals whose drafts were verified (a step the controller left without drafts
 teaches nothing), and the source not chosen is not explored: a one-token match's mean moves

@@ -44,8 +44,8 @@ def host_to_device(values: list, dtype: torch.dtype,
     few bytes of a step's metadata do not pay for pinning a fresh buffer every step.
     """
     np_dtype = _NUMPY.get(dtype)
-    # (through numpy where it can: torch.tensor of a list of Python numbers costs about 7x as
-    # much host time, 171 against 24 us for 900 ints on the development CPU)
+    # (through numpy where it can: torch.tensor of a list of Python numbers costs several
+    # times the host time: docs/design.md, "Measured reasons behind the runner's choices")
     tensor = (torch.tensor(values, dtype=dtype) if np_dtype is None
               else torch.from_numpy(np.array(values, dtype=np_dtype)))
     device = torch.device(device)

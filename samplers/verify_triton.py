@@ -83,7 +83,8 @@ def verify_triton(
     nc_pad = triton.next_power_of_2(num_chunks)
     device = logits.device
     # Two workspaces (fewer allocations on the host): float32 and int32 partials, every part
-    # starting on 16 bytes (:func:`~samplers.metadata.aligned`; a recompile costs about 0.3 s).
+    # starting on 16 bytes (:func:`~samplers.metadata.aligned`: another alignment would
+    # compile the kernels again, mid-run; docs/history.md, "Verification samplers").
     num_stats, num_race = aligned(num_rows * num_chunks), aligned(batch_size * 2 * num_chunks)
     num_decided = aligned(batch_size)
     num_keyed = num_stats if keys is not None else 0  # keyed samples' partials

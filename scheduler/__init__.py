@@ -1,5 +1,5 @@
 """Scheduling: waiting / running queues, token budget, preemption, and how many drafts each
-sequence gets this step (the speculation policy)."""
+sequence gets each step (the speculation controller, :mod:`scheduler.speculation`)."""
 
 from scheduler.acceptance import RequestAcceptance, expected_tokens
 from scheduler.scheduler import (
@@ -9,7 +9,19 @@ from scheduler.scheduler import (
     SchedulerOutput,
     SequenceStatus,
 )
-from scheduler.spec_policy import RequestSpeculation, SpeculationPolicy
+from scheduler.spec_policy import GoodputPolicy
+from scheduler.speculation import (
+    DraftPlan,
+    FixedK,
+    RequestSpeculation,
+    SpeculationController,
+    StepOutcome,
+    StepTiming,
+    make_controller,
+    within_spare,
+)
 
-__all__ = ["RequestAcceptance", "RequestSpeculation", "SchedulableSequence", "ScheduledSequence",
-           "Scheduler", "SchedulerOutput", "SequenceStatus", "SpeculationPolicy", "expected_tokens"]
+__all__ = ["DraftPlan", "FixedK", "GoodputPolicy", "RequestAcceptance", "RequestSpeculation",
+           "SchedulableSequence", "ScheduledSequence", "Scheduler", "SchedulerOutput",
+           "SequenceStatus", "SpeculationController", "StepOutcome", "StepTiming",
+           "expected_tokens", "make_controller", "within_spare"]

@@ -21,13 +21,12 @@ request's estimate is its own counts plus ``PRIOR_WEIGHT`` tested drafts at the 
 pay again, every request sees it at once. The engine's rate of a backed position past the first
 is shrunk toward the position before it by ``POSITION_PRIOR`` tries: a deep position is tested
 only when the controller verifies that many drafts and the ones before it were accepted, so its
-counts are few, and read alone one rejection put it near 0 for good (the controller then never
-verified that many drafts again: at batch 1 on the H100, acceptance 0.5 per draft, the engine's
-rates by position read 0.57, 0.52, 0.48, 0.002). ``found``: how often the proposer had a draft
-that its evidence backs for the request (an n-gram proposer often has none), tracked the same
-way, per proposal.
+counts are few, and read alone one rejection can put it near 0 for good (the controller then
+never verifies that many drafts again: docs/history.md, "The speculation controller", robust
+step costs). ``found``: how often the proposer had a draft that its evidence backs for the
+request (an n-gram proposer often has none), tracked the same way, per proposal.
 
-Layout (host work is what a step of a small model on a GPU spends most of its 4 ms on, so a
+Layout (host work is most of a small model's step on a GPU: docs/design.md, "Known gaps"; so a
 step reads and updates the batch in a few array operations): each request is a row of
 ``counts [rows, 2, max_k + 2]`` (``HITS``/``TRIES``; columns ``0..max_k-1``: backed drafts by
 position, ``max_k``: unbacked drafts pooled, ``max_k + 1``: proposals that found backed drafts /

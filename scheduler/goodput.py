@@ -1,95 +1,46 @@
 """The goodput controller: each step's drafts maximise expected tokens per second.
 
-A step of batch size ``b`` in which the longest sequence verifies ``w`` drafts costs ``C(w)``
-plain steps (measured: :mod:`scheduler.step_costs`; the runner pads every sequence to the step's
-longest, so up to ``w`` every sequence's drafts ride in the same forward; where the runner packs
-a step of unequal drafts instead, one token a row, ``ModelRunner.packed_rows``, the step costs
-what a packed step of its rows does, measured apart: :meth:`GoodputController.packed_cost`) and
-yields ``E(w) =
-sum_i (1 + a_i[1] + a_i[1] a_i[2] + ... )`` tokens over its sequences, each sum taken up to that
-sequence's own drafts (at most ``w``, at most its cap), with the conditional acceptance per
-request and position of :mod:`scheduler.acceptance`. The controller picks the ``w`` with the
-largest goodput ``E(w) / C(w)``; ``w = 0`` (plain decoding: ``b`` tokens for one plain step)
-wins unless drafting beats it by ``MARGIN``.
+Model. A step of ``b`` sequences whose longest verifies ``w`` drafts costs ``C(w)`` plain steps
+(measured: :mod:`scheduler.step_costs`; the runner pads every sequence to the step's longest,
+or packs a step of unequal drafts one token a row, priced by
+:meth:`GoodputController.packed_cost`) and yields ``E(w) = sum_i (1 + a_i[1] + a_i[1] a_i[2] +
+...)`` tokens, each sum taken up to that sequence's own drafts (at most ``w``, at most its cap),
+from the conditional acceptance per request and position of :mod:`scheduler.acceptance`.
 
-The typical sequence is not slowed down: a width is taken only when at least half of the step's
-sequences expect at least ``C(w)`` tokens from it (:func:`typical_tokens`). Every sequence of a
-step pays its cost; when the gain is a few sequences' (text that loops, a prompt to copy among
-open-ended ones), the total can pay while most sequences get slower: their time per output
-token, and the end of a batch, which waits for its slowest sequence. Measured on the H100 with
-the default model, 32 open-ended prompts: the controller drafted in 24 of 127 steps that
-yielded 1.49 times the tokens of a plain step for 1.18-1.22 times its cost, and the batch took
-127 steps against 128: the tokens went to sequences that were not the last to finish.
+Decision rule. The ``w`` of largest goodput ``E(w) / C(w)``; ``w = 0`` (plain decoding: ``b``
+tokens for one plain step) wins unless drafting beats it by ``MARGIN``, and a width is taken
+only when at least half of the step's sequences expect ``C(w)`` tokens from it
+(:func:`typical_tokens`): every sequence pays the step's cost, so a gain of a few sequences must
+not slow the typical one, nor the end of a batch. A free proposer (``Proposer.drafts_are_free``:
+n-gram) is asked for every sequence's cap when calling it pays, and ``w`` is chosen after it
+answered, with its backed drafts as evidence (:meth:`GoodputController.choose_width`); a
+costly one has ``k`` chosen before it runs, its measured time in the cost
+(:meth:`GoodputController.plan`).
 
-When drafts are made:
+Uncertainty. While drafting, the first draft's rate is read ``CONFIDENCE`` standard errors high,
+over ``sqrt(b)`` (the sequences' errors add in quadrature), so that a noisy estimate (a request's
+rate comes from a few decayed steps) does not stop drafts that pay; to start drafting again the
+estimates are read as they are (the binomial error vanishes at a rate of 0: at acceptance 0 the
+drafts stop). Costs not measured are optimistic, so that a width is tried and then judged on its
+own cost: a width between trusted ones lies on the line through them, one past the widest costs
+what that one does, and with none measured ``1 + DEFAULT_VERIFY_COST * (w - 1)``; a width with
+fewer than ``TRUSTED`` samples costs what the next narrower one does; trusted costs are pooled
+to be non-decreasing in the width (:func:`monotone_fit`).
 
-- a proposer whose drafts cost next to nothing (n-gram, ``Proposer.drafts_are_free``) is asked
-  for every sequence's full cap when calling it pays: its own measured time counted, and how
-  often it finds drafts it backs (a sequence without any gains nothing, and a step in which no
-  sequence has any stays plain). ``w`` is then chosen *after* it answered, with its evidence
-  (how many drafts its match backs) in the acceptance (:meth:`GoodputController.choose_width`);
-- a proposer that costs (a draft model, early exit) has ``k`` chosen before it runs, its measured
-  time for ``k`` drafts in the cost (:meth:`GoodputController.plan`).
+Probes. While drafting does not pay, a probe drafts anyway (the full cap of free drafts, or one
+costly draft) once its wait is over: the wait keeps the probes' expected overhead at
+``PROBE_BUDGET`` of the time (a probe 10% dearer than a plain step comes every 10 steps), at
+least ``MIN_PROBE_WAIT`` and at most ``max_wait`` (``SpeculativeConfig.adaptive_probe_interval``)
+times the probe's cost in whole plain steps. The wait is a ``FRESH_WAIT_DIVISOR``-th when at
+least ``FRESH_SHARE`` of the weighed sequences were never tested (new text may have brought a
+drift), and once after drafting stops (the stop may be the estimate's noise).
 
-Exploration that cannot starve: while drafting does not pay, a *probe* step drafts anyway, at
-most ``max_wait`` steps after the last step that drafted (times the probe's cost in plain steps
-when a probe costs more than one: an early-exit draft on a GPU), sooner when a probe is cheap:
-the wait is what keeps the probes' expected overhead at ``PROBE_BUDGET`` of the time (a probe
-that costs 10% more than a plain step comes every 10 steps). A probe verifies the full cap of
-free drafts (all positions are measured at once) or one costly draft. The budget is 1% and
-the default bound 32 steps (``SpeculativeConfig.adaptive_probe_interval``): at acceptance 0 the
-controller is asked to keep 0.97 of plain decoding, and with a 2% budget and a 16-step bound the
-probes alone took 2% (the 1B LLaMA at batch 32 on the H100, where a probe of 4 drafts costs
-1.2-1.3 plain steps: one every 16 steps), the rest of 3% left to the host's noise; served
-open-loop on the H100 (docs/performance.md, "Serving"), a 64-step bound ran 1.06-1.11x where
-16 ran 0.91-0.93x (one run each). Text that the controller has not measured is probed sooner:
-when at least ``FRESH_SHARE`` of the sequences it weighs were never tested (no draft
-verified, no proposal asked: their estimates are the other requests' rate alone, as in a new
-batch of prompts), the wait is a
-``FRESH_WAIT_DIVISOR``-th. That is what finds a drift that comes with new requests (the
-issue's scenario: requests at acceptance 0, then new ones at 0.9) within a few steps where
-probes are dear: on the H100 with the 1B LLaMA at batch 32 (a probe 1.27 plain steps, so one
-every 27 steps), the first batch after the drift ran 0.71 of a fresh engine's speedup, and
-the engine was at 0.9 of it only from step 89, without this rule. A batch of new prompts costs
-one probe more; a server's requests, which arrive a few at a time, make a batch of 3 or more
-mostly untested only when most of it just arrived (at batch 1 or 2 each new request does: one
-early probe each, which is where probes are cheapest). The first probe after drafting stops
-comes as soon, once: at batch 1 a request's estimate is noisy (below), a stop may be that
-noise, and a costly proposer's probe waits the longest (a draft head's proposal costs about
-half a plain step on the H100: 32 plain steps at most, until the probe, where drafting paid);
-the probes after it wait in full.
-
-Decisions under uncertainty: a request's acceptance is known from a few decayed steps (it has
-to follow the text), so at batch 1 its estimate is noisy: with every draft accepted 45% of the
-time, three rejected steps in a row (one chance in six) put it below the break-even of a head
-whose proposal costs a quarter of a plain step, and the engine then went plain until a probe,
-a wait of about 19 steps, found otherwise (measured on the H100 with the default model and its
-draft head: 77 plain steps of 105 in one run). So while the controller is drafting, the first
-draft's rate is read ``CONFIDENCE`` standard errors high, over ``sqrt(b)`` at batch size ``b``
-(the errors of the step's sequences add in quadrature): noise does not stop drafts that pay, and
-a wrong call can only happen near the break-even, where it costs little (in simulations of
-batch 1 and 8 with i.i.d. acceptance and the H100's relative costs, the controller kept at least
-0.94 of the best fixed k where drafts pay, and at least 0.96 of plain decoding where they do
-not).
-To start drafting again the estimates are read as they are, and the error is the binomial one
-(``sqrt(r (1 - r) / n)``), which vanishes at a rate of 0: at acceptance 0 the drafts stop.
-
-Costs not measured yet: a width between two measured ones lies on the line through them, one
-past the widest measured costs what that one does, and with none measured a step costs ``1 +
-DEFAULT_VERIFY_COST * (w - 1)``; a costly proposer's ``k`` drafts cost ``draft_cost * k``.
-Optimistic, so a width is tried, measured and then judged on its measured cost; until a width
-holds ``TRUSTED`` samples at a batch size it costs what the next narrower width does (measured
-on the H100: one slow first step of 4 drafts kept the controller at 2 drafts for the rest of a
-run), and after, the trusted cells' answers (lower quartiles of recent samples) are made
-non-decreasing in the width by pooling (:func:`monotone_fit`: one below a narrower width's is
-noise, and is averaged with it rather than raised to it, which made every wider width dear
-where widths cost about the same). A width not measured is read between trusted widths only
-(one untrusted sample from a slow stretch, as an end of that line, made every narrower width
-dear: seen in simulation, ``benchmarks/controller_sim.py --bursts``).
-
-On a GPU the controller learns while the next step's forward runs (``SpeculationPolicy.flush``:
-the acceptance of the last step, its cost, and the tables of the next decision), so a decision
-sees the steps before the last one.
+On a GPU the controller learns while the next step's forward runs (``learn`` and
+:meth:`GoodputController.prepare`, from :mod:`scheduler.spec_policy`), so a decision sees the
+steps before the last one. Why each rule, and what it was measured to gain: docs/design.md, "The
+speculation controller" and "Measured reasons behind the runner's choices". One module, past 400
+lines, because it is one object: the decisions, the probes' state and the cost reads share caches
+keyed by the cost table's and the acceptance's versions.
 """
 
 from __future__ import annotations
@@ -284,10 +235,9 @@ class GoodputController:
         measured[1] = 1.0
         # The trusted costs, made non-decreasing by pooling (a step's work grows with its
         # width, so a cost below a narrower width's is noise). Pooled, not raised to the
-        # narrower one: where widths cost about the same (batch 1 on an H100 with the fused
-        # kernels: 2 to 5 tokens within 2-9% of a plain step), raising each width to the
-        # largest noise below it made every wider width dearer than it is, and the controller
-        # kept to one draft at acceptance 0.3-0.5 where 2-4 paid more.
+        # narrower one: where widths cost about the same, raising each width to the largest
+        # noise below it makes every wider width dearer than it is (docs/design.md, "Measured
+        # reasons behind the runner's choices", ``monotone_fit``).
         counts = {w: self.costs.count("step", batch_size, w) for w in range(2, self.max_k + 2)
                   if measured[w] is not None}
         trusted = [w for w, n in counts.items() if n >= TRUSTED]
@@ -301,8 +251,8 @@ class GoodputController:
         known = [1, *trusted]
         for w in range(2, self.max_k + 2):
             # A step costs at least what a narrower one does (its work is a superset): a cost
-            # below it is noise, which would make drafts that are never accepted look free (on
-            # the H100 at batch 1 one draft's step costs about a plain step's).
+            # below it is noise, which would make drafts that are never accepted look free
+            # (where a one-draft step costs about a plain step's).
             cost[w] = max(self._width_cost(w, measured, counts, known, cost), cost[w - 1])
         return cost
 
@@ -320,9 +270,9 @@ class GoodputController:
         # Not measured: between two measured widths, on the line through them (a step's cost
         # grows about linearly with its tokens); past the widest, the widest's cost, and with
         # nothing measured, DEFAULT_VERIFY_COST a token. Optimistic, so that the width is
-        # tried and then judged on its own cost (benchmarks/controller_sim.py, the H100's cost
-        # ratios, batch 1, acceptance 0.3: with 1 and 4 drafts measured and 2 at the default
-        # cost, 2 drafts, the best there, were never tried).
+        # tried and then judged on its own cost (a width priced at the default between two
+        # measured ones can be the best and never be tried: docs/design.md, "Measured
+        # reasons behind the runner's choices").
         lo = max(v for v in known if v < w)
         hi = min((v for v in known if v > w), default=None)
         if hi is not None:
@@ -466,9 +416,9 @@ class GoodputController:
         """A probe's cost in plain steps: its width's (``cost [max_k + 1]``, :meth:`plan`'s,
         whose proposal is a typical one), with the proposal's time after plain steps instead
         where measured (kind ``"probe"``: it catches up on the steps since the last one, and
-        a probe's is never a typical proposal, so without it a probe read as cheap as its
-        forward: on the H100 the 8B at batch 1, acceptance 0, probed every 2 steps and kept
-        0.95 of plain decoding, drafting at every step 0.99)."""
+        a probe's is never a typical proposal, so without it a probe reads as cheap as its
+        forward and comes far too often: docs/design.md, "Measured reasons behind the
+        runner's choices")."""
         w = self.max_k if self.free else 1
         after_idle = self.costs.relative("probe", b, w)
         if after_idle is None:
@@ -508,14 +458,16 @@ class GoodputController:
     def choose_width(self, accs: list[RequestAcceptance], avail: list[int],
                      backed: list[int] | None, min_width: int,
                      critical: list[bool] | None = None, batch_size: int | None = None,
-                     layout: Layout | None = None) -> int:
+                     layout: Layout | None = None, record: bool = True) -> int:
         """After a free proposer answered: how many drafts the step verifies at most.
         ``avail[i]``: the drafts sequence ``i`` got (within its cap); ``backed``: how many of
         them the proposer's evidence backs (None: all); ``critical``, ``batch_size``,
         ``layout``: as :meth:`plan`'s (every sequence learns from the proposal; the critical
-        ones decide)."""
+        ones decide). ``record``: the proposal is recorded for the next update (False: the
+        caller records it with the step's update, ``GoodputPolicy.learn``)."""
         # (found: drafts the proposer stands by; guesses past its evidence do not count)
-        self.acceptance.record_proposals(accs, avail if backed is None else backed)
+        if record:
+            self.acceptance.record_proposals(accs, avail if backed is None else backed)
         b = len(accs) if batch_size is None else batch_size
         # (every steered sequence verifies its drafts up to the width: all of them lay out
         # the step)
@@ -596,9 +548,9 @@ class GoodputController:
         if batch_size:
             self.step_cost(batch_size)
         # The decision itself, for the drafts the last one had (in steady decoding every
-        # sequence gets its cap again): choose_width then only compares its inputs. On the
-        # H100's host, weighing the drafts between the proposal and the forward took about
-        # 0.2 ms a step at batch 8, a 1B target's step 3.2 ms.
+        # sequence gets its cap again): choose_width then only compares its inputs, and the
+        # host work between the proposal and the forward, which delays the forward, shrinks
+        # (docs/history.md, "The speculation controller").
         self._decided = None
         choice = self._last_choice
         # (the sequences of that choice, all still live; plan() may have weighed others since)

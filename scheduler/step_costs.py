@@ -11,48 +11,32 @@ that one slow first sample does not keep a choice from being tried again. (Slown
 outside only adds time, so the low samples are the cost; every width's cell is read the same
 way, and the ratios between them are what the controller uses.) The first step of every cell is
 not recorded at all: it pays one-time costs that no later step pays (a Triton kernel compiled
-for a new shape: 40 ms on an H100).
+for a new shape).
 
 A trusted cell also leaves out a sample over ``OUTLIER`` times its answer, unless it left out
 the ``SKIP_LIMIT`` before it too (then the cost moved, and such samples are taken until one
-comes within the bound again): a slow stretch of the machine came 13 steps long at times, more
-than a quartile can shrug off.
+comes within the bound again): a slow stretch from outside the engine can last longer than a
+quartile shrugs off (docs/history.md, "How the measurements were learned").
 
 Samples expire (but the plain step's, which every cost is relative to: while drafting pays no
 plain step comes to measure it again): one older than ``WINDOW`` recorded steps of its batch
 size is dropped (the cells' ages are looked at every ``SWEEP`` steps), so a width that the
-controller stopped choosing is measured again (it then reads as not measured:
-optimistic, ``scheduler.goodput``). Without it a width measured in one slow stretch kept its
-cost for good: on the H100 machine, batch 1 of the random 1B, stretches of 5-10 steps came
-slow (12-14 ms, then 5.9, 4.6, 3.9, 3.3 against 2.5), whichever width they had, and a width
-whose samples fell there read 1.5-1.8 plain steps where it costs 1.02-1.04; the controller
-never chose it again (0.53 of the best fixed k in one cell, docs/performance.md). Simulated
-with such stretches (``benchmarks/controller_sim.py --bursts 0.01``, batch 1, the H100's cost
-ratios, decisions timed without the noise: ``--score-clean``, stretches of 5 plain steps
-decaying by 0.8), the controller kept 0.90 / 0.82 / 0.93 of the best fixed k at acceptance
-0.3 / 0.5 / 0.9 before, 0.96 / 0.97 / 0.99 with the window, the quartile, the bound on
-outliers and the two changes that came with them (``scheduler.goodput``'s interpolation
-between trusted widths only, and ``scheduler.acceptance``'s ``POSITION_PRIOR``); without the
-stretches, as before (docs/performance.md, "Efficiency against an oracle").
+controller stopped choosing is measured again (it then reads as not measured: optimistic,
+``scheduler.goodput``). Without it a width measured in one slow stretch keeps that cost for
+good, and the controller never chooses it again (docs/design.md, "Measured reasons behind the
+runner's choices").
 
 Costs are read at one context. A step's time grows with its context (the keys every row
-gathers): on the H100 at batch 32 a plain step of the random 1B went from 2.97 to 3.35 ms over a
-batch of 128-token answers, of the 8B from 9.4 to 10.8 ms. While drafting pays no plain step
-comes, so the plain step's samples were the batch's first ones, every later width's were
-longer ones, and each width read dearer than it is (the 1B's 5-token step 1.49 plain steps
-where fixed k = 4 ran it at 1.36 on average; the 8B's 2-token one 1.15 where k = 1 ran at 1.11). So
-every whole step's sample keeps its context (``kv``: its longest sequence's tokens), a batch
-size has a *drift*: the median slope of log seconds over context between pairs of one cell's
-samples ``MIN_KV_SPAN`` tokens apart or more (at least 0), and
-every answer is read at the batch size's *reference* context, which follows the steps in bands
-of ``KV_BAND`` tokens: each sample is scaled by ``exp(drift * (reference - its context))``.
-Simulated (``benchmarks/controller_sim.py --kv-growth 0.13``, batch 32, costs 1.12-1.33 plain
-steps for 2-5 tokens), the costs read 1.23-1.43 without the contexts and 1.08-1.35 with them.
-Only from ``DRIFT_MIN_BATCH`` sequences: where the keys' reads are a small part of a step, the
-drift is small against the steps' noise, and its estimate was that noise (simulated at batch 1
-and 8 with slow stretches and a drift of 2% a batch, ``--bursts 0.01 --kv-growth 0.02``: the
-estimates came 0.02-0.21 a batch, and the controller kept 0.90-0.95 of the best k at alpha
-0.3-0.5 where it kept 0.97-0.99 without them).
+gathers), and while drafting pays no plain step comes: the plain step's samples would be a
+batch's first ones, every later width's longer ones, and each width would read dearer than it
+is. So every whole step's sample keeps its context (``kv``: its longest sequence's tokens), a
+batch size has a *drift*: the median slope of log seconds over context between pairs of one
+cell's samples ``MIN_KV_SPAN`` tokens apart or more (at least 0), and every answer is read at
+the batch size's *reference* context, which follows the steps in bands of ``KV_BAND`` tokens:
+each sample is scaled by ``exp(drift * (reference - its context))``. Only from
+``DRIFT_MIN_BATCH`` sequences: where the keys' reads are a small part of a step, the drift is
+small against the steps' noise, and its estimate is that noise (docs/design.md, "Measured
+reasons behind the runner's choices").
 
 Kinds: ``"step"``, the whole step less the proposer (schedule, forward, verification, appends,
 rollback: the host work of the speculative path is in it), ``"packed"``, the same for a step

@@ -10,7 +10,7 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
 - ``batch_size``: the step's sequences rounded up to 1, 2, 4, 8, then a multiple of 8 (the
   padding sequences are the cache's scratch slot: they write the scratch row and read nothing
   that counts); a *folded* step's rows, where a prompt chunk takes several rows of the step's
-  width (``ModelRunner._fold``), up to ``max_batch_size`` (the runner's ``fold_rows``);
+  width (``engine.runner.step_layout``), up to ``max_batch_size`` (the runner's ``fold_rows``);
 - ``num_new``: the step's tokens per sequence (1: decode; up to ``max_num_new``, the engine's
   k + 1), the shorter sequences padded with scratch tokens. Each width has its own buckets,
   because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2
@@ -24,8 +24,8 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   are priced apart from the others' (``capture_cost``). Without them a prompt admitted while
   others decode cost an eager step (about ten graph steps of the default model on an H100,
   docs/design.md; the runner splits such a step into its decoding and its prefilling
-  sequences, ``ModelRunner.forward``), and under continuous batching, where speculation makes
-  requests end and be replaced at different steps, that was most of what speculation lost.
+  sequences, ``engine.runner.step_layout``), and under continuous batching, where speculation
+  makes requests end and be replaced at different steps, that was most of what speculation lost.
   Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
@@ -158,14 +158,16 @@ class CudaGraphs:
 
     def __init__(self, body: Body, scratch_inputs: Callable[[int, int], list[int]],
                  max_batch_size: int, max_num_new: int, max_kv_len: int,
-                 device: torch.device, capture: bool = True) -> None:
+                 device: torch.device, capture: bool = True,
+                 twin_width: Callable[[int], int] | None = None) -> None:
         self.max_batch_size = batch_bucket(max_batch_size)
         self.max_num_new = max_num_new
         # twin_width(batch bucket): the widest verification of that batch (a decode bucket's
-        # twin; an engine whose widest steps shrink with the batch, as draft trees do, sets it)
-        self.twin_width: Callable[[int], int] = lambda batch_size: max_num_new
+        # twin): max_num_new unless the engine's widest steps shrink with the batch, as draft
+        # trees do (the runner's twin_width)
+        self.twin_width: Callable[[int], int] = twin_width or (lambda batch_size: max_num_new)
         # decode buckets past this batch get no twin (the rows of a packed verification or a
-        # folded prompt: ModelRunner.packed_rows, _fold; steps of that many sequences never
+        # folded prompt: engine.runner.step_layout; steps of that many sequences never
         # come, and the twin would hold max_num_new times the rows)
         self.twin_max_batch = self.max_batch_size
         self.max_kv_len = max_kv_len

@@ -45,7 +45,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from engine.runner.cuda_graphs import Decision
-from engine.runner.model_runner import ModelRunner, Tree
+from engine.runner.forward_output import ForwardOutput
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_layout import Tree
 
 __all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_follow",
            "whole_copies"]
@@ -120,7 +122,7 @@ def whole_copies(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
     from the ranks' shares (a collective: every rank calls it, in the same order; the other
     ranks get None and free what they gathered). A draft head reads through them on rank 0
     alone: the split modules' own forwards are collectives that the other ranks would never
-    join (two gloo ranks hung at the first proposal in session 17). A weight split by rows is a
+    join (two gloo ranks hung at the first proposal). A weight split by rows is a
     DTensor under transformers' DTensor plans (gathered whole), or, under earlier releases,
     this rank's equal share of the rows (gathered in rank order). Tied weights stay one copy."""
     config = model.config
@@ -199,7 +201,7 @@ def take_down(runner: ModelRunner | None = None) -> None:
 class LeaderRunner:
     """Rank 0's runner under tensor parallelism: a :class:`ModelRunner` whose state-changing calls
     are replayed by every follower rank (see the module docstring). Everything else (budget,
-    ``vocab_size``, ``all_hidden`` ...) is the wrapped runner's."""
+    ``vocab_size``, ``graphs`` ...) is the wrapped runner's."""
 
     def __init__(self, runner: ModelRunner):
         self._runner = runner
@@ -229,9 +231,11 @@ class LeaderRunner:
 
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 logits_indices: Sequence[int] | torch.Tensor | None = None,
-                trees: Sequence[Tree | None] | None = None) -> torch.Tensor:
+                trees: Sequence[Tree | None] | None = None,
+                keep_hidden: bool = False) -> ForwardOutput:
         """Run this forward here; once it is checked and its graph decision made, the recorded
-        calls, its arguments and that decision go to the followers (:meth:`_launch`)."""
+        calls, its arguments and that decision go to the followers (:meth:`_launch`; the
+        hidden states are this rank's alone: the followers do not keep them)."""
         if isinstance(logits_indices, torch.Tensor):
             logits_indices = logits_indices.tolist()
         self._args = (list(slots), [list(t) for t in token_ids],
@@ -239,7 +243,7 @@ class LeaderRunner:
                       None if trees is None else [None if t is None else (t[0], list(t[1]))
                                                   for t in trees])
         try:
-            return self._runner.forward(*self._args)
+            return self._runner.forward(*self._args, keep_hidden=keep_hidden)
         finally:
             self._args = None
 

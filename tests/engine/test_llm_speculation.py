@@ -93,28 +93,29 @@ def test_steps_of_unequal_drafts_are_packed_and_keep_greedy_output(target, monke
     graph buckets (here their padded layout, eagerly) the runner packs such steps, one token a
     row (at any saving), and greedy output stays Hugging Face's. The controller (costs fixed:
     decisions independent of this machine's timings) records those steps as packed ones."""
-    from engine.runner import model_runner
+    from engine.runner import step_layout
 
-    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
-    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    monkeypatch.setattr(step_layout, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(step_layout, "PACK_MAX_EXTRA", 100)
     spec = {"method": "ngram", "num_speculative_tokens": 4, "adaptive_k": adaptive,
             "verify_cost_per_token": 0.1, "draft_cost_ratio": 0.0}
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec)
-    runner, controller = llm.engine.runner, llm.engine.spec_policy.controller
+    runner, policy = llm.engine.runner, llm.engine.controller
     runner.use_graph_buckets(5, capture=False)
     packed, recorded = [], []
-    forward, record = runner.forward, controller.record
+    forward, learn = runner.forward, policy.learn
 
     def counted(*args, **kwargs):
         out = forward(*args, **kwargs)
-        packed.append(runner.last_packed_rows)
+        packed.append(out.packed_rows)
         return out
 
-    def recording(*args, **kwargs):
-        recorded.append(kwargs.get("packed_rows", args[6] if len(args) > 6 else None))
-        return record(*args, **kwargs)
+    def recording(outcome):
+        if outcome.timing is not None:
+            recorded.append(outcome.timing.packed_rows)
+        return learn(outcome)
 
-    runner.forward, controller.record = counted, recording
+    runner.forward, policy.learn = counted, recording
     params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
                              num_speculative_tokens=c) for c in (0, 1, None)]
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -140,14 +141,16 @@ def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
         calls.append(proposer.last_proposal_steady)
         return original(requests)
 
-    record = engine.spec_policy.record_step
+    learn = engine.controller.learn
 
-    def recorded(items, drafts, step_s, propose_s, *rest, **kwargs):
-        seen.append((calls[-1] if calls else None, propose_s))
-        return record(items, drafts, step_s, propose_s, *rest, **kwargs)
+    def learning(outcome):  # (on CPU the step's own outcome, at its end)
+        if outcome.timing is not None:
+            seen.append((calls.pop() if calls else False, outcome.timing.propose_s))
+        calls.clear()
+        return learn(outcome)
 
     proposer.propose = propose
-    engine.spec_policy.record_step = recorded
+    engine.controller.learn = learning
     llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     timed = seen[2:]  # (past the first look at the prompt, never timed)
     assert any(steady for steady, _ in timed) and any(not steady for steady, _ in timed)
@@ -158,16 +161,16 @@ def test_generate_closes_its_batch_and_a_stream_does_not(target, monkeypatch):
     """``LLM.generate`` returns when its last request is done, so its requests are added as one
     closed batch (the controller then weighs the sequences with the most tokens left); a
     stream's requests each count on their own."""
-    from scheduler import SpeculationPolicy
+    from scheduler import GoodputPolicy
 
     seen = []
-    new_tracker = SpeculationPolicy.new_tracker
+    new_tracker = GoodputPolicy.new_tracker
 
     def spy(self, seq, together=False):
         seen.append(together)
         return new_tracker(self, seq, together)
 
-    monkeypatch.setattr(SpeculationPolicy, "new_tracker", spy)
+    monkeypatch.setattr(GoodputPolicy, "new_tracker", spy)
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
@@ -205,33 +208,30 @@ def test_steps_without_drafts_show_the_ngram_index_their_contexts(target, monkey
     assert steps >= 40 and len(observed) <= steps // every < steps // 2
 
 
-def test_deferred_learning_keeps_greedy_output_and_loses_no_row(target):
-    """On a GPU the controller learns each step's acceptance during the next forward
-    (``SpeculationPolicy.defer_updates``); forced here on CPU, with an aborted request among
-    finished ones: the greedy output is still the target's own, the controller still drafts
-    where drafts pay, and every acceptance row comes back (none is lost to a pending update)."""
+def test_learning_a_step_late_keeps_greedy_output_and_loses_no_row(target):
+    """On a GPU the controller learns each step's outcome during the next step's forward
+    (``LLMEngine._run_step``); forced here on CPU, with an aborted request among finished
+    ones: the greedy output is still the target's own, the controller still drafts where
+    drafts pay, and every acceptance row comes back once the engine is idle."""
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
               speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                   "verify_cost_per_token": 0.1})
-    policy = llm.engine.spec_policy
-    policy.defer_updates = True
-    acceptance = policy.controller.acceptance
+    llm.engine.forward_is_async = True
+    acceptance = llm.engine.controller.controller.acceptance
     rows = len(acceptance.stamps)
     for _ in range(2):
         out = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in out] == [hf_greedy(target, p, 40)
                                                          for p in PROMPTS]
-        assert len(acceptance._free) + sum(fn == acceptance._release
-                                           for fn, _ in acceptance._queue) == rows
+        assert len(acceptance._free) == rows
     assert llm.get_metrics().num_drafted > 0
     llm.engine.add_request("gone", None, PROMPTS[0], GREEDY)
     llm.engine.step()
     llm.engine.step()
-    llm.engine.abort_request("gone")
+    llm.engine.abort_request("gone")  # (while the step's outcome waits to be learnt)
     llm.engine.step()  # (nothing runs: the finished request is reported)
     out = llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     assert out[0].outputs[0].token_ids == hf_greedy(target, PROMPTS[0], 40)
-    policy.flush()
     assert len(acceptance._free) == rows
 
 
@@ -246,7 +246,7 @@ def test_a_probes_proposal_after_plain_steps_is_timed_as_such(target):
     out = llm.generate(PROMPTS * 2, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out[:3]] == [hf_greedy(target, p, 40)
                                                          for p in PROMPTS]
-    costs = llm.engine.spec_policy.controller.costs
+    costs = llm.engine.controller.controller.costs
     probes = sum(costs.count("probe", 2 * len(PROMPTS), k) for k in range(1, 5))
     typical = sum(costs.count("propose", 2 * len(PROMPTS), k) for k in range(1, 5))
     assert probes >= 1 and typical == 0

@@ -613,19 +613,19 @@ def test_steps_split_around_admitted_prompts_keep_greedy_output(target, head_dir
     """Prompts admitted while others verify drafts: the runner splits those steps in two
     forwards (here at any saving), one of them with a prompt chunk between two short rows.
     Greedy output equals Hugging Face's, and the run drafts and accepts as many drafts as
-    without the split (the features' order itself: the runner's tests, which compare
-    ``all_hidden`` row by row)."""
-    from engine.runner import model_runner
+    without the split (the features' order itself: the runner's tests, which compare the
+    hidden states row by row)."""
+    from engine.runner import step_layout
     from engine.runner.model_runner import ModelRunner
 
-    monkeypatch.setattr(model_runner, "SPLIT_SHORT", 5)  # (k + 1 = 5: drafts stay short)
+    monkeypatch.setattr(step_layout, "SPLIT_SHORT", 5)  # (k + 1 = 5: drafts stay short)
     splits = []
-    forward_groups = ModelRunner._forward_groups
-    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
-        splits.append(groups), forward_groups(self, groups, *a))[1])
+    forward_split = ModelRunner._forward_split
+    monkeypatch.setattr(ModelRunner, "_forward_split", lambda self, plan, *a: (
+        splits.append(plan.groups), forward_split(self, plan, *a))[1])
     counts = []
     for min_saved in (1, 10**9):  # split at any saving, then never
-        monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", min_saved)
+        monkeypatch.setattr(step_layout, "SPLIT_MIN_SAVED", min_saved)
         counts.append((*staggered_drafts(target, head_dir, method), len(splits)))
     assert counts[0][2] > 0 and counts[1][2] == counts[0][2]  # split steps: the first run's
     # (at least one split put a long row before a short one back in place)
@@ -641,12 +641,12 @@ def test_steps_folded_around_admitted_prompts_keep_greedy_output(target, head_di
     forward. Greedy output equals Hugging Face's, and the run drafts and accepts as many drafts
     as a runner that neither folds nor splits (the head reads every token's features back in
     step order)."""
-    from engine.runner.model_runner import ModelRunner
+    from engine.runner import model_runner
 
     folds = []
-    folded = ModelRunner._folded
-    monkeypatch.setattr(ModelRunner, "_folded", lambda self, width, *a: (
-        folds.append(width), folded(self, width, *a))[1])
+    cut_rows = model_runner.cut_rows
+    monkeypatch.setattr(model_runner, "cut_rows", lambda width, *a: (
+        folds.append(width), cut_rows(width, *a))[1])
     counts = []
     for fold in (True, False):
         def graphs(runner, fold=fold) -> None:

@@ -36,10 +36,6 @@ def hf_greedy(model, tokens: list[int], k: int) -> list[int]:
     return out[0, len(tokens):].tolist()
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_drafts_equal_the_draft_models_greedy_generate(family, greedy):
@@ -71,7 +67,7 @@ def test_cache_follows_any_accept_reject_pattern(family):
     contexts = {i: [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 9))] for i in range(3)}
     for step in range(12):
         ks = {i: rng.randrange(0, 5) for i in contexts}
-        requests = [ProposeRequest(i, list(c), ks[i], params, seeded(step * 10 + i))
+        requests = [ProposeRequest(i, list(c), ks[i], params, seed=step * 10 + i)
                     for i, c in contexts.items()]
         proposal = proposer.propose(requests)
         row = 0
@@ -100,9 +96,9 @@ def test_stale_drafts_are_dropped_without_on_accepted():
     proposer = draft_proposer(model, max_num_seqs=1, max_model_len=64)
     params = SamplingParams(temperature=1.0)
     context = [1, 2, 3, 4]
-    drafts = proposer.propose([ProposeRequest(0, context, 4, params, seeded(0))]).draft_token_ids
+    drafts = proposer.propose([ProposeRequest(0, context, 4, params, seed=0)]).draft_token_ids
     context = context + [(drafts[0][0] + 1) % VOCAB, 5]  # first draft rejected, one more token
-    proposal = proposer.propose([ProposeRequest(0, context, 2, params, seeded(1))])
+    proposal = proposer.propose([ProposeRequest(0, context, 2, params, seed=1)])
     want = torch.softmax(last_logits(model, context), dim=-1)
     torch.testing.assert_close(proposal.draft_probs[0], want, atol=1e-5, rtol=0)
     assert proposer.runner.seq_len(proposer._seqs[0].slot) == len(context) + 1
@@ -120,7 +116,7 @@ def test_probs_are_the_processed_distribution_the_drafts_were_drawn_from():
     params = SamplingParams(temperature=0.7, top_k=4)
     num = 600
     proposer = draft_proposer(model, max_num_seqs=num, max_model_len=32)
-    requests = [ProposeRequest(i, context, 2, params, seeded(i), adjust) for i in range(num)]
+    requests = [ProposeRequest(i, context, 2, params, adjust, seed=i) for i in range(num)]
     proposal = proposer.propose(requests)
     # Oracle for draft j (prefix = context + drafts before it): adjust, temperature, top 4.
     def oracle(prefix: list[int]) -> torch.Tensor:
@@ -151,8 +147,8 @@ def test_seeded_drafts_are_reproducible_and_batch_independent():
 
     def run(others: int) -> tuple[list[int], torch.Tensor]:
         proposer = draft_proposer(model, max_num_seqs=8, max_model_len=32)
-        requests = [ProposeRequest("me", context, 4, params, seeded(42))]
-        requests += [ProposeRequest(i, [i + 1] * (i + 2), 3, params, None) for i in range(others)]
+        requests = [ProposeRequest("me", context, 4, params, seed=42, position=3)]
+        requests += [ProposeRequest(i, [i + 1] * (i + 2), 3, params) for i in range(others)]
         proposal = proposer.propose(requests[::-1])
         return proposal.draft_token_ids[-1], proposal.draft_probs[-4:]
 
@@ -164,10 +160,10 @@ def test_seeded_drafts_are_reproducible_and_batch_independent():
 
 def test_no_drafts_consume_no_random_numbers():
     model = tiny_model("llama", vocab_size=VOCAB, seed=5)
-    proposer = draft_proposer(model, max_num_seqs=2, max_model_len=32)
-    generator = seeded(7)
+    generator = torch.Generator().manual_seed(7)
+    proposer = DraftModelProposer(draft_runner(model, 2, 32), generator=generator)
     before = generator.get_state()
-    proposal = proposer.propose([ProposeRequest(0, [1, 2, 3], 0, SamplingParams(), generator)])
+    proposal = proposer.propose([ProposeRequest(0, [1, 2, 3], 0, SamplingParams())])
     assert proposal.draft_token_ids == [[]]
     assert proposal.draft_probs.shape == (0, VOCAB)
     assert torch.equal(generator.get_state(), before)
@@ -179,7 +175,7 @@ def test_narrower_draft_is_zero_padded_to_the_target_width():
     target = tiny_model("llama", vocab_size=VOCAB + 32, seed=6)
     ctx = make_context(target, 1, 32, target_tokenizer=word_tokenizer(words, "target"))
     proposer = build("draft_model", ctx, model=model, tokenizer=word_tokenizer(words, "draft"))
-    proposal = proposer.propose([ProposeRequest(0, [4, 5, 6], 3, SamplingParams(), seeded(0))])
+    proposal = proposer.propose([ProposeRequest(0, [4, 5, 6], 3, SamplingParams(), seed=0)])
     assert proposal.draft_probs.shape == (3, VOCAB + 32)
     assert bool((proposal.draft_probs[:, VOCAB:] == 0).all())
     torch.testing.assert_close(proposal.draft_probs.sum(dim=-1), torch.ones(3))

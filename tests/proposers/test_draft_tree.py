@@ -9,7 +9,7 @@ import torch
 
 from engine import LLM, SamplingParams, llm_engine
 from engine.config import SpeculativeConfig
-from engine.llm_engine import pruned_tree, tree_depth
+from engine.draft_trees import pruned_tree, tree_depth
 from proposers.base import ProposeRequest
 from proposers.draft_head import DraftTree
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
@@ -143,9 +143,9 @@ def test_trees_only_in_small_batches(target, head_dir):  # noqa: F811
     sizes: list[list[int]] = []
     forward = llm.engine.runner.forward
 
-    def recording(slots, tokens, logits_indices=None, trees=None):
+    def recording(slots, tokens, logits_indices=None, trees=None, **kwargs):
         sizes.append([len(t[1]) for t in trees or [] if t is not None])
-        return forward(slots, tokens, logits_indices, trees=trees)
+        return forward(slots, tokens, logits_indices, trees=trees, **kwargs)
 
     llm.engine.runner.forward = recording
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31]]
@@ -233,10 +233,10 @@ def tree_kinds(llm: LLM) -> list[tuple[bool, ...]]:
     kinds: list[tuple[bool, ...]] = []
     forward = llm.engine.runner.forward
 
-    def recording(slots, tokens, logits_indices=None, trees=None):
+    def recording(slots, tokens, logits_indices=None, trees=None, **kwargs):
         if trees is not None:
             kinds.append(tuple(t is not None for t in trees))
-        return forward(slots, tokens, logits_indices, trees=trees)
+        return forward(slots, tokens, logits_indices, trees=trees, **kwargs)
 
     llm.engine.runner.forward = recording
     return kinds

@@ -1,19 +1,30 @@
-"""SpeculationPolicy: caps, per-request control, seeded samples and the drafts a step verifies."""
+"""The speculation controllers (fixed k, goodput): caps, per-request control, seeded samples and
+the drafts a step verifies, through the engine's three calls (plan, trim, learn)."""
 
-import pytest
 
 from engine.config import SpeculativeConfig
 from engine.sequence import Sequence
 from proposers import Proposal
 from samplers import SamplingParams
-from scheduler import ScheduledSequence, SpeculationPolicy
+from scheduler import ScheduledSequence, StepOutcome, make_controller, within_spare
 
 GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
 
 def policy(adaptive=True, free=True):
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, adaptive_k=adaptive)
-    return SpeculationPolicy(spec, 4, 512, drafts_are_free=free, measured_draft_cost=lambda: 0.0)
+    return make_controller(spec, 4, 512, drafts_are_free=free, measured_draft_cost=lambda: 0.0)
+
+
+def update(policy, seqs, drafted, accepted, backed):
+    """The outcome of the policy's current step (what its trim recorded goes with it)."""
+    policy.learn(StepOutcome(seqs, drafted, accepted, backed, step=getattr(policy, "_step", -1)))
+
+
+def asked(policy, running, waiting=False):
+    """The drafts each of ``running`` asks for this step."""
+    plan = policy.plan(running, waiting)
+    return [plan.drafts_for(seq) for seq in running]
 
 
 def item(policy, name, k, params=GREEDY):
@@ -23,7 +34,11 @@ def item(policy, name, k, params=GREEDY):
 
 
 def kept(policy, items, proposal, free_kv=None):
-    return policy.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed, free_kv)
+    """What the engine verifies: the controller's trim, then the KV cache's spare rows."""
+    got = policy.trim(items, [len(d) for d in proposal.draft_token_ids], proposal.num_backed,
+                      (0, 0, 0))
+    spare = None if free_kv is None else free_kv - sum(i.num_context_tokens for i in items)
+    return within_spare(got, spare)
 
 
 def test_a_request_caps_or_turns_off_its_own_speculation():
@@ -32,19 +47,17 @@ def test_a_request_caps_or_turns_off_its_own_speculation():
     two = item(drafts, "two", 0, SamplingParams(temperature=0, num_speculative_tokens=2))
     default = item(drafts, "default", 0)
     near_end = item(drafts, "end", 0, SamplingParams(temperature=0, max_tokens=3))
-    drafts.begin_step([i.seq for i in (off, two, default, near_end)])
-    assert [drafts.num_spec_tokens(i.seq) for i in (off, two, default, near_end)] == [0, 2, 4, 2]
+    assert asked(drafts, [i.seq for i in (off, two, default, near_end)]) == [0, 2, 4, 2]
     adaptive = policy()
     off.seq.speculation = adaptive.new_tracker(off.seq)
-    adaptive.begin_step([off.seq])
-    assert adaptive.num_spec_tokens(off.seq) == 0  # nothing to decide: no drafts, no probes
+    assert asked(adaptive, [off.seq]) == [0]  # nothing to decide: no drafts, no probes
 
 
 def test_a_free_proposers_drafts_are_verified_up_to_the_chosen_width():
     drafts = policy()
     items = [item(drafts, n, 4) for n in "abc"]
     for _ in range(30):  # two backed drafts pass, guesses after them fail
-        drafts.update([i.seq for i in items], [4] * 3, [2] * 3, [2] * 3)
+        update(drafts, [i.seq for i in items], [4] * 3, [2] * 3, [2] * 3)
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8], [9]], None, [2, 2, 1])
     assert kept(drafts, items, proposal) == [2, 2, 1]
     assert kept(policy(adaptive=False), items, proposal) == [4, 4, 1]
@@ -57,11 +70,11 @@ def test_a_seeded_sample_is_steered_like_any_other():
     seeded = item(drafts, "seeded", 4, SamplingParams(temperature=0.8, seed=3))
     greedy = item(drafts, "greedy", 4)
     for _ in range(30):  # both sequences' drafts all fail
-        drafts.update([greedy.seq, seeded.seq], [4, 4], [0, 0], [4, 4])
+        update(drafts, [greedy.seq, seeded.seq], [4, 4], [0, 0], [4, 4])
     proposal = Proposal([[1, 2, 3, 4], [5, 6, 7, 8]], None, [4, 4])
     assert kept(drafts, [seeded, greedy], proposal) == [0, 0]
     for _ in range(60):  # now every draft passes
-        drafts.update([greedy.seq, seeded.seq], [4, 4], [4, 4], [4, 4])
+        update(drafts, [greedy.seq, seeded.seq], [4, 4], [4, 4], [4, 4])
     assert kept(drafts, [seeded, greedy], proposal) == [4, 4]
 
 
@@ -84,7 +97,7 @@ def decoding(policy, name, num_output, params=GREEDY, together=True):
 
 
 def critical_after_begin(policy, seqs, waiting=False):
-    policy.begin_step(seqs, waiting)
+    policy.plan(seqs, waiting)
     return [s.speculation.critical for s in seqs]
 
 
@@ -117,8 +130,8 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
     seqs = [decoding(drafts, n, 0) for n in "abc"]
     items = [ScheduledSequence(s, 1, True, 4) for s in seqs]
     for _ in range(30):
-        drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
-    asked, plans = [], [0]
+        update(drafts, seqs, [4] * 3, [0] * 3, [4] * 3)
+    steps, plans = [], [0]
     full_plan = drafts.controller.plan
 
     def counted_plan(*args, **kwargs):
@@ -127,73 +140,42 @@ def test_steps_that_draft_nothing_still_probe_within_the_bound_and_an_opt_out_ne
 
     drafts.controller.plan = counted_plan
     for _ in range(64):
-        drafts.begin_step(seqs)
-        asked.append([drafts.num_spec_tokens(s) for s in seqs])
-        if asked[-1][0]:  # a probe: its drafts are rejected again
+        steps.append(asked(drafts, seqs))
+        if steps[-1][0]:  # a probe: its drafts are rejected again
             kept(drafts, items, Proposal([[1, 2, 3, 4]] * 3, None, [4] * 3))
-            drafts.update(seqs, [4] * 3, [0] * 3, [4] * 3)
-    probes = [i for i, a in enumerate(asked) if a[0]]
+            update(drafts, seqs, [4] * 3, [0] * 3, [4] * 3)
+    probes = [i for i, a in enumerate(steps) if a[0]]
     # weighed in full only after a probe (what it learnt changes the answer's inputs); the
     # other steps reuse the answer
     assert plans[0] <= len(probes) + 1 < 64
-    assert all(a in ([0] * 3, [4] * 3) for a in asked)
+    assert all(a in ([0] * 3, [4] * 3) for a in steps)
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     bound = drafts.controller.max_wait  # (adaptive_probe_interval: 32 by default)
     assert bound == 32
     assert probes and probes[0] < bound and all(gap <= bound for gap in gaps)
     assert len(probes) < 16  # mostly plain steps
     before = plans[0]
-    drafts.begin_step(seqs[:2])  # a sequence left: weighed again
+    drafts.plan(seqs[:2], False)  # a sequence left: weighed again
     assert plans[0] == before + 1
     off = decoding(drafts, "off", 0, SamplingParams(temperature=0, max_tokens=100,
                                                     num_speculative_tokens=0))
     for _ in range(64):
-        drafts.begin_step([off])
-        assert drafts.num_spec_tokens(off) == 0
+        assert asked(drafts, [off]) == [0]
 
 
-def test_deferred_updates_wait_for_flush_and_so_do_the_rows_they_name():
-    """A GPU engine defers each step's learning to the next forward's shadow: the acceptance
-    does not change until ``flush``, a sequence that leaves meanwhile keeps its row (no new
-    request may take it) until the updates naming it are learnt, and the learnt counts are
-    those of updating at once."""
-    now, later = policy(), policy()
-    later.defer_updates = True
-    pairs = [(item(now, n, 4), item(later, n, 4)) for n in "ab"]
-    for p in (now, later):
-        for _ in range(3):  # (the same three steps on both policies)
-            p.controller.acceptance.tick()
-            p.update([s for s in (pairs[0][p is later].seq, pairs[1][p is later].seq)],
-                     [4, 4], [2, 0], [4, 4])
-    before = later.controller.acceptance.counts.copy()
-    assert not before.any()  # nothing learnt yet
-    gone = pairs[0][1].seq
-    row = gone.speculation.row
-    later.release(gone)
-    assert gone.speculation.row == row  # kept while an update names it
-    newcomer = item(later, "c", 4)
-    assert newcomer.seq.speculation.row != row
-    later.flush()
-    assert gone.speculation.row == -1
-    acc_now, acc_later = now.controller.acceptance, later.controller.acceptance
-    for (a, b) in pairs:
-        b_row = b.seq.speculation.row if b.seq is not gone else row
-        assert (acc_later.counts[b_row] == acc_now.counts[a.seq.speculation.row]).all()
-    # (the engine's counts differ only in how long its optimistic start aged, its first
-    # update coming a step later: its rates, which new requests start from, agree; the
-    # requests' own counts are the same)
-    assert acc_later.engine_rates == pytest.approx(acc_now.engine_rates, abs=0.02)
-    assert acc_later.counts[row].any()  # (the row is free but was counted before it left)
-    later.release(pairs[1][1].seq)  # nothing pending: freed at once
-    assert pairs[1][1].seq.speculation.row == -1
-    with pytest.raises(ValueError, match="released"):  # said at once, not at the flush
-        later.update([pairs[1][1].seq], [4], [1], [4])
-    # turning deferral off learns what was held back: nothing stays queued
-    later.update([newcomer.seq], [4], [4], [4])
-    later.defer_updates = False
-    assert acc_later.counts[newcomer.seq.speculation.row].any()
-    later.release(newcomer.seq)
-    assert newcomer.seq.speculation.row == -1
+def test_learning_releases_the_sequences_that_left_and_skips_those_aborted_since():
+    """An outcome's finished sequences keep their rows until their drafts are learnt; a
+    sequence released before the outcome is learnt (aborted meanwhile) is skipped."""
+    drafts = policy()
+    stays, leaves, aborted = (item(drafts, n, 4).seq for n in "abc")
+    drafts.release(aborted)
+    row = leaves.speculation.row
+    drafts.learn(StepOutcome([stays, leaves, aborted], [4, 4, 4], [4, 0, 4], [4, 4, 4],
+                             finished=[leaves]))
+    acceptance = drafts.controller.acceptance
+    assert leaves.speculation.row == -1 and aborted.speculation.row == -1
+    assert acceptance.counts[row].any()  # (learnt before its row was freed)
+    assert acceptance.counts[stays.speculation.row].any()
 
 
 def test_the_controller_prices_the_steps_whole_layout():
@@ -203,11 +185,11 @@ def test_the_controller_prices_the_steps_whole_layout():
     drafts = policy()
     seen = []
     choose = drafts.controller.choose_width
-    drafts.controller.choose_width = lambda *args: (seen.append(args), choose(*args))[1]
+    drafts.controller.choose_width = lambda *args, **kw: (seen.append(args), choose(*args, **kw))[1]
     items = [item(drafts, n, 4) for n in "abc"]
     proposal = Proposal([[1, 2], [3, 4, 5, 6], [7]], None, [2, 4, 1])
-    drafts.kept_drafts(items, proposal.draft_token_ids, proposal.num_backed, None,
-                       (5, 7, 11))  # (4 decodes and a 7-token prompt chunk)
+    drafts.trim(items, [len(d) for d in proposal.draft_token_ids], proposal.num_backed,
+                (5, 7, 11))  # (4 decodes and a 7-token prompt chunk)
     batch_size, layout = seen[-1][5:7]
     # 8 sequences; the most new tokens: the chunk's 7; before the drafts: the 3 items' one
     # token each and the others' 11 tokens

@@ -114,7 +114,7 @@ def test_runner_scores_like_the_model_with_grouped_query_attention():
     prompts = [[5, 9, 3, 7, 1, 2], [8, 8, 4]]
     runner.forward([a, b], prompts)
     steps = [[11, 12, 13, 14, 15], [21, 22]]
-    got = runner.forward([a, b], steps)  # [7, vocab_size]
+    got = runner.forward([a, b], steps).logits  # [7, vocab_size]
     with torch.no_grad():
         for row, (prompt, step) in zip((0, 5), zip(prompts, steps, strict=True), strict=True):
             want = model(torch.tensor([prompt + step])).logits[0, len(prompt):]

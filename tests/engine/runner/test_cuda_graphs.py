@@ -69,17 +69,17 @@ def test_a_bucket_is_captured_when_it_comes_back():
     slot = runner.allocate_slot()
     runner.forward([slot], [[3, 4, 5, 6]])  # a prefill: its bucket's first step, eager
     assert runner.graphs.decision[0] == (1, 16, 65)  # (a prefill bucket)
-    first = runner.forward([slot], [[7]])  # the bucket's first step: eager, nothing captured
+    first = runner.forward([slot], [[7]]).logits  # the bucket's first step: eager, no capture
     assert runner.graphs.num_graphs == 0 and runner.graphs.capture_seconds == 0
     runner.truncate(slot, 4)
-    again = runner.forward([slot], [[7]])  # the same bucket again: captured and replayed
+    again = runner.forward([slot], [[7]]).logits  # the same bucket again: captured, replayed
     # (with its verification twin, 2 new tokens at the same batch and key length)
     assert runner.graphs.num_graphs == 2 and runner.graphs.capture_seconds > 0
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     runner.truncate(slot, 4)
-    assert torch.equal(runner.forward([slot], [[7]]), first)  # replayed, no new capture
+    assert torch.equal(runner.forward([slot], [[7]]).logits, first)  # replayed, no capture
     runner.truncate(slot, 4)
-    verify = runner.forward([slot], [[7, 8]])  # the twin: replayed at its first step
+    verify = runner.forward([slot], [[7, 8]]).logits  # the twin: replayed at its first step
     assert runner.graphs.num_graphs == 2 and runner.graphs.num_replays == 5  # (prefill too)
     torch.testing.assert_close(verify[0], first[0], rtol=1e-4, atol=1e-4)
 
@@ -89,10 +89,10 @@ def test_packed_verification_steps_replay_graphs_and_equal_hf(monkeypatch):
     """Requests capped at 0, 1 and 3 drafts (n-gram, every cap verified): their unequal steps
     are packed, one token a row (at any saving here), into captured decode buckets; greedy
     output stays Hugging Face's."""
-    from engine.runner import model_runner
+    from engine.runner import step_layout
 
-    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
-    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    monkeypatch.setattr(step_layout, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(step_layout, "PACK_MAX_EXTRA", 100)
     target = tiny_model("llama", vocab_size=VOCAB, seed=0).cuda()
     batch = prompts(12)
     caps = [0, 1, None] * 4
@@ -106,7 +106,7 @@ def test_packed_verification_steps_replay_graphs_and_equal_hf(monkeypatch):
 
     def counted(*args, **kwargs):
         out = forward(*args, **kwargs)
-        packed.append(runner.last_packed_rows)
+        packed.append(out.packed_rows)
         return out
 
     runner.forward = counted

@@ -4,12 +4,14 @@ interleavings of prefills, multi-token appends, rollbacks, joins and leaves."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
 import torch
 from torch import nn
 
+from engine.runner import ForwardOutput, model_runner, step_layout
 from engine.runner.model_runner import KVCacheFull, ModelRunner
 from tests.conftest import TINY_FAMILIES, tiny_model
 
@@ -27,7 +29,7 @@ def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[in
     """Run one step of ``new`` tokens per slot and compare with the oracle, row by row."""
     slots = list(new)
     starts = [len(seqs[s]) for s in slots]
-    out = runner.forward(slots, [new[s] for s in slots])
+    out = runner.forward(slots, [new[s] for s in slots]).logits
     assert out.shape == (sum(len(new[s]) for s in slots), runner.vocab_size)
     assert out.dtype == torch.float32
     row = 0
@@ -114,14 +116,9 @@ def test_graph_bucket_layout_matches_full_forward(family):
 def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
     """A step of decoding and prefilling sequences runs as two forwards (the decodes padded
     only among themselves); the logits, in the step's row order, are a full forward's."""
-    from engine.runner import model_runner
-
-    monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
-    monkeypatch.setattr(model_runner, "SPLIT_SHORT", 5)  # (the schedule's prompts: 6-12 tokens)
-    splits = []
-    forward_groups = ModelRunner._forward_groups
-    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
-        splits.append(groups), forward_groups(self, groups, *a))[1])
+    monkeypatch.setattr(step_layout, "SPLIT_MIN_SAVED", 1)
+    monkeypatch.setattr(step_layout, "SPLIT_SHORT", 5)  # (the schedule's prompts: 6-12 tokens)
+    splits = spy_on_splits(monkeypatch)
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
     if graphs:
@@ -129,6 +126,15 @@ def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
         runner.fold_mixed = False  # (else such steps fold: the test below)
     random_schedule(runner, model, seed=21, num_steps=40, vocab_size=96)
     assert len(splits) >= 3 and all(short and long for short, long in splits)
+
+
+def spy_on_splits(monkeypatch) -> list[tuple[list[int], list[int]]]:
+    """The groups of every step the runners split, as they come."""
+    splits = []
+    forward_split = ModelRunner._forward_split
+    monkeypatch.setattr(ModelRunner, "_forward_split", lambda self, plan, *a: (
+        splits.append(plan.groups), forward_split(self, plan, *a))[1])
+    return splits
 
 
 def mixed_prompts() -> list[list[int]]:
@@ -141,14 +147,13 @@ def mixed_step(runner) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     decode and a 3-token prompt, its rows asked in no order (one twice): the logits, every new
     token's features, and each slot's length after it."""
     prompts = mixed_prompts()
-    runner.keep_features(True)
     slots = [runner.allocate_slot() for _ in range(4)]
     runner.forward(slots[:2], prompts[:2])
     runner.forward(slots[:2], [[1], [2]])
     step = [[4, 5], prompts[2], [6], prompts[3]]
     asked = [33, 0, 2, 35, 34, 1, 10, 33]
-    logits = runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked)
-    return logits, runner.all_hidden.clone(), [runner.seq_len(s) for s in slots]
+    out = runner.forward([slots[0], slots[2], slots[1], slots[3]], step, asked, keep_hidden=True)
+    return out.logits, out.hidden.clone(), [runner.seq_len(s) for s in slots]
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
@@ -156,12 +161,10 @@ def test_mixed_steps_fold_into_one_bucket_stay_exact(monkeypatch, family):
     """With graph buckets, a step of decoding and prefilling sequences runs as one forward, each
     prompt chunk cut into rows of the step's width on its slot (here the buckets' padded layout,
     eagerly); every row's logits stay a full forward's, and no step is split."""
-    folds, splits = [], []
-    folded, forward_groups = ModelRunner._folded, ModelRunner._forward_groups
-    monkeypatch.setattr(ModelRunner, "_folded", lambda self, width, *a: (
-        folds.append((width, [len(t) for t in a[1]])), folded(self, width, *a))[1])
-    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
-        splits.append(groups), forward_groups(self, groups, *a))[1])
+    folds, splits = [], spy_on_splits(monkeypatch)
+    cut_rows = step_layout.cut_rows
+    monkeypatch.setattr(model_runner, "cut_rows", lambda width, *a: (
+        folds.append((width, [len(t) for t in a[1]])), cut_rows(width, *a))[1])
     model = tiny_model(family, vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
     runner.use_graph_buckets(5, capture=False)
@@ -173,35 +176,25 @@ def test_mixed_steps_fold_into_one_bucket_stay_exact(monkeypatch, family):
     assert any(width < 5 for width, _ in folds)
 
 
-def test_fold_width_and_limits():
-    """The folded width: fewest padded tokens in the bucket (then fewest rows), within the
-    rows a fold may take and twice the key cells of a full batch; None without graphs, without a
-    prompt chunk or a decode, or when a long row is a tree."""
+def test_the_runner_lays_out_steps_within_its_own_limits():
+    """The planner gets the runner's limits: no graphs, nothing folded; with graph buckets
+    their widths, key length and captured graphs (the fold's cases themselves:
+    tests/engine/runner/test_step_layout.py)."""
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=400, max_model_len=2000)
-    assert runner._fold([[1], [2] * 40], [None, None], 60) is None  # (no graphs)
+    lens, trees = [1, 1, 1, 40], [None] * 4
+    assert step_layout.fold_width(lens, trees, 60, runner._limits()) is None  # (no graphs)
     runner.use_graph_buckets(5, capture=False)
-    assert runner.fold_rows == 64
-    # 3 decodes and a 40-token prompt: 1 token a row is 43 rows (bucket 48: 48 tokens), 2 is
-    # 23 (24 x 2 = 48, fewer rows), 3 is 17 (24 x 3), 4 is 13 (16 x 4 = 64), 5 is 11 (80)
-    assert runner._fold([[1], [2], [3], [4] * 40], [None] * 4, 60) == 2
-    # a verification of 5 tokens sets the least width
-    assert runner._fold([[1] * 5, [2] * 40], [None] * 2, 60) == 5
-    # more rows than fold_rows at every width (1 + 64): not folded
-    assert runner._fold([[1] * 5] + [[2] * 320], [None] * 2, 60) is None
-    assert runner._fold([[1], [2] * 40], [None, (1, [-1] * 39)], 60) is None  # a long tree
-    assert runner._fold([[1] * 40, [2] * 40], [None] * 2, 60) is None  # (prompts only)
-    assert runner._fold([[1], [2]], [None] * 2, 60) is None  # (decodes only)
-    # the key cells: at most twice a full batch's, 2 x 4 x 2001; at 1536 key columns 8 rows fit
-    assert runner._fold([[1] * 2, [2] * 15], [None] * 2, 1500) == 5  # (2-4 a row: 9-5 rows)
-    assert runner._fold([[1] * 2, [2] * 60], [None] * 2, 1500) is None  # (16 rows at best)
+    limits = runner._limits()
+    assert (limits.max_num_new, limits.max_kv_len, runner.fold_rows) == (5, 2001, 64)
+    assert step_layout.fold_width(lens, trees, 60, limits) == 2
     # a width whose bucket a captured graph serves comes first: with (16, 5, 128) captured,
     # 4 tokens a row (13 rows: covered) rather than 2 (24 rows: no graph, eager first)
     runner.graphs._graphs[(16, 5, 128)] = None  # (stands for a captured graph)
     runner.graphs._covers.clear()
-    assert runner.graphs.ready(13, 4, 60) and runner.graphs.ready(16, 5, 100)
-    assert not runner.graphs.ready(17, 4, 60) and not runner.graphs.ready(13, 1, 60)
-    assert runner._fold([[1], [2], [3], [4] * 40], [None] * 4, 60) == 4
+    assert step_layout.fold_width(lens, trees, 60, runner._limits()) == 4
+    runner.fold_mixed = runner.split_mixed = runner.pack_verifications = False
+    assert not any((runner._limits().fold, runner._limits().split, runner._limits().pack))
 
 
 def test_packed_rows_rule():
@@ -233,18 +226,15 @@ def test_packed_rows_rule():
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_packed_verifications_stay_exact(monkeypatch, family):
     """Packed steps (one token a row on its slot, here the buckets' padded layout, eagerly)
-    give every row the logits of a full forward and the same ``all_hidden`` and lengths as an
+    give every row the logits of a full forward and the same hidden states and lengths as an
     unpacked runner; a step with a draft tree is never packed."""
-    from engine.runner import model_runner
-
-    monkeypatch.setattr(model_runner, "PACK_MIN_BATCH", 1)  # (packed at any size)
-    monkeypatch.setattr(model_runner, "PACK_MAX_EXTRA", 100)
+    monkeypatch.setattr(step_layout, "PACK_MIN_BATCH", 1)  # (packed at any size)
+    monkeypatch.setattr(step_layout, "PACK_MAX_EXTRA", 100)
     model = tiny_model(family, vocab_size=96, seed=5)
     runners = [ModelRunner(model, max_num_seqs=6, max_num_tokens=400, max_model_len=60)
                for _ in range(2)]
     for runner in runners:
         runner.use_graph_buckets(5, capture=False)
-        runner.keep_features(True)
     runners[1].pack_verifications = False
     rng = random.Random(8)
     slots = [runners[0].allocate_slot() for _ in range(5)]
@@ -259,11 +249,12 @@ def test_packed_verifications_stay_exact(monkeypatch, family):
                for slot in slots}
         new[slots[0]] = [rng.randrange(96)]  # (one decode at least: rows stay unequal)
         new[slots[1]] = [rng.randrange(96) for _ in range(4)]
-        outs = [(runner.forward(slots, [new[s] for s in slots]), runner.all_hidden.clone())
-                for runner in runners]
-        packed += runners[0].last_packed_rows is not None
-        assert runners[0].last_packed_rows == sum(map(len, new.values()))
-        assert runners[1].last_packed_rows is None
+        steps = [runner.forward(slots, [new[s] for s in slots], keep_hidden=True)
+                 for runner in runners]
+        packed += steps[0].packed_rows is not None
+        assert steps[0].packed_rows == sum(map(len, new.values()))
+        assert steps[1].packed_rows is None
+        outs = [(step.logits, step.hidden) for step in steps]
         torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
         torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
         row = 0
@@ -282,13 +273,13 @@ def test_packed_verifications_stay_exact(monkeypatch, family):
             del seqs[slot][-2:]
     assert packed == 6
     # a draft tree's step keeps its row: not packed
-    runners[0].forward(slots[:2], [[1], [2, 3, 4]], trees=[None, (1, [-1, -1])])
-    assert runners[0].last_packed_rows is None
+    out = runners[0].forward(slots[:2], [[1], [2, 3, 4]], trees=[None, (1, [-1, -1])])
+    assert out.packed_rows is None
 
 
 def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
     """Folded and unfolded runners give the same logits for rows asked in any order, and the
-    same ``all_hidden`` (every new token's features, step order)."""
+    same hidden states (every new token's features, step order)."""
     model = tiny_model("llama", vocab_size=96, seed=6)
     runners = [ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=60)
                for _ in range(2)]
@@ -305,18 +296,13 @@ def test_a_folded_step_keeps_the_asked_rows_order_and_the_features():
 
 def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     """Split and unsplit runners give the same logits for rows asked in any order, and the same
-    ``all_hidden`` (every new token's features, step order)."""
-    from engine.runner import model_runner
-
-    splits = []
-    forward_groups = ModelRunner._forward_groups
-    monkeypatch.setattr(ModelRunner, "_forward_groups", lambda self, groups, *a: (
-        splits.append(groups), forward_groups(self, groups, *a))[1])
+    hidden states (every new token's features, step order)."""
+    splits = spy_on_splits(monkeypatch)
     model = tiny_model("llama", vocab_size=96, seed=6)
     runners = [ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=60)
                for _ in range(2)]
     runners[1].split_mixed = False
-    monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
+    monkeypatch.setattr(step_layout, "SPLIT_MIN_SAVED", 1)
     outs = [mixed_step(runner) for runner in runners]
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(outs[0][1], outs[1][1], atol=ATOL, rtol=ATOL)
@@ -325,7 +311,7 @@ def test_a_split_step_keeps_the_asked_rows_order_and_the_features(monkeypatch):
     # only short rows asked (the prompt's forward gives no logits): the same rows
     for runner in runners:
         slot = runner.allocate_slot()
-        outs.append(runner.forward([0, slot], [[8], mixed_prompts()[2]], [0]))
+        outs.append(runner.forward([0, slot], [[8], mixed_prompts()[2]], [0]).logits)
     torch.testing.assert_close(outs[-2], outs[-1], atol=ATOL, rtol=ATOL)
     assert outs[-1].shape == (1, 96) and len(splits) == 2
 
@@ -384,8 +370,8 @@ def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkey
         out = runner.forward(list(new), list(new.values()))
         expected = torch.cat([full_logits(model, prompts[slot] + ids)[len(prompts[slot]):]
                               for slot, ids in new.items()])
-        torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
-        steady.append(runner.last_step_steady)
+        torch.testing.assert_close(out.logits, expected, rtol=0, atol=ATOL)
+        steady.append(out.steady)
         graphs.append(runner.graphs.num_graphs)
         for slot in new:
             runner.truncate(slot, len(prompts[slot]))
@@ -451,15 +437,15 @@ def test_prefill_buckets_cover_only_each_other_and_price_their_captures_apart(mo
 
 
 def test_a_decode_captures_the_twin_its_batch_can_use(monkeypatch):
-    """With draft trees a batch's widest step narrows with the batch (``twin_width``): a decode
-    bucket's capture brings that twin, not the widest of all."""
+    """With draft trees a batch's widest step narrows with the batch (the runner's
+    ``twin_width``): a decode bucket's capture brings that twin, not the widest of all."""
     from engine.runner.cuda_graphs import CudaGraphs
 
     monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
     model = tiny_model("llama", vocab_size=96, seed=1)
-    runner = ModelRunner(model, max_num_seqs=8, max_num_tokens=200, max_model_len=40)
+    runner = ModelRunner(model, max_num_seqs=8, max_num_tokens=200, max_model_len=40,
+                         twin_width=lambda batch_size: 1 + max(4, 16 // batch_size))
     runner.use_graph_buckets(9)
-    runner.graphs.twin_width = lambda batch_size: 1 + max(4, 16 // batch_size)
     slots = [runner.allocate_slot() for _ in range(4)]
     runner.forward(slots, [[1, 2, 3]] * 4)
     for _ in range(2):  # met, then captured with its twin
@@ -473,10 +459,8 @@ def test_a_decode_captures_the_twin_its_batch_can_use(monkeypatch):
 def test_cuda_graphs_match_full_forward(family, split, monkeypatch):
     """Decode, verification and prefill steps replay captured CUDA graphs and stay exact
     (float32), with mixed steps split in two forwards or not."""
-    from engine.runner import model_runner
-
     if split:
-        monkeypatch.setattr(model_runner, "SPLIT_MIN_SAVED", 1)
+        monkeypatch.setattr(step_layout, "SPLIT_MIN_SAVED", 1)
     model = tiny_model(family, vocab_size=96, seed=5).cuda()
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=400, max_model_len=300,
                          cuda_graph_max_new=4)
@@ -531,13 +515,34 @@ def test_logits_indices_select_rows():
     a, b = runner.allocate_slot(), runner.allocate_slot()
     runner.forward([a, b], [[1, 2, 3, 4], [5, 6]])
     seq_a, seq_b = [1, 2, 3, 4, 9, 8], [5, 6, 7]
-    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=[1, 2])
+    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=[1, 2]).logits
     expected = torch.stack([full_logits(model, seq_a)[-1], full_logits(model, seq_b)[-1]])
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=ATOL)
     runner.truncate(a, 4)
     runner.truncate(b, 2)
-    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=torch.tensor([2]))
+    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=torch.tensor([2])).logits
     torch.testing.assert_close(out, expected[1:], atol=ATOL, rtol=ATOL)
+
+
+def test_forward_output_carries_the_step_facts():
+    """A forward returns its logits with the step's facts: every new token's final hidden
+    states only when asked for (the model's own, step order), steady (no graphs: always), not
+    packed, and the longest sequence's tokens as its context."""
+    model = tiny_model("llama", seed=5)
+    runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20)
+    a, b = runner.allocate_slot(), runner.allocate_slot()
+    out = runner.forward([a, b], [[1, 2, 3, 4], [5, 6]])
+    assert isinstance(out, ForwardOutput) and out.hidden is None
+    assert (out.steady, out.packed_rows, out.kv_len) == (True, None, 4)
+    out = runner.forward([a, b], [[9, 8], [7]], logits_indices=[2], keep_hidden=True)
+    assert out.logits.shape == (1, runner.vocab_size) and out.kv_len == 6
+    with torch.no_grad():
+        full = [model.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
+                for ids in ([1, 2, 3, 4, 9, 8], [5, 6, 7])]  # each [len, hidden_size]
+    torch.testing.assert_close(out.hidden, torch.cat([full[0][4:], full[1][2:]]), atol=ATOL,
+                               rtol=ATOL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.steady = False
 
 
 def truncated_copy(model: nn.Module, num_layers: int) -> nn.Module:

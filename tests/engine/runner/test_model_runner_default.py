@@ -35,7 +35,7 @@ def test_default_model_steps_match_full_forward(default_model):
             vocab = model.config.vocab_size
             new = {slot: [rng.randrange(vocab) for _ in range(5)] for slot in seqs}
         starts = {slot: runner.seq_len(slot) for slot in seqs}
-        out = runner.forward(list(new), list(new.values()))
+        out = runner.forward(list(new), list(new.values())).logits
         row = 0
         for slot, tokens in new.items():
             seqs[slot] += tokens

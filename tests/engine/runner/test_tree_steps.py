@@ -51,7 +51,7 @@ def tree_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> 
         if max(len(seqs[s]) + len(t) for s, t in zip(slots, tokens, strict=True)) \
                 > runner.max_model_len:
             break
-        out = runner.forward(slots, tokens, trees=trees)
+        out = runner.forward(slots, tokens, trees=trees).logits
         row = 0
         keeps = []  # (slot, first column, kept nodes): all the step's trees at once
         for slot, new, tree in zip(slots, tokens, trees, strict=True):

@@ -1,0 +1,277 @@
+"""The model side of the runner: the model prepared once, then each laid-out forward run on it.
+
+Route. The model runs unchanged (its own attention code, ``sdpa`` or ``eager``) on a padded batch
+``[batch_size, num_new]`` (:mod:`engine.runner.step_inputs`), with
+
+- ``position_ids [batch_size, num_new]``: each token's own position;
+- ``past_key_values`` (``cache`` in recent transformers): a
+  :class:`~engine.runner.kv_cache.PagedKVCache`, whose ``update`` writes the new keys and values
+  into preallocated token pools and returns each sequence's cached tokens gathered
+  ``[batch_size, heads, kv_len, head_dim]`` in position order;
+- ``attention_mask [batch_size, 1, num_new, kv_len]`` (:meth:`Executor.mask`): key column ``j``
+  is visible to a chain token at position ``p`` iff ``j <= p``; a draft tree's nodes sit in
+  columns of their own after the context and see only their ancestors' columns. transformers
+  passes a prepared 4-D mask through as is. A *uniform* step (every sequence has one length and
+  brings one number of new tokens, e.g. batch 1) passes no mask: transformers builds the causal
+  mask from the cache's ``get_query_offset`` / ``get_mask_sizes``, and ``sdpa`` skips it for a
+  decode step or a prefill from empty (its fused GQA kernels then run, with no ``repeat_kv``).
+
+Logits come from ``lm_head`` applied only to the rows asked for, never to padding. On CPU in
+float32 the head of several rows runs on a oneDNN-reordered copy of its weight
+(:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows
+through the route measured fastest for that many rows when the runner was built
+(:mod:`engine.runner.cpu_linears`). On CUDA, LLaMA-form RMSNorms and rotary embeddings run as
+Triton kernels (:mod:`engine.runner.fused_ops`), and forwards of a graph bucket's sizes replay a
+CUDA graph (:mod:`engine.runner.cuda_graphs`) whose body is :meth:`Executor.hidden` itself.
+
+Costs. A forward ships its index tensors in one host-to-device copy (through a persistent pinned
+buffer on CUDA) and never waits for the device. Per layer the gather copies the batch's cached
+keys and values (as ``DynamicCache``'s ``torch.cat`` does), except for one sequence on an
+ascending run of pool rows, which is read as a view; a masked step reads the shared key and
+value heads in place (:mod:`engine.runner.attention_backend`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.runner.attention_backend import (
+    gqa_attention,
+    install_gqa_attention,
+    without_cudnn_attention,
+)
+from engine.runner.attention_support import check_model_supported
+from engine.runner.cpu_linears import PackedLinears
+from engine.runner.cpu_lm_head import output_head
+from engine.runner.cuda_graphs import CudaGraphs, Key
+from engine.runner.fused_ops import fused_forward, install_fused_ops
+from engine.runner.kv_cache import PagedKVCache
+from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
+from engine.runner.step_layout import MAX_TREE_NODES
+from engine.runner.tp_head import gathered_head
+from samplers.metadata import PinnedStaging
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    base = model.base_model
+    for name in ("layers", "h"):
+        layers = getattr(base, name, None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__} has no decoder layer list (layers or h)")
+
+
+def cache_argument(module: nn.Module) -> str:
+    """The name under which ``module.forward`` takes its KV cache: ``cache`` in recent
+    transformers (5.24 warns on every forward given ``past_key_values``), else
+    ``past_key_values``."""
+    parameters = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def execution_device(module: nn.Module) -> torch.device:
+    """Where ``module`` computes: its weights' device, or for a module whose weights accelerate
+    keeps off the accelerator (``device_map`` entries ``cpu`` / ``disk``: the weights wait on the
+    ``meta`` device and are brought in per forward) its hook's execution device."""
+    for sub in module.modules():
+        device = getattr(getattr(sub, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return next(module.parameters()).device
+
+
+def attention_devices(model: nn.Module) -> dict[int, torch.device]:
+    """layer_idx of every decoder layer's attention -> the device that layer computes on."""
+    layers = decoder_layers(model)
+    num_layers = model.config.num_hidden_layers
+    if len(layers) != num_layers:
+        raise ValueError(f"config.num_hidden_layers={num_layers} but the model has {len(layers)} "
+                         "decoder layers; a truncated model must set both")
+    found: dict[int, torch.device] = {}
+    for layer in layers:
+        idx = next((m.layer_idx for m in layer.modules() if hasattr(m, "layer_idx")), None)
+        if idx is None or idx in found:
+            raise ValueError(f"decoder layer {type(layer).__name__} has a missing or repeated "
+                             f"attention layer_idx ({idx})")
+        found[idx] = execution_device(layer)
+    return found
+
+
+def spread_by_accelerate(model: nn.Module) -> bool:
+    """The model was dispatched over several devices (``device_map``), with accelerate's hooks
+    moving activations, or weights, between them on every forward."""
+    return len(set(getattr(model, "hf_device_map", {}).values())) > 1
+
+
+class Executor:
+    """``model`` (put in eval mode) prepared for the runner's forwards: its attention, fused
+    kernels and CPU weight copies installed, its KV pools allocated for ``max_num_tokens``
+    tokens of ``max_num_seqs`` slots of at most ``max_model_len``, its output head (gathered
+    under tensor parallelism, :mod:`engine.runner.tp_head`). See :class:`ModelRunner
+    <engine.runner.model_runner.ModelRunner>` for the arguments."""
+
+    def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
+                 max_model_len: int, pack_cpu_weights: bool, tensor_parallel_size: int,
+                 fused_ops: bool | None) -> None:
+        config = model.config
+        check_model_supported(config, max_model_len)
+        install_gqa_attention(config)
+        max_positions = getattr(config, "n_positions", None)  # absolute position tables (GPT-2)
+        if config.model_type == "gpt2" and max_model_len > max_positions:
+            raise ValueError(f"max_model_len must be <= n_positions={max_positions} for "
+                             f"{config.model_type}, got {max_model_len}")
+        self.model = model.eval()
+        self.max_model_len = max_model_len
+        self._cache_arg = cache_argument(model.base_model)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        tp = tensor_parallel_size
+        # oneDNN-packed on CPU in float32; a tensor-parallel head gathers the logits, from its
+        # local rows where that is what the plan's head computes (engine/runner/tp_head.py)
+        head = model.get_output_embeddings()
+        self._lm_head = output_head(model) if tp == 1 else gathered_head(head) or head
+        self.gathered_head = tp > 1 and self._lm_head is not head
+        if not isinstance(pack_cpu_weights, bool):
+            raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
+        self._linears = PackedLinears(decoder_layers(model) if pack_cpu_weights and tp == 1
+                                      else None)
+        self.device = execution_device(model.get_input_embeddings())
+        self.dtype = next(model.parameters()).dtype
+        if fused_ops is not None and not isinstance(fused_ops, bool):
+            raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
+        # {"norms": n, "rotary_modules": m}: what the fused kernels replaced (empty: none)
+        self.fused: dict[str, int] = {}
+        if fused_ops or (fused_ops is None and self.device.type == "cuda"):
+            taken = install_fused_ops(model, self.device)
+            self.fused = taken if any(taken.values()) else {}
+        num_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        if kv_heads % tp:
+            raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
+                             f"num_key_value_heads={kv_heads}")
+        self.cache = PagedKVCache(
+            attention_devices(model), kv_heads // tp, head_dim, max_num_tokens, max_num_seqs,
+            max_model_len, self.dtype, self.device)
+        self.scratch = Scratch(self.cache.scratch_slot, self.cache.scratch_row, max_model_len + 1)
+        # [max_model_len + 16]: key columns of the mask, padded to a multiple of 16
+        self._positions = torch.arange(max_model_len + 16, device=self.device)
+        self._zero = torch.zeros((), dtype=self.dtype, device=self.device)  # []
+        self._min = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype,
+                                 device=self.device)  # []
+        self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
+        self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
+        self.graphs: CudaGraphs | None = None
+
+    @property
+    def can_capture(self) -> bool:
+        """CUDA graphs can hold this model's forwards: one CUDA device, no accelerate hooks
+        (a spread model's hooks move weights or activations)."""
+        return (self.device.type == "cuda" and self.cache.single_device
+                and not spread_by_accelerate(self.model))
+
+    def use_graph_buckets(self, max_num_new: int, max_batch_size: int, twin_max_batch: int,
+                          capture: bool, twin_width: Callable[[int], int] | None) -> None:
+        """Run forwards of at most ``max_num_new`` tokens a row and ``max_batch_size`` rows
+        through :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded
+        bucket layout eagerly, to check it off-GPU)."""
+        self.graphs = CudaGraphs(self.hidden, partial(scratch_inputs, self.scratch),
+                                 max_batch_size, max_num_new, self.max_model_len + 1,
+                                 self.device, capture, twin_width)
+        self.graphs.twin_max_batch = twin_max_batch
+
+    def to_device(self, values: Sequence[int]) -> torch.Tensor:
+        """``values`` as a long tensor ``[len(values)]`` on the model's device, through a
+        persistent pinned buffer on CUDA (page-locking a fresh tensor every step costs more
+        than the copy; numpy builds the array several times faster than ``torch.tensor``)."""
+        return self._staging(np.fromiter(values, np.int64, len(values)))
+
+    def order_to_device(self, values: np.ndarray) -> torch.Tensor:
+        """A split step's reordering indices ``[n]`` on the device, through a pinned buffer of
+        their own (sent before the step's forwards: nothing waits for the device)."""
+        return self._order_staging(values)
+
+    def point_cells(self, cells: list[int], rows: list[int]) -> None:
+        """Point the slot table's ``cells`` at pool ``rows`` (one small copy: cells, then
+        rows)."""
+        change = self.to_device(cells + rows)
+        self.cache.slot_table.view(-1).index_copy_(0, change[:len(cells)], change[len(cells):])
+
+    def run(self, inputs: StepInputs, bucket: Key | None, kv_len: int,
+            logits_indices: Sequence[int] | torch.Tensor | None, keep_hidden: bool,
+            query_offset: int = 0, uniform: bool = False, run: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """One forward of ``inputs``: in graph bucket ``bucket`` (``CudaGraphs.bucket``'s
+        answer) or eagerly (None, then ``query_offset``, ``uniform`` and ``run``: see
+        :meth:`hidden`). Returns float32 logits ``[num_logits, vocab_size]`` of the new tokens
+        ``logits_indices`` (None: all), their final hidden states ``[num_tokens, hidden_size]``
+        when ``keep_hidden`` (else None), and whether the forward timed like the steps after
+        it (not a bucket's eager first step or capture)."""
+        host, token_rows = inputs.host, inputs.token_rows
+        on_device = isinstance(logits_indices, torch.Tensor)
+        num_all = len(token_rows) if keep_hidden else 0
+        kept = token_rows if logits_indices is None or on_device else [
+            token_rows[i] for i in logits_indices]
+        meta = self.to_device(host + token_rows[:num_all] + kept)  # one host-to-device copy
+        rows_t = meta[len(host) + num_all:]  # [num_logits] padded index of each kept row
+        if on_device:
+            rows_t = rows_t[logits_indices.to(self.device).long()]
+        steady = True
+        if bucket is not None:
+            hidden = self.graphs.replay(bucket, meta[:len(host)])
+            steady = self.graphs.steady
+        else:
+            hidden = self.hidden(meta[:len(host)], inputs.batch_size, inputs.num_new, kv_len,
+                                 query_offset, uniform, run)
+        # (device_map="auto" may leave the last layer and the head on other devices than the
+        # embeddings: hidden states and logits come back to the runner's device)
+        features = None
+        if keep_hidden:  # (a draft head reads the target's features)
+            all_rows = meta[len(host):len(host) + num_all].to(hidden.device)
+            features = hidden.index_select(0, all_rows).to(self.device)
+        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
+        return self._lm_head(hidden).float().to(self.device), features, steady
+
+    def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
+               query_offset: int = 0, uniform: bool = False,
+               run: int | None = None) -> torch.Tensor:
+        """The model's last hidden states ``[batch_size * num_new, hidden_size]`` for a forward
+        laid out in ``inputs`` (:mod:`engine.runner.step_inputs`); also the body of every CUDA
+        graph. ``uniform``: pass no mask (see the module docstring), the queries starting at
+        ``query_offset``; ``run``: the first pool row of a lone sequence whose rows are one
+        ascending run (read as a view)."""
+        padded = batch_size * num_new
+        # each [batch_size, num_new]
+        input_ids, positions, write_rows, cells, limits, ancestors = inputs[
+            :LAYOUT_ROWS * padded].view(LAYOUT_ROWS, batch_size, num_new)
+        slots_t = inputs[LAYOUT_ROWS * padded:]  # [batch_size]
+        self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
+        mask = None if uniform else self.mask(limits, ancestors, kv_len)
+        # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
+        with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
+                self._linears.use(padded), fused_forward(bool(self.fused)):
+            hidden = self.model.base_model(
+                input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                use_cache=True, **{self._cache_arg: self.cache}).last_hidden_state
+        return hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
+
+    def mask(self, limits: torch.Tensor, ancestors: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a new token iff
+        ``j <= limit`` (its own column for a chain token: causal), or ``j = limit + 1 + b`` for
+        a set bit ``b`` of its ``ancestors`` (a tree node's own column and its ancestors', the
+        nodes' columns starting right after the last column before the tree); ``limits``,
+        ``ancestors [batch_size, num_new]``. Additive (0 / dtype min) in the model's dtype, so
+        that ``sdpa`` converts nothing per layer, on rows padded to 16 columns (its
+        memory-efficient kernel copies a mask whose row stride is not a multiple of 16)."""
+        width = -(-kv_len // 16) * 16
+        columns = self._positions[:width].view(1, 1, 1, width)
+        limit = limits[:, None, :, None]  # [batch_size, 1, num_new, 1]
+        after = columns - limit - 1  # [batch_size, 1, num_new, width] bit of a column
+        in_tree = (ancestors[:, None, :, None] >> after.clamp(0, MAX_TREE_NODES - 1)) & 1
+        visible = (after < 0) | ((in_tree == 1) & (after < MAX_TREE_NODES))
+        return torch.where(visible, self._zero, self._min)[..., :kv_len]

@@ -1,0 +1,27 @@
+"""What one runner forward returns: the logits asked for, and the facts about the step that its
+caller needs afterwards (hidden states for a draft head, layout facts for the speculation
+controller's step costs), so that nobody reads the runner's attributes after the call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    """``logits``: float32 ``[num_logits, vocab_size]``, the rows asked for (all new tokens by
+    default, slot order then token order). ``hidden``: ``[total_new_tokens, hidden_size]``, the
+    final hidden states of every new token in the same order; None unless the forward was asked
+    for them (``keep_hidden=True``). ``steady``: the step timed like the steps after it (not a
+    graph bucket's eager first step or capture: :attr:`CudaGraphs.steady
+    <engine.runner.cuda_graphs.CudaGraphs.steady>`). ``packed_rows``: the step's rows when it was
+    packed, one new token a row (:mod:`engine.runner.step_layout`), else None. ``kv_len``: the
+    step's context, its longest sequence's tokens (new ones included)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None
+    steady: bool
+    packed_rows: int | None
+    kv_len: int

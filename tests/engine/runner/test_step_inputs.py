@@ -1,0 +1,53 @@
+"""One forward's index layout on hand-built steps: chains, a draft tree, padding to a bucket.
+No model."""
+
+from __future__ import annotations
+
+from engine.runner.step_inputs import (
+    LAYOUT_ROWS,
+    Scratch,
+    StepInputs,
+    lay_out,
+    scratch_inputs,
+    tree_columns,
+)
+
+# scratch slot 2, scratch pool row 9, a slot table 8 columns wide (scratch column 7)
+SCRATCH = Scratch(slot=2, row=9, table_width=8)
+
+
+def test_a_padding_only_layout_writes_the_scratch_row_through_the_scratch_cell():
+    assert SCRATCH.column == 7
+    # ids, positions, pool rows, cells, limits, ancestors (2 x 1 tokens each), then the slots
+    assert scratch_inputs(SCRATCH, 2, 1) == [0, 0, 0, 0, 9, 9, 23, 23, 0, 0, 0, 0, 2, 2]
+
+
+def test_chains_padded_to_a_bucket():
+    """Slot 0 decodes one token after 2 cached ones, slot 1 prefills two; padded to a bucket of
+    3 rows x 2 tokens (a padding token repeats its row's last position and limit, and writes the
+    scratch row through its own slot's scratch column; the padding row is the scratch slot)."""
+    got = lay_out([0, 1], [[7], [3, 4]], [2, 0], [[5], [0, 1]], [None, None], 3, 2, SCRATCH)
+    assert got == StepInputs(
+        host=[7, 0, 3, 4, 0, 0,  # input ids
+              2, 2, 0, 1, 0, 0,  # positions
+              5, 9, 0, 1, 9, 9,  # pool rows
+              2, 7, 8, 9, 23, 23,  # slot-table cells
+              2, 2, 0, 1, 0, 0,  # mask limits
+              0, 0, 0, 0, 0, 0,  # ancestor bits
+              0, 1, 2],  # slots
+        token_rows=[0, 2, 3], batch_size=3, num_new=2)
+    assert len(got.host) == LAYOUT_ROWS * 3 * 2 + 3
+
+
+def test_tree_nodes_sit_past_their_parents_and_see_their_ancestors():
+    """After 5 cached tokens: the fed token (position 5), then nodes 0 and 1 (children of it)
+    and node 2 (a child of node 0). Every node's limit is the column before the tree; its bits
+    are its own node and its ancestors'."""
+    positions, limits, ancestors = tree_columns(5, 4, (1, [-1, -1, 0]))
+    assert positions == [5, 6, 6, 7]
+    assert limits == [5, 5, 5, 5]
+    assert ancestors == [0, 0b001, 0b010, 0b101]
+    got = lay_out([1], [[3, 4, 5, 6]], [5], [[10, 11, 12, 13]], [(1, [-1, -1, 0])], 1, 4,
+                  SCRATCH)
+    assert got.host[4:8] == positions and got.host[16:20] == limits
+    assert got.host[20:24] == ancestors and got.host[12:16] == [13, 14, 15, 16]  # (columns)
