@@ -1,56 +1,52 @@
-"""Smoke test of ``benchmarks/e2e.py`` on a tiny model: it runs, and its greedy outputs agree."""
+"""The e2e suite on a tiny model: it runs, its greedy outputs agree, its rows add up."""
 
-import json
 import sys
 
-from benchmarks.e2e import main
-from tests.engine.cli.cli_helpers import save_tiny_model
+from tests.benchmarks.conftest import run_suite
 
 
-def test_e2e_quick_on_a_tiny_model(tmp_path, capsys):
-    model_dir = save_tiny_model(tmp_path / "tiny")
-    out = tmp_path / "e2e.json"
-    main(["--model", str(model_dir), "--device", "cpu", "--quick", "--kinds", "copy",
-          "--batch-sizes", "1,2", "--json", str(out)])
-    doc = json.loads(out.read_text())
-    systems = {(r["system"], r["batch_size"]) for r in doc["results"]}
-    assert systems == {("engine:none", 1), ("engine:ngram", 1), ("engine:early_exit", 1),
-                       ("hf:none", 1), ("hf:prompt_lookup", 1), ("engine:none", 2),
-                       ("engine:ngram", 2), ("engine:early_exit", 2), ("hf:none", 2)}
-    for row in doc["results"]:
-        assert row["tokens"] == 16 * row["batch_size"]
+def test_e2e_quick_on_a_tiny_model(tiny_dir, capsys):
+    record = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--kinds",
+                       "copy", "--batch-sizes", "1,2")
+    rows = record.rows
+    assert {(r["system"], r["batch_size"]) for r in rows} == {
+        ("engine:none", 1), ("engine:ngram", 1), ("engine:early_exit", 1), ("hf:none", 1),
+        ("hf:prompt_lookup", 1), ("engine:none", 2), ("engine:ngram", 2),
+        ("engine:early_exit", 2), ("hf:none", 2)}
+    for row in rows:
+        assert row["num_tokens"] == 16 * row["batch_size"]
         if row["system"] != "hf:none":
             # Greedy decoding with or without speculation is HF's own greedy output (float32).
             assert row["same_as_hf"] == 1.0, row["system"]
-    assert any(t["target"].startswith("copy, batch 1, n-gram") for t in doc["targets"])
-    # the hypervisor's share of CPU time during the timed runs (Linux), a fraction
-    assert all(r["steal"] is None or 0.0 <= r["steal"] <= 1.0 for r in doc["runs"])
-    assert any(r["steal"] is not None for r in doc["runs"]) == sys.platform.startswith("linux")
+        # the hypervisor's share of CPU time during the timed runs (Linux), a fraction
+        assert (row["steal"] is None) != sys.platform.startswith("linux")
+        assert row["steal"] is None or 0.0 <= row["steal"] <= 1.0
+    assert any(t["target"].startswith("copy, batch 1, n-gram")
+               for t in record.summary["targets"])
     printed = capsys.readouterr().out
-    assert "tokens/s over the engine without speculation" in printed
+    assert "tokens/s over the engine without speculation" in printed and "pos 1" in printed
     # what the controller decided from: costs by width (k + 1 widths, plain first) and the
     # engine's acceptance; none for the engine without speculation and for Hugging Face
-    for r in doc["runs"]:
+    for r in rows:
         state = r["controller"]
-        if (r["system"], r["method"]) in (("engine", "ngram"), ("engine", "early_exit")):
+        if r["system"] in ("engine:ngram", "engine:early_exit"):
             assert len(state["costs"]) == r["k"] + 1 and state["costs"][0] == 1.0
             assert len(state["acceptance"]) == r["k"] + 2
         else:
-            assert state is None, (r["system"], r["method"])
+            assert state is None, r["system"]
     # acceptance per draft position for the runs that drafted: k shares, whose mean weighted by
     # the drafts made at each position is the overall acceptance rate (so it lies between them)
-    for r in doc["runs"]:
-        if r["system"] == "engine" and r["method"] != "none" and r["mean_k"]:
+    for r in rows:
+        if r["system"].startswith("engine:") and r["method"] != "none" and r["mean_k"]:
             rates = r["acceptance_per_position"]
             assert len(rates) == r["k"] and all(0.0 <= x <= 1.0 for x in rates)
             assert min(rates) - 1e-3 <= r["acceptance_rate"] <= max(rates) + 1e-3
             assert 0.0 < r["mean_k"] <= r["k"]
         else:
             assert r["acceptance_per_position"] == [] and r["mean_k"] is None
-    assert "pos 1" in printed
 
 
-def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tmp_path, monkeypatch):
+def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tiny_dir, monkeypatch):
     from engine.llm_engine import LLMEngine
 
     widths = []
@@ -61,15 +57,12 @@ def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tmp_path, monkeypatch
         return step(self)
 
     monkeypatch.setattr(LLMEngine, "step", counting_step)
-    model_dir = save_tiny_model(tmp_path / "tiny")
-    out = tmp_path / "e2e.json"
-    main(["--model", str(model_dir), "--device", "cpu", "--quick", "--kinds", "copy",
-          "--methods", "ngram", "--batch-sizes", "2,4", "--waves", "3", "--warmup-rounds", "0",
-          "--json", str(out)])
-    rows = json.loads(out.read_text())["results"]
+    rows = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--kinds", "copy",
+                     "--methods", "ngram", "--batch-sizes", "2,4", "--waves", "3",
+                     "--warmup-rounds", "0").rows
     assert {r["system"] for r in rows} == {"engine:none", "engine:ngram", "hf:none"}
     for row in rows:
-        assert row["tokens"] == 16 * row["batch_size"] * 3  # 3 waves of b prompts
+        assert row["num_tokens"] == 16 * row["batch_size"] * 3  # 3 waves of b prompts
         if row["system"] != "hf:none":
             assert row["same_as_hf"] == 1.0, row["system"]  # HF ran the prompts b at a time
     # Built for batch 4, the engines ran at most 2 sequences at once at batch 2 (and 4 at 4).

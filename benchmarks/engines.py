@@ -1,0 +1,96 @@
+"""Engine and Hugging Face runs for the suites, and what an engine decided from.
+
+Every run decodes exactly ``max_tokens`` tokens per prompt, going on past EOS (engine
+``ignore_eos``, HF with no EOS in its generation config), so all systems do the same work and
+their greedy outputs can be compared token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from typing import Any
+
+import torch
+
+from samplers.sampling_params import SamplingParams
+from scheduler import GoodputPolicy
+
+
+def speculative_config(method: str, k: int, draft_tree: str | None = None,
+                       adaptive: bool = True, **options: Any) -> dict | None:
+    """The engine's ``speculative_config`` for ``method`` (None: ``none`` or ``eager``, no
+    speculation); a ``_tree`` suffix drafts trees of ``draft_tree``'s shape ("3,2": candidates
+    per node at each depth); ``adaptive`` False: every step verifies k drafts."""
+    if method in ("none", "eager"):
+        return None
+    spec = {"method": method.removesuffix("_tree"), "num_speculative_tokens": k, **options}
+    if method.endswith("_tree"):
+        spec["draft_tree"] = [int(b) for b in (draft_tree or "3,2").split(",")]
+    if not adaptive:
+        spec["adaptive_k"] = False
+    return spec
+
+
+def engine_generate(llm: Any, group: list[list[int]], max_tokens: int,
+                    temperature: float = 0.0) -> list[list[int]]:
+    """Engine generation of exactly ``max_tokens`` tokens per prompt, one batch (greedy, or
+    sampled at ``temperature`` without a seed)."""
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(group, params, use_tqdm=False)]
+
+
+@torch.inference_mode()
+def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int,
+                device: torch.device, prompt_lookup: int | None = None) -> list[list[int]]:
+    """HF ``generate`` (greedy, no EOS), plain or with ``prompt_lookup_num_tokens`` (batch 1)."""
+    if prompt_lookup is not None and len(group) != 1:
+        raise ValueError("HF prompt lookup decoding only runs at batch size 1")
+    width = max(len(p) for p in group)
+    # Left padding: every row's last prompt token sits at the same column.
+    input_ids = torch.full((len(group), width), pad_id, dtype=torch.long)  # [batch, width]
+    attention_mask = torch.zeros((len(group), width), dtype=torch.long)  # [batch, width]
+    for row, prompt in enumerate(group):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention_mask[row, width - len(prompt):] = 1
+    config = copy.deepcopy(model.generation_config)
+    # eos_token_id=None would fall back to the model's EOS (transformers 5); [] means none.
+    config.update(eos_token_id=[], pad_token_id=pad_id, do_sample=False, temperature=None,
+                  top_p=None, top_k=None, max_new_tokens=max_tokens,
+                  prompt_lookup_num_tokens=prompt_lookup)
+    out = model.generate(input_ids.to(device), attention_mask=attention_mask.to(device),
+                         generation_config=config)
+    return [row[width:].tolist() for row in out]  # [batch, max_tokens] each
+
+
+def graph_stats(llm: Any) -> tuple[int, float]:
+    """(graphs captured, seconds spent capturing) so far by the engine's runners (the target's
+    and a draft's), (0, 0.0) without CUDA graphs."""
+    runners = [llm.engine.runner, getattr(llm.engine.proposer, "runner", None)]
+    graphs = [r.graphs for r in runners if r is not None and r.graphs is not None]
+    return sum(g.num_graphs for g in graphs), sum(g.capture_seconds for g in graphs)
+
+
+def controller_state(llm: Any, batch: int) -> dict | None:
+    """What an engine's speculation controller decides from, None when it has none (fixed k, no
+    speculation): its step costs at ``batch`` by width (``costs[w - 1]``: a step of ``w`` tokens
+    per sequence over a plain one), the engine-wide acceptance rates (by backed draft
+    position, then the unbacked drafts pooled and the proposals that found drafts), and the
+    recent step times that the costs are read from (``samples_ms[w]``, oldest first)."""
+    policy = llm.engine.controller
+    if not isinstance(policy, GoodputPolicy):
+        return None
+    controller = policy.controller
+    table = controller.costs
+    return dict(costs=[round(float(c), 4) for c in controller.step_cost(batch)[1:]],
+                acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates],
+                samples_ms={w: [round(1e3 * s, 3) for s in table.samples("step", batch, w)]
+                            for w in range(1, controller.max_k + 2)})
+
+
+def release(llm: Any) -> None:
+    """Give an engine's KV cache and graphs back before the next one is built."""
+    del llm.engine
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""The suites of ``python -m benchmarks`` (``benchmarks/registry.py`` names them)."""

@@ -1,0 +1,80 @@
+"""The draft head's acceptance offline, by kind of text: where its drafts are right.
+
+The target answers each prompt set greedily (``--max-tokens``, with its chat template, through
+the engine); one target forward gives every position's feature; from every answer position the
+head drafts 4 tokens chained on its own greedy drafts through its draft vocabulary, as the
+proposer does, and a draft counts while it equals the target's greedy text (the measure that
+``examples/train_draft_head.py`` prints each epoch, here on other prompts). Sets:
+
+- ``bench_open`` / ``bench_copy``: the workload's open-ended and copy-heavy prompts;
+- ``held_out``: the first ``--num-prompts`` held-out training-style prompts (templates crossed
+  with topics that no training prompt has, ``examples/draft_head_prompts.py``);
+- ``train``: the first ``--num-prompts`` training prompts (without the target's rewordings and
+  copy tasks), text of the kind the head was fit on.
+
+One row per set: first-draft acceptance, the conditional rate at each position, mean drafts
+accepted of 4 (tokens per step minus one), and per prompt::
+
+    python -m benchmarks proposers head-acceptance --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from benchmarks import models
+from benchmarks.record import Result
+from benchmarks.workloads import COPY_HEAVY, OPEN_ENDED
+from engine import LLM
+from examples.draft_head_prompts import draft_head_prompts
+from examples.train_draft_head import features_of, generate, held_out_acceptance
+from proposers.draft_head import DEFAULT_HEAD_DIR
+from proposers.head_model import DraftHead
+
+SETS = ("bench_open", "bench_copy", "held_out", "train")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    models.add_model_arguments(p, "smollm2-135m")
+    p.add_argument("--head", default=str(DEFAULT_HEAD_DIR), help="a saved draft head directory")
+    p.add_argument("--sets", default=",".join(SETS), help=f"comma list of {SETS}")
+    p.add_argument("--num-prompts", type=int, default=8,
+                   help="prompts of the held_out and train sets")
+    p.add_argument("--max-tokens", type=int, default=128)
+
+
+def prompt_sets(names: list[str], num_prompts: int) -> dict[str, list[str]]:
+    """The prompts of each named set (see the module docstring)."""
+    train, held = draft_head_prompts(1800)  # (the shipped head's split: --num-prompts 1800)
+    every = {"bench_open": OPEN_ENDED, "bench_copy": COPY_HEAVY,
+             "held_out": held[:num_prompts], "train": train[:num_prompts]}
+    return {name: every[name] for name in names}
+
+
+def run(args: argparse.Namespace) -> Result:
+    models.resolve(args)
+    names = [s for s in args.sets.split(",") if s]
+    unknown = [s for s in names if s not in SETS]
+    if unknown:
+        raise SystemExit(f"--sets: unknown {unknown}; allowed {SETS}")
+    llm = LLM(model=args.model, device=args.device, dtype=args.dtype, max_num_seqs=16)
+    model = llm.engine.model
+    device = next(model.parameters()).device
+    head = DraftHead.load(args.head).to(device=device, dtype=getattr(torch, args.dtype)).eval()
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    rows = []
+    for name, prompts in prompt_sets(names, args.num_prompts).items():
+        seqs, starts = generate(llm, prompts, args.max_tokens, 0.0, 0)
+        feats = features_of(model, seqs, device)
+        whole = held_out_acceptance(head, embed, lm_head, feats, seqs, starts)
+        each = [held_out_acceptance(head, embed, lm_head, feats[i:i + 1], seqs[i:i + 1],
+                                    starts[i:i + 1])["mean_accepted"]
+                for i in range(len(seqs))]
+        rows.append({"set": name, **whole, "per_prompt_mean_accepted": each})
+        print(f"{name:<10} first draft {whole['first_draft']:.3f}, conditional per position "
+              f"{[round(x, 3) for x in whole['per_position']]}, mean accepted "
+              f"{whole['mean_accepted']:.2f} of 4 ({whole['positions']} positions); per prompt "
+              f"{[round(x, 2) for x in each]}")
+    return Result(rows, args.model, {"head": args.head})

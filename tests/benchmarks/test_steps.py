@@ -1,0 +1,81 @@
+"""The steps suite on a tiny model: what it counts adds up, and it leaves the process as found."""
+
+import gc
+
+from benchmarks.suites.step_clock import STAGES
+from tests.benchmarks.conftest import run_suite
+
+STEPS = ("--device", "cpu", "--batch-size", "2", "--warmups", "1", "--repeats", "1")
+
+
+def runs(record) -> dict[str, dict]:
+    return {row["method"]: row for row in record.rows}
+
+
+def test_steps_accounts_for_every_step(tiny_dir):
+    results = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--kind", "copy",
+                             "--max-tokens", "8", "--methods", "none,ngram,ngram-fixed"))
+    assert set(results) == {"none", "ngram", "ngram-fixed"}
+    for method, run in results.items():
+        assert run["steps"] > 0
+        assert run["recorded_steps"] + run["left_out_steps"] == run["steps"]
+        assert len(run["left_out"]) == run["left_out_steps"]
+        # the trace: every step in order, its recorded width 0 exactly where left out
+        assert len(run["trace"]) == run["steps"]
+        assert sum(1 for w, _, _ in run["trace"] if w == 0) == run["left_out_steps"]
+        assert set(run["stages_ms_per_step"]) == {name.strip("_") for name in STAGES}
+        # the stages run inside step(): their sum is at most the time inside it
+        assert sum(run["stages_ms_per_step"].values()) * run["steps"] <= (
+            1e3 * run["inside_step_s"] * (1 + 1e-6))
+        if method == "none":  # no proposer: no width choices and one token per step
+            assert all(d["n"] == 0 for d in run["decisions"].values())
+            assert run["steps"] == 8 and set(run["recorded_by_width"]) == {1}
+    # every fixed-k step after the prefill verifies drafts when the proposer has any
+    assert max(results["ngram-fixed"]["recorded_by_width"]) > 1
+
+
+def test_steps_percentiles_and_the_collector_left_as_found(tiny_dir):
+    """Each run's step and stage percentiles and its slowest steps are the recorded steps';
+    --gc-freeze and the pause counter leave the process's collector as they found it."""
+    callbacks = list(gc.callbacks)
+    run = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--kind", "copy",
+                         "--max-tokens", "8", "--methods", "none", "--gc-freeze"))["none"]
+    assert gc.callbacks == callbacks and gc.get_freeze_count() == 0
+    ms = run["recorded_ms_percentiles"]
+    assert 0 < ms["p50"] <= ms["p90"] <= ms["max"]
+    assert len(run["slowest"]) == min(6, run["recorded_steps"])
+    assert run["slowest"][0]["ms"] == ms["max"]
+    assert set(run["stage_ms_percentiles"]) == set(run["stages_ms_per_step"])
+    assert len(run["gc_collections"]) == 3 and run["gc_ms"] >= 0
+
+
+def test_steps_oracle_keeps_in_sync_and_drafts_at_alpha_one(tiny_dir):
+    """The oracle drafts the plain engine's own continuation (the suite checks every run's
+    output against it); at alpha 1 every fixed-k step verifies its cap of drafts, all kept."""
+    results = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--kind", "open",
+                             "--max-tokens", "11", "-k", "4", "--alpha", "1",
+                             "--methods", "none,oracle-fixed"))
+    plain, fixed = results["none"], results["oracle-fixed"]
+    assert plain["steps"] == 11
+    # 11 tokens: the prefill step verifies 4 drafts (5 tokens, not timed by the controller),
+    # a decode step 4 more (5), the last one none (one token was left: its cap is 0)
+    assert [width for width, _, _ in fixed["trace"]] == [0, 5, 1]
+
+
+def test_an_outcome_learnt_in_the_next_step_counts_for_the_step_that_made_it(tiny_dir):
+    """On a GPU the controller learns a step's outcome during the next step's forward: the
+    clock still gives each step its own (the same trace as learning at once, on CPU)."""
+    from benchmarks.engines import engine_generate
+    from benchmarks.suites.step_clock import StepClock
+    from engine import LLM
+
+    def trace(deferred: bool) -> list[int]:
+        llm = LLM(model=str(tiny_dir), device="cpu", speculative_config={
+            "method": "ngram", "num_speculative_tokens": 2, "adaptive_k": False})
+        llm.engine.forward_is_async = deferred  # (what a GPU engine does: learn one step late)
+        clock = StepClock(llm.engine)
+        engine_generate(llm, [[5, 6, 7, 8] * 4, [9, 10, 11] * 5], 8)
+        return [s["recorded"][0] if s["recorded"] else 0 for s in clock.steps]
+
+    at_once = trace(False)
+    assert trace(True) == at_once and max(at_once) == 3
