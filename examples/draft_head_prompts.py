@@ -4,7 +4,7 @@ Every prompt is built here from word lists (no download, same list on every mach
 prompts use topics that no training prompt uses, so the held-out acceptance measures text the
 head has not seen. The topics of the benchmark's open-ended prompts (lighthouses,
 photosynthesis, honeybees, the French Revolution, snow, board games:
-``benchmarks/e2e_workloads.py``) are in neither set.
+``benchmarks/workloads.py``) are in neither set.
 
 *Copy tasks* (:func:`copy_prompts`) ask the target to repeat, quote or lightly edit a text given
 in the prompt: the target's own answer to another prompt, so that they too are built offline.

@@ -10,17 +10,14 @@ one row per sequence. Which GEMM streams the weights best for a few rows depends
 - ``transposed``: each weight transposed once into a contiguous ``W^T`` (``x @ W^T`` as MKL's
   plain row-major GEMM).
 
-Measured here (torch 2.13, the default model's 210 decoder maps, 425 MB, each read once per pass,
-best of 3 passes): on the 2-core AMD EPYC VM of the earlier sessions a decoder forward cost 46 ms
-for 1 row through ``linear``, 74 / 80 ms for 2 / 5 rows, and 45 / 50 ms for 2 / 5 rows through
-``reordered``; on the 2-core Intel Xeon (AVX-512) VM of session 18 the maps alone cost 26.0 / 26.1 /
-71.3 ms for 1 / 2 / 5 rows through ``linear``, 37.3 / 43.7 / 48.7 through ``reordered`` and 23.4 /
-44.3 / 44.6 through ``transposed``. No route is best on both. So a runner measures the routes when
-it is first built over maps of these shapes (:func:`calibrate`: a share of the maps, a few sample
-row counts, under a second for the default model, once per process) and each forward of 1 to
-``MAX_ROWS`` rows runs the route that was fastest for its row count (the nearest sample at or above
-it), of ``linear`` and the one other route closest to the fastest over all samples (one extra copy
-at most); other forwards (a prefill) run the model unchanged.
+No route is best on every CPU: at 2 rows ``reordered`` is much the faster on one machine and
+``linear`` on another (docs/design.md, "Measured reasons behind the runner's choices"). So a
+runner measures the routes when it is first built over maps of these shapes (:func:`calibrate`:
+a share of the maps, a few sample row counts, under a second for the default model, once per
+process) and each forward of 1 to ``MAX_ROWS`` rows runs the route that was fastest for its row
+count (the nearest sample at or above it), of ``linear`` and the one other route closest to the
+fastest over all samples (one extra copy at most); other forwards (a prefill) run the model
+unchanged.
 
 The copies are taken for the weights as they were (weights changed afterwards are not seen) and
 cost memory: a reordered copy +815 MB resident for the default model's 425 MB of decoder weights,

@@ -13,20 +13,19 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   width (``engine.runner.step_layout``), up to ``max_batch_size`` (the runner's ``fold_rows``);
 - ``num_new``: the step's tokens per sequence (1: decode; up to ``max_num_new``, the engine's
   k + 1), the shorter sequences padded with scratch tokens. Each width has its own buckets,
-  because padding is not free: on an H100, a random 1.24 B LLaMA at batch 32 ran a step of 2
-  tokens per sequence at 1.06 plain steps and one of 5 at 1.23 (docs/performance.md, the oracle
-  table), so a controller that chose one draft would have paid for four. Longer steps
+  because padding is not free: padded to the widest width, one draft would cost what four do
+  (docs/design.md, "Measured reasons behind the runner's choices"). Longer steps
   (prompt chunks) of at most ``PREFILL_MAX_BATCH`` sequences have *prefill* buckets: their
   tokens per sequence rounded up by at most a quarter past 64 (at least ``PREFILL_MIN_NEW``; at
   most ``PREFILL_MAX_TOKENS`` in all and ``PREFILL_MAX_CELLS`` mask cells, the mask being what
   a capture's pool keeps), covered only by prefill buckets, and covering none of the others;
   one is captured only while the device keeps ``COVERED_GRAPH_RESERVE`` free, and its captures
   are priced apart from the others' (``capture_cost``). Without them a prompt admitted while
-  others decode cost an eager step (about ten graph steps of the default model on an H100,
-  docs/design.md; the runner splits such a step into its decoding and its prefilling
-  sequences, ``engine.runner.step_layout``), and under continuous batching, where speculation
-  makes requests end and be replaced at different steps, that was most of what speculation lost.
-  Larger prefills run eager;
+  others decode costs an eager step, about ten graph steps (docs/design.md, "Measured reasons
+  behind the runner's choices"; the runner splits such a step into its decoding and its
+  prefilling sequences, ``engine.runner.step_layout``), and under continuous batching, where
+  speculation makes requests end and be replaced at different steps, such steps would take most
+  of what speculation gains. Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step.
@@ -39,9 +38,9 @@ pool; replays run in stream order, so sharing is safe, and each graph's output s
 long as the graph.
 
 When a bucket is captured. A capture (a warm-up forward plus the capture) costs about three
-eager steps (20-120 ms for the 1B at batch 32 on an H100), and each graph keeps memory of its
-own: capturing every bucket of an 8B model at batch 32 up front ran out of memory (docs/design.md,
-"Measured reasons behind the runner's choices"). So graphs are captured lazily:
+eager steps, and each graph keeps memory of its own: capturing every bucket of an 8B model at
+batch 32 up front runs out of memory (docs/design.md, "Measured reasons behind the runner's
+choices"). So graphs are captured lazily:
 
 - a bucket that no captured graph *covers* (larger or equal batch, tokens per sequence and key
   length; a decode bucket only by a decode bucket: decode steps are the most frequent, and a
@@ -57,12 +56,11 @@ own: capturing every bucket of an 8B model at batch 32 up front ran out of memor
   less the slowest captured graph that the bucket itself covers (its own replay cannot be
   faster), or the cover's whole replay when none is. On a small model, where a wider graph
   replays in about the time of a narrower one, a covered bucket is then almost never captured
-  (a capture costs 50-100 ms, inside someone's request); on a large one, where padding costs,
-  within a few dozen steps. The batch sizes at the end of a batch of requests (each met a few
-  times as sequences finish) and a width the controller tries once cost a padded replay, not
-  an eager step and a capture each (measured on the H100 with the 1B at batch 32, 64 tokens,
-  before covers: the eager steps and captures after the prefill took 29-55% of a warm run's
-  time);
+  (a capture costs tens of milliseconds, inside someone's request); on a large one, where
+  padding costs, within a few dozen steps. The batch sizes at the end of a batch of requests
+  (each met a few times as sequences finish) and a width the controller tries once cost a padded
+  replay, not an eager step and a capture each (which take a third to a half of a short warm
+  run: docs/design.md, "Measured reasons behind the runner's choices");
 - a decode bucket's capture also captures its widest verification twin (same batch and key
   length, ``max_num_new`` tokens, or ``twin_width(batch)`` where the engine's widest steps
   narrow with the batch, as draft trees do), which covers every width of its batch and key
@@ -77,12 +75,10 @@ the leader sends with the step, and a follower runs exactly that (:meth:`CudaGra
 
 A step padded to a cover is *steady* (:attr:`CudaGraphs.steady`): it times like every later
 step of its bucket until the bucket gets a graph of its own, so its time is what the
-speculation controller pays for that width now, and the controller records it as such. (It did
-not before: a width served by its twin then read as cheap as a narrower graph would be, and
-the controller chose it for the wider one's cost. On the H100, batch 8 of the decisive 1B,
-alpha 0.5, the controller kept 0.75 of the best fixed k at `5a86990`, 0.91 and 0.88 in two runs
-after the change, docs/performance.md.) An eager first step and a capture are not steady:
-their costs are one-time.
+speculation controller pays for that width now, and the controller records it as such (else a
+width served by its twin would read as cheap as a narrower graph, and the controller would
+choose it for the wider one's cost: docs/history.md, "CUDA graphs"). An eager first step and a
+capture are not steady: their costs are one-time.
 """
 
 from __future__ import annotations

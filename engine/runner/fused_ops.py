@@ -1,13 +1,12 @@
 """Fused decoder kernels for the runner's CUDA forwards: RMSNorm and the rotary embedding.
 
-A decode step of a small batch is bound by its number of kernels, not by their work: on an H100
-(two-GPU session of issue 19, an 8B LLaMA, batch 1, tensor parallel over 2) a decoder layer ran
-50 kernels, of which the matrix products took 100 of its 214 us; the rest were launches of
-about 2 us each. Transformers' ``LlamaRMSNorm`` is 8 of them (a copy to float32, ``pow``,
-``mean``, ``+ eps``, ``rsqrt``, ``*``, the copy back, ``* weight``) and ``apply_rotary_pos_emb``
-10 (``* cos``, the negated half, the concatenation, ``* sin``, ``+``, for the queries and the
-keys). Here the norm is one Triton launch and the rotary embedding two (queries, keys), each
-rounding where transformers rounds:
+A decode step of a small batch is bound by its number of kernels, not by their work: past the
+matrix products, a decoder layer's time is mostly launches of a few microseconds each
+(docs/design.md, "Measured reasons behind the runner's choices"). Transformers' ``LlamaRMSNorm``
+is 8 kernels (a copy to float32, ``pow``, ``mean``, ``+ eps``, ``rsqrt``, ``*``, the copy back,
+``* weight``) and ``apply_rotary_pos_emb`` 10 (``* cos``, the negated half, the concatenation,
+``* sin``, ``+``, for the queries and the keys). Here the norm is one Triton launch and the
+rotary embedding two (queries, keys), each rounding where transformers rounds:
 
 - RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)``, the statistics in float32;
 - rotary: ``q * cos + rotate_half(q) * sin``, each product rounded to the tensors' dtype before
@@ -56,10 +55,10 @@ _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps it
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
 
-# Compiled, the kernels take bf16 and float32 tensors only: in float16 the H100 build did not
-# round the rotary products where PyTorch does (331 of 1280 outputs apart, up to 160 units in
-# the last place, with ``fp_downcast_rounding="rtne"`` too), so fp16 models keep transformers'
-# code on a GPU. Through the interpreter (the CPU tests) fp16 matches bit for bit.
+# Compiled, the kernels take bf16 and float32 tensors only: in float16 the compiled rotary does
+# not round its products where PyTorch does (docs/design.md, "Measured reasons behind the
+# runner's choices"), so fp16 models keep transformers' code on a GPU. Through the interpreter
+# (the CPU tests) fp16 matches bit for bit.
 _COMPILED_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -86,7 +85,7 @@ def fused_forward(enabled: bool = True) -> Iterator[None]:
 def _on(x: torch.Tensor) -> AbstractContextManager:
     """``x``'s CUDA device made current for a launch: Triton launches on the current device,
     and a layer that accelerate placed on another GPU (a pipeline) would have its kernel run on
-    the wrong one (non-finite logits on two H100s, GPU 0 capped, before this guard)."""
+    the wrong one (docs/history.md, "Across GPUs")."""
     if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
         return torch.cuda.device(x.device)
     return nullcontext()

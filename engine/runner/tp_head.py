@@ -3,9 +3,8 @@
 Transformers' plan splits the output head by vocabulary rows (``colwise_gather_output``): each
 rank computes its share of the logits and the plan gathers them through DTensor (``from_local``,
 ``redistribute``, ``to_local``) on every forward. The runner calls the head eagerly after each
-replayed step, and on the H100 host that wrapping cost about half a millisecond of host time a
-step (torch profiler, two-GPU session of issue 19: ``Redistribute`` 348 us, ``_FromTorchTensor``
-95 us a call), on the critical path of a step of 6-8 ms. :func:`gathered_head` computes the same
+replayed step, so that wrapping's host time lies on every step's critical path (docs/design.md,
+"Measured reasons behind the runner's choices"). :func:`gathered_head` computes the same
 thing from the local share of the weight with one ``all_gather_into_tensor``: the same matrix
 product and the same collective, without the wrapping.
 

@@ -113,9 +113,9 @@ plt.show()
 ## 4. Where it pays
 
 Measured on an H100 with the default model in bf16 (`docs/performance.md`, "Draft head";
-`benchmarks/e2e.py`, 128 greedy tokens per prompt), with the adaptive controller: 1.20x the
-engine without speculation on open-ended prompts at batch 1, 0.96x at batch 8 and 0.95x at batch
-32; with 4 drafts every step, 1.36x at batch 1. On copy-heavy prompts n-gram is the better
+`python -m benchmarks e2e`, 128 greedy tokens per prompt), with the adaptive controller: 1.20x
+the engine without speculation on open-ended prompts at batch 1, 0.96x at batch 8 and 0.95x at
+batch 32; with 4 drafts every step, 1.36x at batch 1. On copy-heavy prompts n-gram is the better
 proposer (1.62x at batch 1), and the combined `ngram_eagle` (n-gram where the text has a match,
 the head elsewhere) takes the better of the two at batch 1: 1.32x on open prompts, 1.82x on copy
 prompts. The whole proposal replays one CUDA graph there.

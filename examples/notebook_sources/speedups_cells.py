@@ -152,13 +152,15 @@ of each kind, 32 tokens, so single runs are noisy; fixed k) shows:
   leaves out: on this CPU the target forward over k + 1 tokens costs clearly more than over one
   (the engine measures about 0.2 of a decode step per extra token at batch 1), plus the engine's
   per-step host work. Hugging Face's prompt lookup reached 1.17× to 1.53× (best k = 2) in the
-  same run on this one prompt; over eight copy prompts of 64 tokens `benchmarks/e2e.py` measured
-  the engine at 1.08× HF prompt lookup (`docs/performance.md`). On a GPU at small batch, where
-  scoring k + 1 tokens costs about the same as one, the measurement comes closer to the theory.
+  same run on this one prompt; over eight copy prompts of 64 tokens `python -m benchmarks e2e`
+  measured the engine at 1.08× HF prompt lookup (`docs/performance.md`). On a GPU at small
+  batch, where scoring k + 1 tokens costs about the same as one, the measurement comes closer to
+  the theory.
 - **n-gram lookup on the open prompt**: no draft was accepted (α = 0), so every draft is wasted
   verification work: 0.68× to 0.79× at batch 1 and 0.62× to 0.98× at batch 16 with the fixed k
   measured here. The engine's default `adaptive_k=True` (off here) measures the acceptance and
-  the verification cost and stops drafting for such requests (0.99× in `benchmarks/e2e.py`).
+  the verification cost and stops drafting for such requests (0.99× in
+  `python -m benchmarks e2e`).
 - **The early-exit self-draft** runs 24 of the 30 layers per draft token (measured c ≈ 0.25 to
   0.76) for α ≈ 0.23 to 0.41: the prediction is already below 1 and the measurement lower still
   (0.17× to 0.70×). On a model not trained to exit early no depth pays; it needs targets trained

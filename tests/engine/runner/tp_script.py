@@ -1,6 +1,6 @@
-"""One rank of a tensor-parallel engine, for tests/engine/runner/test_tensor_parallel.py and
-the two-GPU script (benchmarks/parallel_gpus.sh runs it there; benchmarks/parallel.py runs the
-same engine at scale).
+"""One rank of a tensor-parallel engine, for tests/engine/runner/test_tensor_parallel.py (the
+two-GPU session, ``python -m benchmarks parallel session``, runs that test on GPUs;
+``python -m benchmarks parallel run`` runs the same engine at scale).
 
 ``python -m torch.distributed.run --nproc-per-node 2 tests/engine/runner/tp_script.py MODEL_DIR
 OUT_JSON DEVICE [KV_CACHE_TOKENS [buckets|plain [SPEC_JSON]]]``: every rank builds the same
