@@ -69,3 +69,12 @@ def default_model(specdec_cache_dir):
     from engine.runner.loader import load_model
 
     return load_model("smollm2-135m", dtype="float32", device="cpu", cache_dir=specdec_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random LLaMA with a word-level tokenizer and a chat template, saved once (the
+    benchmark suites' smoke tests run on it)."""
+    from tests.engine.cli.cli_helpers import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"))

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import registry
 from benchmarks.__main__ import main, suite_parser
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_list_names_every_suite(capsys):

@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks.suites.controller_sim import PLAIN_STEP_S, SimEngine
 from benchmarks.suites.policy_cost import policy_step_seconds
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def cells(*args) -> dict:

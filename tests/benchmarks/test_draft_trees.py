@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.suites.draft_trees import tokens_per_step
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_a_tree_accepts_a_depth_while_every_rank_fits_its_branching():

@@ -2,7 +2,7 @@
 
 import sys
 
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_e2e_quick_on_a_tiny_model(tiny_dir, capsys):

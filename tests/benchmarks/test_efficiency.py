@@ -5,7 +5,7 @@ import math
 import pytest
 
 from benchmarks.suites.efficiency import batch_steps
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_batch_steps_is_every_token_at_alpha_zero_and_whole_steps_at_one():

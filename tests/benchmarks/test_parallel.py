@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.__main__ import main
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--batch-sizes", "1,3", "--max-tokens", "12", "--repeats", "1"]

@@ -1,6 +1,6 @@
 """The profile suite on a tiny model: one run under the profiler, its host table."""
 
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_one_run_under_the_profiler(tiny_dir, capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks.__main__ import main
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_cost_times_each_proposer_beside_the_verification():

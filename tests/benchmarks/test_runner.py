@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 ONE_STEP = ("--model", "random-llama-tiny", "--device", "cpu", "--warmup", "1", "--iters", "1")
 

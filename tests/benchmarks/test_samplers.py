@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 @pytest.mark.parametrize("seeded", [False, True])

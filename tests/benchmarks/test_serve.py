@@ -4,7 +4,7 @@ processes of a tiny model on CPU (timings untested)."""
 
 from benchmarks.suites.serve_arrivals import median_rounds, summarize
 from benchmarks.suites.serve_client import pct, tpot
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 
 def test_tpot_leaves_out_the_first_token_and_requests_of_one():

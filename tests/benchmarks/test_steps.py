@@ -3,7 +3,7 @@
 import gc
 
 from benchmarks.suites.step_clock import STAGES
-from tests.benchmarks.conftest import run_suite
+from tests.benchmarks.suite_helpers import run_suite
 
 STEPS = ("--device", "cpu", "--batch-size", "2", "--warmups", "1", "--repeats", "1")
 
