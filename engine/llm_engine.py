@@ -21,12 +21,16 @@ One :meth:`LLMEngine.step`, each stage taking and returning values (``engine.ste
    finished sequences leave.
 6. **learn**: the controller learns the step's outcome (on a GPU during the next step's
    forward, where the host would wait anyway).
+
+The module holds the request API and the six stages (a little over 400 lines); what the stages
+compute that needs no engine state lives beside it: ``engine.step_records`` (the values),
+``engine.forward_inputs``, ``engine.draft_trees``, ``engine.draft_features`` and
+``engine.request_checks``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
@@ -37,6 +41,7 @@ from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, v
 from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
+from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -44,20 +49,9 @@ from engine.step_records import Forwarded, Proposed, SeqStep, Verified, step_out
 from engine.stop_checker import append_until_stop
 from proposers import ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
-from samplers.logits_adjust import tokenize_bad_words
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import Scheduler, StepOutcome, make_controller, within_spare
-
-
-def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any) -> None:
-    """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, or a bad
-    word that the tokenizer turns into no tokens (it could never be banned)."""
-    params.verify_vocab(vocab_size)
-    for word in params.bad_words or []:
-        if not tokenize_bad_words(tokenizer, [word]):
-            raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no "
-                             "tokens: it cannot ban anything")
 
 
 class LLMEngine:
@@ -115,7 +109,8 @@ class LLMEngine:
             seq.speculation = self.controller.new_tracker(seq, together)
         self.requests[request_id] = seqs
         self.metrics.num_requests += 1
-        error = self._request_error(prompt_token_ids, params)
+        error = request_error(prompt_token_ids, params, self.vocab_size, self.max_model_len,
+                              self.max_model_len_source)
         if error is None:
             error = seqs[0].adjuster.check_sampleable(self.vocab_size)
         for seq in seqs:
@@ -126,22 +121,6 @@ class LLMEngine:
                 continue
             self.scheduler.add(seq)
         return seqs
-
-    def _request_error(self, prompt_token_ids: list[int], params: SamplingParams) -> str | None:
-        if len(prompt_token_ids) == 0:
-            return "the prompt is empty: at least one token is needed"
-        if len(prompt_token_ids) >= self.max_model_len:
-            return (f"the prompt has {len(prompt_token_ids)} tokens; this engine holds at most "
-                    f"{self.max_model_len} tokens per sequence (set by "
-                    f"{self.max_model_len_source}), which leaves no room for output")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            return f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
-        try:
-            params.verify_vocab(self.vocab_size)
-        except ValueError as exc:
-            return str(exc)
-        return None
 
     def abort_request(self, request_id: str) -> None:
         """Stop every unfinished sample of a request now (``finish_reason='abort'``)."""

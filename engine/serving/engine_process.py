@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine, check_sampling_params
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, StreamDelta
+from engine.request_checks import check_sampling_params
 from engine.serving.async_engine import (
     EngineFrontend,
     EngineStats,
