@@ -47,7 +47,7 @@ def head_dir(tmp_path_factory, target):
 
 
 def make_llm(target, head_dir, method: str | None, k: int, adaptive: bool,
-             kv_cache_tokens: int | None = None) -> LLM:
+             kv_cache_tokens: int | None = None, max_num_seqs: int = 8) -> LLM:
     spec = None
     if method is not None:
         spec = {"method": method, "num_speculative_tokens": k, "adaptive_k": adaptive}
@@ -58,7 +58,7 @@ def make_llm(target, head_dir, method: str | None, k: int, adaptive: bool,
     kwargs = {} if kv_cache_tokens is None else dict(kv_cache_tokens=kv_cache_tokens,
                                                      max_model_len=40)
     return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
-               max_num_seqs=8, **kwargs)
+               max_num_seqs=max_num_seqs, **kwargs)
 
 
 def run_staggered(llm: LLM, batch: list[tuple[list[int], SamplingParams]],
@@ -134,3 +134,17 @@ def test_coupled_draft_model_drafts_are_accepted_where_the_models_agree(target):
     assert metrics.num_accepted == metrics.num_drafted
     for prompt, out in zip(batch, outs, strict=True):
         assert [out.outputs[0].token_ids] == alone(target, prompt, params)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
+def test_thirty_two_seeded_requests_in_one_batch_equal_their_runs_alone(target, head_dir, method):
+    """Batch 32, k = 4 drafts every step: every seeded request equals its run alone without
+    speculation."""
+    llm = make_llm(target, head_dir, method, 4, False, max_num_seqs=32)
+    batch = prompts(32, seed=11)
+    params = [SamplingParams(temperature=0.6 + 0.05 * (i % 8), top_k=16, seed=100 + i,
+                             max_tokens=10, ignore_eos=True) for i in range(32)]
+    outs = llm.generate(batch, params, use_tqdm=False)
+    for prompt, p, out in zip(batch, params, outs, strict=True):
+        assert [c.token_ids for c in out.outputs] == alone(target, prompt, p)
+    assert llm.get_metrics().num_drafted > 0
