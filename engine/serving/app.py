@@ -1,15 +1,19 @@
-"""The HTTP routes (FastAPI): OpenAI's completions, chat completions and models, plus /health
-and /metrics.
+"""The HTTP routes (FastAPI): OpenAI's completions, chat completions and models, plus /health,
+/metrics and vLLM's /version, /tokenize and /detokenize.
 
 Streaming answers are server-sent events, one ``data: {json}`` per delta and ``data: [DONE]``
 at the end. A client that disconnects cancels its handler, which aborts the request (its KV rows
-are freed at the engine's next step). A bad request is a 400 with OpenAI's error body, naming
-the field in ``param``; a full queue a 429 with ``Retry-After``; the other requests run on.
+are freed at the engine's next step). Every error has OpenAI's body, ``{"error": {"message",
+"type", "param", "code"}}``: a bad request (a value out of range, an unknown field, malformed
+JSON, a prompt and ``max_tokens`` beyond the context) is a 400 naming the field in ``param``; a
+``model`` other than the served one and an unknown route a 404; a full queue a 429 with
+``Retry-After``. The other requests run on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import re
 from collections.abc import AsyncIterator
@@ -20,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
 from engine.inputs import normalize_conversations, normalize_prompts
 from engine.outputs import RequestOutput, StreamDelta
@@ -37,15 +42,36 @@ class EngineStopped(Exception):
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
+
+
+class ModelNotFound(Exception):
+    """The request names a model this server does not serve."""
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None,
-           headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+           headers: dict[str, str] | None = None, code: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    """pydantic's first complaint about a body, as OpenAI's 400."""
+    first = exc.errors()[0]
+    loc = [str(x) for x in first.get("loc", ())[1:]]
+    param = loc[0] if loc else None  # the request's field (the rest: where inside it)
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg"))
+        return _error(400, f"the request body is not valid JSON: {detail} (at character "
+                      f"{param})", "invalid_request_error")
+    if first.get("type") == "extra_forbidden":
+        return _error(400, f"{'.'.join(loc)}: the field {loc[-1]!r} is not supported by this "
+                      "server", "invalid_request_error", param)
+    where = ".".join(loc) if loc else "the request body"
+    return _error(400, f"{where}: {first.get('msg')}", "invalid_request_error", param)
 
 
 def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -> FastAPI:
@@ -63,15 +89,28 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        loc = [str(x) for x in first.get("loc", ())[1:]]
-        param = loc[0] if loc else None  # the request's field (the rest: where inside it)
-        return _error(400, f"{'.'.join(loc)}: {first.get('msg')}", "invalid_request_error",
-                      param)
+        return _validation_error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        route = f"{request.method} {request.url.path}"
+        message = {404: f"Invalid URL ({route}): no such route",
+                   405: f"Method not allowed ({route})"}.get(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, message, "invalid_request_error",
+                      headers=getattr(exc, "headers", None))
 
     @app.exception_handler(BadRequest)
     async def bad(request: Request, exc: BadRequest) -> JSONResponse:
-        return _error(400, str(exc), "invalid_request_error", exc.param)
+        return _error(400, str(exc), "invalid_request_error", exc.param, code=exc.code)
+
+    @app.exception_handler(ModelNotFound)
+    async def no_model(request: Request, exc: ModelNotFound) -> JSONResponse:
+        return _error(404, str(exc), "invalid_request_error", "model", code="model_not_found")
+
+    def check_model(requested: str | None) -> None:
+        if requested is not None and requested != model_name:
+            raise ModelNotFound(f"The model `{requested}` does not exist. This server serves "
+                                f"`{model_name}`.")
 
     @app.exception_handler(EngineStopped)
     async def stopped(request: Request, exc: EngineStopped) -> JSONResponse:
@@ -93,6 +132,37 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
         metrics.render_ready()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": importlib.metadata.version("specdec")}
+
+    @app.post("/tokenize")
+    async def tokenize(body: p.TokenizeRequest) -> dict[str, Any]:
+        check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give exactly one of prompt and messages", "prompt")
+        if body.prompt is not None:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            text = body.prompt
+        else:
+            special = bool(body.add_special_tokens)
+            text = _chat_text(tokenizer, body.messages, body.chat_template,
+                              body.add_generation_prompt, body.continue_final_message)
+        ids = list(tokenizer(text, add_special_tokens=special)["input_ids"])
+        return {"count": len(ids), "max_model_len": engine.engine.max_model_len, "tokens": ids,
+                "token_strs": tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs
+                else None}
+
+    @app.post("/detokenize")
+    async def detokenize(body: p.DetokenizeRequest) -> dict[str, str]:
+        check_model(body.model)
+        vocab_size = engine.engine.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise BadRequest(f"tokens {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+                             "tokens")
+        return {"prompt": tokenizer.decode(body.tokens)}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model",
@@ -100,6 +170,7 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
 
     @app.post("/v1/completions")
     async def completions(body: p.CompletionRequest, request: Request) -> Response:
+        check_model(body.model)
         if body.suffix is not None:
             raise BadRequest("suffix is not supported", "suffix")
         params = _params(body, SamplingParams(max_tokens=16))
@@ -109,6 +180,9 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
             raise BadRequest(str(exc), "prompt") from None
         if not prompts:
             raise BadRequest("prompt: at least one prompt is needed", "prompt")
+        for i, (_, ids) in enumerate(prompts):
+            _check_context(len(ids), body.max_tokens, "max_tokens", engine.engine.max_model_len,
+                           "prompt", "the prompt" if len(prompts) == 1 else f"prompt {i}")
         runs = _submit_all(engine, prompts, params)
         rid = p.new_id("cmpl")
         if body.stream:
@@ -121,17 +195,14 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
 
     @app.post("/v1/chat/completions")
     async def chat(body: p.ChatRequest, request: Request) -> Response:
+        check_model(body.model)
         params = _params(body, SamplingParams(max_tokens=None))
-        messages = [m.model_dump() for m in body.messages]
-        try:
-            (conversation,) = normalize_conversations(messages)
-            text = tokenizer.apply_chat_template(
-                conversation, chat_template=body.chat_template, tokenize=False,
-                add_generation_prompt=body.add_generation_prompt and not
-                body.continue_final_message, continue_final_message=body.continue_final_message)
-        except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
-            raise BadRequest(f"messages: {exc}", "messages") from None
+        text = _chat_text(tokenizer, body.messages, body.chat_template,
+                          body.add_generation_prompt, body.continue_final_message)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        max_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        _check_context(len(ids), getattr(body, max_field), max_field,
+                       engine.engine.max_model_len, "messages", "the messages")
         runs = _submit_all(engine, [(text, ids)], params)
         rid = p.new_id("chatcmpl")
         if body.stream:
@@ -142,6 +213,42 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
         return JSONResponse(_chat_body(rid, model_name, outputs[0], body))
 
     return app
+
+
+def _chat_text(tokenizer: Any, messages: list[p.ChatMessage], chat_template: str | None,
+               add_generation_prompt: bool, continue_final_message: bool) -> str:
+    """The conversation rendered by the chat template; a 400 naming ``messages`` if it cannot
+    be (a content part that is not text, a template error)."""
+    dumped = [m.model_dump() for m in messages]
+    try:
+        for i, message in enumerate(dumped):
+            message["content"] = p.message_text(message["content"], f"messages[{i}].content")
+    except ValueError as exc:
+        raise BadRequest(str(exc), "messages") from None
+    try:
+        (conversation,) = normalize_conversations(dumped)
+        return tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message)
+    except Exception as exc:  # noqa: BLE001 - a template error is the request's fault
+        raise BadRequest(f"messages: {exc}", "messages") from None
+
+
+def _check_context(num_prompt_tokens: int, max_tokens: int | None, max_field: str,
+                   max_model_len: int, prompt_field: str, what: str) -> None:
+    """A 400 (as vLLM words it) when the prompt leaves no room for output, or when it and the
+    ``max_tokens`` asked for (None: the server's default, cut at the context) exceed it."""
+    limit = f"This model's maximum context length is {max_model_len} tokens."
+    if num_prompt_tokens >= max_model_len:
+        raise BadRequest(f"{limit} However, your request has {num_prompt_tokens} tokens in "
+                         f"{what}, which leaves no room for the completion. Please reduce the "
+                         f"length of {what}.", prompt_field, "context_length_exceeded")
+    if max_tokens is not None and num_prompt_tokens + max_tokens > max_model_len:
+        raise BadRequest(f"{limit} However, you requested {num_prompt_tokens + max_tokens} tokens "
+                         f"({num_prompt_tokens} in {what}, {max_tokens} in the completion). "
+                         f"Please reduce the length of {what} or {max_field}={max_tokens}.",
+                         max_field, "context_length_exceeded")
 
 
 def _bad_request(exc: Exception) -> BadRequest:

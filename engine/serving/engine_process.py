@@ -56,12 +56,13 @@ class EngineCounters:
 
 
 class EngineView:
-    """What the routes read of the engine on the server's side: tokenizer, vocabulary, counters,
-    and the same request checks as :meth:`LLMEngine.check_params`."""
+    """What the routes read of the engine on the server's side: tokenizer, vocabulary, context
+    length, counters, and the same request checks as :meth:`LLMEngine.check_params`."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_k: int) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, max_model_len: int, max_k: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
         self.metrics = EngineCounters(drafted_at=[0] * max_k, accepted_at=[0] * max_k)
 
     def check_params(self, params: SamplingParams) -> None:
@@ -98,8 +99,8 @@ class ProcessEngine(EngineFrontend):
             self._process.join(10)
             raise {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)(
                 message)
-        _, tokenizer, vocab_size, self.max_k, free_tokens = ready
-        self.engine = EngineView(tokenizer, vocab_size, self.max_k)
+        _, tokenizer, vocab_size, max_model_len, self.max_k, free_tokens = ready
+        self.engine = EngineView(tokenizer, vocab_size, max_model_len, self.max_k)
         self.stats.num_free_kv_tokens = free_tokens
         self._requests: dict[str, _Request] = {}
         self._send_lock = threading.Lock()
@@ -165,7 +166,7 @@ def _engine_main(config: EngineConfig, commands: Any, events: Any) -> None:
         return
     spec = config.speculative_config
     max_k = spec.num_speculative_tokens if spec is not None and engine.proposer else 0
-    events.send(("ready", engine.tokenizer, engine.vocab_size, max_k,
+    events.send(("ready", engine.tokenizer, engine.vocab_size, engine.max_model_len, max_k,
                  engine.runner.num_free_tokens))
     held: set[str] = set()
     steps = 0

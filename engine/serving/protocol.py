@@ -1,13 +1,17 @@
-"""OpenAI's request and response shapes for ``/v1/completions`` and ``/v1/chat/completions``.
+"""OpenAI's request and response shapes for ``/v1/completions`` and ``/v1/chat/completions``
+(and vLLM's for ``/tokenize`` and ``/detokenize``).
 
 Requests are pydantic models with OpenAI's fields and names, plus vLLM's extra sampling fields
 (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos``,
 ``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``,
 ``allowed_token_ids``, ``bad_words``, ``prompt_logprobs``) and a per-request speculation control,
 ``num_speculative_tokens`` (``SamplingParams.num_speculative_tokens``: at most this many
-drafts per step; 0 turns speculation off for the request). Unknown fields are refused (OpenAI
-clients send only known ones; a typo should not be silently dropped). :func:`sampling_params`
-turns a request into :class:`SamplingParams`, whose own checks name the field of a bad value.
+drafts per step; 0 turns speculation off for the request). Fields that OpenAI clients send and
+that change nothing here (``store``, ``metadata``, ``user``, ``service_tier``,
+``parallel_tool_calls``) are accepted and ignored; other unknown fields are refused (a typo should
+not be silently dropped). :func:`sampling_params` turns a request into :class:`SamplingParams`,
+whose own checks name the field of a bad value; :func:`message_text` joins a message's text
+parts.
 """
 
 from __future__ import annotations
@@ -38,7 +42,12 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    # accepted and ignored: they change nothing in what this server computes
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
     # vLLM's extra sampling fields
     top_k: int | None = None
     min_p: float | None = None
@@ -67,7 +76,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str
+    content: str | list[Any]  # text, or OpenAI's content parts (text parts only: message_text)
 
 
 class ChatRequest(_Request):
@@ -78,6 +87,31 @@ class ChatRequest(_Request):
     chat_template: str | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body: a ``prompt`` (tokenized as ``/v1/completions`` does) or
+    ``messages`` (rendered and tokenized as ``/v1/chat/completions`` does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None  # None: True for a prompt, False for messages
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int]
 
 
 _PASSED = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
@@ -108,6 +142,25 @@ def sampling_params(request: CompletionRequest | ChatRequest,
         values["logit_bias"] = request.logit_bias
     base = {name: getattr(defaults, name) for name in ("max_tokens", "temperature")}
     return SamplingParams(**{**base, **values})
+
+
+def message_text(content: str | list[Any], where: str) -> str:
+    """A message's ``content`` as text: a string as it is, a list of OpenAI's content parts
+    (``{"type": "text", "text": ...}``) joined by newlines, as vLLM joins them. Raises
+    ``ValueError`` naming ``where`` (``messages[i].content``) for a part that is not text."""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            shown = f"type {kind!r}" if kind is not None else f"{part!r}"
+            raise ValueError(f"{where}[{j}]: a content part of {shown} is not supported "
+                             "(this server takes text parts only)")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"{where}[{j}]: a text part needs a string 'text'")
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def new_id(prefix: str) -> str:

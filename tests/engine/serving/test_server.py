@@ -134,6 +134,7 @@ def test_chat_n_samples_stop_and_logprobs(client):
     ({"extra_body": {"bad_words": "w5 w6"}}, "bad_words"),
     ({"extra_body": {"num_speculative_tokens": -1}}, "num_speculative_tokens"),
     ({"prompt": "w5 " * 300}, "prompt"),  # longer than the context
+    ({"max_tokens": 10**9}, "max_tokens"),  # beyond the context: was run for minutes
     ({"prompt": [["w5"]]}, "prompt"),
     ({"prompt": []}, "prompt"),
     ({"logit_bias": {"999": 1}}, "logit_bias"),  # outside the vocabulary: was a 500
