@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.config import HEAD_METHODS, EngineConfig, tree_size
+from engine.config import HEAD_METHODS, EngineConfig, default_num_threads, tree_size
 from engine.draft_trees import TREE_MAX_SEQS
 from engine.runner.executor import attention_devices, execution_device
 from engine.runner.loader import load_model, load_tokenizer
@@ -217,6 +217,7 @@ def twin_width(config: EngineConfig) -> Callable[[int], int] | None:
 
 
 def build_components(config: EngineConfig) -> EngineComponents:
+    torch.set_num_threads(config.num_threads or default_num_threads())  # (the whole process's)
     model, tokenizer = load_target(config)
     device = execution_device(model.get_input_embeddings())
     vocab_size = model.get_output_embeddings().weight.shape[0]

@@ -11,17 +11,23 @@ accept every name registered in :mod:`proposers.registry` and :mod:`samplers.reg
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.logprobs import LOGPROBS_MODES
-from engine.runner.loader import DTYPES
 from engine.runner.step_layout import MAX_TREE_NODES
 from proposers import available_proposers
+from proposers.head_model import CONFIG_NAME as HEAD_CONFIG_NAME
 from proposers.ngram_table import MAX_N
 from samplers import MAX_SPEC_LEN, available_samplers
 
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
+# The names of engine.runner.loader.DTYPES, here so that the CLI's --help needs no transformers.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+METHODS_WITHOUT_MODEL = ("ngram", "early_exit")  # a ``model`` given with these is a mistake
+MAX_DEFAULT_THREADS = 16  # the most threads default_num_threads chooses
 
 
 HEAD_METHODS = ("eagle", "ngram_eagle")  # draft heads: read the target's embedding and head
@@ -37,6 +43,33 @@ def tree_size(branching: list[int], depth: int) -> int:
         width *= branching[d] if d < len(branching) else 1
         total += width
     return total
+
+
+def default_num_threads(environ: dict[str, str] | None = None,
+                        cpus: set[int] | None = None,
+                        topology: Path = Path("/sys/devices/system/cpu")) -> int:
+    """torch's CPU threads when ``EngineConfig.num_threads`` is None, so that the engine does not
+    oversubscribe the CPU (as vLLM's CPU backend chooses): ``OMP_NUM_THREADS`` when it is set
+    to an integer >= 1; else the physical cores among the CPUs this process may run on
+    (``os.sched_getaffinity``; hyperthreads of one core count once), less one left to the
+    Python host work and the server's other process, at least 1 and at most
+    ``MAX_DEFAULT_THREADS``."""
+    environ = os.environ if environ is None else environ
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) >= 1:
+        return int(given)
+    if cpus is None:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(
+            range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:
+        try:
+            core = tuple((topology / f"cpu{cpu}" / "topology" / key).read_text().strip()
+                         for key in ("physical_package_id", "core_id"))
+        except OSError:  # (no sysfs: every CPU a core)
+            core = ("cpu", str(cpu))
+        cores.add(core)
+    return max(1, min(len(cores) - 1, MAX_DEFAULT_THREADS))
 
 
 def _fail(cls: str, name: str, value: object, allowed: str) -> None:
@@ -84,13 +117,28 @@ def check_keys(where: str, data: dict[str, Any], allowed: list[str]) -> None:
             raise ValueError(f"unknown key {key!r} in {where}; allowed: {', '.join(allowed)}")
 
 
+def infer_method(model: Any) -> str:
+    """vLLM's rule for a ``speculative_config`` without ``method``: ``eagle`` when ``model`` is
+    a draft head's directory (``DraftHead.save`` writes its ``draft_head.json``), else
+    ``draft_model``; no ``model`` is an error naming ``method``."""
+    if model is None:
+        _fail("SpeculativeConfig", "method", None, f"one of {' | '.join(available_proposers())}"
+              " (or give model, a draft model or a draft head's directory, to infer it)")
+    if isinstance(model, (str, os.PathLike)) and (Path(model) / HEAD_CONFIG_NAME).is_file():
+        return "eagle"
+    return "draft_model"
+
+
 @dataclass
 class SpeculativeConfig:
     """How drafts are proposed and verified.
 
     ``method``: ``ngram`` (prompt lookup), ``draft_model`` (a small HF model given by ``model``:
-    a name or path, or a loaded model with its ``tokenizer``) or ``early_exit`` (the target's
-    first ``num_early_exit_layers`` layers).
+    a name or path, or a loaded model with its ``tokenizer``), ``eagle`` / ``ngram_eagle`` (a
+    draft head: ``model`` is a directory saved by ``DraftHead.save``, None: the shipped head) or
+    ``early_exit`` (the target's first ``num_early_exit_layers`` layers). None (as in vLLM):
+    inferred from ``model``, ``eagle`` for a draft head's directory, else ``draft_model``; with
+    no ``model`` either it is an error (vLLM has no default method).
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
     ``adaptive_k``: the goodput controller chooses each step's drafts (0 up to
@@ -119,7 +167,7 @@ class SpeculativeConfig:
     chains, for the sampled tree verification's host work (docs/history.md, "Draft trees").
     """
 
-    method: str = "ngram"
+    method: str | None = None
     model: Any = None
     tokenizer: Any = None
     num_speculative_tokens: int = 4
@@ -139,8 +187,13 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"
+        if self.method is None:
+            self.method = infer_method(self.model)
         if self.method not in available_proposers():
             _fail(name, "method", self.method, " | ".join(available_proposers()))
+        if self.method in METHODS_WITHOUT_MODEL and self.model is not None:
+            _fail(name, "model", self.model, f"None with method={self.method!r} (it drafts "
+                  "without a model); drop method to infer it from model")
         if self.method == "draft_model" and self.model is None:
             _fail(name, "model", None, "a draft model (hub id, path or loaded model) when "
                   "method='draft_model'")
@@ -248,6 +301,8 @@ class EngineConfig:
     ``fused_ops``: on CUDA, the model's LLaMA-form RMSNorms and rotary embedding run as one Triton
     kernel each (:mod:`engine.runner.fused_ops`: a decode step of a small batch is bound by its
     number of kernels); False runs transformers' own operations.
+    ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
+    (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
     """
 
     model: Any = "smollm2-135m"
@@ -267,6 +322,7 @@ class EngineConfig:
     trust_remote_code: bool = False
     tensor_parallel_size: int = 1
     max_memory: dict[Any, Any] | None = None
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -300,6 +356,9 @@ class EngineConfig:
             _fail(name, "model", type(self.model).__name__, "a name or path with "
                   "tensor_parallel_size > 1 (every rank loads its own share)")
         self.max_memory = _max_memory(self.max_memory, self.device)
+        if self.num_threads is not None and (not _is_int(self.num_threads)
+                                             or self.num_threads < 1):
+            _fail(name, "num_threads", self.num_threads, "None (the default) or an integer >= 1")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         spec = self.speculative_config

@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="move every object alive after the warm-ups out of the collector's "
                         "reach (gc.freeze) before the timed runs")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads for the run (default: torch's own)")
+                   help="the engines' torch threads (default: EngineConfig.num_threads's)")
 
 
 def method_config(args: argparse.Namespace, method: str) -> dict | None:
@@ -78,8 +78,6 @@ def method_config(args: argparse.Namespace, method: str) -> dict | None:
 
 def run(args: argparse.Namespace) -> Result:
     models.resolve(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.waves < 1:
         raise SystemExit(f"--waves {args.waves} is invalid: allowed an integer >= 1")
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
@@ -96,7 +94,8 @@ def run(args: argparse.Namespace) -> Result:
     def build(spec: dict | None) -> LLM:
         return LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                    speculative_config=spec, max_num_seqs=args.batch_size,
-                   max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len)
+                   max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len,
+                   num_threads=args.threads)
 
     want = None
     if oracle:  # the oracle drafts the plain engine's greedy continuation

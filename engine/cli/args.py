@@ -19,25 +19,36 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, NoReturn
 
-from engine.config import DRAFT_SAMPLE_METHODS, DTYPES, EngineConfig, SpeculativeConfig
+from engine.cli.flag_help import FLAG_HELP
+from engine.config import (
+    DRAFT_SAMPLE_METHODS,
+    DTYPES,
+    METHODS_WITHOUT_MODEL,
+    EngineConfig,
+    SpeculativeConfig,
+)
+from engine.logprobs import LOGPROBS_MODES
 from engine.presets import SPECULATIVE_KEY, Preset
 from proposers import available_proposers
 from samplers import SamplingParams, available_samplers
 
 # Fields whose flag is not simply ``--field-name``.
 SPEC_RENAMES = {"model": "draft-model", "tokenizer": "draft-tokenizer"}
+ENGINE_RENAMES = {"num_threads": "threads"}
 SAMPLING_RENAMES = {"seed": "request-seed",  # ``--seed`` is the engine seed
                     "num_speculative_tokens": "request-num-speculative-tokens"}  # -k: engine
 ENGINE_SKIP = {"speculative_config"}
 NO_SPECULATION = "none"
-SHORT_FLAGS = {("spec", "num_speculative_tokens"): "-k"}  # (section, field): flag
+# (section, field): flag
+SHORT_FLAGS = {("spec", "num_speculative_tokens"): "-k", ("sampling", "n"): "-n"}
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
     """The allowed values of the fields that take a name (read when the parser is built)."""
     return {"method": (*available_proposers(), NO_SPECULATION),
             "acceptance_method": tuple(available_samplers()),
-            "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": tuple(DTYPES)}
+            "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": DTYPES,
+            "logprobs_mode": LOGPROBS_MODES}
 
 
 class CliError(Exception):
@@ -160,7 +171,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, nam
         shown = f"{preset[name]!r}, from {preset_name}"
     else:
         shown = "none" if default is MISSING else f"{default!r}"
-    kwargs: dict[str, Any] = {"dest": dest, "help": f"{cls.__name__}.{name} (default: {shown})"}
+    what = FLAG_HELP.get((section, name), f"{cls.__name__}.{name}")
+    kwargs: dict[str, Any] = {"dest": dest, "help": f"{what} (default: {shown})"}
     item = _is_list(base)
     if base is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -242,7 +254,7 @@ def add_engine_flags(parser: argparse.ArgumentParser,
     engine = None if preset is None else preset.engine
     spec = None if preset is None else (preset.engine.get(SPECULATIVE_KEY) or {})
     specs = _add_dataclass_flags(parser.add_argument_group("engine (EngineConfig)"), "engine",
-                                 EngineConfig, {}, ENGINE_SKIP, engine, name)
+                                 EngineConfig, ENGINE_RENAMES, ENGINE_SKIP, engine, name)
     spec_group = parser.add_argument_group(
         "speculation (SpeculativeConfig); --method none turns it off")
     specs += _add_dataclass_flags(spec_group, "spec", SpeculativeConfig, SPEC_RENAMES, set(),
@@ -309,6 +321,10 @@ def merge_overrides(preset: Preset, overrides: dict[str, dict[str, Any]]) -> Pre
         engine[SPECULATIVE_KEY] = None
     elif spec_flags:
         spec = dict(preset.engine.get(SPECULATIVE_KEY) or {})
+        preset_method = spec.get("method")
+        if method is None and "model" in spec_flags and preset_method in METHODS_WITHOUT_MODEL:
+            for key in ("method", *METHOD_ONLY_KEYS.get(preset_method, ())):
+                spec.pop(key, None)  # (the method is inferred from the model, as in vLLM)
         if method is not None and method != spec.get("method"):
             for other, keys in METHOD_ONLY_KEYS.items():
                 if other != method:

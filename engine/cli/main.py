@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from dataclasses import asdict, fields
 from typing import Any, TextIO
 
 from engine.cli.args import EXIT_FAILED, merge_overrides, one_line_errors, parse_args
 from engine.cli.prompts import DEMO_PROMPT, PromptItem, read_prompts, render_prompts
-from engine.outputs import EngineMetrics, RequestOutput
+from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput
 from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
 
 
@@ -86,19 +87,47 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+TIMESTAMPS = ("arrival_time", "first_token_time", "finished_time")  # RequestMetrics', perf_counter
+
+
+def _output_json(output: RequestOutput, item: PromptItem) -> dict[str, Any]:
+    """One output, its timestamps as wall-clock seconds since the epoch (the engine's are
+    ``time.perf_counter`` readings, meaningless outside the process)."""
+    doc = {**asdict(output), "input": item.source,
+           "acceptance_rate": output.metrics.acceptance_rate,
+           "mean_accepted_length": output.metrics.mean_accepted_length}
+    offset = time.time() - time.perf_counter()
+    for key in TIMESTAMPS:
+        if doc["metrics"][key] is not None:
+            doc["metrics"][key] += offset
+    return doc
+
+
+def _overall(outputs: list[RequestOutput] | None) -> dict[str, float | None]:
+    """Acceptance rate and mean accepted length over every output, with the per-output
+    definitions (tokens per step, drafting or not); None after ``--stream``."""
+    if outputs is None:
+        return {"acceptance_rate": None, "mean_accepted_length": None}
+    total = RequestMetrics()
+    for output in outputs:
+        total.add(output.metrics)
+    return {"acceptance_rate": total.acceptance_rate,
+            "mean_accepted_length": total.mean_accepted_length}
+
+
 def write_json(path: str, preset_dict: dict, items: list[PromptItem],
                outputs: list[RequestOutput] | None, streamed: list[dict[str, Any]] | None,
                metrics: EngineMetrics) -> None:
     """Outputs (or, after ``--stream``, the streamed samples), metrics and the effective
-    configuration as one JSON document."""
+    configuration as one JSON document. The top-level ``acceptance_rate`` and
+    ``mean_accepted_length`` sum the outputs' counters; ``metrics`` holds the engine's, whose
+    ``mean_accepted_length`` counts only the steps that verified drafts (0 when none did)."""
     doc = {
         "config": preset_dict,
+        **_overall(outputs),
         "streamed": streamed,
         "outputs": None if outputs is None else [
-            {**asdict(o), "input": item.source,
-             "acceptance_rate": o.metrics.acceptance_rate,
-             "mean_accepted_length": o.metrics.mean_accepted_length}
-            for o, item in zip(outputs, items, strict=True)],
+            _output_json(o, item) for o, item in zip(outputs, items, strict=True)],
         "metrics": asdict(metrics),
     }
     text = json.dumps(_jsonable(doc), indent=2)

@@ -124,7 +124,8 @@ def test_observed_steps_leave_proposals_as_the_rule_says():
 
 
 def test_batch_of_different_k_and_requests():
-    proposer = get_proposer("ngram", SpeculativeConfig(prompt_lookup_min=1, prompt_lookup_max=3),
+    proposer = get_proposer("ngram", SpeculativeConfig(method="ngram", prompt_lookup_min=1,
+                                                             prompt_lookup_max=3),
                             None)
     requests = [ProposeRequest("a", [1, 2, 3, 1, 2], 3, GREEDY),
                 ProposeRequest("b", [4, 4], 0, GREEDY),
@@ -306,7 +307,7 @@ def test_many_requests_joining_and_leaving_match_brute_force():
 
 def test_registry_and_request_checks():
     with pytest.raises(ValueError, match="method='medusa' is invalid: allowed draft_model"):
-        get_proposer("medusa", SpeculativeConfig(), None)
+        get_proposer("medusa", SpeculativeConfig(method="ngram"), None)
     with pytest.raises(ValueError, match="num_spec_tokens=-1"):
         ProposeRequest(0, [1], -1, GREEDY)
     with pytest.raises(ValueError, match="token_ids"):

@@ -4,10 +4,12 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from engine.cli.args import CliError, build_parser, merge_overrides, parse_args
+from engine.cli.flag_help import FLAG_HELP
 from engine.cli.main import main
 from engine.cli.prompts import read_prompts, read_prompts_file
 from engine.config import EngineConfig, SpeculativeConfig
@@ -73,9 +75,30 @@ def test_changing_method_drops_the_other_methods_keys():
 def test_speculation_flags_on_a_preset_without_speculation(tmp_path):
     path = tmp_path / "plain.yaml"
     path.write_text("speculative_config: null\n")
-    engine, _ = _merged(["-k", "3"], config=path)
+    engine, _ = _merged(["-k", "3", "--method", "ngram"], config=path)
     assert engine.speculative_config.method == "ngram"
     assert engine.speculative_config.num_speculative_tokens == 3
+    with pytest.raises(ValueError, match=r"SpeculativeConfig\.method=None"):  # (as vLLM)
+        _merged(["-k", "3"], config=path)
+
+
+def test_a_draft_model_without_method_infers_it(tmp_path):
+    """The default preset drafts by n-gram; --draft-model alone must not keep that."""
+    engine, _ = _merged(["--draft-model", "some/draft"])
+    spec = engine.speculative_config
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model",
+                                                                      "some/draft", 4)
+    engine, _ = _merged(["--draft-model", "my/head"], config="eagle_tree")  # takes a model
+    assert engine.speculative_config.method == "ngram_eagle"
+    with pytest.raises(ValueError, match=r"SpeculativeConfig\.model='some/draft'"):
+        _merged(["--draft-model", "some/draft", "--method", "ngram"])
+
+
+def test_threads_and_short_n_flags():
+    engine, sampling = _merged(["--threads", "2", "-n", "3"])
+    assert (engine.num_threads, sampling.n) == (2, 3)
+    engine, _ = _merged([])
+    assert engine.num_threads is None  # default_num_threads() when the engine is built
 
 
 def test_prompts_from_flags_and_files(tmp_path):
@@ -153,6 +176,12 @@ def tiny_model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny_llama"))
 
 
+def torch_threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _hf_greedy(path, prompt_ids, max_new_tokens):
     import torch
     from transformers import AutoModelForCausalLM
@@ -172,8 +201,10 @@ def test_cli_end_to_end_matches_hf_greedy(tiny_model_dir, tmp_path, capsys):
     argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32",
             "--prompts-file", str(prompts), "--prompt", "w40 w41 w42",
             "--max-tokens", "12", "--ignore-eos", "-k", "3", "--no-adaptive-k", "--json",
-            str(out)]  # (a fixed k: the controller may find that a random model's drafts lose)
+            str(out), "--threads", "2"]  # (a fixed k: a random model's drafts may lose)
+    started = time.time()
     assert main(argv) == 0
+    assert torch_threads() == 2  # (the default is 1 on 2 cores)
     printed = capsys.readouterr().out
     doc = json.loads(out.read_text())
     results = doc["outputs"]
@@ -192,6 +223,12 @@ def test_cli_end_to_end_matches_hf_greedy(tiny_model_dir, tmp_path, capsys):
     assert doc["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3
     metrics = doc["metrics"]
     assert metrics["num_generated"] == 36 and metrics["num_drafted"] > 0
+    steps = sum(r["metrics"]["num_steps"] for r in results)
+    assert doc["mean_accepted_length"] == pytest.approx(36 / steps)
+    for result in results:  # wall-clock seconds since the epoch, in order
+        times = [result["metrics"][key] for key in ("arrival_time", "first_token_time",
+                                                    "finished_time")]
+        assert started - 1 <= times[0] <= times[1] <= times[2] <= time.time() + 1
     assert "acceptance rate" in printed and "tokens/s" in printed
 
 
@@ -203,6 +240,7 @@ def test_cli_stream_and_no_speculation(tiny_model_dir, tmp_path, capsys):
     doc = json.loads(captured.out)  # stdout holds only the JSON document
     expected = doc["outputs"][0]["outputs"][0]
     assert "(no speculation)" in captured.err and doc["metrics"]["num_drafted"] == 0
+    assert doc["mean_accepted_length"] == doc["outputs"][0]["mean_accepted_length"] == 1.0
     out = tmp_path / "stream.json"
     assert main(argv + ["--stream", "--json", str(out)]) == 0
     streamed = capsys.readouterr().out
@@ -263,9 +301,27 @@ def test_help_shows_what_a_run_gets(capsys):
     with pytest.raises(SystemExit):
         main(["--config", "typical", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "SpeculativeConfig.acceptance_method (default: 'typical_acceptance_sampler', from " \
+    assert "typical acceptance (lossy) (default: 'typical_acceptance_sampler', from " \
            "typical.yaml)" in text
-    assert "SamplingParams.top_k (default: 0)" in text
+    assert "sample from the k likeliest tokens (0 or -1: all) (default: 0)" in text
+    assert "--logprobs-mode {raw_logprobs,processed_logprobs,raw_logits,processed_logits}" in text
+
+
+def test_every_flag_says_what_it_does():
+    parser, specs = build_parser()
+    assert {(s.section, s.field) for s in specs} == set(FLAG_HELP)
+    for action in parser._actions:
+        assert action.help and not action.help.startswith(
+            ("EngineConfig.", "SpeculativeConfig.", "SamplingParams.")), action.option_strings
+
+
+def test_help_does_not_import_transformers():
+    """--help took 4.6-6 s when it loaded transformers (torch still comes with ``engine``)."""
+    code = ("import sys\nfrom engine.cli.main import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nassert 'transformers' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_run_with_no_drafts_says_so():
