@@ -50,3 +50,33 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor,
     stat = ((obs - exp) ** 2 / exp).sum()
     df = len(obs) - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2.0))
+
+
+def staggered_samples(llm, batch: list[list[int]], params: list, arrivals: list[int]
+                      ) -> list[list[list[int]]]:
+    """Add prompt ``i`` with ``params[i]`` before engine step ``arrivals[i]``; step until all
+    finish. Returns each request's samples' token ids."""
+    from engine.llm import build_output
+
+    engine = llm.engine
+    ids = [f"s{i}" for i in range(len(batch))]
+    step = 0
+    while step <= max(arrivals) or engine.has_work():
+        for i, rid in enumerate(ids):
+            if arrivals[i] == step:
+                engine.add_request(rid, None, batch[i], params[i])
+        engine.step()
+        step += 1
+    return [[c.token_ids for c in build_output(engine.pop_request(rid)).outputs] for rid in ids]
+
+
+def random_head_dir(tmp_path_factory, config):
+    """A random draft head for a target of ``config`` (method eagle), saved: its drafts are
+    right by chance."""
+    from proposers.head_model import head_for
+
+    torch.manual_seed(5)
+    head = head_for(config)
+    directory = tmp_path_factory.mktemp("head")
+    head.save(directory)
+    return directory

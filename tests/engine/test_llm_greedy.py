@@ -12,8 +12,7 @@ import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
-from engine.llm import build_output
-from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
+from tests.engine.llm_helpers import hf_greedy, staggered_samples, tiny_tokenizer
 
 VOCAB = 32
 MAX_TOKENS = 16
@@ -59,16 +58,7 @@ def reference(model, prompt: list[int]) -> list[int]:
 def run_staggered(llm: LLM, batch: list[list[int]], params: SamplingParams,
                   arrivals: list[int]) -> list[list[int]]:
     """Add prompt ``i`` before engine step ``arrivals[i]``; step until all finish."""
-    engine = llm.engine
-    ids = [f"s{i}" for i in range(len(batch))]
-    step = 0
-    while step <= max(arrivals) or engine.has_work():
-        for i, rid in enumerate(ids):
-            if arrivals[i] == step:
-                engine.add_request(rid, None, batch[i], params)
-        engine.step()
-        step += 1
-    return [build_output(engine.pop_request(rid)).outputs[0].token_ids for rid in ids]
+    return [s[0] for s in staggered_samples(llm, batch, [params] * len(batch), arrivals)]
 
 
 def spec(method: str, k: int, draft_model=None) -> dict:

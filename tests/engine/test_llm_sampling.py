@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
-from tests.engine.llm_helpers import EOS_ID, chi_square_pvalue, tiny_tokenizer
+from tests.engine.llm_helpers import EOS_ID, chi_square_pvalue, random_head_dir, tiny_tokenizer
 from tests.engine.test_llm_greedy import noisy_copy
 
 VOCAB = 8
@@ -93,13 +93,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory, target):
     """A random draft head for the target (method eagle): its drafts are right by chance."""
-    from proposers.head_model import head_for
-
-    torch.manual_seed(5)
-    head = head_for(target.config)
-    directory = tmp_path_factory.mktemp("head")
-    head.save(directory)
-    return directory
+    return random_head_dir(tmp_path_factory, target.config)
 
 
 @pytest.mark.parametrize("method, case", [("ngram", case) for case in CASES] + [

@@ -10,12 +10,10 @@ a KV cache small enough that sequences are preempted and recomputed.
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
-from engine.llm import build_output
-from tests.engine.llm_helpers import tiny_tokenizer
+from tests.engine.llm_helpers import random_head_dir, staggered_samples, tiny_tokenizer
 from tests.engine.test_llm_greedy import noisy_copy, prompts
 
 VOCAB = 32
@@ -37,13 +35,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def head_dir(tmp_path_factory, target):
-    from proposers.head_model import head_for
-
-    torch.manual_seed(5)
-    head = head_for(target.config)
-    directory = tmp_path_factory.mktemp("head")
-    head.save(directory)
-    return directory
+    return random_head_dir(tmp_path_factory, target.config)
 
 
 def make_llm(target, head_dir, method: str | None, k: int, adaptive: bool,
@@ -59,22 +51,6 @@ def make_llm(target, head_dir, method: str | None, k: int, adaptive: bool,
                                                      max_model_len=40)
     return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
                max_num_seqs=max_num_seqs, **kwargs)
-
-
-def run_staggered(llm: LLM, batch: list[tuple[list[int], SamplingParams]],
-                  arrivals: list[int]) -> list[list[list[int]]]:
-    """Add request ``i`` before engine step ``arrivals[i]``; step until all finish. Returns
-    each request's samples' token ids."""
-    engine = llm.engine
-    ids = [f"r{i}" for i in range(len(batch))]
-    step = 0
-    while step <= max(arrivals) or engine.has_work():
-        for i, rid in enumerate(ids):
-            if arrivals[i] == step:
-                engine.add_request(rid, None, batch[i][0], batch[i][1])
-        engine.step()
-        step += 1
-    return [[c.token_ids for c in build_output(engine.pop_request(rid)).outputs] for rid in ids]
 
 
 _ALONE: dict[tuple, list[list[int]]] = {}
@@ -105,7 +81,7 @@ def test_a_seeded_request_in_any_batch_equals_its_run_alone_without_speculation(
     arrivals = [0, 0, 1, 2, 2, 4, 0, 3, 6]
     # 48 KV rows for up to 8 sequences of up to 11 + 14 tokens: preemption is routine
     llm = make_llm(target, head_dir, method, k, adaptive, 48 if preempt else None)
-    outputs = run_staggered(llm, batch, arrivals)
+    outputs = staggered_samples(llm, [b[0] for b in batch], [b[1] for b in batch], arrivals)
     checked = 0
     for (prompt, params), out in zip(batch, outputs, strict=True):
         if params.seed is not None:
