@@ -36,7 +36,6 @@ verified step adds is looked up in a table by its (found, drafted, accepted, bac
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from operator import attrgetter
 
 import numpy as np
@@ -92,9 +91,6 @@ class AcceptanceModel:
         self.found = np.full(capacity, -1, dtype=np.int64)  # [rows] this step's proposal:
         # 1 found backed drafts, 0 found none, -1 not asked
         self._free = list(range(capacity - 1, -1, -1))
-        # Deferred learning (see :meth:`flush`): proposals, updates and releases, in order.
-        self.deferred = False
-        self._queue: list[tuple[Callable[..., None], tuple]] = []
         self._tables()
 
     def _tables(self) -> None:
@@ -134,26 +130,9 @@ class AcceptanceModel:
         self.stamps[row] = self.clock
         return row
 
-    def flush(self) -> None:
-        """Apply what :attr:`deferred` held back, in order. A GPU engine defers each step's
-        learning to the next step's forward, which the host would otherwise wait on; a
-        decision then sees the acceptance of the steps before the last one, and a released
-        row stays taken until the updates that name it are applied."""
-        queue, self._queue = self._queue, []
-        for i, (fn, args) in enumerate(queue):
-            try:
-                fn(*args)
-            except BaseException:  # (what was not applied stays queued: no row is lost)
-                self._queue = queue[i + 1:] + self._queue
-                raise
-
     def release(self, req: RequestAcceptance) -> None:
-        """The request finished: its row is free for another (after the deferred updates
-        that may name it: :meth:`flush`)."""
-        if self._queue:
-            self._queue.append((self._release, (req,)))
-        else:
-            self._release(req)
+        """The request finished: its row is free for another."""
+        self._release(req)
 
     def _release(self, req: RequestAcceptance) -> None:
         if req.row >= 0:
@@ -250,10 +229,7 @@ class AcceptanceModel:
     def record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         """One proposal for each of ``reqs``; ``found[i] > 0``: it had drafts it backs (counted
         with the step's :meth:`update`)."""
-        if self.deferred:
-            self._queue.append((self._record_proposals, (reqs, found)))
-        else:
-            self._record_proposals(reqs, found)
+        self._record_proposals(reqs, found)
 
     def _record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         self.found[self._rows(reqs)] = np.asarray(found) > 0
@@ -268,14 +244,7 @@ class AcceptanceModel:
         its steps with drafts. ``private[i]``: request ``i``'s step counts for its own row only,
         not for the engine's rate that new requests start from (a draft tree's acceptance,
         which the chains of larger batches do not reach)."""
-        args = (reqs, num_drafted, num_accepted, num_backed, private)
-        if self.deferred:
-            if any(req.row < 0 for req in reqs):  # (said now, not at the flush)
-                raise ValueError("AcceptanceModel.update: a request whose row was released "
-                                 "(it left the engine) cannot be updated")
-            self._queue.append((self._update, args))
-        else:
-            self._update(*args)
+        self._update(reqs, num_drafted, num_accepted, num_backed, private)
 
     def _update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
                 num_accepted: list[int], num_backed: list[int | None],

@@ -360,8 +360,8 @@ def test_the_first_probe_after_drafting_stops_comes_sooner_then_the_wait_holds()
 
 def prepared_controller(monkeypatch):
     """A free proposer's controller at batch 8 that drafted (two critical sequences weighed,
-    then all eight by ``plan``), learning deferred as on a GPU, and a counter of the
-    decisions weighed afresh (``_decide`` calls)."""
+    then all eight by ``plan``), and a counter of the decisions weighed afresh (``_decide``
+    calls)."""
     calls = [0]
     decide = GoodputController._decide
 
@@ -371,10 +371,8 @@ def prepared_controller(monkeypatch):
 
     monkeypatch.setattr(GoodputController, "_decide", counted)
     ctl = table(0.05)
-    ctl.acceptance.deferred = True
     accs = [ctl.acceptance.new_request() for _ in range(8)]
     feed(ctl, accs, 10, accepted=3)
-    ctl.acceptance.flush()
     critical = [True, True] + [False] * 6
     assert ctl.plan(accs, [4] * 8, 0, critical=critical) == 4
     ctl.choose_width(accs, [4] * 8, None, 0, critical=critical)
@@ -382,7 +380,6 @@ def prepared_controller(monkeypatch):
     # proposal too)
     assert ctl.plan(accs, [4] * 8, 0) == 4  # (all of them weighed now)
     assert ctl._last_accs == accs
-    ctl.acceptance.flush()
     ctl.prepare(8)  # (raised a ValueError: 8 sequences against 2 drafts' counts)
     return ctl, accs, critical, calls
 
@@ -413,7 +410,6 @@ def test_a_prepared_decision_is_weighed_again_when_an_input_changed(monkeypatch,
         for _ in range(SKIP_LIMIT + 12):  # (its lower quartile moves)
             ctl.costs.record("step", 8, 5, 0.02)
     elif change == "acceptance":
-        ctl.acceptance.deferred = False
         feed(ctl, accs, 1, accepted=0)
     else:
         avail = [3] * 8
