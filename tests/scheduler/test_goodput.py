@@ -133,7 +133,7 @@ def test_a_width_not_measured_yet_is_costed_between_its_measured_neighbours():
     """Only 1 and 4 drafts were measured (a probe's width and the one chosen since): 2 drafts
     sit on the line between them, and at acceptance 0.5 they are chosen (at the default cost,
     0.1 of a plain step a token, 2 drafts had lost to 1 and were never tried: seen in
-    ``python -m benchmarks controller sim`` at batch 1, acceptance 0.3, with the H100's cost
+    ``python -m benchmarks controller sim`` at batch 1, acceptance 0.3, with measured GPU cost
     ratios); past the widest measured width, its cost."""
     ctl = measured({1: 0.004, 2: 0.004 * 1.02, 5: 0.004 * 1.2})
     assert ctl.step_cost(1).tolist() == pytest.approx([1.0, 1.0, 1.02, 1.08, 1.14, 1.2])
