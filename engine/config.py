@@ -144,8 +144,11 @@ class SpeculativeConfig:
     ``adaptive_k``: the goodput controller chooses each step's drafts (0 up to
     ``num_speculative_tokens``) for the most expected tokens per second, from measured step
     costs and each request's acceptance (:mod:`scheduler.goodput`); off: every step drafts
-    ``num_speculative_tokens``. Seeded sampling requests keep ``num_speculative_tokens`` either
-    way, so that their output does not depend on timings.
+    ``num_speculative_tokens``. Seeded sampling requests are steered like the others: their
+    tokens do not depend on how many drafts a step verifies (``samplers.keyed_random``).
+    ``adaptive_guard`` (with ``adaptive_k``): drafting at a batch size backs off to plain steps
+    when its realised tokens per second fall below plain decoding's, measured on this engine
+    (:mod:`scheduler.payoff_guard`); off: the controller's model alone decides.
     ``verify_cost_per_token``: fixes the cost of scoring one more token per sequence, as a
     fraction of a plain decode step, instead of measuring it (None: measured per batch size).
     ``draft_cost_ratio``: fixes the cost of one draft step / one plain target step (None:
@@ -179,6 +182,7 @@ class SpeculativeConfig:
     posterior_alpha: float = 0.3
     draft_sample_method: str = "probabilistic"
     adaptive_k: bool = True
+    adaptive_guard: bool = True
     verify_cost_per_token: float | None = None
     draft_cost_ratio: float | None = None
     adaptive_probe_interval: int = 32
@@ -221,6 +225,8 @@ class SpeculativeConfig:
                   " | ".join(DRAFT_SAMPLE_METHODS))
         if not isinstance(self.adaptive_k, bool):
             _fail(name, "adaptive_k", self.adaptive_k, "True or False")
+        if not isinstance(self.adaptive_guard, bool):
+            _fail(name, "adaptive_guard", self.adaptive_guard, "True or False")
         v = self.verify_cost_per_token
         if v is not None and (not _is_number(v) or not 0 <= v <= 2):
             _fail(name, "verify_cost_per_token", v, "None (measured) or a number in [0, 2]")

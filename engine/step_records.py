@@ -103,7 +103,7 @@ def step_outcome(forwarded: Forwarded | None, proposed: Proposed, verified: list
             max(item.num_spec_tokens for item in items) if timed else 0,
             proposed.seconds if proposed.typical else None,
             proposed.seconds if proposed.after_idle else None,
-            forwarded.output.packed_rows, forwarded.output.kv_len)
+            forwarded.output.packed_rows, forwarded.output.kv_len, proposed.seconds)
     trees = any(r.item.parents is not None for r in done)
     return StepOutcome([r.item.seq for r in done], [r.item.depth for r in done],
                        [r.num_accepted for r in done], [r.item.backed for r in done],

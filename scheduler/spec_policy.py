@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from scheduler.goodput import GoodputController, PackedRows
+from scheduler.payoff_guard import PayoffGuard
 from scheduler.scheduler import ScheduledSequence
 from scheduler.speculation import (
     DraftPlan,
@@ -37,6 +38,7 @@ class SpeculationOptions(Protocol):
     """The knobs of ``engine.config.SpeculativeConfig`` that the controller reads."""
 
     adaptive_k: bool
+    adaptive_guard: bool
     verify_cost_per_token: float | None
     draft_cost_ratio: float | None
     adaptive_probe_interval: int
@@ -60,6 +62,9 @@ class GoodputPolicy:
         self.controller = GoodputController(
             max_k, drafts_are_free, spec.adaptive_probe_interval, spec.verify_cost_per_token,
             spec.draft_cost_ratio, batch_bucket, packed_rows)
+        # (the guard judges measured costs only: fixed ones asked for the model's answer)
+        self.guard = (PayoffGuard(self.controller.costs)
+                      if spec.adaptive_guard and spec.verify_cost_per_token is None else None)
         self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
         self._batch_size = 0  # the running sequences at this step's plan (its cost's)
         self._idle: tuple[list[SpeculatingSequence], bool, int] | None = None  # the last
@@ -70,6 +75,8 @@ class GoodputPolicy:
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         limit, end = request_bounds(seq, self.max_k, self.max_model_len)
+        if self.guard is not None:
+            self.guard.admit()
         return RequestSpeculation(self.controller.acceptance.new_row(), limit, end,
                                   together and seq.params.max_tokens is not None)
 
@@ -86,6 +93,10 @@ class GoodputPolicy:
 
     def _width(self, running: list[SpeculatingSequence], waiting: bool) -> int:
         if not running or not self.max_k:
+            return 0
+        if self.guard is not None and not self.guard.allows(len(running)):
+            # (backed off: drafting at this batch size lost to plain decoding, measured)
+            self._batch_size, self._idle = len(running), None
             return 0
         if (self._idle is not None and running == self._idle[0]
                 and (waiting, self.controller.acceptance.version) == self._idle[1:]):
@@ -198,6 +209,9 @@ class GoodputPolicy:
                 [outcome.accepted[i] for i in live], [outcome.backed[i] for i in live],
                 None if outcome.private is None else [outcome.private[i] for i in live])
         timing = outcome.timing
+        if timing is not None and self.guard is not None and outcome.seqs:
+            self.guard.record(timing.batch_size, timing.batch_size + sum(outcome.accepted),
+                              timing.step_s + timing.proposal_s, timing.kv_len)
         if timing is not None:
             self.controller.record(timing.batch_size, timing.width, timing.step_s, timing.asked,
                                    timing.propose_s, timing.after_idle_s, timing.packed_rows,

@@ -91,7 +91,8 @@ class StepTiming:
     timed; ``propose_s``: the proposal's time when typical (None: e.g. a first look at a
     prompt); ``after_idle_s``: its time when it was the first after steps without one (a
     probe's); ``packed_rows``: the runner packed the step into that many rows; ``kv_len``: the
-    step's longest context (step costs drift with it)."""
+    step's longest context (step costs drift with it); ``proposal_s``: the proposal's time
+    whatever its kind (0: none; what the payoff guard charges drafting with)."""
 
     batch_size: int
     width: int
@@ -101,6 +102,7 @@ class StepTiming:
     after_idle_s: float | None
     packed_rows: int | None
     kv_len: int
+    proposal_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,15 @@ class StepCostTable:
     def seconds(self, kind: str, batch_size: int, width: int) -> float | None:
         return self._answer.get((kind, self.batch_bucket(batch_size), width))
 
+    def plain_seconds(self, batch_size: int, kv: int = 0) -> float | None:
+        """The plain step's seconds at this batch size's bucket, read at context ``kv`` (the
+        answer is at the bucket's reference context; None: no plain step measured there)."""
+        bucket = self.batch_bucket(batch_size)
+        answer = self._answer.get(("step", bucket, 1))
+        if answer is None:
+            return None
+        return answer / self._at_ref(bucket, kv if bucket >= DRIFT_MIN_BATCH else 0)
+
     def relative(self, kind: str, batch_size: int, width: int) -> float | None:
         """The cell over the plain step of its batch size, from the nearest batch size that
         has both (None: no batch size has both)."""

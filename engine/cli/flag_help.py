@@ -47,6 +47,8 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     ("spec", "draft_sample_method"): "how the draft picks its tokens when sampling",
     ("spec", "adaptive_k"): "choose each step's number of drafts (0 to k) for the most tokens "
                             "per second; off: always k",
+    ("spec", "adaptive_guard"): "adaptive k: back off to plain steps at a batch size where "
+                                "drafting's measured tokens/s fall below plain decoding's",
     ("spec", "verify_cost_per_token"): "adaptive k: fix the cost of verifying one more token, "
                                        "as a share of a decode step (none: measured)",
     ("spec", "draft_cost_ratio"): "adaptive k: fix the cost of a draft step / a target step "
