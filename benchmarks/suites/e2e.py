@@ -8,6 +8,12 @@ open-ended ones do not. One row per (system, kind, batch size).
     python -m benchmarks e2e --device cpu --json e2e_cpu.json        # CPU, default model
     python -m benchmarks e2e --quick                                 # smoke run
     python -m benchmarks e2e --device cuda --model random-llama-1b --batch-sizes 1,8,32
+    python -m benchmarks e2e --methods ngram,eagle --oracle ...      # the best fixed k beside
+
+``--oracle`` adds, for every method, the engine with each fixed k in 1..k (``adaptive_k`` off;
+k = 0 is the engine without speculation), so that each (method, kind, batch) cell has its best
+fixed k measured in the same run, with the real proposer's costs, and the controller is judged
+against it (``oracle`` in the summary).
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from benchmarks.record import Result
 from benchmarks.suites.e2e_table import (
     RunResult,
     check_targets,
+    oracle_rows,
+    print_oracle,
     print_positions,
     print_table,
     rows_of,
@@ -52,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-early-exit-layers", type=int, default=None)
     p.add_argument("--fixed-k", action="store_true",
                    help="every step verifies k drafts (adaptive_k off): the proposer alone")
+    p.add_argument("--oracle", action="store_true",
+                   help="also run every method at each fixed k in 1..k (adaptive_k off): the "
+                        "best fixed k per (method, kind, batch), beside the controller")
     p.add_argument("--eagle-head", default=None,
                    help="draft head directory for method eagle (default: the shipped head)")
     p.add_argument("--draft-tree", default="3,2",
@@ -103,6 +114,9 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def method_config(args: argparse.Namespace, method: str) -> dict | None:
+    """The speculative config of system ``method``: a method name, or ``method@kJ`` (the
+    oracle's: that method with a fixed k of J)."""
+    method, _, fixed = method.partition("@k")
     options = {}
     if method == "early_exit" and args.num_early_exit_layers is not None:
         options["num_early_exit_layers"] = args.num_early_exit_layers
@@ -110,14 +124,30 @@ def method_config(args: argparse.Namespace, method: str) -> dict | None:
         options["model"] = args.draft_model
     if method.removesuffix("_tree") in ("eagle", "ngram_eagle") and args.eagle_head:
         options["model"] = args.eagle_head
+    if fixed:
+        return speculative_config(method, int(fixed), args.draft_tree, False, **options)
     return speculative_config(method, args.k, args.draft_tree, not args.fixed_k, **options)
+
+
+def system_names(args: argparse.Namespace) -> list[str]:
+    """The engines of the run: none, each method, and with ``--oracle`` each method at each
+    fixed k (``method@kJ``)."""
+    names = ["none", *args.methods]
+    if args.oracle:
+        names += [f"{m}@k{j}" for m in args.methods if m != "eager" for j in range(1, args.k + 1)]
+    return names
+
+
+def system_k(args: argparse.Namespace, name: str) -> int:
+    if name in ("none", "eager"):
+        return 0
+    return int(name.partition("@k")[2] or args.k)
 
 
 def systems_for(args, llms: dict, model, pad_id: int, kind: str, b: int,
                 device: torch.device) -> dict:
     """name -> (its RunResult, generate(prompts) -> outputs) for one kind and batch size."""
-    systems = {method: (RunResult("engine", method, kind, b,
-                                  0 if method in ("none", "eager") else args.k),
+    systems = {method: (RunResult("engine", method, kind, b, system_k(args, method)),
                         lambda g, llm=llm: engine_generate(llm, g, args.max_tokens,
                                                            args.temperature))
                for method, llm in llms.items()}
@@ -199,7 +229,7 @@ def run(args: argparse.Namespace) -> Result:
                         fused_ops=not args.no_fused_ops, max_num_seqs=max_batch,
                         max_model_len=max_model_len,
                         kv_cache_tokens=max_batch * max_model_len)
-            for method in ["none", *args.methods]}
+            for method in system_names(args)}
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     warm = prompts[(args.kinds[0], args.batch_sizes[0])][:1]
     for llm in llms.values():  # warm-up: allocations, kernels, caches
@@ -219,5 +249,6 @@ def run(args: argparse.Namespace) -> Result:
     rows = rows_of(results)
     print_table(rows)
     print_positions(rows)
+    oracle = print_oracle(oracle_rows(results)) if args.oracle else None
     targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
-    return Result(rows, args.model, {"targets": targets})
+    return Result(rows, args.model, {"targets": targets, "oracle": oracle})

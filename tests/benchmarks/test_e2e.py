@@ -69,3 +69,21 @@ def test_e2e_waves_run_every_prompt_with_at_most_b_at_once(tiny_dir, monkeypatch
     assert {cap for cap, _ in widths} == {2, 4}
     assert all(running <= cap for cap, running in widths)
     assert max(running for cap, running in widths if cap == 4) == 4
+
+
+def test_the_oracle_runs_each_fixed_k_and_judges_the_policy_against_the_best(tiny_dir):
+    record = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--kinds",
+                       "copy", "--methods", "ngram", "-k", "2", "--batch-sizes", "1", "--oracle",
+                       "--warmup-rounds", "0")
+    rows = {r["system"]: r for r in record.rows if r["system"].startswith("engine:")}
+    assert set(rows) == {"engine:none", "engine:ngram", "engine:ngram@k1", "engine:ngram@k2"}
+    assert [rows[f"engine:ngram@k{j}"]["k"] for j in (1, 2)] == [1, 2]
+    assert all(r["same_as_hf"] == 1.0 for r in rows.values())  # every fixed k: HF's greedy
+    (oracle,) = record.summary["oracle"]
+    fixed = {0: rows["engine:none"], 1: rows["engine:ngram@k1"], 2: rows["engine:ngram@k2"]}
+    best_k = max(fixed, key=lambda j: fixed[j]["tokens_per_s"])
+    assert oracle["best_fixed_k"] == best_k
+    assert oracle["vs_best_fixed"] == (rows["engine:ngram"]["tokens_per_s"]
+                                       / fixed[best_k]["tokens_per_s"])
+    assert any(t["target"].startswith("copy, batch 1, engine:ngram / its best fixed k")
+               for t in record.summary["targets"])
