@@ -1,0 +1,175 @@
+"""Plain decoding against the hardware: tokens/s beside the weight-plus-KV read limit.
+
+For each (batch, context) one engine runs ``batch`` requests whose prompts are ``context``
+random tokens; once every request is past its prefill, ``--steps`` decode steps are timed (a
+synchronisation before and after). The limit is what the step must read, once, at the
+machine's measured memory bandwidth: the weights (the output head's matrix included, the input
+embedding left out unless tied: a decode step reads a few of its rows) and every sequence's
+cached keys and values, at the bandwidth a device-to-device copy of ``COPY_BYTES`` measures
+(read plus write). On CUDA a few more steps run under PyTorch's profiler: the kernels' time per
+step is the GPU's busy time, and the rest of the step's wall time is *host time on the critical
+path* (the GPU waiting for the host: scheduling, launches, sampling, bookkeeping). With
+``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts).
+
+    python -m benchmarks decode_limit --device cuda --model random-llama-8b
+    python -m benchmarks decode_limit --device cuda --model smollm2-135m --batch-sizes 1,8,32,64
+    python -m benchmarks decode_limit --device cpu --model random-llama-tiny --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from benchmarks import models
+from benchmarks.engines import release, speculative_config
+from benchmarks.record import Result
+from benchmarks.timing import sync
+from engine import LLM, SamplingParams
+
+COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    models.add_model_arguments(p, "random-llama-1b")
+    p.add_argument("--batch-sizes", default="1,8,32,64")
+    p.add_argument("--contexts", default="256,2048,8192",
+                   help="prompt tokens per request (cut to the model's context length)")
+    p.add_argument("--steps", type=int, default=32, help="timed decode steps per cell")
+    p.add_argument("--methods", default="", help="comma list: also with these speculation "
+                                                 "methods (e.g. ngram), k = 4")
+    p.add_argument("--quick", action="store_true", help="smoke run: batch 1, 2; context 32")
+
+
+def copy_bandwidth(device: torch.device) -> float | None:
+    """Bytes per second a device-to-device copy moves (read plus write), best of 5 (None on
+    CPU: no limit is computed there)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(6):
+        sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    del src, dst
+    return 2 * COPY_BYTES / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads of the weights: every parameter once, less an untied input
+    embedding (a step reads only its batch's rows of it)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if emb.data_ptr() != head.data_ptr():
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * element
+
+
+def kernel_seconds(prof: torch.profiler.profile) -> float:
+    """The kernels' device time in a profile (self times: nothing counted twice)."""
+    return sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages()) / 1e6
+
+
+def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.device,
+                 profile_steps: int) -> tuple[float, int, float | None]:
+    """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds per step
+    under the profiler or None) for ``prompts`` run together."""
+    engine = llm.engine
+    total = steps + profile_steps + 4
+    params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
+    seqs = [s for i, p in enumerate(prompts)
+            for s in engine.add_request(f"d{i}", None, p, params, together=True)]
+    while any(s.num_tokens - s.num_prompt_tokens < 2 for s in seqs):  # prefills, a first step
+        engine.step()
+    for _ in range(2):  # (a decode bucket's graph is captured on its second step)
+        engine.step()
+    before = sum(s.num_tokens for s in seqs)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    sync(device)
+    seconds = time.perf_counter() - start
+    made = sum(s.num_tokens for s in seqs) - before
+    busy = None
+    if profile_steps and device.type == "cuda":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(profile_steps):
+                engine.step()
+            sync(device)
+        busy = kernel_seconds(prof) / profile_steps
+    for i in range(len(prompts)):
+        engine.discard_request(f"d{i}")
+    return seconds, made, busy
+
+
+def run(args: argparse.Namespace) -> Result:
+    args = models.resolve(args)
+    device = torch.device(args.device)
+    if args.quick:
+        args.batch_sizes, args.contexts, args.steps = "1,2", "32", 4
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    model, tokenizer = models.build_model(args.model, args.device, args.dtype)
+    wanted = [int(c) for c in args.contexts.split(",")]
+    if args.model in models.RANDOM_LLAMAS:  # (random weights: any context the shape allows)
+        model.config.max_position_embeddings = max(wanted) + args.steps + 32
+    limit_len = model.config.max_position_embeddings
+    contexts = sorted({min(c, limit_len - args.steps - 24) for c in wanted})
+    bandwidth = copy_bandwidth(device)
+    weights, per_token = weight_bytes(model), kv_bytes_per_token(model)
+    vocab = models.vocab_size(model)
+    rng = random.Random(0)
+    rows = []
+    for method in ["none", *[m for m in args.methods.split(",") if m]]:
+        max_len = max(contexts) + args.steps + 24
+        llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
+                  speculative_config=speculative_config(method, 4), max_num_seqs=max(batches),
+                  max_model_len=max_len, kv_cache_tokens=max(batches) * max_len)
+        for context in contexts:
+            for b in batches:
+                prompts = [[rng.randrange(2, vocab) for _ in range(context)] for _ in range(b)]
+                seconds, made, busy = decode_steps(llm, prompts, args.steps, device,
+                                                   8 if device.type == "cuda" else 0)
+                step_s = seconds / args.steps
+                row = {"method": method, "batch_size": b, "context": context,
+                       "tokens_per_s": made / seconds, "ms_per_step": 1e3 * step_s,
+                       "gpu_busy_ms_per_step": None if busy is None else 1e3 * busy,
+                       "host_critical_ms_per_step": None if busy is None
+                       else 1e3 * max(step_s - busy, 0.0)}
+                if bandwidth is not None:
+                    read = weights + b * (context + args.steps) * per_token
+                    limit_step = read / bandwidth
+                    row.update(read_bytes=read, limit_ms_per_step=1e3 * limit_step,
+                               limit_tokens_per_s=b / limit_step,
+                               of_limit=(b / step_s) / (b / limit_step) if method == "none"
+                               else None, step_over_limit=step_s / limit_step)
+                rows.append(row)
+                print_row(row)
+        release(llm)
+    return Result(rows, args.model, {"copy_bandwidth_bytes_per_s": bandwidth,
+                                     "weight_bytes": weights, "kv_bytes_per_token": per_token})
+
+
+def print_row(r: dict) -> None:
+    def f(key: str, fmt: str) -> str:
+        return "-" if r.get(key) is None else format(r[key], fmt)
+
+    print(f"{r['method']:<8} b={r['batch_size']:<3} ctx={r['context']:<5} "
+          f"{r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:7.3f} ms/step  "
+          f"limit {f('limit_ms_per_step', '.3f')} ms ({f('of_limit', '.0%')} of it)  "
+          f"GPU busy {f('gpu_busy_ms_per_step', '.3f')} ms  host on the critical path "
+          f"{f('host_critical_ms_per_step', '.3f')} ms", flush=True)
