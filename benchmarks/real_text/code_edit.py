@@ -305,8 +305,8 @@ CODE_EDIT = {
     "code_edit-09": "Rewrite this query with an explicit JOIN ... ON instead of the comma join, "
                     "and give the aggregate columns the aliases order_count and revenue. Return "
                     f"the full query.\n\n```sql\n{_SQL_REPORT}```",
-    "code_edit-10": "Add a docstring with two doctest examples to this function and return the "
-                    f"whole function:\n\n```python\n{_WORD_WRAP}```",
+    "code_edit-10": "Add a docstring with two doctest examples to this function, then give it "
+                    f"back in full:\n\n```python\n{_WORD_WRAP}```",
     "code_edit-11": "This function never closes the file it opens. Fix that with a `with` "
                     "statement and return the whole module, otherwise unchanged."
                     f"\n\n```python\n{_CONFIG_LOADER}```",

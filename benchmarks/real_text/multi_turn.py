@@ -35,9 +35,9 @@ _HEATING_EMAIL = prose("""
 _PACKING = prose("""
     Here is a packing list for three days of hiking with two nights in huts: waterproof jacket,
     fleece, two pairs of walking socks, spare T-shirt, trail mix, headlamp, first-aid kit,
-    oatcakes, sun hat, water filter, map case, dried apricots, thermal leggings, cheese
+    oatcakes, sun hat, water filter, map case, dried apricots, thermal leggings, egg
     sandwiches for the first day, blister plasters, lightweight gloves, penknife, instant
-    noodles, hut sleeping bag liner, chocolate-free energy bars.
+    noodles, hut sleeping bag liner, nut-free energy bars.
 """)
 
 _HARBOUR_POEM = code('''
@@ -104,21 +104,21 @@ _YAML = code('''
 _MEETING_NOTES = prose("""
     Notes from the Tuesday planning call: Lena says the spring catalogue is two weeks behind
     because the photographer was ill. Marco can reshoot the garden furniture on Friday if the
-    weather holds. The printer needs final files by the 24th. Sam will ask the printer whether a
+    rain holds off. The printer needs final files by the 24th. Sam will ask the printer whether a
     one-week extension costs extra. Lena will send the revised shot list to Marco tonight.
     Budget is fine for now. Next call is Thursday at 10.
 """)
 
 _SUMMARY = prose("""
     The spring catalogue is two weeks behind schedule because the photographer was ill. Marco
-    can reshoot the garden furniture on Friday, weather permitting, and the printer needs the
+    can reshoot the garden furniture on Friday, if it stays dry, and the printer needs the
     final files by the 24th. The budget is not a concern, and the team meets again on Thursday
     at 10.
 """)
 
 _CHECKLIST = code('''
     - [ ] Lena: send the revised shot list to Marco tonight
-    - [ ] Marco: reshoot the garden furniture on Friday (weather permitting)
+    - [ ] Marco: reshoot the garden furniture on Friday (if it stays dry)
     - [ ] Sam: ask the printer whether a one-week extension costs extra
     - [ ] Everyone: final files to the printer by the 24th
 ''')

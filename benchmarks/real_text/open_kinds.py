@@ -55,7 +55,7 @@ EXPLAIN = {
     "explain-14": "Explain how a zip fastener works and why it sometimes splits open.",
     "explain-15": "Explain what recursion is in programming, with one small example that is not "
                   "the factorial function.",
-    "explain-16": "Why do water pipes sometimes burst in very cold weather? Explain the physics.",
+    "explain-16": "Why do water pipes sometimes burst during a hard frost? Explain the physics.",
 }
 
 FACTUAL = {
