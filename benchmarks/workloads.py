@@ -6,7 +6,10 @@ shorter copy set). Models with random weights (``benchmarks/models.py``) get tok
 instead: their output does not depend on the prompt's meaning, so n-gram acceptance there comes
 only from the random model's own repetition loops. ``TASKS``: four short tasks on one paragraph
 (copy, edit, code, open) for per-proposer acceptance. ``text_prompts(kind, "examples")``: the
-prompt sets of ``examples/prompt_sets.py`` (the serving suite's default).
+prompt sets of ``examples/prompt_sets.py`` (the serving suite's default). ``text_prompts(kind,
+"real")``: the held-out split of the real-text workload (``benchmarks/real_text/``: kinds
+``open``, ``copy``, ``multi_turn`` and each single kind), whose multi-turn prompts are message
+lists.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import random
 from typing import Any
 
 from benchmarks.models import RANDOM_LLAMAS
+from benchmarks.real_text import GROUPS, heldout_prompts
 
 # Copy-heavy prompts: eight edit or quote tasks whose source text is long enough (100-170
 # prompt tokens) that the embedded model's 64-token answer is the edited or quoted text.
@@ -116,7 +120,9 @@ OPEN_ENDED = [
 ]
 
 PROMPT_KINDS = ("copy", "open", "copy_short")
-PROMPT_SETS = ("bench", "examples")
+PROMPT_SETS = ("bench", "examples", "real")
+# A chat prompt: the text of one user message, or a conversation as chat messages.
+Chat = str | list[dict[str, str]]
 
 PARAGRAPH = ("The old lighthouse stood on the northern cliff for more than two hundred years. "
              "Every night its keeper climbed the spiral stairs, trimmed the wick and polished the "
@@ -134,8 +140,11 @@ TASKS = {
 }
 
 
-def text_prompts(kind: str, prompt_set: str = "bench") -> list[str]:
-    """The texts of ``kind``: this module's (``bench``) or ``examples/prompt_sets.py``'s."""
+def text_prompts(kind: str, prompt_set: str = "bench") -> list[Chat]:
+    """The chats of ``kind``: this module's (``bench``), ``examples/prompt_sets.py``'s or the
+    real-text workload's held-out split (``real``)."""
+    if prompt_set == "real":
+        return [prompt.chat() for prompt in heldout_prompts(kind)]
     if prompt_set == "examples":
         from examples.prompt_sets import PROMPT_KINDS as EXAMPLES
 
@@ -150,13 +159,16 @@ def text_prompts(kind: str, prompt_set: str = "bench") -> list[str]:
     return sets[kind]
 
 
-def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of one user message after the tokenizer's chat template (plain tokenization
-    when it has none)."""
+def chat_ids(tokenizer: Any, chat: Chat) -> list[int]:
+    """Token ids of one user message, or of a conversation, after the tokenizer's chat template
+    with the generation prompt. Without a template: one message as it is, a conversation as its
+    turns joined plainly (``User: ...``, ``Assistant: ...``, ending ``Assistant:``)."""
+    messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else chat
     if getattr(tokenizer, "chat_template", None) is None:
+        text = chat if isinstance(chat, str) else "\n\n".join(
+            [f"{m['role'].capitalize()}: {m['content']}" for m in messages] + ["Assistant:"])
         return list(tokenizer(text)["input_ids"])
-    text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -164,18 +176,17 @@ def random_prompt(kind: str, index: int, vocab_size: int) -> list[int]:
     """Copy-heavy: a 48-token passage twice, then its start (a prompt with something to copy);
     open-ended: 104 unrelated tokens."""
     rng = random.Random(f"{kind}-{index}")
-    if kind.startswith("copy"):
+    if kind.startswith("copy") or kind in GROUPS["copy"]:
         passage = [rng.randrange(2, vocab_size) for _ in range(48)]
         return passage + passage + passage[:8]
     return [rng.randrange(2, vocab_size) for _ in range(104)]
 
 
-def build_prompts(kind: str, count: int, model_name: str, tokenizer: Any,
-                  vocab_size: int) -> list[list[int]]:
-    """``count`` prompts of ``kind`` as token ids (the texts cycle when ``count`` is larger)."""
-    if kind not in PROMPT_KINDS:
-        raise ValueError(f"prompt kind must be one of {PROMPT_KINDS}, got {kind!r}")
+def build_prompts(kind: str, count: int, model_name: str, tokenizer: Any, vocab_size: int,
+                  prompt_set: str = "bench") -> list[list[int]]:
+    """``count`` prompts of ``kind`` from ``prompt_set`` as token ids (the chats cycle when
+    ``count`` is larger)."""
+    chats = text_prompts(kind, prompt_set)  # (checks the kind for random models too)
     if model_name in RANDOM_LLAMAS:
         return [random_prompt(kind, i, vocab_size) for i in range(count)]
-    texts = text_prompts(kind)
-    return [chat_ids(tokenizer, texts[i % len(texts)]) for i in range(count)]
+    return [chat_ids(tokenizer, chats[i % len(chats)]) for i in range(count)]

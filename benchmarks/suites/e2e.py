@@ -9,11 +9,13 @@ open-ended ones do not. One row per (system, kind, batch size).
     python -m benchmarks e2e --quick                                 # smoke run
     python -m benchmarks e2e --device cuda --model random-llama-1b --batch-sizes 1,8,32
     python -m benchmarks e2e --methods ngram,eagle --oracle ...      # the best fixed k beside
+    python -m benchmarks e2e --prompt-set real --kinds open,copy,multi_turn   # held-out split
 
 ``--oracle`` adds, for every method, the engine with each fixed k in 1..k (``adaptive_k`` off;
 k = 0 is the engine without speculation), so that each (method, kind, batch) cell has its best
 fixed k measured in the same run, with the real proposer's costs, and the controller is judged
-against it (``oracle`` in the summary).
+against it (``oracle`` in the summary). ``--prompt-set real``: the held-out split of the
+real-text workload (``benchmarks/real_text/``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from benchmarks.suites.e2e_table import (
     rows_of,
 )
 from benchmarks.timing import timed
-from benchmarks.workloads import build_prompts
+from benchmarks.workloads import PROMPT_SETS, build_prompts, text_prompts
 from engine import LLM
 
 # "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
@@ -68,7 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tree", default="3,2",
                    help="candidates per node at each depth for the *_tree methods (draft_tree)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
-    p.add_argument("--kinds", default="copy,open")
+    p.add_argument("--kinds", default="copy,open",
+                   help="comma list of the prompt set's kinds (real: open, copy, multi_turn, "
+                        "or one kind: story, explain, factual, code_write, code_edit, quote)")
+    p.add_argument("--prompt-set", default="bench", choices=PROMPT_SETS,
+                   help="whose prompts: benchmarks/workloads.py's (bench), "
+                        "examples/prompt_sets.py's, or the real-text workload's held-out split")
     p.add_argument("--num-prompts", type=int, default=4, help="prompts per kind at batch 1")
     p.add_argument("--waves", type=int, default=1,
                    help="at batch b > 1, give each run waves * b prompts with at most b running "
@@ -108,6 +115,11 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
     args.batch_sizes = [int(b) for b in (args.batch_sizes or
                                          ("1,4" if args.quick else "1,32")).split(",")]
     args.kinds = args.kinds.split(",")
+    for kind in args.kinds:
+        try:
+            text_prompts(kind, args.prompt_set)
+        except ValueError as e:
+            raise SystemExit(f"--kinds: {e}") from None
     if args.quick:
         args.num_prompts, args.max_tokens = 1, 16
     return models.resolve(args)
@@ -219,7 +231,7 @@ def run(args: argparse.Namespace) -> Result:
     vocab_size = models.vocab_size(model)
     max_batch = max(args.batch_sizes)
     prompts = {(kind, b): build_prompts(kind, args.num_prompts if b == 1 else b * args.waves,
-                                        args.model, tokenizer, vocab_size)
+                                        args.model, tokenizer, vocab_size, args.prompt_set)
                for kind in args.kinds for b in args.batch_sizes}
     longest = max(len(p) for group in prompts.values() for p in group)
     max_model_len = longest + args.max_tokens + args.k + 8
@@ -242,7 +254,7 @@ def run(args: argparse.Namespace) -> Result:
             results += measure(args, llms, model, pad_id, kind, b, prompts[(kind, b)], device)
     decoding = f"temperature {args.temperature}" if args.temperature else "greedy"
     print(f"\nmodel {args.model} ({args.dtype}) on {args.device}, {decoding}, "
-          f"{args.max_tokens} tokens per prompt, k = {args.k}")
+          f"{args.max_tokens} tokens per prompt, k = {args.k}, prompt set {args.prompt_set}")
     if args.model in models.RANDOM_LLAMAS:
         print("note: random weights: the output ignores the prompt's meaning, so n-gram "
               "acceptance depends on the prompts and on the model's own repetition loops.")
@@ -251,4 +263,5 @@ def run(args: argparse.Namespace) -> Result:
     print_positions(rows)
     oracle = print_oracle(oracle_rows(results)) if args.oracle else None
     targets = check_targets(results, on_gpu=device.type == "cuda", k=args.k)
-    return Result(rows, args.model, {"targets": targets, "oracle": oracle})
+    return Result(rows, args.model, {"targets": targets, "oracle": oracle,
+                                     "prompt_set": args.prompt_set})

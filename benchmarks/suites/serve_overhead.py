@@ -87,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--kind", default="open", choices=PROMPT_KINDS)
     parser.add_argument("--prompt-set", default="examples", choices=PROMPT_SETS,
-                        help="whose texts: examples/prompt_sets.py's, or the workload's")
+                        help="whose texts: examples/prompt_sets.py's, the workload's (bench), "
+                             "or the real-text workload's held-out split (real: copy, open)")
     parser.add_argument("--systems", default="ngram,none", help=f"of {sorted(SYSTEMS)}")
 
 

@@ -35,7 +35,7 @@ from benchmarks.oracle import ORACLE
 from benchmarks.record import Result
 from benchmarks.suites.step_clock import GcPauses, StepClock
 from benchmarks.suites.step_summary import summary
-from benchmarks.workloads import PROMPT_KINDS, build_prompts
+from benchmarks.workloads import PROMPT_SETS, build_prompts, text_prompts
 from engine import LLM
 
 
@@ -52,7 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=0.9,
                    help="the oracle's chance that a draft is right")
     p.add_argument("-k", type=int, default=4)
-    p.add_argument("--kind", default="open", choices=PROMPT_KINDS)
+    p.add_argument("--kind", default="open",
+                   help="one of the prompt set's kinds (bench: copy, open, copy_short; real: "
+                        "open, copy, multi_turn or one of their kinds)")
+    p.add_argument("--prompt-set", default="bench", choices=PROMPT_SETS,
+                   help="whose prompts (real: the real-text workload's held-out split)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--waves", type=int, default=1,
@@ -80,6 +84,10 @@ def run(args: argparse.Namespace) -> Result:
     models.resolve(args)
     if args.waves < 1:
         raise SystemExit(f"--waves {args.waves} is invalid: allowed an integer >= 1")
+    try:
+        text_prompts(args.kind, args.prompt_set)
+    except ValueError as e:
+        raise SystemExit(f"--kind: {e}") from None
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
     methods = args.methods.split(",")
     oracle = any(m.startswith("oracle") for m in methods)
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace) -> Result:
     if oracle and args.model in models.RANDOM_LLAMAS:
         model = models.decisive(model)  # (greedy margins above bf16 noise: the oracle keeps up)
     prompts = build_prompts(args.kind, args.batch_size * args.waves, args.model, tokenizer,
-                            models.vocab_size(model))
+                            models.vocab_size(model), args.prompt_set)
     max_model_len = max(map(len, prompts)) + args.max_tokens + args.k + 8
 
     def build(spec: dict | None) -> LLM:
@@ -147,8 +155,8 @@ def timed_rounds(args: argparse.Namespace, engines: dict, prompts: list[list[int
 
 
 def report(args: argparse.Namespace, oracle: bool, rows: list[dict]) -> None:
-    print(f"{args.model} {args.device} {args.dtype}, {args.kind} prompts, batch "
-          f"{args.batch_size}, {args.max_tokens} tokens, k {args.k}"
+    print(f"{args.model} {args.device} {args.dtype}, {args.kind} prompts ({args.prompt_set}), "
+          f"batch {args.batch_size}, {args.max_tokens} tokens, k {args.k}"
           + (f", alpha {args.alpha}" if oracle else ""))
     for r in rows:
         stages = " ".join(f"{k} {v:.2f}" for k, v in r["stages_ms_per_step"].items())

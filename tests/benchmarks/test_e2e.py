@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from tests.benchmarks.suite_helpers import run_suite
 
 
@@ -87,3 +89,25 @@ def test_the_oracle_runs_each_fixed_k_and_judges_the_policy_against_the_best(tin
                                        / fixed[best_k]["tokens_per_s"])
     assert any(t["target"].startswith("copy, batch 1, engine:ngram / its best fixed k")
                for t in record.summary["targets"])
+
+
+def test_e2e_on_the_real_text_heldout_split(tiny_dir):
+    record = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--prompt-set",
+                       "real", "--kinds", "open,multi_turn", "--methods", "ngram",
+                       "--batch-sizes", "1", "--warmup-rounds", "0")
+    assert record.summary["prompt_set"] == "real"
+    assert {(r["kind"], r["system"]) for r in record.rows} == {
+        (kind, system) for kind in ("open", "multi_turn")
+        for system in ("engine:none", "engine:ngram", "hf:none", "hf:prompt_lookup")}
+    for row in record.rows:
+        assert row["num_tokens"] == 16
+        if row["system"] != "hf:none":
+            assert row["same_as_hf"] == 1.0, row["system"]
+
+
+def test_e2e_rejects_a_kind_outside_its_prompt_set(tiny_dir):
+    with pytest.raises(SystemExit, match="multi_turn"):
+        run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--kinds", "multi_turn")
+    with pytest.raises(SystemExit, match="copy_short"):
+        run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--prompt-set", "real",
+                  "--kinds", "copy_short")

@@ -79,3 +79,10 @@ def test_an_outcome_learnt_in_the_next_step_counts_for_the_step_that_made_it(tin
 
     at_once = trace(False)
     assert trace(True) == at_once and max(at_once) == 3
+
+
+def test_steps_on_a_real_text_kind(tiny_dir, capsys):
+    results = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--prompt-set", "real",
+                             "--kind", "code_edit", "--max-tokens", "8", "--methods", "none"))
+    assert results["none"]["steps"] == 8  # (no proposer: one token a step for both prompts)
+    assert "code_edit prompts (real)" in capsys.readouterr().out
