@@ -1,7 +1,6 @@
 """``examples/export_speculators.py``: a speculators EAGLE-3 head re-exported for vLLM and
 SGLang (verifier name, proposal length, dtype) keeps its weights (rounded to the dtype); a head
-of the
-``eagle`` method is refused with the reason."""
+of the ``eagle`` method is refused with the reason."""
 
 import json
 
