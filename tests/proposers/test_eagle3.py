@@ -12,6 +12,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import SpeculativeConfig
+from proposers.base import FeatureUpdate, ProposeRequest
+from proposers.draft_head import DraftHeadProposer
 from proposers.speculators import load_eagle3, save_eagle3
 from tests.conftest import tiny_model
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
@@ -177,3 +179,51 @@ def test_a_head_for_another_verifier_is_refused_when_the_engine_is_built(tmp_pat
     write_eagle3_dir(tmp_path, other.config, DRAFT_IDS, aux=AUX)
     with pytest.raises(ValueError, match="hidden_size=32"):
         make_llm(target, tmp_path)
+
+
+def layer_inputs(target, tokens: list[int]) -> torch.Tensor:
+    """``[len, 3 * hidden]``: the inputs of AUX from Hugging Face (what the runner returns)."""
+    with torch.no_grad():
+        states = target(torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    return torch.cat([states[i][0] for i in AUX], -1)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_proposals_across_steps_equal_the_recomputation_exact_or_in_a_graph_layout(target,
+                                                                                    head, graphs):
+    """The proposer alone, fed layer states step by step (one request skipping proposals, one
+    prompt longer than a graph layout's room): every proposal equals :func:`reference_drafts`,
+    run eagerly in exact shapes or padded to a CUDA graph's layout."""
+    directory, weights = head
+    eagle3 = load_eagle3(directory, target.config, VOCAB).eval()
+    proposer = DraftHeadProposer(eagle3, target.get_input_embeddings(),
+                                 target.get_output_embeddings(), VOCAB, max_num_seqs=4,
+                                 max_model_len=64, max_pending=4, graphs=graphs, capture=False)
+    assert proposer.feature_layers == tuple(AUX)
+    g = torch.Generator().manual_seed(0)
+    contexts = {"a": [5, 6, 7], "b": [9, 3],
+                "c": torch.randint(0, VOCAB, (11,), generator=g).tolist()}
+
+    def feed(verified: dict) -> None:
+        updates = [FeatureUpdate(r, s, n, contexts[r]) for r, (s, n) in verified.items()]
+        rows = [layer_inputs(target, contexts[r])[s:s + n] for r, (s, n) in verified.items()]
+        proposer.on_features(updates, torch.cat(rows))
+
+    feed({r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step, ks in enumerate([{"a": 3, "b": 2, "c": 3}, {"a": 2, "c": 1},
+                               {"a": 3, "b": 3, "c": 2}]):
+        requests = [ProposeRequest(r, contexts[r], k, SamplingParams(temperature=0))
+                    for r, k in ks.items()]
+        got = proposer.propose(requests)
+        assert got.draft_probs is None  # (one-hot drafts of target ids)
+        for (req, k), drafts in zip(ks.items(), got.draft_token_ids, strict=True):
+            assert drafts == reference_drafts(weights, target, AUX, contexts[req], k), (step, req)
+        verified = {}
+        for req, tokens in contexts.items():  # the first draft kept or not, then a bonus
+            start = len(tokens) - 1
+            drafts = dict(zip(ks, got.draft_token_ids, strict=True)).get(req, [])
+            tokens.extend(drafts[:(step + len(req)) % 2] + [(step * 7 + len(tokens)) % VOCAB])
+            verified[req] = (start, len(tokens) - 1 - start)
+        feed(verified)
+    if graphs:
+        assert proposer.graphs.num_replays >= 1
