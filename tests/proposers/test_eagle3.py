@@ -227,3 +227,29 @@ def test_proposals_across_steps_equal_the_recomputation_exact_or_in_a_graph_layo
         feed(verified)
     if graphs:
         assert proposer.graphs.num_replays >= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_on_a_gpu_graphed_steps_return_the_layer_states_and_keep_drafts_and_output_exact(head):
+    """On a GPU the target's verification forwards replay CUDA graphs whose outputs hold the
+    aux layers' states, and the head's proposals replay graphs too: output equals Hugging
+    Face's greedy decoding and every chain equals the recomputation on the CPU (float32: the
+    same argmax but for near ties, which a random head's 48 logits make unlikely)."""
+    import copy
+
+    directory, weights = head
+    cpu_target = tiny_model("llama", vocab_size=VOCAB, num_layers=4, seed=3)
+    gpu_target = copy.deepcopy(cpu_target).cuda()
+    llm = LLM(model=gpu_target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=4,
+              speculative_config={"model": str(directory), "num_speculative_tokens": 3,
+                                  "adaptive_k": False})
+    seen = recorded(llm.engine.proposer)
+    prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [40, 41, 40, 41, 40]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                        use_tqdm=False)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(cpu_target, prompt, 24)
+    assert llm.engine.runner.graphs.num_replays > 0
+    assert llm.engine.proposer.graphs.num_replays > 0
+    for context, chain, _ in seen:
+        assert chain == reference_drafts(weights, cpu_target, AUX, context, len(chain))
