@@ -39,11 +39,30 @@ WEIGHTS_FILE = "model.safetensors"
 SUPPORTED_TYPES = ("eagle3",)
 
 
-def speculators_type(directory: Any) -> str | None:
-    """The ``speculators_model_type`` of a directory's ``config.json`` (None: not a
-    speculators directory)."""
+def head_directory(model: Any) -> Path | None:
+    """The directory of a head given as a path, or as a hub id already in the local Hugging
+    Face cache (nothing is downloaded); None when it is neither."""
     try:
-        path = Path(directory) / CONFIG_FILE
+        if Path(model).is_dir():
+            return Path(model)
+    except TypeError:
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(str(model), local_files_only=True))
+    except Exception:  # (not an id, or not cached: huggingface_hub's errors vary by version)
+        return None
+
+
+def speculators_type(model: Any) -> str | None:
+    """The ``speculators_model_type`` of a head directory's (or cached hub id's)
+    ``config.json`` (None: not a speculators head)."""
+    directory = head_directory(model)
+    if directory is None:
+        return None
+    try:
+        path = directory / CONFIG_FILE
         if not path.is_file():
             return None
         config = json.loads(path.read_text())
@@ -73,8 +92,9 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     """``config.json`` of a speculators EAGLE-3 directory, its type checked."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise ValueError(f"{directory}: no {CONFIG_FILE}: a speculators head directory holds "
-                         "its config.json and safetensors weights")
+        raise ValueError(f"{directory}: no {CONFIG_FILE}: a speculators head is a directory (or "
+                         "a hub id in the local Hugging Face cache) holding its config.json and "
+                         "safetensors weights")
     config = json.loads(path.read_text())
     kind = config.get("speculators_model_type")
     if kind not in SUPPORTED_TYPES:
@@ -108,9 +128,10 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_eagle3(directory: str | Path, target_config: Any, target_vocab_size: int) -> Eagle3Head:
-    """The EAGLE-3 head saved in ``directory`` for a target of config ``target_config`` whose
-    logits are ``target_vocab_size`` wide (checked against the head's fields)."""
-    directory = Path(directory)
+    """The EAGLE-3 head saved in ``directory`` (or under a hub id in the local Hugging Face
+    cache) for a target of config ``target_config`` whose logits are ``target_vocab_size`` wide
+    (checked against the head's fields)."""
+    directory = head_directory(directory) or Path(directory)
     config = read_config(directory)
     where = directory / CONFIG_FILE
     layer = config.get("transformer_layer_config")

@@ -253,3 +253,21 @@ def test_on_a_gpu_graphed_steps_return_the_layer_states_and_keep_drafts_and_outp
     assert llm.engine.proposer.graphs.num_replays > 0
     for context, chain, _ in seen:
         assert chain == reference_drafts(weights, cpu_target, AUX, context, len(chain))
+
+
+def test_a_hub_id_in_the_local_cache_loads_and_infers_the_method(tmp_path, monkeypatch, target):
+    """A head cached by ``huggingface_hub`` (its layout written by hand here) is found by its
+    hub id without a download; an id not in the cache is a ValueError naming the model."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "models--org--tiny-eagle3"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    weights = write_eagle3_dir(repo / "snapshots" / ("0" * 40), target.config, DRAFT_IDS, aux=AUX)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert SpeculativeConfig(model="org/tiny-eagle3").method == "eagle3"
+    head = load_eagle3("org/tiny-eagle3", target.config, VOCAB)
+    assert torch.equal(head.fc.weight, weights["fc.weight"])
+    with pytest.raises(ValueError, match="no config.json"):
+        load_eagle3("org/not-cached", target.config, VOCAB)
