@@ -176,13 +176,8 @@ def load_eagle3(directory: str | Path, target_config: Any, target_vocab_size: in
                       bool(config.get("norm_before_residual", True)),
                       bool(config.get("norm_before_fc", False)))
     tensors = {k: v for k, v in _weights(directory).items() if not k.startswith("verifier_")}
-    embed = tensors.pop("embed_tokens.weight", None)
-    if embed is not None:
-        if tuple(embed.shape) != (vocab, hidden):
-            raise ValueError(f"{directory}: embed_tokens.weight has shape {tuple(embed.shape)}; "
-                             f"allowed ({vocab}, {hidden})")
-        head.embed_tokens = torch.nn.Embedding(vocab, hidden).to(embed.dtype)
-        head.embed_tokens.weight.data.copy_(embed)
+    if "embed_tokens.weight" in tensors:  # (its own token embedding, loaded with the rest)
+        head.embed_tokens = torch.nn.Embedding(vocab, hidden)
     elif hidden != target_config.hidden_size:
         raise ValueError(f"{directory}: embed_tokens.weight is missing; a head whose hidden size "
                          f"({hidden}) is not the verifier's needs its own embedding")
@@ -272,9 +267,8 @@ def save_eagle3(head: Eagle3Head, directory: str | Path, layer_config: dict[str,
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    # (with the head's own embedding, embed_tokens.weight among them)
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    if head.embed_tokens is not None:
-        tensors["embed_tokens.weight"] = head.embed_tokens.weight.detach().contiguous().cpu()
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
              "hidden_size": head.hidden_size,

@@ -169,7 +169,7 @@ class Executor:
         self.graphs: CudaGraphs | None = None
         # decoder layers whose inputs every forward also returns (an EAGLE-3 head's features)
         self.aux_layers: tuple[int, ...] = ()
-        self.hidden_size: int = model.get_input_embeddings().weight.shape[-1]
+        self.hidden_size: int = config.hidden_size
 
     def keep_aux_layers(self, layer_ids: Sequence[int]) -> None:
         """Make every forward also compute the inputs of decoder layers ``layer_ids`` (layer
@@ -252,11 +252,12 @@ class Executor:
         features = aux = None
         if keep_hidden:  # (a draft head reads the target's features)
             all_rows = meta[len(host):len(host) + num_all].to(hidden.device)
-            kept_all = hidden.index_select(0, all_rows).to(self.device)  # [num_tokens, width]
-            features = kept_all[:, :size]
-            aux = kept_all[:, size:] if self.aux_layers else None
-        # [num_logits, hidden_size]
-        hidden = hidden[:, :size].index_select(0, rows_t.to(hidden.device))
+            features = hidden.index_select(0, all_rows).to(self.device)  # [num_tokens, width]
+            if self.aux_layers:  # (the final states, then the aux layers' inputs)
+                features, aux = features[:, :size], features[:, size:]
+        if self.aux_layers:
+            hidden = hidden[:, :size]
+        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
         return self._lm_head(hidden).float().to(self.device), features, aux, steady
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,

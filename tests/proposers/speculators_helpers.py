@@ -92,10 +92,11 @@ def reference_drafts(w: dict[str, torch.Tensor], target, aux: list[int], context
                      steps: int) -> list[int]:
     """The head's greedy drafts after ``context``, recomputed from nothing: the target's layer
     inputs from Hugging Face, every pair through full causal attention, drafts mapped by
-    ``d2t`` (norm_after_residual, 4 query and 2 key/value heads, as written above)."""
+    ``d2t`` (norm_after_residual, 4 query and 2 key/value heads, as written above; the head's
+    own ``embed_tokens.weight`` when it has one, else the target's embedding)."""
     states = target(torch.tensor([context]), output_hidden_states=True).hidden_states
     feats = torch.cat([states[i][0] for i in aux], -1)  # [n, 3H]
-    embed = target.get_input_embeddings().weight
+    embed = w.get("embed_tokens.weight", target.get_input_embeddings().weight)
     hidden = embed.shape[1]
     head_dim = hidden // 4
     p = "layers.0."

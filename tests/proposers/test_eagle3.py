@@ -147,6 +147,24 @@ def test_export_then_load_gives_the_same_head_and_drafts(tmp_path, target, head)
     assert drafts[0] == drafts[1] and drafts[0]
 
 
+def test_a_head_with_its_own_embedding_drafts_with_it(tmp_path, target):
+    weights = write_eagle3_dir(tmp_path, target.config, DRAFT_IDS, aux=AUX, seed=4,
+                               edit=lambda t: t.__setitem__(
+                                   "embed_tokens.weight", torch.randn(VOCAB, 64)))
+    llm = make_llm(target, tmp_path)
+    proposer = llm.engine.proposer
+    assert proposer.embed is proposer.head.embed_tokens
+    seen = recorded(proposer)
+    llm.generate([[5, 17, 3, 60, 22]], SamplingParams(temperature=0, max_tokens=10,
+                                                      ignore_eos=True), use_tqdm=False)
+    assert seen
+    for context, chain, _ in seen:
+        assert chain == reference_drafts(weights, target, AUX, context, len(chain))
+    save_eagle3(proposer.head, tmp_path / "again", {"rope_theta": 10000.0}, "tiny", [], 3)
+    again = load_eagle3(tmp_path / "again", target.config, VOCAB)
+    assert torch.equal(again.embed_tokens.weight, weights["embed_tokens.weight"])
+
+
 def test_default_aux_layers_are_vllms(tmp_path):
     target = tiny_model("llama", vocab_size=VOCAB, num_layers=8, seed=1)
     write_eagle3_dir(tmp_path, target.config, DRAFT_IDS,
