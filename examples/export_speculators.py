@@ -58,7 +58,7 @@ def export(source: Path, out: Path, target: str, verifier: str | None, tokens: i
     save_eagle3(head, out, layer or rope_fields(model.config),
                 verifier or old_verifier.get("name_or_path") or target,
                 old_verifier.get("architectures")
-                or list(getattr(model.config, "architectures", None) or []),
+                or list(getattr(model.config, "architectures", None) or [type(model).__name__]),
                 tokens or methods[0].get("speculative_tokens") or 3, config.get("specdec"))
     load_eagle3(out, model.config, vocab)  # (what the engine, and the test, load)
     return json.loads((out / "config.json").read_text())

@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out and eagle3:
         verifier = args.verifier or VERIFIER_NAMES.get(args.model, args.model)
         save_eagle3(head.to(dtype=getattr(torch, dtype)), args.out, rope_fields(model.config),
-                    verifier, list(getattr(model.config, "architectures", None) or []),
+                    verifier, list(getattr(model.config, "architectures", None)
+                                   or [type(model).__name__]),
                     args.unroll, card)
         print(f"saved to {args.out} in the speculators format ({elapsed:.0f} s in all)")
     elif args.out:

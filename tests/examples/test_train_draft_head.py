@@ -216,6 +216,7 @@ def test_training_an_eagle3_head_saves_a_speculators_head_the_engine_drafts_with
     assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 16
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
     assert config["speculators_config"]["verifier"]["name_or_path"] == str(model_dir)
+    assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     llm = LLM(model=str(model_dir), speculative_config={
         "model": str(tmp_path / "head"), "num_speculative_tokens": 3, "adaptive_k": False})
