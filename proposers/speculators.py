@@ -269,6 +269,8 @@ def save_eagle3(head: Eagle3Head, directory: str | Path, layer_config: dict[str,
     out.mkdir(parents=True, exist_ok=True)
     # (with the head's own embedding, embed_tokens.weight among them)
     tensors = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if head.draft_vocab_size == head.target_vocab_size:  # (no reduced vocabulary: no maps,
+        del tensors["d2t"], tensors["t2d"]  # as the speculators library writes such a head)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
              "hidden_size": head.hidden_size,

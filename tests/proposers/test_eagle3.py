@@ -165,6 +165,19 @@ def test_a_head_with_its_own_embedding_drafts_with_it(tmp_path, target):
     assert torch.equal(again.embed_tokens.weight, weights["embed_tokens.weight"])
 
 
+def test_a_head_over_the_whole_vocabulary_needs_no_vocabulary_maps(tmp_path, target):
+    from safetensors.torch import load_file
+
+    from proposers.speculators import new_eagle3
+
+    head = new_eagle3(target.config, VOCAB, None, tuple(AUX), 96)
+    save_eagle3(head, tmp_path, {"rope_theta": 10000.0}, "tiny", [], 3)
+    assert not {"d2t", "t2d"} & set(load_file(str(tmp_path / "model.safetensors")))
+    again = load_eagle3(tmp_path, target.config, VOCAB)
+    assert torch.equal(again.target_ids, torch.arange(VOCAB))
+    assert torch.equal(again.lm_head.weight, head.lm_head.weight)
+
+
 def test_default_aux_layers_are_vllms(tmp_path):
     target = tiny_model("llama", vocab_size=VOCAB, num_layers=8, seed=1)
     write_eagle3_dir(tmp_path, target.config, DRAFT_IDS,
