@@ -219,17 +219,20 @@ def layer_inputs(target, tokens: list[int]) -> torch.Tensor:
     return torch.cat([states[i][0] for i in AUX], -1)
 
 
+@pytest.mark.parametrize("tree", [None, [2, 2]], ids=["chains", "trees"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
-def test_proposals_across_steps_equal_the_recomputation_exact_or_in_a_graph_layout(target,
-                                                                                    head, graphs):
+def test_proposals_across_steps_equal_the_recomputation_exact_or_in_a_graph_layout(
+        target, head, graphs, tree):
     """The proposer alone, fed layer states step by step (one request skipping proposals, one
-    prompt longer than a graph layout's room): every proposal equals :func:`reference_drafts`,
-    run eagerly in exact shapes or padded to a CUDA graph's layout."""
+    prompt longer than a graph layout's room): every proposal (a tree's likeliest chain)
+    equals :func:`reference_drafts`, run eagerly in exact shapes or padded to a CUDA graph's
+    layout."""
     directory, weights = head
     eagle3 = load_eagle3(directory, target.config, VOCAB).eval()
     proposer = DraftHeadProposer(eagle3, target.get_input_embeddings(),
                                  target.get_output_embeddings(), VOCAB, max_num_seqs=4,
-                                 max_model_len=64, max_pending=4, graphs=graphs, capture=False)
+                                 max_model_len=64, max_pending=4, graphs=graphs, capture=False,
+                                 tree=tree)
     assert proposer.feature_layers == tuple(AUX)
     g = torch.Generator().manual_seed(0)
     contexts = {"a": [5, 6, 7], "b": [9, 3],
@@ -243,16 +246,21 @@ def test_proposals_across_steps_equal_the_recomputation_exact_or_in_a_graph_layo
     feed({r: (0, len(t) - 1) for r, t in contexts.items()})
     for step, ks in enumerate([{"a": 3, "b": 2, "c": 3}, {"a": 2, "c": 1},
                                {"a": 3, "b": 3, "c": 2}]):
-        requests = [ProposeRequest(r, contexts[r], k, SamplingParams(temperature=0))
-                    for r, k in ks.items()]
+        requests = [ProposeRequest(r, contexts[r], k, SamplingParams(temperature=0),
+                                   tree=tree is not None) for r, k in ks.items()]
         got = proposer.propose(requests)
         assert got.draft_probs is None  # (one-hot drafts of target ids)
-        for (req, k), drafts in zip(ks.items(), got.draft_token_ids, strict=True):
-            assert drafts == reference_drafts(weights, target, AUX, contexts[req], k), (step, req)
+        parents = got.parents or [None] * len(requests)
+        for (req, k), drafts, par in zip(ks.items(), got.draft_token_ids, parents, strict=True):
+            assert (par is not None) == (tree is not None)
+            chain = likeliest_chain(drafts, par)
+            assert chain == reference_drafts(weights, target, AUX, contexts[req], k), (step, req)
         verified = {}
         for req, tokens in contexts.items():  # the first draft kept or not, then a bonus
             start = len(tokens) - 1
-            drafts = dict(zip(ks, got.draft_token_ids, strict=True)).get(req, [])
+            chains = [likeliest_chain(d, p) for d, p in zip(got.draft_token_ids, parents,
+                                                             strict=True)]
+            drafts = dict(zip(ks, chains, strict=True)).get(req, [])
             tokens.extend(drafts[:(step + len(req)) % 2] + [(step * 7 + len(tokens)) % VOCAB])
             verified[req] = (start, len(tokens) - 1 - start)
         feed(verified)
