@@ -253,6 +253,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
         ctx = proposer_context(config, model, tokenizer, vocab_size, max_model_len, kv_tokens,
                                generator, *whole)
         proposer = get_proposer(spec.method, spec, ctx)
+        if proposer.needs_features and proposer.feature_layers:
+            runner.keep_aux_layers(proposer.feature_layers)  # (before any graph's capture)
     sampler = get_sampler("rejection") if spec is None else build_sampler(
         spec.acceptance_method, spec)
     greedy_sampler = get_sampler("greedy") if sampler.lossless else None

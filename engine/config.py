@@ -21,6 +21,8 @@ from engine.runner.step_layout import MAX_TREE_NODES
 from proposers import available_proposers
 from proposers.head_model import CONFIG_NAME as HEAD_CONFIG_NAME
 from proposers.ngram_table import MAX_N
+from proposers.speculators import SUPPORTED_TYPES as SPECULATORS_TYPES
+from proposers.speculators import speculators_type
 from samplers import MAX_SPEC_LEN, available_samplers
 
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
@@ -30,7 +32,8 @@ METHODS_WITHOUT_MODEL = ("ngram", "early_exit")  # a ``model`` given with these 
 MAX_DEFAULT_THREADS = 16  # the most threads default_num_threads chooses
 
 
-HEAD_METHODS = ("eagle", "ngram_eagle")  # draft heads: read the target's embedding and head
+# draft heads: read the target's embedding and head
+HEAD_METHODS = ("eagle", "ngram_eagle", "eagle3")
 TREE_METHODS = HEAD_METHODS  # the proposers that draft trees
 TP_REFUSED = ("early_exit",)  # (runs the target's split layers)
 
@@ -119,13 +122,20 @@ def check_keys(where: str, data: dict[str, Any], allowed: list[str]) -> None:
 
 def infer_method(model: Any) -> str:
     """vLLM's rule for a ``speculative_config`` without ``method``: ``eagle`` when ``model`` is
-    a draft head's directory (``DraftHead.save`` writes its ``draft_head.json``), else
+    a draft head's directory (``DraftHead.save`` writes its ``draft_head.json``), the
+    ``speculators_model_type`` of a speculators head's ``config.json`` (``eagle3``), else
     ``draft_model``; no ``model`` is an error naming ``method``."""
     if model is None:
         _fail("SpeculativeConfig", "method", None, f"one of {' | '.join(available_proposers())}"
               " (or give model, a draft model or a draft head's directory, to infer it)")
     if isinstance(model, (str, os.PathLike)) and (Path(model) / HEAD_CONFIG_NAME).is_file():
         return "eagle"
+    kind = speculators_type(model) if isinstance(model, (str, os.PathLike)) else None
+    if kind is not None:  # (a speculators head: its type names the method, as vLLM reads it)
+        if kind not in SPECULATORS_TYPES:
+            _fail("SpeculativeConfig", "model", str(model), "a speculators head of "
+                  f"speculators_model_type {' | '.join(SPECULATORS_TYPES)}, not {kind!r}")
+        return kind
     return "draft_model"
 
 
@@ -135,10 +145,12 @@ class SpeculativeConfig:
 
     ``method``: ``ngram`` (prompt lookup), ``draft_model`` (a small HF model given by ``model``:
     a name or path, or a loaded model with its ``tokenizer``), ``eagle`` / ``ngram_eagle`` (a
-    draft head: ``model`` is a directory saved by ``DraftHead.save``, None: the shipped head) or
+    draft head: ``model`` is a directory saved by ``DraftHead.save``, None: the shipped head),
+    ``eagle3`` (an EAGLE-3 head in the speculators format: ``model`` is its directory) or
     ``early_exit`` (the target's first ``num_early_exit_layers`` layers). None (as in vLLM):
-    inferred from ``model``, ``eagle`` for a draft head's directory, else ``draft_model``; with
-    no ``model`` either it is an error (vLLM has no default method).
+    inferred from ``model``, ``eagle`` for a draft head's directory, the
+    ``speculators_model_type`` of a speculators directory, else ``draft_model``; with no
+    ``model`` either it is an error (vLLM has no default method).
     ``acceptance_method``: ``rejection_sampler`` (lossless), ``greedy`` (strict argmax match,
     lossless for temperature 0) or ``typical_acceptance_sampler`` (Medusa, lossy).
     ``adaptive_k``: the goodput controller chooses each step's drafts (0 up to
@@ -201,6 +213,9 @@ class SpeculativeConfig:
         if self.method == "draft_model" and self.model is None:
             _fail(name, "model", None, "a draft model (hub id, path or loaded model) when "
                   "method='draft_model'")
+        if self.method == "eagle3" and self.model is None:
+            _fail(name, "model", None, "a speculators EAGLE-3 head's directory when "
+                  "method='eagle3'")
         k = self.num_speculative_tokens
         if not _is_int(k) or not 0 <= k <= MAX_SPEC_LEN:
             _fail(name, "num_speculative_tokens", k, f"an integer in [0, {MAX_SPEC_LEN}]")
@@ -373,7 +388,7 @@ class EngineConfig:
             # would never join; a draft head gets whole copies of the embedding and output head)
             _fail(name, "speculative_config.method", spec.method, "a proposer that does not run "
                   "the target's own layers with tensor_parallel_size > 1 (they are split across "
-                  "the ranks): ngram, draft_model, eagle or ngram_eagle")
+                  "the ranks): ngram, draft_model, eagle, ngram_eagle or eagle3")
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
             _fail(name, "speculative_config", self.speculative_config,
                   "None, a dict or a SpeculativeConfig")

@@ -435,9 +435,14 @@ class LLMEngine:
 
     def _hand_features(self, forwarded: Forwarded, verified: list[Verified]) -> None:
         """A proposer that drafts from the target's features (a draft head) gets each running
-        sequence's final hidden states at the positions this forward verified."""
-        hidden = forwarded.output.hidden  # [total_new_tokens, hidden_size] or None
-        if self.keep_hidden and hidden is not None:
+        sequence's final hidden states (or its ``feature_layers``' inputs) at the positions
+        this forward verified."""
+        if not self.keep_hidden:
+            return
+        out = forwarded.output
+        # [total_new_tokens, hidden_size] (with feature layers: [.., layers * hidden_size]) or None
+        hidden = out.aux_hidden if self.proposer.feature_layers else out.hidden
+        if hidden is not None:
             updates, hidden = feature_updates(forwarded.items, verified, hidden)
             if updates:
                 self.proposer.on_features(updates, hidden)

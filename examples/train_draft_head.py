@@ -28,6 +28,14 @@ most frequent in the training sequences, the only ones it drafts (its output hea
 falls with N). ``--vocab-into DIR`` (with ``--epochs 0``) writes such a vocabulary, from the
 data of this run, into the head already saved in DIR.
 
+``--arch eagle3`` trains an EAGLE-3 head instead (:mod:`examples.eagle3_training`): it reads
+the inputs of three target layers (``--aux-layers``, default vLLM's ``2, L/2, L-3``), drafts
+over its own output head of ``--draft-vocab`` tokens (all: 0), and is trained with
+training-time test: ``--unroll`` blocks, each after the first reading the head's own state and
+its own greedy draft (``--true-tokens``: the true token), against the target's next-token
+distribution. It is saved in the speculators format (``config.json`` + ``model.safetensors``,
+method ``eagle3``; vLLM and SGLang load it with ``--verifier`` as its target's name).
+
 ``--checkpoint PATH`` saves the head, optimizer and schedule after every epoch and resumes from
 there; with ``--time-limit`` a run stops after the epoch that passes it, and the same command
 goes on in a later run (machines that take commands of at most 10 minutes).
@@ -53,10 +61,23 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLM, SamplingParams  # noqa: E402
 from examples.draft_head_prompts import copy_prompts, draft_head_prompts  # noqa: E402
+from examples.eagle3_training import (  # noqa: E402
+    eagle3_acceptance,
+    eagle3_features_of,
+    eagle3_loss,
+)
 from proposers.head_model import CONFIG_NAME, DraftHead, head_for  # noqa: E402
+from proposers.speculators import (  # noqa: E402
+    default_aux_layers,
+    new_eagle3,
+    rope_fields,
+    save_eagle3,
+)
 
 DRAFTS = 4  # drafts chained in the held-out acceptance
 SAMPLE_TEMPERATURES = (0.8, 1.0)  # of the sampled answers, alternately
+# the names vLLM and SGLang load a target by, for the aliases this engine reads offline
+VERIFIER_NAMES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
 def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
@@ -320,6 +341,19 @@ def main(argv: list[str] | None = None) -> dict:
                         "runs eager)")
     p.add_argument("--max-num-seqs", type=int, default=None,
                    help="the engine's batch while generating (default: 256 on CUDA, 64 on CPU)")
+    p.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle",
+                   help="eagle: this engine's head on the final hidden state (draft_head.json); "
+                        "eagle3: an EAGLE-3 head on three layers, saved in the speculators "
+                        "format")
+    p.add_argument("--aux-layers", default=None,
+                   help="eagle3: the target layers whose inputs the head reads, comma "
+                        "separated (default: 2, L/2, L-3)")
+    p.add_argument("--true-tokens", action="store_true",
+                   help="eagle3: blocks after the first read the true next token, not the "
+                        "head's own draft")
+    p.add_argument("--verifier", default=None,
+                   help="eagle3: the target's name written into the head's config for vLLM / "
+                        "SGLang (default: the hub id of an alias, else --model)")
     p.add_argument("--data-cache", default=None,
                    help="the generated token ids: read from this file if it exists, else "
                         "written there (to train again on the same data)")
@@ -330,6 +364,10 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(f"--max-num-seqs {args.max_num_seqs}: allowed >= 1")
     if args.time_limit is not None and args.checkpoint is None:
         p.error("--time-limit needs --checkpoint (where the next run resumes)")
+    eagle3 = args.arch == "eagle3"
+    if eagle3 and args.vocab_into is not None:
+        p.error("--vocab-into adds a vocabulary to an eagle head; an eagle3 head is trained "
+                "with its --draft-vocab")
     if args.vocab_into is not None and (args.epochs or not args.draft_vocab):
         p.error("--vocab-into needs --epochs 0 and --draft-vocab N (a trained head gets its "
                 "vocabulary from --draft-vocab alone)")
@@ -387,12 +425,23 @@ def main(argv: list[str] | None = None) -> dict:
             add_vocab(Path(args.vocab_into), vocab, coverage, argv)
         return {"history": [], "vocab_coverage": coverage}
     held_copy = data.get("held_copy")
-    train_feats = features_of(model, train_seqs, device)
-    held_feats = features_of(model, held_seqs, device)
-    copy_feats = features_of(model, held_copy[0], device) if held_copy else None
-    head = head_for(model.config, args.intermediate_size).to(device)
-    head.set_vocab(vocab)  # (trained and measured through it, as the proposer drafts)
-    vocab_rows = None if vocab is None else head.vocab.to(device)  # [draft_vocab]
+    if eagle3:
+        aux = (tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers
+               else default_aux_layers(model.config.num_hidden_layers))
+        feats_of = lambda seqs: eagle3_features_of(model, seqs, device, aux)  # noqa: E731
+        # (draft ids in target order: d2t offsets >= 0, as the speculators library writes)
+        head = new_eagle3(model.config, lm_head.weight.shape[0],
+                          None if vocab is None else sorted(vocab), aux,
+                          args.intermediate_size).to(device)
+        vocab_rows = None
+    else:
+        feats_of = lambda seqs: features_of(model, seqs, device)  # noqa: E731
+        head = head_for(model.config, args.intermediate_size).to(device)
+        head.set_vocab(vocab)  # (trained and measured through it, as the proposer drafts)
+        vocab_rows = None if vocab is None else head.vocab.to(device)  # [draft_vocab]
+    train_feats = feats_of(train_seqs)
+    held_feats = feats_of(held_seqs)
+    copy_feats = feats_of(held_copy[0]) if held_copy else None
     for param in model.parameters():
         param.requires_grad_(False)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
@@ -425,8 +474,12 @@ def main(argv: list[str] | None = None) -> dict:
             feats, tokens, lens = padded(train_feats, train_seqs, group, device)
             with torch.autocast(device.type, dtype=torch.bfloat16,
                                 enabled=device.type == "cuda"):
-                loss = unrolled_loss(head, embed, lm_head, feats.float(), tokens, lens,
-                                     args.unroll, args.ce_weight, vocab_rows)
+                if eagle3:
+                    loss = eagle3_loss(head, embed, lm_head, feats.float(), tokens, lens,
+                                       args.unroll, args.true_tokens)
+                else:
+                    loss = unrolled_loss(head, embed, lm_head, feats.float(), tokens, lens,
+                                         args.unroll, args.ce_weight, vocab_rows)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -434,9 +487,16 @@ def main(argv: list[str] | None = None) -> dict:
             total += loss.detach()  # (no sync per step)
         head.eval()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            acc = held_out_acceptance(head, embed, lm_head, held_feats, held_seqs, held_starts)
-            if copy_feats is not None:
-                acc["copy"] = held_out_acceptance(head, embed, lm_head, copy_feats, *held_copy)
+            if eagle3:
+                acc = eagle3_acceptance(head, embed, held_feats, held_seqs, held_starts)
+                if copy_feats is not None:
+                    acc["copy"] = eagle3_acceptance(head, embed, copy_feats, *held_copy)
+            else:
+                acc = held_out_acceptance(head, embed, lm_head, held_feats, held_seqs,
+                                          held_starts)
+                if copy_feats is not None:
+                    acc["copy"] = held_out_acceptance(head, embed, lm_head, copy_feats,
+                                                      *held_copy)
         mean_loss = total.item() / len(groups)
         history.append({"epoch": epoch + 1, "loss": mean_loss, **acc})
         print(f"epoch {epoch + 1}: loss {mean_loss:.4f}, held-out first draft "
@@ -472,7 +532,14 @@ def main(argv: list[str] | None = None) -> dict:
                     f"unseen topics{held_note}",
             "seconds": round(elapsed, 1), "device": str(device), "history": history,
             "draft_vocab_coverage": coverage}
-    if args.out:
+    if args.out and eagle3:
+        verifier = args.verifier or VERIFIER_NAMES.get(args.model, args.model)
+        save_eagle3(head.to(dtype=getattr(torch, dtype)), args.out, rope_fields(model.config),
+                    verifier, list(getattr(model.config, "architectures", None)
+                                   or [type(model).__name__]),
+                    args.unroll, card)
+        print(f"saved to {args.out} in the speculators format ({elapsed:.0f} s in all)")
+    elif args.out:
         head.to(dtype=getattr(torch, dtype)).save(args.out, card)
         print(f"saved to {args.out} ({elapsed:.0f} s in all)")
     return card

@@ -1,5 +1,5 @@
 """Proposers: guess the next tokens of each request (n-gram lookup, draft model, early exit, a
-trained draft head on the target's features).
+trained draft head on the target's features, EAGLE-3 heads in the speculators format).
 
 ``get_proposer(method, config, ctx)`` builds one by name and ``register_proposer(name)`` adds
 one (:mod:`proposers.registry`); see :mod:`proposers.base` for the interface the engine calls.
@@ -8,6 +8,7 @@ one (:mod:`proposers.registry`); see :mod:`proposers.base` for the interface the
 from proposers import (  # noqa: F401 (they register themselves)
     draft_head,
     draft_model,
+    eagle3,
     early_exit,
     ngram,
     ngram_or_head,

@@ -104,6 +104,11 @@ class Proposer(ABC):
     # ``needs_features``: the proposer drafts from the target's final hidden states, which the
     # engine hands it after each forward (:meth:`on_features`)
     needs_features: bool = False
+    # ``feature_layers``: with ``needs_features``, the target's decoder layers whose inputs are
+    # the features instead (an EAGLE-3 head's low, middle and high layers): :meth:`on_features`
+    # then gets them concatenated in this order, ``[rows, len(feature_layers) * hidden_size]``;
+    # None: the final hidden states
+    feature_layers: tuple[int, ...] | None = None
     # ``observes``: :meth:`observe` does work (n-gram's index of the text kept current, the
     # draft head's pending pairs written)
     observes: bool = False
@@ -134,8 +139,9 @@ class Proposer(ABC):
 
     def on_features(self, updates: Sequence[FeatureUpdate],  # noqa: B027
                     features: torch.Tensor) -> None:
-        """``features [rows, hidden_size]``: the target's final hidden states; update ``u``'s
-        positions are the ``u.count`` rows from ``u.row`` (called only when
+        """``features [rows, hidden_size]``: the target's final hidden states (with
+        ``feature_layers``: its layers' inputs, ``[rows, len(feature_layers) * hidden_size]``);
+        update ``u``'s positions are the ``u.count`` rows from ``u.row`` (called only when
         ``needs_features``)."""
 
 

@@ -104,9 +104,11 @@ class _Pending:
 
 
 class DraftHeadProposer(Proposer):
-    """Chained greedy drafts from a :class:`DraftHead` over the target's features.
-    ``embed``: the target's input embedding; ``lm_head``: its output head; ``max_pending``:
-    ``num_speculative_tokens + 1``."""
+    """Chained greedy drafts from a :class:`DraftHead` over the target's features, or from an
+    :class:`~proposers.eagle3_head.Eagle3Head` over its layers' states (method ``eagle3``:
+    drafts read out over its draft vocabulary and mapped to target ids through ``d2t``).
+    ``embed``: the token embedding (the target's); ``lm_head``: the target's output head;
+    ``max_pending``: ``num_speculative_tokens + 1``."""
 
     needs_features = True
     observes = True  # (the pending pairs that fill a graph's room: written in the forward)
@@ -126,7 +128,17 @@ class DraftHeadProposer(Proposer):
         self.observe_every = 1
         self.max_lazy = max(max_pending, LAZY_PENDING)  # pending pairs before a write
         self._readout_weight = self._readout_bias = self._vocab = None
-        if head.vocab is not None:  # the draft vocabulary's rows of the output head
+        # an EAGLE-3 head reads the inputs of the target's layers ``feature_layers`` and reads
+        # its drafts out through its own norm and output head over its draft vocabulary
+        self.feature_layers = getattr(head, "aux_layers", None)
+        self._own_readout = hasattr(head, "draft_logits")
+        if self._own_readout:
+            ids = head.target_ids  # [draft_vocab_size]: each draft token's target id
+            if int(ids.max()) >= vocab_size:
+                raise ValueError(f"the draft head's d2t maps to token id {int(ids.max())}; the "
+                                 f"target has {vocab_size} tokens")
+            self._vocab = ids
+        elif head.vocab is not None:  # the draft vocabulary's rows of the output head
             weight = getattr(lm_head, "weight", None)
             if not isinstance(lm_head, nn.Linear) or weight is None:
                 raise ValueError("a draft head with a draft vocabulary needs the target's "
@@ -252,16 +264,21 @@ class DraftHeadProposer(Proposer):
         target's output head, or its draft vocabulary's rows only."""
         if self._vocab is None:
             return self.lm_head(feature)[:, :self.vocab_size].argmax(dim=-1)
-        logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
-        return self._vocab[logits.argmax(dim=-1)]  # [batch]: full token ids
+        return self._vocab[self._draft_logits(feature).argmax(dim=-1)]  # [batch]: target ids
+
+    def _draft_logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., draft_vocab_size]`` of ``feature [..., hidden_size]`` over the draft
+        vocabulary: the head's own output head (EAGLE-3) or the target's rows of it."""
+        if self._own_readout:
+            return self.head.draft_logits(feature)
+        return nn.functional.linear(feature, self._readout_weight, self._readout_bias)
 
     def _candidates(self, feature: torch.Tensor, count: int) -> torch.Tensor:
         """The ``count`` likeliest drafts ``[..., count]`` (likeliest first) of each ``feature
         [..., hidden_size]``, as :meth:`_readout` reads them out."""
         if self._vocab is None:
             return top_indices(self.lm_head(feature)[..., :self.vocab_size], count)
-        logits = nn.functional.linear(feature, self._readout_weight, self._readout_bias)
-        return self._vocab[top_indices(logits, count)]
+        return self._vocab[top_indices(self._draft_logits(feature), count)]
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:

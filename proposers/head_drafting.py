@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from proposers.head_cache import HeadKVCache
-from proposers.head_model import DraftHead
+from proposers.head_model import DraftHead  # (or an Eagle3Head: the same four methods)
 
 # readout(feature [batch, hidden_size]) -> the greedy draft [batch] (full token ids)
 Readout = Callable[[torch.Tensor], torch.Tensor]
@@ -85,7 +85,7 @@ def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: 
         token = readout(feature)  # [batch]
         out.append(token)
         if s + 1 < steps:
-            x, pos = head.inputs(feature, embed(token)), pos + 1
+            x, pos = head.chained(feature, embed(token)), pos + 1
             keys[rows, pos], values[rows, pos] = head.keys_values(x, pos)
     return torch.stack(out, dim=1)  # [batch, steps]
 
@@ -129,8 +129,8 @@ def draft_tree(head: DraftHead, cache: HeadKVCache, embed: nn.Module, candidates
         out.append(children.flatten(1))
         if level + 1 == steps:
             break
-        x = head.inputs(feature.repeat_interleave(branch, dim=1),
-                        embed(children.flatten(1)))  # [batch, q * branch, hidden]
+        x = head.chained(feature.repeat_interleave(branch, dim=1),
+                         embed(children.flatten(1)))  # [batch, q * branch, hidden]
         nodes = tree.levels[level]  # the children's node indices
         cols = last_pos[:, None] + 1 + nodes[None, :]  # [batch, q * branch]
         # (into the copies only, as a chain's drafts: see draft_chain)

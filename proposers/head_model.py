@@ -66,6 +66,27 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> 
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
 
 
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """Attention of queries ``q [b, n, heads, head_dim]`` over ``keys``/``values [b, k,
+    kv_heads, head_dim]`` where ``mask [b or 1, n, k]`` (bool) allows: ``[b, n, heads *
+    head_dim]``. Query head ``h`` reads key/value head ``h // (heads / kv_heads)``."""
+    b, n, num_heads, d = q.shape
+    kv_heads = keys.shape[2]
+    groups = num_heads // kv_heads
+    # The query heads of one key/value head folded into its query rows (row g * n + t):
+    # the keys and values are read in place, not copied once per query head.
+    folded = q.view(b, n, kv_heads, groups, d).permute(0, 2, 3, 1, 4).reshape(
+        b, kv_heads, groups * n, d)  # [b, kv_heads, groups * n, head_dim]
+    rows_mask = mask[:, None]  # [b or 1, 1, n, k]
+    if n > 1 and groups > 1:  # (one query row: its mask broadcasts over the groups)
+        rows_mask = rows_mask.repeat(1, 1, groups, 1)  # [b or 1, 1, groups * n, k]
+    out = F.scaled_dot_product_attention(folded, keys.transpose(1, 2),
+                                         values.transpose(1, 2), attn_mask=rows_mask)
+    out = out.view(b, kv_heads, groups, n, d).permute(0, 3, 1, 2, 4)  # [b, n, kv, g, d]
+    return out.reshape(b, n, num_heads * d)
+
+
 class DraftHead(nn.Module):
     """One decoder layer over (feature, next token embedding) pairs; see the module docstring."""
 
@@ -122,6 +143,11 @@ class DraftHead(nn.Module):
                           self.token_norm(token_embeddings.to(features.dtype))], dim=-1)
         return self.fc(both)
 
+    def chained(self, feature: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
+        """:meth:`inputs` of a pair whose feature is the head's own prediction (the same map:
+        this head predicts the target's features)."""
+        return self.inputs(feature, token_embeddings)
+
     def keys_values(self, x: torch.Tensor,
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's (rotated) key and its value, ``[..., num_kv_heads, head_dim]`` each."""
@@ -135,20 +161,7 @@ class DraftHead(nn.Module):
         where ``mask [b or 1, q, k]`` (bool) allows; every query must allow one key."""
         q = rotated(self.q_proj(self.attn_norm(x)).unflatten(-1, (self.num_heads, self.head_dim)),
                     positions, self.inv_freq)  # [b, q, heads, head_dim]
-        b, n, d = q.shape[0], q.shape[1], self.head_dim
-        kv_heads = self.num_kv_heads
-        groups = self.num_heads // kv_heads  # query head h reads key/value head h // groups
-        # The query heads of one key/value head folded into its query rows (row g * n + t):
-        # the keys and values are read in place, not copied once per query head.
-        folded = q.view(b, n, kv_heads, groups, d).permute(0, 2, 3, 1, 4).reshape(
-            b, kv_heads, groups * n, d)  # [b, kv_heads, groups * q, head_dim]
-        rows_mask = mask[:, None]  # [b or 1, 1, q, k]
-        if n > 1 and groups > 1:  # (one query row: its mask broadcasts over the groups)
-            rows_mask = rows_mask.repeat(1, 1, groups, 1)  # [b or 1, 1, groups * q, k]
-        out = F.scaled_dot_product_attention(folded, keys.transpose(1, 2),
-                                             values.transpose(1, 2), attn_mask=rows_mask)
-        out = out.view(b, kv_heads, groups, n, d).permute(0, 3, 1, 2, 4)  # [b, q, kv, g, d]
-        h = x + self.o_proj(out.reshape(b, n, self.num_heads * d))  # [b, q, hidden]
+        h = x + self.o_proj(grouped_attention(q, keys, values, mask))  # [b, q, hidden]
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up)
 
@@ -184,7 +197,7 @@ class DraftHead(nn.Module):
                 nxt = tokens[:, torch.clamp(j + u + 2, max=t - 1)]
             else:
                 nxt = lm_head(pred).argmax(-1)
-            x = self.inputs(pred, embed(nxt))
+            x = self.chained(pred, embed(nxt))
             k, v = self.keys_values(x, pos + u + 1)
             keys.append(k)
             values.append(v)

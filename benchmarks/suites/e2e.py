@@ -50,7 +50,7 @@ from engine import LLM
 
 # "eager": the engine without speculation and without CUDA graphs (enforce_eager=True)
 METHODS = ("ngram", "early_exit", "eagle", "ngram_eagle", "draft_model", "eager",
-           "eagle_tree", "ngram_eagle_tree")  # (*_tree: the method with --draft-tree)
+           "eagle_tree", "ngram_eagle_tree", "eagle3", "eagle3_tree")  # (*_tree: --draft-tree)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "best fixed k per (method, kind, batch), beside the controller")
     p.add_argument("--eagle-head", default=None,
                    help="draft head directory for method eagle (default: the shipped head)")
+    p.add_argument("--eagle3-head", default=None,
+                   help="EAGLE-3 head (speculators directory) for method eagle3 (needed by it)")
     p.add_argument("--draft-tree", default="3,2",
                    help="candidates per node at each depth for the *_tree methods (draft_tree)")
     p.add_argument("--batch-sizes", default=None, help="comma list (default 1,32; --quick 1,4)")
@@ -107,6 +109,8 @@ def check(args: argparse.Namespace) -> argparse.Namespace:
         raise SystemExit("--temperature > 0 needs --no-hf (the Hugging Face rows are greedy)")
     if "draft_model" in methods and not args.draft_model:
         raise SystemExit("--methods draft_model needs --draft-model")
+    if any(m.startswith("eagle3") for m in methods) and not args.eagle3_head:
+        raise SystemExit("--methods eagle3 needs --eagle3-head")
     if args.draft_model and "draft_model" not in methods:
         methods.append("draft_model")
     if args.waves < 1:
@@ -136,6 +140,8 @@ def method_config(args: argparse.Namespace, method: str) -> dict | None:
         options["model"] = args.draft_model
     if method.removesuffix("_tree") in ("eagle", "ngram_eagle") and args.eagle_head:
         options["model"] = args.eagle_head
+    if method.removesuffix("_tree") == "eagle3":
+        options["model"] = args.eagle3_head
     if fixed:
         return speculative_config(method, int(fixed), args.draft_tree, False, **options)
     return speculative_config(method, args.k, args.draft_tree, not args.fixed_k, **options)

@@ -33,8 +33,9 @@ FLAG_HELP: dict[tuple[str, str], str] = {
                                "physical cores available less one)",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
                         "--draft-model: inferred from it)",
-    ("spec", "model"): "the draft model (hub id or path) for draft_model, or a draft head's "
-                       "directory for eagle / ngram_eagle",
+    ("spec", "model"): "the draft model (hub id or path) for draft_model, a draft head's "
+                       "directory for eagle / ngram_eagle, or a speculators EAGLE-3 head "
+                       "(directory, or hub id in the local cache) for eagle3",
     ("spec", "tokenizer"): "the draft model's tokenizer, when not its own",
     ("spec", "num_speculative_tokens"): "the most draft tokens verified per step (k)",
     ("spec", "prompt_lookup_min"): "ngram: the shortest n-gram matched in the context",
@@ -56,7 +57,7 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     ("spec", "adaptive_probe_interval"): "adaptive k: the longest wait, in steps, between two "
                                          "probes while drafting does not pay",
     ("spec", "draft_tree"): "draft a tree: candidates per node at each depth (eagle, "
-                            "ngram_eagle)",
+                            "ngram_eagle, eagle3)",
     ("spec", "draft_tree_sampling"): "draft trees for sampled requests too, not only greedy ones",
     ("sampling", "n"): "samples returned per prompt",
     ("sampling", "presence_penalty"): "subtract this from the logits of tokens already generated",

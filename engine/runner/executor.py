@@ -167,6 +167,23 @@ class Executor:
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
+        # decoder layers whose inputs every forward also returns (an EAGLE-3 head's features)
+        self.aux_layers: tuple[int, ...] = ()
+        self.hidden_size: int = config.hidden_size
+
+    def keep_aux_layers(self, layer_ids: Sequence[int]) -> None:
+        """Make every forward also compute the inputs of decoder layers ``layer_ids`` (layer
+        ``i``'s input is layer ``i - 1``'s output; 0: the embeddings'), inside the same
+        forward, so that a CUDA graph captured afterwards returns them as outputs of its own.
+        Called before any graph is captured (a captured graph has no room for them)."""
+        num_layers = len(decoder_layers(self.model))
+        ids = tuple(int(i) for i in layer_ids)
+        if not ids or any(not 0 <= i < num_layers for i in ids):
+            raise ValueError(f"aux layer ids must be 1 or more of 0 .. {num_layers - 1} (the "
+                             f"target's decoder layers), got {list(layer_ids)}")
+        if self.graphs is not None and self.graphs.num_graphs:
+            raise RuntimeError("aux layers must be kept before any CUDA graph is captured")
+        self.aux_layers = ids
 
     @property
     def can_capture(self) -> bool:
@@ -205,13 +222,14 @@ class Executor:
     def run(self, inputs: StepInputs, bucket: Key | None, kv_len: int,
             logits_indices: Sequence[int] | torch.Tensor | None, keep_hidden: bool,
             query_offset: int = 0, uniform: bool = False, run: int | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """One forward of ``inputs``: in graph bucket ``bucket`` (``CudaGraphs.bucket``'s
         answer) or eagerly (None, then ``query_offset``, ``uniform`` and ``run``: see
         :meth:`hidden`). Returns float32 logits ``[num_logits, vocab_size]`` of the new tokens
         ``logits_indices`` (None: all), their final hidden states ``[num_tokens, hidden_size]``
-        when ``keep_hidden`` (else None), and whether the forward timed like the steps after
-        it (not a bucket's eager first step or capture)."""
+        and the inputs of the aux layers ``[num_tokens, len(aux_layers) * hidden_size]`` (None
+        without aux layers) when ``keep_hidden`` (else None), and whether the forward timed
+        like the steps after it (not a bucket's eager first step or capture)."""
         host, token_rows = inputs.host, inputs.token_rows
         on_device = isinstance(logits_indices, torch.Tensor)
         num_all = len(token_rows) if keep_hidden else 0
@@ -230,21 +248,28 @@ class Executor:
                                  query_offset, uniform, run)
         # (device_map="auto" may leave the last layer and the head on other devices than the
         # embeddings: hidden states and logits come back to the runner's device)
-        features = None
+        size = self.hidden_size
+        features = aux = None
         if keep_hidden:  # (a draft head reads the target's features)
             all_rows = meta[len(host):len(host) + num_all].to(hidden.device)
-            features = hidden.index_select(0, all_rows).to(self.device)
+            features = hidden.index_select(0, all_rows).to(self.device)  # [num_tokens, width]
+            if self.aux_layers:  # (the final states, then the aux layers' inputs)
+                features, aux = features[:, :size], features[:, size:]
+        if self.aux_layers:
+            hidden = hidden[:, :size]
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        return self._lm_head(hidden).float().to(self.device), features, steady
+        return self._lm_head(hidden).float().to(self.device), features, aux, steady
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                query_offset: int = 0, uniform: bool = False,
                run: int | None = None) -> torch.Tensor:
         """The model's last hidden states ``[batch_size * num_new, hidden_size]`` for a forward
-        laid out in ``inputs`` (:mod:`engine.runner.step_inputs`); also the body of every CUDA
-        graph. ``uniform``: pass no mask (see the module docstring), the queries starting at
-        ``query_offset``; ``run``: the first pool row of a lone sequence whose rows are one
-        ascending run (read as a view)."""
+        laid out in ``inputs`` (:mod:`engine.runner.step_inputs`), followed on each row by the
+        inputs of the aux layers (:meth:`keep_aux_layers`: ``[batch_size * num_new, (1 +
+        len(aux_layers)) * hidden_size]``); also the body of every CUDA graph, so a replay
+        returns the aux layers' states as part of its static output. ``uniform``: pass no mask
+        (see the module docstring), the queries starting at ``query_offset``; ``run``: the first
+        pool row of a lone sequence whose rows are one ascending run (read as a view)."""
         padded = batch_size * num_new
         # each [batch_size, num_new]
         input_ids, positions, write_rows, cells, limits, ancestors = inputs[
@@ -255,10 +280,14 @@ class Executor:
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
                 self._linears.use(padded), fused_forward(bool(self.fused)):
-            hidden = self.model.base_model(
+            out = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                use_cache=True, **{self._cache_arg: self.cache}).last_hidden_state
-        return hidden.reshape(padded, -1)  # [batch_size * num_new, hidden_size]
+                use_cache=True, output_hidden_states=bool(self.aux_layers),
+                **{self._cache_arg: self.cache})
+        hidden = out.last_hidden_state  # [batch_size, num_new, hidden_size]
+        if self.aux_layers:  # (hidden_states[i]: the input of decoder layer i)
+            hidden = torch.cat([hidden] + [out.hidden_states[i] for i in self.aux_layers], -1)
+        return hidden.reshape(padded, -1)  # [batch_size * num_new, (1 + aux) * hidden_size]
 
     def mask(self, limits: torch.Tensor, ancestors: torch.Tensor, kv_len: int) -> torch.Tensor:
         """``[batch_size, 1, num_new, kv_len]``: key column ``j`` visible to a new token iff

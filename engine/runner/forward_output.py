@@ -18,10 +18,14 @@ class ForwardOutput:
     graph bucket's eager first step or capture: :attr:`CudaGraphs.steady
     <engine.runner.cuda_graphs.CudaGraphs.steady>`). ``packed_rows``: the step's rows when it was
     packed, one new token a row (:mod:`engine.runner.step_layout`), else None. ``kv_len``: the
-    step's context, its longest sequence's tokens (new ones included)."""
+    step's context, its longest sequence's tokens (new ones included). ``aux_hidden``:
+    ``[total_new_tokens, len(aux_layers) * hidden_size]``, the inputs of the decoder layers
+    the runner keeps (``ModelRunner.keep_aux_layers``: an EAGLE-3 head's low, middle and high
+    layers), concatenated in their order, with ``hidden``; None otherwise."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None
     steady: bool
     packed_rows: int | None
     kv_len: int
+    aux_hidden: torch.Tensor | None = None

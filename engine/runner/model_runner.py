@@ -116,6 +116,17 @@ class ModelRunner:
         """The CUDA graphs of the small forwards (None: every step eager)."""
         return self._executor.graphs
 
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        """The decoder layers whose inputs a ``keep_hidden`` forward also returns."""
+        return self._executor.aux_layers
+
+    def keep_aux_layers(self, layer_ids: Sequence[int]) -> None:
+        """From now on a ``keep_hidden`` forward also returns the inputs of decoder layers
+        ``layer_ids`` (``ForwardOutput.aux_hidden``), computed inside the forward (and inside
+        its CUDA graph); before the first forward."""
+        self._executor.keep_aux_layers(layer_ids)
+
     def use_graph_buckets(self, max_num_new: int, capture: bool = True) -> None:
         """Run steps of at most ``max_num_new`` new tokens per sequence through
         :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded bucket
@@ -237,9 +248,9 @@ class ModelRunner:
         if plan.width is not None:  # (each prompt chunk as rows of the step's width)
             slots, token_ids, starts, trees = cut_rows(plan.width, slots, token_ids, starts,
                                                        trees)
-        logits, hidden, steady = self._run(slots, token_ids, starts, trees, plan.kv_len,
-                                           logits_indices, keep_hidden)
-        return ForwardOutput(logits, hidden, steady, plan.packed_rows, plan.kv_len)
+        logits, hidden, aux, steady = self._run(slots, token_ids, starts, trees, plan.kv_len,
+                                                logits_indices, keep_hidden)
+        return ForwardOutput(logits, hidden, steady, plan.packed_rows, plan.kv_len, aux)
 
     def _forward_split(self, plan: StepPlan, slots: list[int],
                        token_ids: Sequence[Sequence[int]], starts: list[int],
@@ -260,12 +271,15 @@ class ModelRunner:
         logits = torch.cat([out.logits for out in outs]).index_select(0, indices[:num_logits])
         hidden = torch.cat([out.hidden for out in outs]).index_select(
             0, indices[num_logits:]) if keep_hidden else None  # [num_tokens, hidden_size]
-        return ForwardOutput(logits, hidden, all(out.steady for out in outs), None, plan.kv_len)
+        aux = torch.cat([out.aux_hidden for out in outs]).index_select(
+            0, indices[num_logits:]) if keep_hidden and self.aux_layers else None
+        return ForwardOutput(logits, hidden, all(out.steady for out in outs), None, plan.kv_len,
+                             aux)
 
     def _run(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
              trees: list[Tree | None], kv_len: int,
              logits_indices: list[int] | torch.Tensor | None, keep_hidden: bool
-             ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """One forward of rows ``token_ids`` (one per slot entry, a slot possibly on several
         consecutive rows): its graph decision, the launch hook, pool rows, index layout, run."""
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)

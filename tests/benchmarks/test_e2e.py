@@ -111,3 +111,22 @@ def test_e2e_rejects_a_kind_outside_its_prompt_set(tiny_dir):
     with pytest.raises(SystemExit, match="copy_short"):
         run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--prompt-set", "real",
                   "--kinds", "copy_short")
+
+
+def test_e2e_runs_an_eagle3_head_and_needs_its_directory(tiny_dir, tmp_path):
+    import pytest
+    from transformers import AutoConfig
+
+    from tests.proposers.speculators_helpers import write_eagle3_dir
+
+    write_eagle3_dir(tmp_path, AutoConfig.from_pretrained(tiny_dir), list(range(4, 128, 2)),
+                     aux=[0, 1, 1])
+    record = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--kinds",
+                       "copy", "--batch-sizes", "1", "--methods", "eagle3", "--eagle3-head",
+                       str(tmp_path), "--no-hf", "--fixed-k")
+    (row,) = [r for r in record.rows if r["system"] == "engine:eagle3"]
+    assert row["num_tokens"] == 16 and row["mean_k"] > 0
+    assert len(row["acceptance_per_position"]) == 4
+    with pytest.raises(SystemExit, match="--eagle3-head"):
+        run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--methods",
+                  "eagle3")

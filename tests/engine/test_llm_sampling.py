@@ -96,20 +96,34 @@ def head_dir(tmp_path_factory, target):
     return random_head_dir(tmp_path_factory, target.config)
 
 
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory, target):
+    """A random EAGLE-3 head in the speculators layout whose draft vocabulary is 5 of the 8
+    tokens (its drafts are right by chance, and never one of the other 3)."""
+    from tests.proposers.speculators_helpers import write_eagle3_dir
+
+    directory = tmp_path_factory.mktemp("eagle3")
+    write_eagle3_dir(directory, target.config, [6, 3, 4, 5, 0], seed=2)
+    return directory
+
+
 @pytest.mark.parametrize("method, case", [("ngram", case) for case in CASES] + [
     ("draft_model", "top_k_top_p"), ("draft_model", "penalties"),
-    ("eagle", "top_k_top_p"), ("eagle", "penalties")])
-def test_sampled_tokens_follow_the_target(target, head_dir, method, case):
+    ("eagle", "top_k_top_p"), ("eagle", "penalties"),
+    ("eagle3", "top_k_top_p"), ("eagle3", "penalties")])
+def test_sampled_tokens_follow_the_target(target, head_dir, eagle3_dir, method, case):
     kwargs = dict(ignore_eos=True) | CASES[case]
     # (a draft head's first drafts come at the second token, from the prompt's feature: a third
     # token gives them a draft to verify at the second position)
-    params = SamplingParams(n=NUM_SAMPLES, seed=1234, max_tokens=3 if method == "eagle" else 2,
-                            **kwargs)
+    params = SamplingParams(n=NUM_SAMPLES, seed=1234,
+                            max_tokens=3 if method in ("eagle", "eagle3") else 2, **kwargs)
     spec = {"method": method, "num_speculative_tokens": 3, "adaptive_k": False}
     if method == "draft_model":
         spec.update(model=noisy_copy(target, 0.5, seed=2), tokenizer=tiny_tokenizer(VOCAB))
     if method == "eagle":
         spec.update(model=str(head_dir))
+    if method == "eagle3":
+        spec.update(model=str(eagle3_dir))
     llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
               max_num_seqs=256)
     counts = sampled_joint(llm, params)

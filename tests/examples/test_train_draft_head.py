@@ -196,3 +196,33 @@ def test_features_are_each_sequences_own_final_hidden_states():
     for seq, f in zip(seqs, feats, strict=True):
         alone = model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states[-1]
         torch.testing.assert_close(f, alone[0], rtol=1e-5, atol=1e-5)
+
+
+def test_training_an_eagle3_head_saves_a_speculators_head_the_engine_drafts_with(tmp_path):
+    """``--arch eagle3``: three blocks of training-time test on the head's own drafts, a
+    draft vocabulary, saved in the speculators format; the engine infers method eagle3 from
+    the directory and its greedy output is Hugging Face's."""
+    from engine import LLM, SamplingParams
+    from tests.engine.llm_helpers import hf_greedy
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    card = main(["--model", str(model_dir), "--arch", "eagle3", "--aux-layers", "0,1,1",
+                 "--num-prompts", "12", "--max-tokens", "16", "--epochs", "2", "--unroll", "3",
+                 "--draft-vocab", "16", "--batch-tokens", "256", "--lr", "3e-3",
+                 "--out", str(tmp_path / "head")])
+    history = card["history"]
+    assert [h["epoch"] for h in history] == [1, 2] and history[1]["loss"] < history[0]["loss"]
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["draft_vocab_size"] == 16
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 1]
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(model_dir)
+    assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    llm = LLM(model=str(model_dir), speculative_config={
+        "model": str(tmp_path / "head"), "num_speculative_tokens": 3, "adaptive_k": False})
+    assert llm.engine.proposer.feature_layers == (0, 1, 1)
+    prompt = [3, 9, 27, 5]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(llm.engine.model, prompt, 12)
+    assert llm.get_metrics().num_drafted > 0

@@ -121,6 +121,22 @@ def test_a_draft_head_drafts_on_rank_0(model_dir, expected, tmp_path, tmp_path_f
     assert result["drafted"] > 0
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),
+                                    pytest.param("cuda", marks=TWO_GPUS)])
+def test_an_eagle3_head_drafts_from_rank_0s_layer_states(model_dir, expected, tmp_path, device):
+    """An EAGLE-3 head (speculators layout) on rank 0 reads the layer states that rank 0's
+    forwards return (the followers keep none): it drafts, and the greedy text is Hugging
+    Face's."""
+    from tests.proposers.speculators_helpers import write_eagle3_dir
+
+    write_eagle3_dir(tmp_path / "head", AutoConfig.from_pretrained(model_dir),
+                     list(range(4, 128, 2)), aux=[0, 1, 1])
+    spec = {"method": "eagle3", "model": str(tmp_path / "head"), "num_speculative_tokens": 3}
+    result = run_ranks(model_dir, tmp_path / "out.json", device, spec=spec)
+    assert result["first"] == expected and result["again"] == expected
+    assert result["drafted"] > 0
+
+
 def test_launch_errors_name_the_setting(model_dir, monkeypatch):
     with pytest.raises(ValueError, match="speculative_config.method"):  # (split layers)
         LLM(str(model_dir), device="cpu", tensor_parallel_size=2,
