@@ -23,8 +23,6 @@ from typing import Any
 
 import torch
 
-from samplers.metadata import MAX_SPEC_LEN
-
 
 def bitmask_words(vocab_size: int) -> int:
     """int32 words of one bitmask row over ``vocab_size`` tokens."""
@@ -38,8 +36,9 @@ class GrammarState:
     def __init__(self, compiled: Any, vocab_size: int) -> None:
         import xgrammar as xgr
 
-        # (a walk accepts up to MAX_SPEC_LEN drafts and rolls them back)
-        self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=MAX_SPEC_LEN + 1)
+        # (a walk accepts up to MAX_SPEC_LEN drafts and rolls them back: the library's
+        # rollback is unbounded)
+        self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
 
     @property
