@@ -35,6 +35,8 @@ SUITES: dict[str, tuple[str, str]] = {
                  "one GPU, layers over GPUs, tensor parallel; all-reduce latency; the session"),
     "samplers": ("benchmarks.suites.samplers",
                  "microseconds per verification call against the memory floor"),
+    "structured": ("benchmarks.suites.structured",
+                   "JSON Schema output with and without speculation, forced tokens as drafts"),
     "profile": ("benchmarks.suites.profile",
                 "one LLM.generate under the torch profiler: host operators and kernels"),
 }
