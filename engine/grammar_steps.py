@@ -4,9 +4,10 @@ Before the proposal, :func:`forced_drafts` asks each decoding sample's grammar f
 forces (``{"name": "`` after ``{`` in a JSON Schema's object); they are drafted with certainty
 and a proposer whose drafts are free (n-gram) continues after them, from the context with them
 appended (a model proposer is not asked for that sample in that step). After the proposal,
-:func:`constrain` walks each such sample's drafts (forced ones, then the proposer's) through its
-grammar: it cuts them at the first refused token (``samplers.structured.walk_drafts`` says why
-that stays lossless) and keeps the token mask of each verified position. At verification
+:func:`prepend_forced` puts them before the proposer's drafts; once the forward is launched (on
+a GPU the host works while it runs), :func:`mask_positions` walks each such sample's drafts
+through its grammar and keeps the token mask of each verified position (a refused draft stays:
+``samplers.structured.walk_drafts`` says why that is lossless). At verification
 :func:`mask_rows` applies the masks to the target's adjusted logits, before temperature, top-k/p
 and the verification sampler, so that accepted, recovered and bonus tokens all follow the masked
 target distribution; at commit the engine advances each matcher by the tokens it kept.
@@ -14,6 +15,7 @@ target distribution; at commit the engine advances each matcher by the tokens it
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.step_records import SeqStep
@@ -45,33 +47,33 @@ def forced_drafts(items: list[SeqStep], limit: int, max_model_len: int,
     return forced
 
 
-def constrain(items: list[SeqStep], forced: dict[int, list[int]], grammars: Grammars,
-              vocab_size: int, device: torch.device) -> None:
-    """Put each grammar item's forced tokens before its proposer drafts, walk them through its
-    grammar, cut them at the first refused one and keep the position masks (in place)."""
-    todo = [(i, item) for i, item in enumerate(items)
-            if item.samples and item.seq.grammar is not None and item.parents is None]
-    if not todo:
-        return
-    drafts, refusing = [], []
-    for i, item in todo:
-        head = forced.get(i, [])
-        if head and item.draft_probs is not None:  # (forced drafts are certain: one-hot rows)
-            item.draft_probs = torch.cat([one_hot(head, vocab_size, device), item.draft_probs])
+def prepend_forced(items: list[SeqStep], forced: dict[int, list[int]], vocab_size: int,
+                   device: torch.device) -> None:
+    """Put each item's forced tokens before its proposer drafts (in place; with one-hot rows
+    where the proposer gave probabilities), at most ``MAX_SPEC_LEN`` drafts in all."""
+    for i, head in forced.items():
+        item = items[i]
         item.forced = len(head)
-        drafts.append((head + item.drafts)[:MAX_SPEC_LEN])
-        refusing.append(item.draft_probs is not None)
-    kept, masks = walk_drafts([item.seq.grammar for _, item in todo], drafts, refusing,
-                              grammars.batcher)
-    for (_, item), d, k, mask in zip(todo, drafts, kept, masks, strict=True):
-        item.drafts = d[:k]
-        if item.draft_probs is not None:
-            item.draft_probs = item.draft_probs[:k]
-        item.depth = min(item.depth, max(0, k - item.forced))
+        item.drafts = (head + item.drafts)[:MAX_SPEC_LEN]
+        if item.draft_probs is not None:  # (forced drafts are certain: one-hot rows)
+            item.draft_probs = torch.cat([one_hot(head, vocab_size, device),
+                                          item.draft_probs])[:len(item.drafts)]
+        item.depth = min(item.depth, len(item.drafts) - item.forced)
         if item.backed is not None:
             item.backed = min(item.backed, item.depth)
-        item.forced = min(item.forced, k)
+
+
+def mask_positions(items: list[SeqStep], grammars: Grammars) -> list[int]:
+    """Walk each sampling grammar item's drafts through its grammar and keep the mask of every
+    verified position (``SeqStep.grammar_mask``). Returns how many drafts each accepts."""
+    todo = [item for item in items if item.samples and item.seq.grammar is not None]
+    if not todo:
+        return []
+    accepted, masks = walk_drafts([item.seq.grammar for item in todo],
+                                  [item.drafts for item in todo], grammars.batcher)
+    for item, mask in zip(todo, masks, strict=True):
         item.grammar_mask = mask
+    return accepted
 
 
 def mask_rows(logits: torch.Tensor, items: list[SeqStep]) -> None:
@@ -86,8 +88,9 @@ def mask_rows(logits: torch.Tensor, items: list[SeqStep]) -> None:
             rows.extend(range(row, row + n))
             masks.append(item.grammar_mask)
         row += n
-    if masks:
-        apply_bitmask(logits, torch.cat(masks), rows)
+    if masks:  # (numpy's concatenation: see walk_drafts)
+        apply_bitmask(logits, torch.from_numpy(np.concatenate([m.numpy() for m in masks])),
+                      rows)
 
 
 def one_hot(tokens: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:

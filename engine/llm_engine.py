@@ -39,7 +39,13 @@ from engine.config import EngineConfig
 from engine.draft_features import feature_updates
 from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, verify_trees
 from engine.forward_inputs import forward_inputs, non_finite_rows
-from engine.grammar_steps import constrain, forced_drafts, mask_rows, one_hot
+from engine.grammar_steps import (
+    forced_drafts,
+    mask_positions,
+    mask_rows,
+    one_hot,
+    prepend_forced,
+)
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.request_checks import check_sampling_params, request_error
@@ -192,7 +198,7 @@ class LLMEngine:
             return self._fail_unschedulable()
         forced = self._forced(items, free_kv_tokens)
         proposed = self._propose(items, free_kv_tokens, forced)
-        constrain(items, forced, self.grammars, self.vocab_size, self.device)
+        prepend_forced(items, forced, self.vocab_size, self.device)
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         verified = self._verify(forwarded)
@@ -307,6 +313,7 @@ class LLMEngine:
             except KVCacheFull:
                 items = self._preempt_one(items)
                 continue
+            mask_positions(items, self.grammars)  # (grammars: in the forward's shadow on a GPU)
             self._observe(items, proposed)
             for item in items:
                 if not item.samples:

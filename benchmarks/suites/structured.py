@@ -13,6 +13,7 @@ the host time of the grammar work (forced tokens, the draft walk, applying masks
 matchers) per engine step and as a share of the step. It prints numbers and asserts nothing.
 
     python -m benchmarks structured --device cpu --quick          # smoke run
+    python -m benchmarks structured --walk-only --batch-sizes 1,32  # the grammar work alone
     python -m benchmarks structured --device cuda --batch-sizes 1,32 --json structured.json
 """
 
@@ -75,13 +76,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="JSON with free whitespace (vLLM's default; fewer forced tokens)")
     p.add_argument("--warmup-rounds", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="smoke run: batch 1, 2 prompts, 48 tokens")
+    p.add_argument("--walk-only", action="store_true",
+                   help="time the grammar's host work of one step alone, no model "
+                        "(benchmarks/suites/structured_walk.py)")
+    p.add_argument("--steps", type=int, default=50, help="--walk-only: timed steps")
 
 
 class GrammarClock:
-    """Host seconds of the engine's grammar work, by wrapping its four entry points in
-    ``engine.llm_engine`` (restored by :meth:`close`)."""
+    """Host seconds of the engine's grammar work, by wrapping its entry points in
+    ``engine.llm_engine`` (restored by :meth:`close`); on a GPU the walk
+    (``mask_positions``) runs while the forward does."""
 
-    NAMES = ("constrain", "mask_rows", "forced_drafts")
+    NAMES = ("forced_drafts", "prepend_forced", "mask_positions", "mask_rows")
 
     def __init__(self) -> None:
         import engine.llm_engine as module
@@ -165,6 +171,14 @@ def run(args: argparse.Namespace) -> Result:
     sizes = [int(b) for b in (args.batch_sizes or ("1" if args.quick else "1,32")).split(",")]
     if args.quick:
         args.max_tokens = 48
+    if args.walk_only:
+        from benchmarks.suites.structured_walk import walk_rows
+
+        model, tokenizer = models.build_model(args.model, "cpu", "float32")
+        vocab = model.get_output_embeddings().weight.shape[0]
+        del model
+        return Result(walk_rows(tokenizer, vocab, EXTRACT_SCHEMA, sizes, args.k, args.device,
+                                args.steps, args.any_whitespace), args.model)
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
     rows = []
     for b in sizes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -13,7 +14,11 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
         return
     import xgrammar as xgr
 
-    full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)
-    full[torch.tensor(rows, dtype=torch.long)] = bitmask
+    if len(rows) == logits.shape[0]:  # (every row masked, in order: the common case)
+        full = bitmask
+    else:  # (the other rows allow everything; one call over all rows beats row indices)
+        full_np = np.full((logits.shape[0], bitmask.shape[1]), -1, dtype=np.int32)
+        full_np[rows] = bitmask.numpy()  # (numpy: see walk_drafts)
+        full = torch.from_numpy(full_np)
     xgr.apply_token_bitmask_inplace(logits, full.to(logits.device, non_blocking=True),
-                                    vocab_size=logits.shape[1], indices=rows)
+                                    vocab_size=logits.shape[1])

@@ -4,13 +4,13 @@ Each sample under a grammar holds one ``xgrammar.GrammarMatcher`` (:class:`Gramm
 has accepted exactly the sample's output tokens. In a step that verifies drafts ``d_1..d_m``
 the target scores ``m + 1`` positions; position ``j`` follows ``output + d_1..d_j``, so its
 token mask is the matcher's after accepting ``d_1..d_j`` (:func:`walk_drafts`: step through
-the drafts filling a bitmask row per position, then roll the matcher back). Drafts are cut at
-the first one the grammar refuses: that draft's target probability is 0 under the mask, so it
-is rejected for certain and the positions after it are never used. A draft that was sampled
-(``draft_probs`` given) stays, refused, so that the rejection at its position draws from the
-residual distribution as the lossless rule requires; a one-hot draft goes (its residual is the
-target's masked distribution, which the position's own sample draws anyway). After
-verification the matcher advances by the tokens the sample kept (:meth:`GrammarState.advance`).
+the drafts filling a bitmask row per position, then roll the matcher back). A draft the
+grammar refuses stays where it is: its masked target probability is 0, so verification rejects
+it for certain and draws that position's token from normalize(max(p - q, 0)), the masked target
+itself for a one-hot draft, exactly as the lossless rule requires; the positions after it are
+never used. So the walk needs the drafts, not the forward's result, and runs while a GPU runs
+the forward. After verification the matcher advances by the tokens the sample kept
+(:meth:`GrammarState.advance`).
 
 Bitmasks are int32 ``[rows, ceil(vocab_size / 32)]``; bit ``t % 32`` of word ``t // 32`` set
 means token ``t`` is allowed; a row of -1 (every bit set) allows every token.
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -75,55 +76,43 @@ class GrammarState:
 
 
 def walk_drafts(states: Sequence[GrammarState], drafts: Sequence[Sequence[int]],
-                keep_refused: Sequence[bool], batcher: Any) -> tuple[list[int], list[torch.Tensor]]:
+                batcher: Any) -> tuple[list[int], list[torch.Tensor]]:
     """Mask every position of a step for samples ``states`` with ``drafts`` (one list each).
 
-    Returns how many of each sample's drafts stay (cut at the first refused one, kept when
-    ``keep_refused``; cut after a stop token that ends the grammar) and each sample's bitmask
-    ``[kept + 1, words]``: row ``j`` masks the position after ``kept`` drafts ``d_1..d_j``
-    (rows the grammar never reaches — after a refused or a stop token — allow every token;
-    those positions are never sampled). The matchers end as they began. Levels are filled in
-    one batched call each of ``batcher``, an ``xgrammar.BatchGrammarMatcher`` (it spreads a
-    batch over threads).
+    Returns how many of each sample's drafts the grammar accepts in a row (up to the first
+    refused one, or through a stop token that ends the grammar) and each sample's bitmask
+    ``[len(drafts) + 1, words]``: row ``j`` masks the position after ``d_1..d_j``; rows past
+    the first refused draft, or past a stop token, allow every token (those positions are never
+    sampled: the refused draft's masked probability is 0, the stop token ends the sample). The
+    matchers end as they began. Each level is one batched fill of ``batcher``, an
+    ``xgrammar.BatchGrammarMatcher``.
     """
-    import xgrammar as xgr
-
     words = bitmask_words(states[0].vocab_size) if states else 0
     sizes = [len(d) + 1 for d in drafts]
     offsets = [0] * len(sizes)
     for i in range(1, len(sizes)):
         offsets[i] = offsets[i - 1] + sizes[i - 1]
-    bitmask = torch.full((sum(sizes), words), -1, dtype=torch.int32)  # [rows, words]
-    kept = [len(d) for d in drafts]
+    # [rows, words] (numpy's fill: torch's spreads a fill this size over threads, which costs
+    # milliseconds when the cores are busy)
+    bitmask = torch.from_numpy(np.full((sum(sizes), words), -1, dtype=np.int32))
     accepted = [0] * len(states)
-    going = list(range(len(states)))  # samples whose walk goes on at this level
+    going = [i for i in range(len(states)) if not states[i].terminated]
     level = 0
     while going:
-        going = [i for i in going if not states[i].terminated]
-        for i in [i for i in range(len(states)) if i not in going and kept[i] > level]:
-            kept[i] = level  # (terminated: a stop token was the last draft kept)
-        if not going:
-            break
-        batcher.batch_fill_next_token_bitmask(
-            [states[i].matcher for i in going], bitmask,
-            [offsets[i] + level for i in going])
+        batcher.batch_fill_next_token_bitmask([states[i].matcher for i in going], bitmask,
+                                              [offsets[i] + level for i in going])
         going = [i for i in going if level < len(drafts[i])]
         if not going:
             break
-        ok = xgr.BatchGrammarMatcher.batch_accept_token(
-            [states[i].matcher for i in going], [drafts[i][level] for i in going])
-        still = []
-        for i, good in zip(going, ok, strict=True):
-            if good:
-                accepted[i] += 1
-                still.append(i)
-            else:
-                kept[i] = level + 1 if keep_refused[i] else level
-        going = still
+        ok = batcher.batch_accept_token([states[i].matcher for i in going],
+                                        [drafts[i][level] for i in going])
+        going = [i for i, good in zip(going, ok, strict=True) if good]
+        for i in going:
+            accepted[i] += 1
+        going = [i for i in going if not states[i].terminated]
         level += 1
     rolled = [i for i in range(len(states)) if accepted[i]]
     if rolled:
-        xgr.BatchGrammarMatcher.batch_rollback([states[i].matcher for i in rolled],
-                                               [accepted[i] for i in rolled])
-    return kept, [bitmask[o:o + k + 1] for o, k in zip(offsets, kept, strict=True)]
-
+        batcher.batch_rollback([states[i].matcher for i in rolled],
+                               [accepted[i] for i in rolled])
+    return accepted, [bitmask[o:o + n] for o, n in zip(offsets, sizes, strict=True)]

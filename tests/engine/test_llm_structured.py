@@ -172,3 +172,19 @@ def test_ignore_eos_ends_when_the_grammar_ends(target):
     for out in llm_for(target, SPECS["ngram"]).generate(PROMPTS, params, use_tqdm=False):
         c = out.outputs[0]
         assert c.finish_reason == "stop" and c.text in CHOICES
+
+
+def test_a_seeded_sample_is_the_same_with_and_without_speculation(target):
+    """A seeded request's token at each position is its keyed sample of the masked target
+    distribution (samplers.keyed_random), whatever drafts a step verifies."""
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=80,
+                             structured_outputs={"regex": REGEX}) for s in range(4)]
+    plain = llm_for(target, None, structured_forced_tokens=0)
+    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, params, use_tqdm=False)]
+    assert len({tuple(e) for e in expected}) > 1  # the seeds give different samples
+    draft = noisy_copy(target, 0.3, seed=1)
+    for spec in (SPECS["ngram"], {"method": "draft_model", "model": draft,
+                                  "tokenizer": char_tokenizer(), "num_speculative_tokens": 3}):
+        llm = llm_for(target, spec)
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        assert got == expected, spec

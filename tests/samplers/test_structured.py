@@ -79,33 +79,31 @@ def test_a_constraint_compiles_once(grammars):
                             ) is not first
 
 
-def test_the_walk_masks_each_position_and_cuts_at_the_first_refused_draft(grammars):
+def test_the_walk_masks_each_position_up_to_the_first_refused_draft(grammars):
     s = state(grammars, regex="ab(c|d)")
     drafts = [ID["a"], ID["b"], ID["x"], ID["c"]]
-    kept, masks = walk_drafts([s], [drafts], [False], grammars.batcher)
-    assert kept == [2]  # 'x' is refused: a one-hot draft goes
-    assert masks[0].shape == (3, 4)
+    accepted, masks = walk_drafts([s], [drafts], grammars.batcher)
+    assert accepted == [2]  # 'x' is refused
+    assert masks[0].shape == (5, 4)
     assert allowed(masks[0][0]) == {ID["a"]}
     assert allowed(masks[0][1]) == {ID["b"]}
-    assert allowed(masks[0][2]) == {ID["c"], ID["d"]}
-    # a sampled draft stays, refused (its rejection then draws from the residual)
-    kept, masks = walk_drafts([s], [drafts], [True], grammars.batcher)
-    assert kept == [3] and masks[0].shape == (4, 4)
-    assert allowed(masks[0][3]) == set(range(VOCAB))  # never sampled: allows everything
+    assert allowed(masks[0][2]) == {ID["c"], ID["d"]}  # 'x' gets probability 0 here
+    # after the refused draft: never sampled, so nothing is asked of the grammar
+    assert allowed(masks[0][3]) == allowed(masks[0][4]) == set(range(VOCAB))
     # the matcher is where it was: the walk from the start gives the same first mask
-    _, again = walk_drafts([s], [[]], [False], grammars.batcher)
-    assert allowed(again[0][0]) == {ID["a"]}
+    _, again = walk_drafts([s], [[]], grammars.batcher)
+    assert again[0].shape == (1, 4) and allowed(again[0][0]) == {ID["a"]}
 
 
 def test_the_walk_stops_after_the_stop_token_and_batches_samples(grammars):
     done = state(grammars, regex="ab")
     other = state(grammars, choice=["no", "nay"])
-    kept, masks = walk_drafts([done, other],
-                              [[ID["a"], ID["b"], EOS_ID, ID["a"]], [ID["n"], ID["a"]]],
-                              [False, False], grammars.batcher)
-    assert kept == [3, 2]
+    accepted, masks = walk_drafts([done, other],
+                                  [[ID["a"], ID["b"], EOS_ID, ID["a"]], [ID["n"], ID["a"]]],
+                                  grammars.batcher)
+    assert accepted == [3, 2]
     assert allowed(masks[0][2]) == {EOS_ID}  # the grammar is complete: only the stop token
-    assert allowed(masks[0][3]) == set(range(VOCAB))  # after it: never sampled
+    assert allowed(masks[0][3]) == set(range(VOCAB))  # after it: the matcher is not asked
     assert allowed(masks[1][1]) == {ID["o"], ID["a"]}
     assert allowed(masks[1][2]) == {ID["y"]}
 
