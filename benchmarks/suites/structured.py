@@ -14,6 +14,7 @@ matchers) per engine step and as a share of the step. It prints numbers and asse
 
     python -m benchmarks structured --device cpu --quick          # smoke run
     python -m benchmarks structured --walk-only --batch-sizes 1,32  # the grammar work alone
+    python -m benchmarks structured --compare-libraries             # xgrammar and llguidance
     python -m benchmarks structured --device cuda --batch-sizes 1,32 --json structured.json
 """
 
@@ -80,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time the grammar's host work of one step alone, no model "
                         "(benchmarks/suites/structured_walk.py)")
     p.add_argument("--steps", type=int, default=50, help="--walk-only: timed steps")
+    p.add_argument("--compare-libraries", action="store_true",
+                   help="mask time per token of xgrammar and llguidance, no model "
+                        "(benchmarks/suites/structured_libs.py)")
 
 
 class GrammarClock:
@@ -171,12 +175,15 @@ def run(args: argparse.Namespace) -> Result:
     sizes = [int(b) for b in (args.batch_sizes or ("1" if args.quick else "1,32")).split(",")]
     if args.quick:
         args.max_tokens = 48
-    if args.walk_only:
+    if args.walk_only or args.compare_libraries:
+        from benchmarks.suites.structured_libs import library_rows
         from benchmarks.suites.structured_walk import walk_rows
 
         model, tokenizer = models.build_model(args.model, "cpu", "float32")
         vocab = model.get_output_embeddings().weight.shape[0]
         del model
+        if args.compare_libraries:
+            return Result(library_rows(tokenizer, vocab, EXTRACT_SCHEMA, args.steps), args.model)
         return Result(walk_rows(tokenizer, vocab, EXTRACT_SCHEMA, sizes, args.k, args.device,
                                 args.steps, args.any_whitespace), args.model)
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
