@@ -81,6 +81,9 @@ def library_rows(tokenizer: Any, vocab_size: int, schema: dict, rounds: int) -> 
         except ImportError:
             print(f"{name}: not installed")
             continue
+        except ValueError as exc:  # (llguidance reads only the common tokenizer decoders)
+            print(f"{name}: cannot read this tokenizer: {exc}")
+            continue
         rows.append(row)
         print(f"{name:<11} mask {row['mask_us_mean']:6.1f} us mean, {row['mask_us_median']:6.1f} "
               f"median, {row['mask_us_p99']:7.1f} p99 a token; vocabulary "
