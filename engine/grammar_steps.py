@@ -48,13 +48,15 @@ def forced_drafts(items: list[SeqStep], limit: int, max_model_len: int,
 
 
 def prepend_forced(items: list[SeqStep], forced: dict[int, list[int]], vocab_size: int,
-                   device: torch.device) -> None:
+                   device: torch.device, max_model_len: int) -> None:
     """Put each item's forced tokens before its proposer drafts (in place; with one-hot rows
-    where the proposer gave probabilities), at most ``MAX_SPEC_LEN`` drafts in all."""
+    where the proposer gave probabilities), at most ``MAX_SPEC_LEN`` drafts in all and none
+    past the context length."""
     for i, head in forced.items():
         item = items[i]
         item.forced = len(head)
-        item.drafts = (head + item.drafts)[:MAX_SPEC_LEN]
+        room = min(MAX_SPEC_LEN, max_model_len - item.seq.num_tokens)
+        item.drafts = (head + item.drafts)[:room]
         if item.draft_probs is not None:  # (forced drafts are certain: one-hot rows)
             item.draft_probs = torch.cat([one_hot(head, vocab_size, device),
                                           item.draft_probs])[:len(item.drafts)]
@@ -63,17 +65,15 @@ def prepend_forced(items: list[SeqStep], forced: dict[int, list[int]], vocab_siz
             item.backed = min(item.backed, item.depth)
 
 
-def mask_positions(items: list[SeqStep], grammars: Grammars) -> list[int]:
+def mask_positions(items: list[SeqStep], grammars: Grammars) -> None:
     """Walk each sampling grammar item's drafts through its grammar and keep the mask of every
-    verified position (``SeqStep.grammar_mask``). Returns how many drafts each accepts."""
+    verified position (``SeqStep.grammar_mask``)."""
     todo = [item for item in items if item.samples and item.seq.grammar is not None]
-    if not todo:
-        return []
-    accepted, masks = walk_drafts([item.seq.grammar for item in todo],
-                                  [item.drafts for item in todo], grammars.batcher)
-    for item, mask in zip(todo, masks, strict=True):
-        item.grammar_mask = mask
-    return accepted
+    if todo:
+        _, masks = walk_drafts([item.seq.grammar for item in todo],
+                               [item.drafts for item in todo], grammars.batcher)
+        for item, mask in zip(todo, masks, strict=True):
+            item.grammar_mask = mask
 
 
 def mask_rows(logits: torch.Tensor, items: list[SeqStep]) -> None:

@@ -198,7 +198,7 @@ class LLMEngine:
             return self._fail_unschedulable()
         forced = self._forced(items, free_kv_tokens)
         proposed = self._propose(items, free_kv_tokens, forced)
-        prepend_forced(items, forced, self.vocab_size, self.device)
+        prepend_forced(items, forced, self.vocab_size, self.device, self.max_model_len)
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         verified = self._verify(forwarded)

@@ -63,17 +63,6 @@ class GrammarState:
                 return False
         return True
 
-    def accepts(self, token_ids: Sequence[int]) -> bool:
-        """Whether the grammar accepts ``token_ids`` from here (state unchanged)."""
-        done = 0
-        for token in token_ids:
-            if self.terminated or not self.matcher.accept_token(token):
-                break
-            done += 1
-        if done:
-            self.matcher.rollback(done)
-        return done == len(token_ids)
-
 
 def walk_drafts(states: Sequence[GrammarState], drafts: Sequence[Sequence[int]],
                 batcher: Any) -> tuple[list[int], list[torch.Tensor]]:

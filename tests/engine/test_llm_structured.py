@@ -188,3 +188,17 @@ def test_a_seeded_sample_is_the_same_with_and_without_speculation(target):
         llm = llm_for(target, spec)
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
         assert got == expected, spec
+
+
+@pytest.mark.parametrize("spec", list(SPECS))
+def test_forced_drafts_stop_at_the_context_length(target, spec):
+    """A grammar that forces its whole text meets the end of the context: the forced drafts
+    stop there and the output ends with 'length', a prefix of the text."""
+    text = "abcdefghijklmnopqrstuvwxyz0123456789"
+    llm = LLM(
+        model=target, tokenizer=char_tokenizer(), speculative_config=SPECS[spec],
+        max_model_len=24)
+    prompt = "0123456789"  # 10 tokens: room for 14
+    params = SamplingParams(temperature=0, max_tokens=None, structured_outputs={"regex": text})
+    c = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert c.finish_reason == "length" and c.text == text[:14]
