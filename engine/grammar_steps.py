@@ -48,14 +48,14 @@ def forced_drafts(items: list[SeqStep], limit: int, max_model_len: int,
 
 
 def prepend_forced(items: list[SeqStep], forced: dict[int, list[int]], vocab_size: int,
-                   device: torch.device, max_model_len: int) -> None:
+                   device: torch.device, max_drafts: int, max_model_len: int) -> None:
     """Put each item's forced tokens before its proposer drafts (in place; with one-hot rows
-    where the proposer gave probabilities), at most ``MAX_SPEC_LEN`` drafts in all and none
-    past the context length."""
+    where the proposer gave probabilities), at most ``max_drafts`` in all (and
+    ``MAX_SPEC_LEN``) and none past the context length."""
     for i, head in forced.items():
         item = items[i]
         item.forced = len(head)
-        room = min(MAX_SPEC_LEN, max_model_len - item.seq.num_tokens)
+        room = min(MAX_SPEC_LEN, max_drafts, max_model_len - item.seq.num_tokens)
         item.drafts = (head + item.drafts)[:room]
         if item.draft_probs is not None:  # (forced drafts are certain: one-hot rows)
             item.draft_probs = torch.cat([one_hot(head, vocab_size, device),

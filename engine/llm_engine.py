@@ -84,6 +84,9 @@ class LLMEngine:
         self.max_model_len_source = parts.max_model_len_source
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
+        # drafts a grammar step verifies, forced ones included: a speculative method's k (its
+        # steps' width, which CUDA graphs are captured for), else the forced-token budget
+        self.max_grammar_drafts = max_k or config.structured_forced_tokens
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
         self.controller = make_controller(
@@ -198,7 +201,8 @@ class LLMEngine:
             return self._fail_unschedulable()
         forced = self._forced(items, free_kv_tokens)
         proposed = self._propose(items, free_kv_tokens, forced)
-        prepend_forced(items, forced, self.vocab_size, self.device, self.max_model_len)
+        prepend_forced(items, forced, self.vocab_size, self.device, self.max_grammar_drafts,
+                       self.max_model_len)
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         verified = self._verify(forwarded)
@@ -235,7 +239,8 @@ class LLMEngine:
         spare = self.config.max_num_batched_tokens - used
         if free_kv_tokens is not None:
             spare = min(spare, free_kv_tokens - used)
-        return forced_drafts(items, self.config.structured_forced_tokens, self.max_model_len,
+        limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
+        return forced_drafts(items, limit, self.max_model_len,
                              max(0, spare))
 
     def _propose(self, items: list[SeqStep], free_kv_tokens: int | None,
