@@ -240,8 +240,7 @@ class LLMEngine:
         if free_kv_tokens is not None:
             spare = min(spare, free_kv_tokens - used)
         limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
-        return forced_drafts(items, limit, self.max_model_len,
-                             max(0, spare))
+        return forced_drafts(items, limit, self.max_model_len, max(0, spare))
 
     def _propose(self, items: list[SeqStep], free_kv_tokens: int | None,
                  forced: dict[int, list[int]]) -> Proposed:
@@ -264,7 +263,8 @@ class LLMEngine:
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None,
                            tree=small and seq.grammar is None
                            and tree_ok(seq, self.config.speculative_config),
-                           seed=seq.seed, position=seq.num_output_tokens)
+                           seed=seq.seed,
+                           position=seq.num_output_tokens + len(forced.get(i, ())))
             for i in wanted for seq in [items[i].seq]])
         parents = proposal.parents or [None] * len(wanted)
         # (a tree counts as its levels: the controller chooses how deep it goes)
