@@ -37,6 +37,8 @@ SUITES: dict[str, tuple[str, str]] = {
                  "microseconds per verification call against the memory floor"),
     "decode_limit": ("benchmarks.suites.decode_limit",
                      "plain decoding beside the weight-plus-KV read limit; host time per step"),
+    "structured": ("benchmarks.suites.structured",
+                   "JSON Schema output with and without speculation, forced tokens as drafts"),
     "profile": ("benchmarks.suites.profile",
                 "one LLM.generate under the torch profiler: host operators and kernels"),
 }

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from samplers.sampling_params import SamplingParams
+from samplers.structured.params import StructuredOutputsParams
 
 _LAZY = {
     "LLM": "engine.llm",
@@ -22,7 +23,8 @@ _LAZY = {
     "EngineMetrics": "engine.outputs",
 }
 
-__all__ = ["LLM", "SamplingParams", *[name for name in _LAZY if name != "LLM"]]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams",
+           *[name for name in _LAZY if name != "LLM"]]
 
 
 def __getattr__(name: str) -> Any:

@@ -324,6 +324,9 @@ class EngineConfig:
     number of kernels); False runs transformers' own operations.
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
+    ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at
+    most this many tokens the grammar forces are verified as drafts in a step, with or without
+    a speculative method (0: none; :mod:`engine.grammar_steps`).
     """
 
     model: Any = "smollm2-135m"
@@ -344,6 +347,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     max_memory: dict[Any, Any] | None = None
     num_threads: int | None = None
+    structured_forced_tokens: int = 8
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -380,6 +384,10 @@ class EngineConfig:
         if self.num_threads is not None and (not _is_int(self.num_threads)
                                              or self.num_threads < 1):
             _fail(name, "num_threads", self.num_threads, "None (the default) or an integer >= 1")
+        if (not _is_int(self.structured_forced_tokens)
+                or not 0 <= self.structured_forced_tokens <= MAX_SPEC_LEN):
+            _fail(name, "structured_forced_tokens", self.structured_forced_tokens,
+                  f"an integer in [0, {MAX_SPEC_LEN}]")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         spec = self.speculative_config

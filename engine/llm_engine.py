@@ -39,6 +39,13 @@ from engine.config import EngineConfig
 from engine.draft_features import feature_updates
 from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, verify_trees
 from engine.forward_inputs import forward_inputs, non_finite_rows
+from engine.grammar_steps import (
+    forced_drafts,
+    mask_positions,
+    mask_rows,
+    one_hot,
+    prepend_forced,
+)
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.request_checks import check_sampling_params, request_error
@@ -51,6 +58,7 @@ from proposers import ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
+from samplers.structured import Grammars, GrammarState
 from scheduler import Scheduler, StepOutcome, make_controller, within_spare
 
 
@@ -72,9 +80,13 @@ class LLMEngine:
         self.max_model_len = parts.max_model_len
         self.eos_token_ids = parts.eos_token_ids
         self.generator = parts.generator
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.max_model_len_source = parts.max_model_len_source
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
+        # drafts a grammar step verifies, forced ones included: a speculative method's k (its
+        # steps' width, which CUDA graphs are captured for), else the forced-token budget
+        self.max_grammar_drafts = max_k or config.structured_forced_tokens
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
         self.controller = make_controller(
@@ -92,7 +104,7 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
         """:func:`check_sampling_params` against this engine's vocabulary and tokenizer."""
-        check_sampling_params(params, self.vocab_size, self.tokenizer)
+        check_sampling_params(params, self.vocab_size, self.tokenizer, self.grammars)
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, together: bool = False) -> list[Sequence]:
@@ -113,6 +125,14 @@ class LLMEngine:
                               self.max_model_len_source)
         if error is None:
             error = seqs[0].adjuster.check_sampleable(self.vocab_size)
+        if error is None and params.structured_outputs is not None:
+            try:
+                compiled = self.grammars.compile(params.structured_outputs)
+            except ValueError as exc:
+                error = str(exc)
+            else:
+                for seq in seqs:
+                    seq.grammar = GrammarState(compiled, self.vocab_size)
         for seq in seqs:
             if error is not None:
                 self.controller.release(seq)
@@ -179,7 +199,10 @@ class LLMEngine:
         if not items:
             self._learn()
             return self._fail_unschedulable()
-        proposed = self._propose(items, free_kv_tokens)
+        forced = self._forced(items, free_kv_tokens)
+        proposed = self._propose(items, free_kv_tokens, forced)
+        prepend_forced(items, forced, self.vocab_size, self.device, self.max_grammar_drafts,
+                       self.max_model_len)
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         verified = self._verify(forwarded)
@@ -207,10 +230,27 @@ class LLMEngine:
                                   "tokens; raise kv_cache_tokens")
         return [seq]
 
-    def _propose(self, items: list[SeqStep], free_kv_tokens: int | None) -> Proposed:
-        """2. The drafts of the items given drafts (their records are filled in), kept within
-        the controller's trim, the KV cache's spare rows and, for trees, the step's budget."""
-        wanted = [i for i, item in enumerate(items) if item.num_spec_tokens > 0]
+    def _forced(self, items: list[SeqStep], free_kv_tokens: int | None) -> dict[int, list[int]]:
+        """2a. The tokens the grammars of decoding samples force (index -> tokens), within the
+        KV cache's spare rows and the step's token budget (:mod:`engine.grammar_steps`)."""
+        if not any(item.seq.grammar is not None for item in items):
+            return {}
+        used = sum(item.num_context_tokens + item.num_spec_tokens for item in items)
+        spare = self.config.max_num_batched_tokens - used
+        if free_kv_tokens is not None:
+            spare = min(spare, free_kv_tokens - used)
+        limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
+        return forced_drafts(items, limit, self.max_model_len, max(0, spare))
+
+    def _propose(self, items: list[SeqStep], free_kv_tokens: int | None,
+                 forced: dict[int, list[int]]) -> Proposed:
+        """2b. The drafts of the items given drafts (their records are filled in), kept within
+        the controller's trim, the KV cache's spare rows and, for trees, the step's budget. A
+        proposer whose drafts are free continues after a sample's ``forced`` tokens; another
+        is not asked for that sample this step."""
+        free = self.proposer is not None and self.proposer.drafts_are_free
+        wanted = [i for i, item in enumerate(items) if item.num_spec_tokens > 0
+                  and (free or i not in forced)]
         if not wanted or self.proposer is None:
             return Proposed()
         new = any(items[i].seq.num_output_tokens <= 1 for i in wanted)
@@ -218,10 +258,13 @@ class LLMEngine:
         start = time.perf_counter()
         small = len(items) <= TREE_MAX_SEQS  # (trees only in steps this small)
         proposal = self.proposer.propose([
-            ProposeRequest(seq.seq_id, seq.all_token_ids, items[i].num_spec_tokens, seq.params,
+            ProposeRequest(seq.seq_id, seq.all_token_ids + forced[i] if i in forced
+                           else seq.all_token_ids, items[i].num_spec_tokens, seq.params,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None,
-                           tree=small and tree_ok(seq, self.config.speculative_config),
-                           seed=seq.seed, position=seq.num_output_tokens)
+                           tree=small and seq.grammar is None
+                           and tree_ok(seq, self.config.speculative_config),
+                           seed=seq.seed,
+                           position=seq.num_output_tokens + len(forced.get(i, ())))
             for i in wanted for seq in [items[i].seq]])
         parents = proposal.parents or [None] * len(wanted)
         # (a tree counts as its levels: the controller chooses how deep it goes)
@@ -237,7 +280,8 @@ class LLMEngine:
         keep = self.controller.trim([items[i] for i in wanted], depths, backed,
                                     (len(rest), max(rest, default=0), sum(rest)))
         spare = (None if free_kv_tokens is None
-                 else free_kv_tokens - sum(item.num_context_tokens for item in items))
+                 else free_kv_tokens - sum(item.num_context_tokens for item in items)
+                 - sum(map(len, forced.values())))
         chains = iter(within_spare([k for k, t in zip(keep, parents, strict=True) if t is None],
                                    spare))
         trees, offset = {}, 0
@@ -274,6 +318,7 @@ class LLMEngine:
             except KVCacheFull:
                 items = self._preempt_one(items)
                 continue
+            mask_positions(items, self.grammars)  # (grammars: in the forward's shadow on a GPU)
             self._observe(items, proposed)
             for item in items:
                 if not item.samples:
@@ -344,6 +389,7 @@ class LLMEngine:
                 item.seq.adjuster.apply(logits[row:row + len(item.drafts) + 1],
                                         item.seq.output_token_ids, item.drafts)
             row += len(item.drafts) + 1
+        mask_rows(logits, items)  # (grammars: before temperature, top-k/p and verification)
         failed = non_finite_rows(logits, [item.drafts for item in items])
         processed = logits.clone() if wants_logprobs and mode.startswith("processed") else None
         sampling = self._sampling_tensors(seqs)
@@ -378,7 +424,12 @@ class LLMEngine:
         if sampling is None:
             sampling = self._sampling_tensors([item.seq for item in items])
         probs = [item.draft_probs for item in items if item.drafts]
-        draft_probs = torch.cat(probs) if any(p is not None for p in probs) else None
+        draft_probs = None
+        if any(p is not None for p in probs):  # (drafts without probabilities: one-hot rows)
+            draft_probs = torch.cat([
+                one_hot(item.drafts, self.vocab_size, self.device)
+                if item.draft_probs is None else item.draft_probs
+                for item in items if item.drafts])
         metadata = SpecDecodeMetadata.from_lists([item.drafts for item in items], self.device)
         sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
                    else self.sampler)  # (the argmax match, without the probability work)
@@ -405,6 +456,8 @@ class LLMEngine:
             else:
                 result.kept = append_until_stop(seq, result.tokens, self.eos_token_ids,
                                                 self.max_model_len)
+                if seq.grammar is not None:
+                    self._advance_grammar(seq, result.tokens[:result.kept])
                 if result.logprob_rows is not None:
                     seq.add_logprobs(result.logprob_rows[:result.kept],
                                      result.tokens[:result.kept])
@@ -417,6 +470,15 @@ class LLMEngine:
             if seq.is_finished:
                 self._release(seq, controller=False)
         return updated
+
+    def _advance_grammar(self, seq: Sequence, tokens: list[int]) -> None:
+        """The sample's matcher accepts the tokens it kept; a grammar that has ended (its stop
+        token accepted, e.g. with ``ignore_eos``) ends the sample, so that a terminated matcher
+        is never asked for another mask."""
+        if not seq.grammar.advance(tokens):
+            seq.finish("error", error="the grammar refused a verified token (a masking bug)")
+        elif seq.grammar.terminated and not seq.is_finished:
+            seq.finish("stop")
 
     def _rollback(self, forwarded: Forwarded, verified: list[Verified]) -> None:
         paths = [(r.item.seq.slot, r.num_tokens_before, r.path) for r in verified
@@ -450,7 +512,9 @@ class LLMEngine:
     def _account(self, seq: Sequence, result: Verified) -> None:
         now = time.perf_counter()
         m = seq.metrics
-        m.num_drafted += result.item.depth  # (a tree: its levels, the most it can accept)
+        # (a tree: its levels, the most it can accept; forced drafts count as drafts)
+        drafted = result.item.depth + result.item.forced
+        m.num_drafted += drafted
         m.num_accepted += result.num_accepted
         m.num_steps += 1
         m.num_generated += result.kept
@@ -458,7 +522,7 @@ class LLMEngine:
             m.first_token_time = now
         if seq.is_finished:
             m.finished_time = now
-        self.metrics.record_request_step(result.item.depth, result.num_accepted, result.kept)
+        self.metrics.record_request_step(drafted, result.num_accepted, result.kept)
 
     def _record(self, forwarded: Forwarded | None, proposed: Proposed,
                 verified: list[Verified], updated: list[Sequence], start: float,

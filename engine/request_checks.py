@@ -7,12 +7,17 @@ from typing import Any
 
 from samplers import SamplingParams
 from samplers.logits_adjust import tokenize_bad_words
+from samplers.structured import Grammars
 
 
-def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any) -> None:
-    """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, or a bad
-    word that the tokenizer turns into no tokens (it could never be banned)."""
+def check_sampling_params(params: SamplingParams, vocab_size: int, tokenizer: Any,
+                          grammars: Grammars | None = None) -> None:
+    """Raise ``ValueError`` when ``params`` names token ids outside the vocabulary, a bad
+    word that the tokenizer turns into no tokens (it could never be banned), or a structured
+    output constraint that does not compile (``grammars`` compiles and keeps it)."""
     params.verify_vocab(vocab_size)
+    if params.structured_outputs is not None and grammars is not None:
+        grammars.compile(params.structured_outputs)
     for word in params.bad_words or []:
         if not tokenize_bad_words(tokenizer, [word]):
             raise ValueError(f"SamplingParams.bad_words entry {word!r} tokenizes to no "

@@ -13,6 +13,7 @@ from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
+from samplers.structured import GrammarState
 from scheduler import RequestSpeculation, SequenceStatus
 
 
@@ -69,6 +70,8 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time=arrival_time)
         self.adjuster = LogitsAdjuster(params, self.prompt_token_ids, eos_token_ids, tokenizer)
         self.speculation: RequestSpeculation | None = None  # set by the engine's policy
+        # the matcher of params.structured_outputs' grammar (set by the engine), else None
+        self.grammar: GrammarState | None = None
 
     # ------------------------------------------------------------------ derived values
     @property

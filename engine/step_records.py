@@ -33,6 +33,10 @@ class SeqStep:
     parents: list[int] | None = None  # a tree's parents (``Proposal.parents``); None: a chain
     backed: int | None = None  # drafts the proposer's evidence backs (None: all)
     depth: int = 0  # drafts as the controller and the metrics count them (a tree's levels)
+    # the leading drafts a grammar forced (before the proposer's: engine.grammar_steps)
+    forced: int = 0
+    # a grammar's token mask per verified position [len(drafts) + 1, words] (int32, host)
+    grammar_mask: torch.Tensor | None = None
 
     @property
     def num_new_tokens(self) -> int:
@@ -105,7 +109,9 @@ def step_outcome(forwarded: Forwarded | None, proposed: Proposed, verified: list
             proposed.seconds if proposed.after_idle else None,
             forwarded.output.packed_rows, forwarded.output.kv_len, proposed.seconds)
     trees = any(r.item.parents is not None for r in done)
+    # (the controller learns the proposer's acceptance: forced drafts come before its own)
     return StepOutcome([r.item.seq for r in done], [r.item.depth for r in done],
-                       [r.num_accepted for r in done], [r.item.backed for r in done],
+                       [max(0, r.num_accepted - r.item.forced) for r in done],
+                       [r.item.backed for r in done],
                        [r.path is not None for r in done] if trees else None, timing,
                        [seq for seq in updated if seq.is_finished], step)

@@ -21,6 +21,7 @@ from samplers.rejection import RejectionSampler
 from samplers.sampling_params import SamplingParams
 from samplers.sampling_tensors import SamplingTensors
 from samplers.seed_api import greedy_match, speculative_sampling, verify_dense
+from samplers.structured.params import StructuredOutputsParams
 from samplers.typical import TypicalAcceptanceSampler
 from samplers.validation import parse_output
 
@@ -33,6 +34,7 @@ __all__ = [
     "SamplingParams",
     "SamplingTensors",
     "SpecDecodeMetadata",
+    "StructuredOutputsParams",
     "TypicalAcceptanceSampler",
     "VerificationSampler",
     "available_samplers",

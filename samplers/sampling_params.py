@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from samplers.structured.params import StructuredOutputsParams
+
 # Below this a temperature is treated as 0 (greedy), as in vLLM.
 SAMPLING_EPS = 1e-5
 
@@ -66,6 +68,9 @@ class SamplingParams:
     ``top_k`` of 0 or -1 turns top-k off. ``max_tokens=None`` runs to the context length.
     ``num_speculative_tokens`` (not in vLLM): this request verifies at most this many drafts per
     step, within the engine's own setting; 0 turns speculation off for it; None: the engine's.
+    ``structured_outputs``: the output must match a JSON Schema, regex, choice or grammar
+    (:class:`~samplers.structured.StructuredOutputsParams`, or a dict of its fields);
+    ``guided_decoding`` is its older name (vLLM's), moved into it.
     """
 
     n: int = 1
@@ -94,6 +99,8 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     spaces_between_special_tokens: bool = True
     num_speculative_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_decoding: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, 1, "an integer >= 1")
@@ -165,6 +172,14 @@ class SamplingParams:
                                       "None or a list of strings (one per word)")
             if any(not isinstance(w, str) or not w for w in self.bad_words):
                 _fail("bad_words", self.bad_words, "a list of non-empty strings")
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None:
+                _fail("guided_decoding", self.guided_decoding, "None when structured_outputs "
+                      "is given (guided_decoding is its older name)")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs,
+                                                                     "structured_outputs")
         if self.temperature < SAMPLING_EPS:
             # Greedy: the filters cannot change the argmax, so switch them off (as vLLM does).
             self.temperature = 0.0

@@ -16,7 +16,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, NoReturn
 
 from engine.cli.flag_help import FLAG_HELP
@@ -38,6 +38,7 @@ ENGINE_RENAMES = {"num_threads": "threads"}
 SAMPLING_RENAMES = {"seed": "request-seed",  # ``--seed`` is the engine seed
                     "num_speculative_tokens": "request-num-speculative-tokens"}  # -k: engine
 ENGINE_SKIP = {"speculative_config"}
+SAMPLING_SKIP = {"guided_decoding"}  # (structured_outputs' older name: one flag is enough)
 NO_SPECULATION = "none"
 # (section, field): flag
 SHORT_FLAGS = {("spec", "num_speculative_tokens"): "-k", ("sampling", "n"): "-n"}
@@ -183,8 +184,8 @@ def _add_field_flag(group: argparse._ArgumentGroup, section: str, cls: type, nam
     elif item is str:
         kwargs.update(action="append", metavar="TEXT")
         kwargs["help"] += " (repeat the flag for several)"
-    elif typing.get_origin(base) is dict:
-        kwargs.update(type=_json_dict(flag), metavar="JSON")
+    elif typing.get_origin(base) is dict or is_dataclass(base):
+        kwargs.update(type=_json_dict(flag), metavar="JSON")  # (a dataclass: its fields)
     elif base is Any:
         kwargs.update(metavar="NAME")
     elif base in (int, float, str):
@@ -235,8 +236,8 @@ def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[Flag
     io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     specs = add_engine_flags(parser, preset)
     specs += _add_dataclass_flags(parser.add_argument_group("sampling (SamplingParams)"),
-                                  "sampling", SamplingParams, SAMPLING_RENAMES, set(), sampling,
-                                  name)
+                                  "sampling", SamplingParams, SAMPLING_RENAMES, SAMPLING_SKIP,
+                                  sampling, name)
     return parser, specs
 
 

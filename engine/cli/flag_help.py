@@ -29,6 +29,8 @@ FLAG_HELP: dict[tuple[str, str], str] = {
                                         "--nproc-per-node N)",
     ("engine", "max_memory"): "with --device auto, caps the weights per device, e.g. "
                               "'{\"0\": \"10GiB\", \"cpu\": \"60GiB\"}'",
+    ("engine", "structured_forced_tokens"): "under a grammar, verify at most this many tokens "
+    "it forces as drafts per step (0: none)",
     ("engine", "num_threads"): "torch's CPU threads (none: OMP_NUM_THREADS if set, else the "
                                "physical cores available less one)",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
@@ -60,6 +62,9 @@ FLAG_HELP: dict[tuple[str, str], str] = {
                             "ngram_eagle, eagle3)",
     ("spec", "draft_tree_sampling"): "draft trees for sampled requests too, not only greedy ones",
     ("sampling", "n"): "samples returned per prompt",
+    ("sampling", "structured_outputs"): "hold the output to a constraint, as JSON: "
+    '{"json": SCHEMA}, {"regex": ...}, {"choice": [...]}, {"grammar": EBNF} or '
+    '{"json_object": true}',
     ("sampling", "presence_penalty"): "subtract this from the logits of tokens already generated",
     ("sampling", "frequency_penalty"): "subtract this times its count from each generated "
                                        "token's logit",

@@ -34,7 +34,7 @@ from engine.serving.metrics import ServerMetrics
 from samplers import SamplingParams
 
 RETRY_AFTER_S = 1
-_PARAM = re.compile(r"SamplingParams\.(\w+)=|(prompt)\b")
+_PARAM = re.compile(r"(?:Sampling|StructuredOutputs)Params\.(\w+)=|(prompt)\b")
 
 
 class EngineStopped(Exception):

@@ -39,6 +39,7 @@ from engine.serving.async_engine import (
     step_items,
 )
 from samplers import SamplingParams
+from samplers.structured import Grammars
 
 START_TIMEOUT_S = 1800.0  # a first load dequantizes the default model: minutes on 2 cores
 
@@ -64,9 +65,11 @@ class EngineView:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.metrics = EngineCounters(drafted_at=[0] * max_k, accepted_at=[0] * max_k)
+        # (a constraint that does not compile is a 400 before the request reaches the engine)
+        self.grammars = Grammars(tokenizer, vocab_size, ())
 
     def check_params(self, params: SamplingParams) -> None:
-        check_sampling_params(params, self.vocab_size, self.tokenizer)
+        check_sampling_params(params, self.vocab_size, self.tokenizer, self.grammars)
 
 
 class ProcessEngine(EngineFrontend):

@@ -6,7 +6,11 @@ Requests are pydantic models with OpenAI's fields and names, plus vLLM's extra s
 ``stop_token_ids``, ``skip_special_tokens``, ``include_stop_str_in_output``,
 ``allowed_token_ids``, ``bad_words``, ``prompt_logprobs``) and a per-request speculation control,
 ``num_speculative_tokens`` (``SamplingParams.num_speculative_tokens``: at most this many
-drafts per step; 0 turns speculation off for the request). Fields that OpenAI clients send and
+drafts per step; 0 turns speculation off for the request). Structured output comes as OpenAI's
+``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` object or
+its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` fields, at
+most one of them (:func:`structured_outputs`); ``tools`` are refused with a message that says
+function calling is not served. Fields that OpenAI clients send and
 that change nothing here (``store``, ``metadata``, ``user``, ``service_tier``,
 ``parallel_tool_calls``) are accepted and ignored; other unknown fields are refused (a typo should
 not be silently dropped). :func:`sampling_params` turns a request into :class:`SamplingParams`,
@@ -24,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from engine.logprobs import Logprob
 from engine.outputs import RequestOutput
-from samplers import SamplingParams
+from samplers import SamplingParams, StructuredOutputsParams
 
 
 class _Request(BaseModel):
@@ -62,6 +66,16 @@ class _Request(BaseModel):
     prompt_logprobs: int | None = None
     # this engine's per-request speculation control
     num_speculative_tokens: int | None = None
+    # structured output: OpenAI's, vLLM's, and vLLM's older names
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # function calling: refused by name (sampling_params), not as an unknown field
+    tools: list[Any] | None = None
+    tool_choice: Any = None
 
 
 class CompletionRequest(_Request):
@@ -140,8 +154,63 @@ def sampling_params(request: CompletionRequest | ChatRequest,
         values["max_tokens"] = max_tokens
     if request.logit_bias is not None:
         values["logit_bias"] = request.logit_bias
+    structured = structured_outputs(request)
+    if structured is not None:
+        values["structured_outputs"] = structured
     base = {name: getattr(defaults, name) for name in ("max_tokens", "temperature")}
     return SamplingParams(**{**base, **values})
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+           "guided_grammar": "grammar"}
+
+
+def structured_outputs(request: CompletionRequest | ChatRequest) -> StructuredOutputsParams | None:
+    """The request's output constraint from whichever of its fields gives one (None: none).
+    Raises ``ValueError`` naming the field for a bad or doubled one (a 400)."""
+    if request.tools:
+        raise ValueError("SamplingParams.tools=... is invalid: function calling (tools) is not "
+                         "supported by this server; response_format with a json_schema "
+                         "constrains the output to a JSON Schema")
+    given: list[tuple[str, StructuredOutputsParams]] = []
+    fmt = request.response_format
+    if fmt is not None:
+        given += [("response_format", _response_format(fmt))] if fmt.get("type") != "text" else []
+    if request.structured_outputs is not None:
+        given.append(("structured_outputs", _params("structured_outputs",
+                                                     dict(request.structured_outputs))))
+    for name, kind in _GUIDED.items():
+        value = getattr(request, name)
+        if value is not None:
+            given.append((name, _params(name, {kind: value})))
+    if len(given) > 1:
+        raise ValueError(f"SamplingParams.structured_outputs=... is invalid: one of "
+                         f"{[name for name, _ in given]} at a time")
+    return given[0][1] if given else None
+
+
+def _response_format(fmt: dict[str, Any]) -> StructuredOutputsParams:
+    """OpenAI's ``response_format``: ``{"type": "json_object"}`` or ``{"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}, "strict": ...}}``."""
+    kind = fmt.get("type")
+    if kind == "json_object":
+        return _params("response_format", {"json_object": True})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ValueError(f"SamplingParams.response_format={fmt!r} is invalid: a json_schema "
+                             "response_format needs json_schema.schema")
+        return _params("response_format", {"json": spec["schema"]})
+    raise ValueError(f"SamplingParams.response_format={fmt!r} is invalid: allowed type "
+                     "'text', 'json_object' or 'json_schema'")
+
+
+def _params(field: str, values: dict[str, Any]) -> StructuredOutputsParams:
+    """:class:`StructuredOutputsParams` of ``values``; its errors name the request's field."""
+    try:
+        return StructuredOutputsParams.coerce(values, field)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"SamplingParams.{field}=... is invalid: {exc}") from None
 
 
 def message_text(content: str | list[Any], where: str) -> str:

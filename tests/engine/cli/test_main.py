@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -28,7 +29,9 @@ def _merged(argv, config="default"):
 def test_every_dataclass_field_has_a_flag(cls, section):
     _, specs = build_parser()
     flagged = {s.field for s in specs if s.section == section}
-    expected = {f.name for f in dataclasses.fields(cls)} - {"speculative_config"}
+    # (speculative_config has its own group; guided_decoding is structured_outputs' older name)
+    expected = {f.name for f in dataclasses.fields(cls)} - {"speculative_config",
+                                                             "guided_decoding"}
     assert flagged == expected
 
 
@@ -330,3 +333,29 @@ def test_a_run_with_no_drafts_says_so():
 
     line = summary_line(EngineMetrics(num_generated=5, elapsed_s=1.0, tokens_per_s=5.0), True)
     assert "no drafts were verified" in line and "0.00" not in line
+
+
+def test_structured_outputs_flag_holds_the_output_to_a_regex(tmp_path):
+    from tests.engine.structured_helpers import save_char_model
+
+    model_dir = save_char_model(tmp_path / "char")
+    out = tmp_path / "structured.json"
+    argv = ["--model", str(model_dir), "--device", "cpu", "--prompt", "abc", "--no-chat",
+            "--max-tokens", "30", "--temperature", "0.9", "--n", "3", "--request-seed", "1",
+            "--structured-outputs", '{"regex": "[ab]{3}-(x|yz)"}', "--method", "ngram",
+            "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    samples = json.loads(out.read_text())["outputs"][0]["outputs"]
+    assert len(samples) == 3
+    assert all(re.fullmatch(r"[ab]{3}-(x|yz)", s["text"]) for s in samples)
+
+
+def test_a_structured_outputs_flag_that_does_not_compile_is_one_error_line(tmp_path, capsys):
+    from tests.engine.structured_helpers import save_char_model
+
+    model_dir = save_char_model(tmp_path / "char")
+    argv = ["--model", str(model_dir), "--device", "cpu", "--prompt", "abc", "--no-chat",
+            "--structured-outputs", '{"regex": "[ab"}', "--no-progress"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert "StructuredOutputsParams.regex='[ab' does not compile" in err
