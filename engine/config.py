@@ -303,6 +303,10 @@ class EngineConfig:
     number of kernels); False runs transformers' own operations.
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
+    ``enable_prefix_caching`` (vLLM's): a finished, aborted or preempted sequence's committed
+    tokens keep their KV rows in a radix tree (:mod:`engine.runner.prefix_cache`), and a later
+    prompt that starts with them computes only the rest (evicted least recently used first
+    when rows run short). Off by default: see docs/design.md, "Prefix caching".
     """
 
     model: Any = "smollm2-135m"
@@ -323,6 +327,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     max_memory: dict[Any, Any] | None = None
     num_threads: int | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -342,7 +347,7 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
-        for field in ("enforce_eager", "fused_ops", "trust_remote_code"):
+        for field in ("enforce_eager", "fused_ops", "trust_remote_code", "enable_prefix_caching"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
         u = self.gpu_memory_utilization

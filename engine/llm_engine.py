@@ -41,6 +41,7 @@ from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, v
 from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
+from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
@@ -64,6 +65,9 @@ class LLMEngine:
         self.runner, self.proposer, self.sampler = parts.runner, parts.proposer, parts.sampler
         self.greedy_sampler = parts.greedy_sampler
         self.keep_hidden = self.proposer is not None and self.proposer.needs_features
+        # (a draft head reads the target's features at every prompt position: a cache hit
+        # computes none, so prefix caching serves engines without one; docs/design.md)
+        self.prefix_caching = config.enable_prefix_caching and not self.keep_hidden
         self.device = parts.device
         # the host waits for the device at verification, so work put between a forward's launch
         # and that wait is free (a GPU; on CPU the forward runs in the call)
@@ -155,10 +159,18 @@ class LLMEngine:
         if controller:
             self.controller.release(seq)
         if seq.slot is not None:
-            self.runner.free_slot(seq.slot)
+            self.runner.free_slot(seq.slot, self._leaving(seq))
             seq.slot = None
         if self.proposer is not None:
             self.proposer.remove(seq.seq_id)
+
+    def _prefix_hit(self, seq: Sequence) -> tuple[int, int]:
+        """The scheduler's prefix-cache lookup for a newcomer (:mod:`engine.prefix_caching`)."""
+        return prefix_hit(self.runner, seq) if self.prefix_caching else (0, 0)
+
+    def _leaving(self, seq: Sequence) -> list[int] | None:
+        """The committed tokens a sequence leaving its slot leaves in the prefix cache."""
+        return leaving_tokens(seq) if self.prefix_caching else None
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
@@ -192,9 +204,12 @@ class LLMEngine:
         KV cache's free rows before the step, and the controller's step number."""
         plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
         free_kv_tokens = self.runner.num_free_tokens
-        out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens)
+        out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens,
+                                      self._prefix_hit if self.prefix_caching else None)
         for seq in out.admitted:
             seq.slot = self.runner.allocate_slot()
+        if self.prefix_caching:
+            attach_hits(self.runner, out.scheduled, out.admitted, self.metrics)
         return [SeqStep(s.seq, s.num_context_tokens, s.samples, s.num_spec_tokens)
                 for s in out.scheduled], free_kv_tokens, plan.step
 
@@ -322,7 +337,7 @@ class LLMEngine:
         else:
             if self.proposer is not None:
                 self.proposer.remove(victim.seq_id)
-            self.runner.free_slot(victim.slot)
+            self.runner.free_slot(victim.slot, self._leaving(victim))
             self.scheduler.preempt()
             self.metrics.num_preemptions += 1
         return [item for item in items if item.seq is not victim]
@@ -425,7 +440,8 @@ class LLMEngine:
             self.runner.keep_paths(paths)
         for result in verified:
             seq = result.item.seq
-            if seq.is_finished:
+            if seq.is_finished:  # (the context it was verified on is cached; drafts may not be)
+                seq.num_computed_tokens = result.num_tokens_before
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)
