@@ -440,8 +440,9 @@ class LLMEngine:
             self.runner.keep_paths(paths)
         for result in verified:
             seq = result.item.seq
-            if seq.is_finished:  # (the context it was verified on is cached; drafts may not be)
-                seq.num_computed_tokens = result.num_tokens_before
+            if seq.is_finished:  # (its rows: the context verified on and a chain's kept drafts)
+                seq.num_computed_tokens = result.num_tokens_before + (
+                    min(result.num_accepted, result.kept) if result.item.parents is None else 0)
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)
