@@ -141,10 +141,13 @@ def draft_from(candidates: list[tuple[list[int], int, int]], max_tokens: int, ma
     ``m`` tokens is the occurrences matching at least ``m``; from it, the most frequent next
     token is drafted while the path's probability stays at least ``min_token_prob``, for at
     most ``min(max_tokens, max_spec_factor * m, max_depth - m)`` tokens (the tree's depth
-    bounds match + draft). The draft of the largest score wins (ties: the longer match)."""
+    bounds match + draft, so a match is also read shortened to leave ``max_tokens`` room).
+    The draft of the largest score wins (ties: the longer match)."""
     best: list[int] = []
     best_score = 0.0
-    for m in sorted({c[2] for c in candidates}, reverse=True):
+    room = max(1, max_depth - max_tokens)
+    lengths = {c[2] for c in candidates} | {min(c[2], room) for c in candidates}
+    for m in sorted(lengths, reverse=True):
         limit = min(max_tokens, int(max_spec_factor * m), max_depth - m)
         live = [(tokens, pos) for tokens, pos, length in candidates if length >= m]
         draft: list[int] = []
