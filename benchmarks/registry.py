@@ -37,6 +37,8 @@ SUITES: dict[str, tuple[str, str]] = {
                  "microseconds per verification call against the memory floor"),
     "profile": ("benchmarks.suites.profile",
                 "one LLM.generate under the torch profiler: host operators and kernels"),
+    "reuse": ("benchmarks.suites.reuse",
+              "prefix caching (TTFT, multi-turn chat) and suffix decoding (an agent's stream)"),
 }
 
 
