@@ -39,7 +39,8 @@ class SuffixIndex:
         self._tokens: dict[int, list[int]] = {}  # sequence id -> its tokens
         self._ids: dict[str | int, int] = {}  # request -> its sequence id
         self._cached: OrderedDict[str | int, None] = OrderedDict()  # left, oldest first
-        self._index: dict[int, list[int]] = {}  # gram hash -> entries, oldest first
+        # per width: gram key -> its entries, oldest first (one entry: the int alone)
+        self._index: tuple[dict[int, int | list[int]], ...] = tuple({} for _ in WIDTHS)
         self._next_id = 0
         self._live = 0  # index entries of stored sequences
         self._stale = 0  # entries of dropped ones
@@ -65,11 +66,17 @@ class SuffixIndex:
         tokens = self._tokens[sid]
         start = len(tokens)
         tokens.extend(context[start:])
-        index = self._index
-        for width in WIDTHS:
+        for width, index in zip(WIDTHS, self._index, strict=True):
             for end in range(max(start, width - 1), len(tokens)):
-                key = hash((width, *tokens[end - width + 1:end + 1]))
-                index.setdefault(key, []).append(sid << _POS_BITS | end + 1)
+                key = _key(tokens, end + 1, width)
+                entry = sid << _POS_BITS | end + 1
+                held = index.get(key)
+                if held is None:  # (one entry: the int itself; a list from the second on)
+                    index[key] = entry
+                elif type(held) is int:
+                    index[key] = [held, entry]
+                else:
+                    held.append(entry)
                 self._live += 1
 
     def leave(self, req_id: str | int) -> None:
@@ -87,12 +94,13 @@ class SuffixIndex:
         self._live -= count
         self._stale += count
         if self._stale > self._live:  # (purge: rebuild the lists without dropped entries)
-            for key in list(self._index):
-                kept = [e for e in self._index[key] if e >> _POS_BITS in self._tokens]
-                if kept:
-                    self._index[key] = kept
-                else:
-                    del self._index[key]
+            for index in self._index:
+                for key, held in list(index.items()):
+                    kept = [e for e in _entries(held) if e >> _POS_BITS in self._tokens]
+                    if not kept:
+                        del index[key]
+                    else:
+                        index[key] = kept[0] if len(kept) == 1 else kept
             self._stale = 0
 
     def candidates(self, context: Sequence[int]) -> list[tuple[list[int], int, int]]:
@@ -100,14 +108,14 @@ class SuffixIndex:
         than the context's own end): ``(tokens, position after the match, match length)``,
         the match measured against the stored text, at most ``max_depth - 1``."""
         n = len(context)
-        for width in reversed(WIDTHS):
+        for width, index in reversed(list(zip(WIDTHS, self._index, strict=True))):
             if n < width:
                 continue
-            entries = self._index.get(hash((width, *context[n - width:])))
-            if not entries:
+            held = index.get(_key(context, n, width))
+            if held is None:
                 continue
             found = []
-            for entry in entries[-MAX_CANDIDATES - 1:]:
+            for entry in _entries(held)[-MAX_CANDIDATES - 1:]:
                 tokens = self._tokens.get(entry >> _POS_BITS)
                 pos = entry & ((1 << _POS_BITS) - 1)
                 if tokens is None or pos >= len(tokens):
@@ -130,6 +138,19 @@ class SuffixIndex:
             else:
                 hi = mid - 1
         return lo
+
+
+def _key(tokens: Sequence[int], end: int, width: int) -> int:
+    """The index key of the gram ``tokens[end - width:end]``: two ids packed exactly (ids below
+    2**21), a longer gram hashed. A collision only adds a candidate that the match check then
+    measures against the real tokens."""
+    if width == 2:
+        return tokens[end - 2] << 21 | tokens[end - 1]
+    return hash(tuple(tokens[end - width:end]))
+
+
+def _entries(held: int | list[int]) -> list[int]:
+    return [held] if type(held) is int else held
 
 
 def draft_from(candidates: list[tuple[list[int], int, int]], max_tokens: int, max_depth: int,
