@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 from engine.runner.prefix_cache import Node, RadixCache
 
+EVICT_FRACTION = 64  # an eviction frees at least this share (1 / it) of the pool's rows
+
 
 class SlotRows:
     """``max_num_seqs`` slots over a pool of ``max_num_tokens`` rows; ``table_width``: the slot
@@ -118,7 +120,9 @@ class SlotRows:
         """Append ``n`` free rows to the slot (the caller checked that they are free); returns
         them, ascending while the pool is unfragmented."""
         if n > len(self._free_rows):  # (the caller counted the cache's evictable rows as free)
-            evicted = self.cache.evict(n - len(self._free_rows))
+            # (in batches of a 64th of the pool at least: an eviction walks the whole tree)
+            evicted = self.cache.evict(max(n - len(self._free_rows),
+                                           self.max_num_tokens // EVICT_FRACTION))
             self._free_rows.extend(sorted(evicted, reverse=True))
         rows = self._free_rows[-n:][::-1]
         del self._free_rows[-n:]
