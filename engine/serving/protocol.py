@@ -179,6 +179,16 @@ def usage(output: RequestOutput) -> dict[str, Any]:
     return out
 
 
+def add_usage(total: dict[str, Any], output: RequestOutput) -> None:
+    """Add ``output``'s :func:`usage` into ``total`` (several prompts of one request)."""
+    for key, value in usage(output).items():
+        if key == "prompt_tokens_details":
+            details = total.setdefault(key, {"cached_tokens": 0})
+            details["cached_tokens"] += value["cached_tokens"]
+        else:
+            total[key] += value
+
+
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]] | None,
                         tokenizer: Any) -> dict[str, Any] | None:
     """OpenAI's legacy completions ``logprobs`` object."""
