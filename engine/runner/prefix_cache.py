@@ -32,7 +32,7 @@ class Node:
 
     __slots__ = ("children", "last_use", "parent", "refs", "rows", "start", "tokens")
 
-    def __init__(self, tokens: tuple[int, ...], rows: list[int], parent: Node | None,
+    def __init__(self, tokens: list[int], rows: list[int], parent: Node | None,
                  start: int) -> None:
         self.tokens = tokens
         self.rows = rows
@@ -52,7 +52,7 @@ class RadixCache:
     ``num_rows`` (rows the tree holds), ``num_evictable`` (those of unlocked nodes)."""
 
     def __init__(self) -> None:
-        self.root = Node((), [], None, 0)
+        self.root = Node([], [], None, 0)
         self.root.refs = 1  # (never evicted)
         self.num_rows = 0
         self.num_evictable = 0
@@ -65,6 +65,7 @@ class RadixCache:
     def _walk(self, tokens: Sequence[int]) -> tuple[Node, int, int]:
         """The deepest node the path of ``tokens`` reaches, how many of its edge's tokens
         matched, and the tokens matched in all."""
+        tokens = tokens if isinstance(tokens, list) else list(tokens)
         node, matched = self.root, 0
         while matched < len(tokens):
             child = node.children.get(tokens[matched])
@@ -72,8 +73,13 @@ class RadixCache:
                 return node, len(node.tokens), matched
             edge = child.tokens
             n = min(len(edge), len(tokens) - matched)
-            if tuple(tokens[matched:matched + n]) != edge[:n]:
-                n = next(i for i in range(n) if tokens[matched + i] != edge[i])
+            if tokens[matched:matched + n] != edge[:n]:  # (find the first difference)
+                i = 1  # (the first token matched: the child's key)
+                while i + 64 <= n and tokens[matched + i:matched + i + 64] == edge[i:i + 64]:
+                    i += 64
+                while tokens[matched + i] == edge[i]:
+                    i += 1
+                n = i
             matched += n
             if n < len(edge):
                 return child, n, matched
@@ -145,7 +151,7 @@ class RadixCache:
         dropped = [new for new, held in zip(rows[:matched], self._path_rows(node, matched),
                                             strict=True) if new != held]
         if matched < len(tokens):
-            leaf = Node(tuple(tokens[matched:]), list(rows[matched:]), node, matched)
+            leaf = Node(list(tokens[matched:]), list(rows[matched:]), node, matched)
             leaf.last_use = now
             node.children[leaf.tokens[0]] = leaf
             self.num_rows += len(leaf.rows)

@@ -20,7 +20,7 @@ def test_match_lock_split_and_insert_by_hand():
     assert cache.match([5, 6, 9]) == (2, 2)
     assert cache.match([9]) == (0, 0)
     rows, node = cache.lock([5, 6])  # splits the edge [5 6 7 8] after two tokens
-    assert rows == [10, 11] and node.tokens == (5, 6)
+    assert rows == [10, 11] and node.tokens == [5, 6]
     assert (cache.num_rows, cache.num_evictable) == (4, 2)  # rows 12, 13 unlocked
     assert cache.match([5, 6, 7]) == (3, 1)  # (only row 12 would be newly locked)
     # a second sequence shares [5 6] (its own copy of 6 under row 20 is not taken), then
@@ -99,3 +99,12 @@ def test_a_slot_freed_after_sharing_adds_only_its_new_tokens():
     rows.free(b, [1, 2, 3, 4])
     assert rows.cache.num_rows == 4 and rows.cached_prefix([1, 2, 3, 4, 5]) == (4, 4)
     assert rows.num_free_tokens == 8 and refs(rows.cache) == [0, 0]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 63, 64, 65, 129, 199])
+def test_match_finds_the_first_difference_inside_a_long_edge(cut):
+    """One cached edge of 200 tokens 1000..1199; a context that follows it for ``cut`` tokens,
+    then differs (token 7 is not among them), matches exactly ``cut``."""
+    cache = RadixCache()
+    cache.insert(list(range(1000, 1200)), list(range(200)))
+    assert cache.match(list(range(1000, 1000 + cut)) + [7, 7]) == (cut, cut)
