@@ -30,6 +30,7 @@ compute that needs no engine state lives beside it: ``engine.step_records`` (the
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -68,6 +69,11 @@ class LLMEngine:
         # (a draft head reads the target's features at every prompt position: a cache hit
         # computes none, so prefix caching serves engines without one; docs/design.md)
         self.prefix_caching = config.enable_prefix_caching and not self.keep_hidden
+        if config.enable_prefix_caching and self.keep_hidden:
+            logging.getLogger("specdec").warning(
+                "enable_prefix_caching is off with method=%r: its draft head reads the target's "
+                "features at every prompt position, which a cache hit does not compute",
+                config.speculative_config.method)
         self.device = parts.device
         # the host waits for the device at verification, so work put between a forward's launch
         # and that wait is free (a GPU; on CPU the forward runs in the call)

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
-from tests.engine.llm_helpers import tiny_tokenizer
+from tests.engine.llm_helpers import random_head_dir, tiny_tokenizer
 
 VOCAB = 64
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -162,3 +162,19 @@ def test_rejected_drafts_after_a_shared_prefix_leave_it_intact(target):
     assert metrics.num_drafted > metrics.num_accepted  # (rejections happened)
     assert out.num_cached_tokens == len(prompt) - 1
     assert_holds_nothing(llm, 256)
+
+
+def test_a_draft_head_turns_the_cache_off_and_says_so(target, tmp_path_factory, caplog):
+    head = str(random_head_dir(tmp_path_factory, target.config))
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=4, kv_cache_tokens=256,
+              enable_prefix_caching=True,
+              speculative_config={"method": "eagle", "model": head, "num_speculative_tokens": 3})
+    assert "enable_prefix_caching is off with method='eagle'" in caplog.text
+    prompts = shared_prompts(8, 3)
+    expected = make_llm(target, False, method=None).generate(prompts, GREEDY, use_tqdm=False)
+    for _ in range(2):
+        outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == \
+            [o.outputs[0].token_ids for o in expected]
+    assert llm.get_metrics().prefix_cache_queries == 0
+    assert llm.engine.runner.num_prefix_cached_tokens == 0
