@@ -1,5 +1,5 @@
-"""The reuse suite on a tiny model: every case runs, its systems' greedy outputs agree, the
-cached systems read the cache and suffix decoding drafts."""
+"""The reuse suite on a tiny model: every case runs, its systems' greedy outputs agree and the
+cached systems read the cache (what suffix decoding accepts: tests/proposers/test_suffix.py)."""
 
 from tests.benchmarks.suite_helpers import run_suite
 
@@ -29,5 +29,3 @@ def test_agent_case(tiny_dir):
     assert record.summary["b1:outputs_equal"] and record.summary["b2:outputs_equal"]
     assert {(r["system"], r["batch_size"]) for r in record.rows} == {
         (m, b) for m in ("suffix", "ngram", "none") for b in (1, 2)}
-    suffix = [r for r in record.rows if r["system"] == "suffix" and r["batch_size"] == 1][0]
-    assert suffix["acceptance_rate"] > 0

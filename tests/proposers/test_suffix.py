@@ -127,8 +127,8 @@ def test_greedy_with_suffix_equals_plain(target, method, tmp_path_factory):
                 for o in make_llm(target, None).generate(prompts, greedy, use_tqdm=False)]
     extra = {"model": str(random_head_dir(tmp_path_factory, target.config))} \
         if method == "suffix_eagle" else {}
-    llm = make_llm(target, method, **extra)
-    for _ in range(2):
+    llm = make_llm(target, method, adaptive_k=False, **extra)  # (every step drafts: the
+    for _ in range(2):  # second round's drafts from the first's text are accepted)
         outs = llm.generate(prompts, greedy, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == expected
     assert llm.get_metrics().num_accepted > 0
