@@ -41,6 +41,8 @@ SUITES: dict[str, tuple[str, str]] = {
                    "JSON Schema output with and without speculation, forced tokens as drafts"),
     "profile": ("benchmarks.suites.profile",
                 "one LLM.generate under the torch profiler: host operators and kernels"),
+    "reuse": ("benchmarks.suites.reuse",
+              "prefix caching (TTFT, multi-turn chat) and suffix decoding (an agent's stream)"),
 }
 
 

@@ -242,7 +242,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
     runner = ModelRunner(model, config.max_num_seqs, kv_tokens, max_model_len,
                          cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp,
                          fused_ops=None if config.fused_ops else False,
-                         twin_width=twin_width(config))
+                         twin_width=twin_width(config),
+                         prefix_caching=config.enable_prefix_caching)
     if tp > 1:
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None

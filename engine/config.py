@@ -28,12 +28,13 @@ from samplers import MAX_SPEC_LEN, available_samplers
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
 # The names of engine.runner.loader.DTYPES, here so that the CLI's --help needs no transformers.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-METHODS_WITHOUT_MODEL = ("ngram", "early_exit")  # a ``model`` given with these is a mistake
+# a ``model`` given with these is a mistake
+METHODS_WITHOUT_MODEL = ("ngram", "early_exit", "suffix")
 MAX_DEFAULT_THREADS = 16  # the most threads default_num_threads chooses
 
 
 # draft heads: read the target's embedding and head
-HEAD_METHODS = ("eagle", "ngram_eagle", "eagle3")
+HEAD_METHODS = ("eagle", "ngram_eagle", "suffix_eagle", "eagle3")
 TREE_METHODS = HEAD_METHODS  # the proposers that draft trees
 TP_REFUSED = ("early_exit",)  # (runs the target's split layers)
 
@@ -177,6 +178,11 @@ class SpeculativeConfig:
     (lossless, :mod:`samplers.tree_verify`). Greedy requests without penalties, biases or
     logprobs, in steps of at most 2 sequences, get trees; the others get the chain of the
     likeliest drafts. None: chains.
+    ``suffix_decoding_*`` (vLLM's options, methods ``suffix`` and ``suffix_eagle``,
+    :mod:`proposers.suffix`): the longest match + draft (``max_tree_depth``), the requests
+    kept after they leave (``max_cached_requests``), drafts per matched token
+    (``max_spec_factor``) and the path probability below which drafting stops
+    (``min_token_prob``).
     ``draft_tree_sampling``: unseeded sampled requests (under the rejection sampler) get trees
     too, verified by multi-candidate rejection. Off by default: sampled trees are slower than
     chains, for the sampled tree verification's host work (docs/history.md, "Draft trees").
@@ -200,6 +206,10 @@ class SpeculativeConfig:
     adaptive_probe_interval: int = 32
     draft_tree: list[int] | None = None
     draft_tree_sampling: bool = False
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         name = "SpeculativeConfig"
@@ -254,6 +264,22 @@ class SpeculativeConfig:
         self._check_tree()
         if not isinstance(self.draft_tree_sampling, bool):
             _fail(name, "draft_tree_sampling", self.draft_tree_sampling, "True or False")
+        self._check_suffix()
+
+    def _check_suffix(self) -> None:
+        name = "SpeculativeConfig"
+        depth = self.suffix_decoding_max_tree_depth
+        if not _is_int(depth) or not 2 <= depth <= 1024:
+            _fail(name, "suffix_decoding_max_tree_depth", depth, "an integer in [2, 1024]")
+        cached = self.suffix_decoding_max_cached_requests
+        if not _is_int(cached) or cached < 0:
+            _fail(name, "suffix_decoding_max_cached_requests", cached, "an integer >= 0")
+        factor = self.suffix_decoding_max_spec_factor
+        if not _is_number(factor) or not 0 < factor <= 64:
+            _fail(name, "suffix_decoding_max_spec_factor", factor, "a number in (0, 64]")
+        prob = self.suffix_decoding_min_token_prob
+        if not _is_number(prob) or not 0 <= prob <= 1:
+            _fail(name, "suffix_decoding_min_token_prob", prob, "a number in [0, 1]")
 
     def _check_tree(self) -> None:
         tree = self.draft_tree
@@ -327,6 +353,10 @@ class EngineConfig:
     ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at
     most this many tokens the grammar forces are verified as drafts in a step, with or without
     a speculative method (0: none; :mod:`engine.grammar_steps`).
+    ``enable_prefix_caching`` (vLLM's): a finished, aborted or preempted sequence's committed
+    tokens keep their KV rows in a radix tree (:mod:`engine.runner.prefix_cache`), and a later
+    prompt that starts with them computes only the rest (evicted least recently used first
+    when rows run short). Off by default: see docs/design.md, "Prefix caching".
     """
 
     model: Any = "smollm2-135m"
@@ -348,6 +378,7 @@ class EngineConfig:
     max_memory: dict[Any, Any] | None = None
     num_threads: int | None = None
     structured_forced_tokens: int = 8
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -367,7 +398,7 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
-        for field in ("enforce_eager", "fused_ops", "trust_remote_code"):
+        for field in ("enforce_eager", "fused_ops", "trust_remote_code", "enable_prefix_caching"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
         u = self.gpu_memory_utilization

@@ -207,7 +207,8 @@ class LLM:
     # ------------------------------------------------------------------ metrics
     def get_metrics(self, baseline_tokens_per_s: float | None = None) -> EngineMetrics:
         """Engine metrics; with the tokens/s of a no-speculation run, also the measured speedup."""
-        return self.engine.metrics.snapshot(baseline_tokens_per_s)
+        return self.engine.metrics.snapshot(baseline_tokens_per_s,
+                                            self.engine.runner.num_prefix_cached_tokens)
 
     def reset_metrics(self) -> None:
         self.engine.metrics.reset()
@@ -256,7 +257,6 @@ VLLM_ONLY_KEYWORDS = {
     "pipeline_parallel_size": "one GPU is served",
     "quantization": "weights run in the dtype they load in",
     "kv_cache_dtype": "the KV cache is in the model's dtype",
-    "enable_prefix_caching": "there is no prefix cache",
     "swap_space": "preemption recomputes, it does not swap",
     "cpu_offload_gb": "there is no CPU offload",
     "block_size": "the KV cache is paged per token",
@@ -345,4 +345,5 @@ def build_output(seqs: list[Sequence]) -> RequestOutput:
                          outputs=[s.completion() for s in seqs],
                          finished=all(s.is_finished for s in seqs), metrics=metrics,
                          error=errors[0] if errors else None,
-                         prompt_logprobs=None if prompt_logprobs is None else list(prompt_logprobs))
+                         prompt_logprobs=None if prompt_logprobs is None else list(prompt_logprobs),
+                         num_cached_tokens=first.num_cached_tokens or 0)

@@ -30,6 +30,7 @@ compute that needs no engine state lives beside it: ``engine.step_records`` (the
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -48,6 +49,7 @@ from engine.grammar_steps import (
 )
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
+from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
@@ -72,6 +74,14 @@ class LLMEngine:
         self.runner, self.proposer, self.sampler = parts.runner, parts.proposer, parts.sampler
         self.greedy_sampler = parts.greedy_sampler
         self.keep_hidden = self.proposer is not None and self.proposer.needs_features
+        # (a draft head reads the target's features at every prompt position: a cache hit
+        # computes none, so prefix caching serves engines without one; docs/design.md)
+        self.prefix_caching = config.enable_prefix_caching and not self.keep_hidden
+        if config.enable_prefix_caching and self.keep_hidden:
+            logging.getLogger("specdec").warning(
+                "enable_prefix_caching is off with method=%r: its draft head reads the target's "
+                "features at every prompt position, which a cache hit does not compute",
+                config.speculative_config.method)
         self.device = parts.device
         # the host waits for the device at verification, so work put between a forward's launch
         # and that wait is free (a GPU; on CPU the forward runs in the call)
@@ -175,10 +185,18 @@ class LLMEngine:
         if controller:
             self.controller.release(seq)
         if seq.slot is not None:
-            self.runner.free_slot(seq.slot)
+            self.runner.free_slot(seq.slot, self._leaving(seq))
             seq.slot = None
         if self.proposer is not None:
             self.proposer.remove(seq.seq_id)
+
+    def _prefix_hit(self, seq: Sequence) -> tuple[int, int]:
+        """The scheduler's prefix-cache lookup for a newcomer (:mod:`engine.prefix_caching`)."""
+        return prefix_hit(self.runner, seq) if self.prefix_caching else (0, 0)
+
+    def _leaving(self, seq: Sequence) -> list[int] | None:
+        """The committed tokens a sequence leaving its slot leaves in the prefix cache."""
+        return leaving_tokens(seq) if self.prefix_caching else None
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
@@ -215,9 +233,12 @@ class LLMEngine:
         KV cache's free rows before the step, and the controller's step number."""
         plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
         free_kv_tokens = self.runner.num_free_tokens
-        out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens)
+        out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens,
+                                      self._prefix_hit if self.prefix_caching else None)
         for seq in out.admitted:
             seq.slot = self.runner.allocate_slot()
+        if self.prefix_caching:
+            attach_hits(self.runner, out.scheduled, out.admitted, self.metrics)
         return [SeqStep(s.seq, s.num_context_tokens, s.samples, s.num_spec_tokens)
                 for s in out.scheduled], free_kv_tokens, plan.step
 
@@ -367,7 +388,7 @@ class LLMEngine:
         else:
             if self.proposer is not None:
                 self.proposer.remove(victim.seq_id)
-            self.runner.free_slot(victim.slot)
+            self.runner.free_slot(victim.slot, self._leaving(victim))
             self.scheduler.preempt()
             self.metrics.num_preemptions += 1
         return [item for item in items if item.seq is not victim]
@@ -487,7 +508,9 @@ class LLMEngine:
             self.runner.keep_paths(paths)
         for result in verified:
             seq = result.item.seq
-            if seq.is_finished:
+            if seq.is_finished:  # (its rows: the context verified on and a chain's kept drafts)
+                seq.num_computed_tokens = result.num_tokens_before + (
+                    min(result.num_accepted, result.kept) if result.item.parents is None else 0)
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)

@@ -42,6 +42,13 @@ class MetricsCollector:
         self.elapsed_s = 0.0
         self.drafted_at = [0] * self.max_k
         self.accepted_at = [0] * self.max_k
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
+        """A prefix-cache lookup at admission: context tokens looked up, tokens found."""
+        self.prefix_cache_queries += num_queried
+        self.prefix_cache_hits += num_hit
 
     def record_request_step(self, num_drafted: int, num_accepted: int, num_appended: int) -> None:
         """One request's verified step: ``num_appended`` tokens kept (after stop checks)."""
@@ -68,7 +75,8 @@ class MetricsCollector:
             ratio = propose_s / num_draft_steps / target_s
             self.draft_cost_ratio += _COST_EMA * (ratio - self.draft_cost_ratio)
 
-    def snapshot(self, baseline_tokens_per_s: float | None = None) -> EngineMetrics:
+    def snapshot(self, baseline_tokens_per_s: float | None = None,
+                 prefix_cache_tokens: int = 0) -> EngineMetrics:
         alpha = self.num_accepted / self.num_tested if self.num_tested else 0.0
         mean_k = (self.num_drafted / self.num_spec_request_steps
                   if self.num_spec_request_steps else 0.0)
@@ -98,4 +106,7 @@ class MetricsCollector:
             measured_speedup=(tokens_per_s / baseline_tokens_per_s
                               if baseline_tokens_per_s and tokens_per_s else None),
             baseline_tokens_per_s=baseline_tokens_per_s,
+            prefix_cache_queries=self.prefix_cache_queries,
+            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_tokens=prefix_cache_tokens,
         )

@@ -83,6 +83,7 @@ class RequestOutput:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: str | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -119,6 +120,9 @@ class EngineMetrics:
     target step, measured. ``predicted_speedup``: Leviathan et al. (arXiv 2211.17192, eq. 1)
     ``(1 - alpha^(k+1)) / ((1 - alpha) (k c + 1))`` with the mean k drafted per step.
     ``measured_speedup``: ``tokens_per_s`` / the no-speculation baseline, when one is known.
+    ``prefix_cache_queries`` / ``prefix_cache_hits`` (vLLM's counters): context tokens looked
+    up in the prefix cache at admission, and those found; ``prefix_cache_tokens``: the KV rows
+    the cache holds now.
     """
 
     num_requests: int = 0
@@ -140,3 +144,12 @@ class EngineMetrics:
     predicted_speedup: float | None = None
     measured_speedup: float | None = None
     baseline_tokens_per_s: float | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_tokens: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Hits / queries (0 before any lookup)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries \
+            else 0.0

@@ -49,6 +49,7 @@ class Sequence:
         # prompt + output, kept in step with output_token_ids by append_token (no copy per step)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None  # served by the prefix cache at admission
         self.slot: int | None = None
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_token_ids,
                                                   params.skip_special_tokens,

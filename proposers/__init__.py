@@ -12,6 +12,7 @@ from proposers import (  # noqa: F401 (they register themselves)
     early_exit,
     ngram,
     ngram_or_head,
+    suffix,
 )
 from proposers.base import (
     DraftRunner,

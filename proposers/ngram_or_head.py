@@ -46,7 +46,9 @@ class NgramOrHeadProposer(Proposer):
     needs_features = True
     observes = True
 
-    def __init__(self, ngram: NgramProposer, head: DraftHeadProposer) -> None:
+    def __init__(self, ngram: Proposer, head: DraftHeadProposer) -> None:
+        """``ngram``: a free proposer whose ``num_backed`` says how strong its drafts are
+        (n-gram's match length; suffix decoding's drafts above its probability floor)."""
         self.ngram, self.head = ngram, head
         self.observe_every = min(ngram.observe_every, head.observe_every)
         self.drafts_are_free = head.drafts_are_free

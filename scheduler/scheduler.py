@@ -17,6 +17,10 @@ the *front* of the waiting queue; when readmitted, its prompt + output so far ar
 (recompute) and decoding resumes where it stopped, with the same tokens (a seeded sample's random
 numbers are keyed by its seed and output position: ``samplers.keyed_random``).
 
+**Prefix caching.** With ``cached_prefix(seq) -> (hit, taken)`` a newcomer whose first ``hit``
+context tokens are cached brings only the rest (its item's ``num_cached_tokens``; the engine
+attaches those rows), and admission counts the ``taken`` cached rows that stop being free.
+
 Finished sequences leave the running queue at once (:meth:`finish`), freeing their place for the
 next step.
 """
@@ -59,6 +63,7 @@ class ScheduledSequence:
     # True when the chunk reaches the end of the context, so the step samples new tokens.
     samples: bool
     num_spec_tokens: int = 0
+    num_cached_tokens: int = 0  # a newcomer's context tokens served by the prefix cache
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +72,9 @@ class ScheduledSequence:
 
 # spec_tokens(seq) -> the number of drafts the speculation policy wants for seq this step
 SpecTokens = Callable[[SchedulableSequence], int]
+# cached_prefix(seq) -> (its leading context tokens the prefix cache holds, how many of their
+# rows are counted free now)
+CachedPrefix = Callable[[SchedulableSequence], tuple[int, int]]
 
 
 @dataclass
@@ -104,8 +112,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, spec_tokens: SpecTokens,
-                 free_kv_tokens: int | None = None) -> SchedulerOutput:
+    def schedule(self, spec_tokens: SpecTokens, free_kv_tokens: int | None = None,
+                 cached_prefix: CachedPrefix | None = None) -> SchedulerOutput:
         """Plan one step. ``spec_tokens(seq)`` is the number of drafts the engine wants for a
         sequence that samples this step; ``free_kv_tokens`` (None = unknown) gates admission.
 
@@ -133,24 +141,27 @@ class Scheduler:
             free_kv_tokens -= out.num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            first_chunk = min(seq.num_uncached_tokens, budget)
+            hit, taken = cached_prefix(seq) if cached_prefix is not None else (0, 0)
+            first_chunk = min(seq.num_uncached_tokens - hit, budget)
             if free_kv_tokens is not None:
-                if first_chunk > free_kv_tokens:
+                if first_chunk + taken > free_kv_tokens:
                     break
-                free_kv_tokens -= first_chunk
+                free_kv_tokens -= first_chunk + taken
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            item = self._plan(seq, budget, spec_tokens)
+            item = self._plan(seq, budget, spec_tokens, hit)
             budget -= item.num_tokens
             out.scheduled.append(item)
             out.admitted.append(seq)
         return out
 
     @staticmethod
-    def _plan(seq: SchedulableSequence, budget: int, spec_tokens: SpecTokens) -> ScheduledSequence:
-        num_context = min(seq.num_uncached_tokens, budget)
-        item = ScheduledSequence(seq, num_context, num_context == seq.num_uncached_tokens)
+    def _plan(seq: SchedulableSequence, budget: int, spec_tokens: SpecTokens,
+              cached: int = 0) -> ScheduledSequence:
+        uncached = seq.num_uncached_tokens - cached
+        num_context = min(uncached, budget)
+        item = ScheduledSequence(seq, num_context, num_context == uncached, 0, cached)
         if item.samples:
             item.num_spec_tokens = max(0, min(spec_tokens(seq), budget - num_context))
         return item

@@ -33,6 +33,8 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     "it forces as drafts per step (0: none)",
     ("engine", "num_threads"): "torch's CPU threads (none: OMP_NUM_THREADS if set, else the "
                                "physical cores available less one)",
+    ("engine", "enable_prefix_caching"): "keep finished requests' KV rows by their tokens and "
+                                         "reuse them for prompts that start the same way",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
                         "--draft-model: inferred from it)",
     ("spec", "model"): "the draft model (hub id or path) for draft_model, a draft head's "
@@ -61,6 +63,12 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     ("spec", "draft_tree"): "draft a tree: candidates per node at each depth (eagle, "
                             "ngram_eagle, eagle3)",
     ("spec", "draft_tree_sampling"): "draft trees for sampled requests too, not only greedy ones",
+    ("spec", "suffix_decoding_max_tree_depth"): "suffix: the longest match plus draft, in tokens",
+    ("spec", "suffix_decoding_max_cached_requests"): "suffix: finished requests whose text is "
+                                                     "kept to draft from",
+    ("spec", "suffix_decoding_max_spec_factor"): "suffix: the most drafts per matched token",
+    ("spec", "suffix_decoding_min_token_prob"): "suffix: stop drafting when the path's "
+                                                "estimated probability falls below this",
     ("sampling", "n"): "samples returned per prompt",
     ("sampling", "structured_outputs"): "hold the output to a constraint, as JSON: "
     '{"json": SCHEMA}, {"regex": ...}, {"choice": [...]}, {"grammar": EBNF} or '

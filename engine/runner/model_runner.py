@@ -75,12 +75,14 @@ class ModelRunner:
     ``fused_ops``: the model's LLaMA-form RMSNorms and rotary embedding run as one Triton kernel
     each inside this runner's forwards (:mod:`engine.runner.fused_ops`); None: on CUDA only
     (True on CPU needs Triton's interpreter, ``TRITON_INTERPRET=1``: for tests).
+    ``prefix_caching``: rows of freed slots stay cached by their tokens
+    (:mod:`engine.runner.prefix_cache`) for :meth:`attach_prefix`.
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
                  tensor_parallel_size: int = 1, fused_ops: bool | None = None,
-                 twin_width: Callable[[int], int] | None = None):
+                 twin_width: Callable[[int], int] | None = None, prefix_caching: bool = False):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
@@ -94,7 +96,7 @@ class ModelRunner:
         self.cache: PagedKVCache = executor.cache
         self.fused: dict[str, int] = executor.fused  # what the fused kernels replaced
         self.gathered_head: bool = executor.gathered_head
-        self._slots = SlotRows(max_num_seqs, max_num_tokens, max_model_len + 1)
+        self._slots = SlotRows(max_num_seqs, max_num_tokens, max_model_len + 1, prefix_caching)
         self._twin_width = twin_width
         # a step of decoding and prefilling sequences is folded into one graph bucket, or else
         # runs as two forwards; a verification of unequal rows is packed, one token a row
@@ -180,9 +182,30 @@ class ModelRunner:
         """A fresh, empty slot; RuntimeError when all max_num_seqs slots are in use."""
         return self._slots.allocate()
 
-    def free_slot(self, slot: int) -> None:
-        """Release the slot and all its cached tokens."""
-        self._slots.free(slot)
+    def free_slot(self, slot: int, cache_tokens: Sequence[int] | None = None) -> None:
+        """Release the slot and all its cached tokens; ``cache_tokens``: the committed tokens
+        its first rows hold, which the prefix cache keeps (ignored without one)."""
+        self._slots.free(slot, cache_tokens)
+
+    @property
+    def num_prefix_cached_tokens(self) -> int:
+        """Rows the prefix cache holds (0 without one)."""
+        return self._slots.num_prefix_cached_tokens
+
+    def cached_prefix(self, token_ids: Sequence[int]) -> tuple[int, int]:
+        """(the longest prefix of ``token_ids`` the prefix cache holds, how many of its rows
+        count as free now); changes nothing. (0, 0) without a cache."""
+        return self._slots.cached_prefix(token_ids)
+
+    def attach_prefix(self, slot: int, token_ids: Sequence[int]) -> None:
+        """An empty slot starts with the cached rows of ``token_ids`` (all cached: see
+        :meth:`cached_prefix`): its ``seq_len`` becomes ``len(token_ids)``, the slot table's
+        first columns point at those rows (one small copy) and they stay locked, never
+        written, until the slot lets them go."""
+        rows = self._slots.attach(slot, token_ids)
+        if rows:
+            base = slot * (self.max_model_len + 1)
+            self._executor.point_cells(list(range(base, base + len(rows))), rows)
 
     def seq_len(self, slot: int) -> int:
         return len(self._slots.rows(slot))

@@ -8,18 +8,29 @@ rollbacks (then the cache reads them as a view). Rollback (:meth:`SlotRows.trunc
 freeing only move rows back to the free list: no device work, and the rows in use are the
 tokens kept. Nothing here touches the device: :meth:`SlotRows.keep_paths` returns the slot-table
 cells to rewrite and the runner writes them.
+
+With a prefix cache (:mod:`engine.runner.prefix_cache`) a slot may start with *shared* rows
+(:meth:`SlotRows.attach`): the tree's rows of a cached prefix, locked while the slot holds them and
+never written or freed by it. A slot freed with the tokens its rows hold gives them to the tree
+instead of the free list; rows the tree holds unlocked count as free and are evicted when
+:meth:`SlotRows.take` needs them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.runner.prefix_cache import Node, RadixCache
+
+EVICT_FRACTION = 64  # an eviction frees at least this share (1 / it) of the pool's rows
+
 
 class SlotRows:
     """``max_num_seqs`` slots over a pool of ``max_num_tokens`` rows; ``table_width``: the slot
     table's columns (``max_model_len + 1``), for the cells :meth:`keep_paths` returns."""
 
-    def __init__(self, max_num_seqs: int, max_num_tokens: int, table_width: int) -> None:
+    def __init__(self, max_num_seqs: int, max_num_tokens: int, table_width: int,
+                 prefix_cache: bool = False) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_tokens = max_num_tokens
         self.table_width = table_width
@@ -27,14 +38,47 @@ class SlotRows:
         self._free_slots: list[int] = list(range(max_num_seqs - 1, -1, -1))
         self._rows: dict[int, list[int]] = {}  # slot -> pool row of each cached token
         self._ascending: dict[int, bool] = {}  # slot -> its rows are one ascending run
+        self.cache = RadixCache() if prefix_cache else None
+        # slot -> (the cache node its lock holds, how many of its first rows are shared)
+        self._shared: dict[int, tuple[Node, int]] = {}
 
     @property
     def num_free_tokens(self) -> int:
-        return len(self._free_rows)
+        """Rows a forward may take: free ones and those the prefix cache would evict."""
+        return len(self._free_rows) + (self.cache.num_evictable if self.cache else 0)
 
     @property
     def num_cached_tokens(self) -> int:
-        return self.max_num_tokens - len(self._free_rows)
+        """Rows held for live slots (their own and the cached prefixes they lock)."""
+        return self.max_num_tokens - self.num_free_tokens
+
+    @property
+    def num_prefix_cached_tokens(self) -> int:
+        """Rows the prefix cache holds (locked or not)."""
+        return self.cache.num_rows if self.cache else 0
+
+    def num_shared(self, slot: int) -> int:
+        """The slot's first rows that belong to the prefix cache (never written by it)."""
+        shared = self._shared.get(slot)
+        return 0 if shared is None else shared[1]
+
+    def cached_prefix(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(the longest cached prefix of ``tokens``, how many of its rows :meth:`attach` would
+        take from the free space); (0, 0) without a cache."""
+        return self.cache.match(tokens) if self.cache else (0, 0)
+
+    def attach(self, slot: int, tokens: Sequence[int]) -> list[int]:
+        """Make the cached rows of ``tokens`` (all cached) the first rows of an empty slot,
+        locked until the slot lets them go; returns them."""
+        if self.cache is None or self.rows(slot):
+            raise ValueError(f"attach: slot {slot} must be empty and the prefix cache on")
+        if not tokens:
+            return []
+        rows, node = self.cache.lock(tokens)
+        self._rows[slot] = list(rows)
+        self._shared[slot] = (node, len(rows))
+        self._ascending[slot] = rows == list(range(rows[0], rows[0] + len(rows)))
+        return rows
 
     @property
     def num_free_slots(self) -> int:
@@ -49,9 +93,19 @@ class SlotRows:
         self._ascending[slot] = True
         return slot
 
-    def free(self, slot: int) -> None:
-        """Release the slot and all its cached tokens."""
-        self._free_rows.extend(reversed(self.rows(slot)))
+    def free(self, slot: int, tokens: Sequence[int] | None = None) -> None:
+        """Release the slot and all its cached tokens. ``tokens``: what its first rows hold
+        (committed tokens only); with a prefix cache those rows join the tree."""
+        rows = self.rows(slot)
+        node, shared = self._shared.pop(slot, (None, 0))
+        if self.cache is not None and tokens is not None:
+            n = min(len(tokens), len(rows))
+            back = self.cache.insert(tokens[:n], rows[:n]) + rows[max(n, shared):]
+        else:
+            back = rows[shared:]
+        if node is not None:
+            self.cache.unlock(node)
+        self._free_rows.extend(sorted(back, reverse=True))
         del self._rows[slot], self._ascending[slot]
         self._free_slots.append(slot)
 
@@ -65,6 +119,11 @@ class SlotRows:
     def take(self, slot: int, n: int) -> list[int]:
         """Append ``n`` free rows to the slot (the caller checked that they are free); returns
         them, ascending while the pool is unfragmented."""
+        if n > len(self._free_rows):  # (the caller counted the cache's evictable rows as free)
+            # (in batches of a 64th of the pool at least: an eviction walks the whole tree)
+            evicted = self.cache.evict(max(n - len(self._free_rows),
+                                           self.max_num_tokens // EVICT_FRACTION))
+            self._free_rows.extend(sorted(evicted, reverse=True))
         rows = self._free_rows[-n:][::-1]
         del self._free_rows[-n:]
         held = self._rows[slot]
@@ -83,7 +142,17 @@ class SlotRows:
         if not isinstance(length, int) or not 0 <= length <= len(rows):
             raise ValueError(f"length must be an int in [0, {len(rows)}] for slot {slot}, "
                              f"got {length!r}")
-        self._free_rows.extend(reversed(rows[length:]))  # the lowest row is handed out first
+        node, shared = self._shared.get(slot, (None, 0))
+        if length < shared:  # (cut into the cached prefix: let go of the nodes past length)
+            keep = node
+            while keep.parent is not None and keep.start >= length:
+                keep = keep.parent
+            self.cache.unlock(node, keep)
+            self._shared[slot] = (keep, length)
+            if not length:
+                del self._shared[slot]
+        # (the lowest row is handed out first; shared rows stay the cache's)
+        self._free_rows.extend(reversed(rows[max(length, shared):]))
         del rows[length:]
         self._ascending[slot] = self._ascending[slot] or not rows
 
@@ -97,7 +166,7 @@ class SlotRows:
         values move)."""
         for slot, first, path in paths:
             rows = self.rows(slot)
-            if (not isinstance(first, int) or not 0 <= first <= len(rows)
+            if (not isinstance(first, int) or not self.num_shared(slot) <= first <= len(rows)
                     or len(set(path)) != len(path)
                     or any(not 0 <= j < len(rows) - first for j in path)):
                 raise ValueError(f"keep_path: slot {slot} caches {len(rows) - first} tokens "

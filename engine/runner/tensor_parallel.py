@@ -55,7 +55,7 @@ __all__ = ["LeaderRunner", "agreed_minimum", "check_launch", "follow", "lead_or_
 # A message: the calls a follower replays, in order, as (method name, positional arguments).
 Calls = list[tuple[str, tuple]]
 STOP = "stop"
-_MUTATING = ("allocate_slot", "free_slot", "truncate", "keep_paths")
+_MUTATING = ("allocate_slot", "free_slot", "truncate", "keep_paths", "attach_prefix")
 
 _GROUP: list[Any] = []  # the control group, made once per process
 MESSAGE_BYTES = 16384  # broadcast()'s fixed buffer: one step's message fits
@@ -217,8 +217,11 @@ class LeaderRunner:
     def allocate_slot(self) -> int:
         return self._record("allocate_slot", ())
 
-    def free_slot(self, slot: int) -> None:
-        self._record("free_slot", (slot,))
+    def free_slot(self, slot: int, cache_tokens: Sequence[int] | None = None) -> None:
+        self._record("free_slot", (slot, None if cache_tokens is None else list(cache_tokens)))
+
+    def attach_prefix(self, slot: int, token_ids: Sequence[int]) -> None:
+        self._record("attach_prefix", (slot, list(token_ids)))
 
     def truncate(self, slot: int, length: int) -> None:
         self._record("truncate", (slot, length))

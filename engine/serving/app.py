@@ -361,8 +361,7 @@ async def _completion_chunks(engine: EngineFrontend, rid: str, model: str,
             if item.error is not None:
                 yield {"error": {"message": item.error, "type": "invalid_request_error",
                                  "param": "prompt", "code": None}}
-            for key, value in p.usage(item).items():
-                total[key] += value
+            p.add_usage(total, item)
             continue
         yield {"id": rid, "object": "text_completion", "created": created, "model": model,
                "choices": [{"index": i * n + item.index, "text": item.text, "logprobs": None,
@@ -407,8 +406,7 @@ def _completion_body(rid: str, model: str, outputs: list[RequestOutput],
                             "finish_reason": c.finish_reason})
     total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for output in outputs:
-        for key, value in p.usage(output).items():
-            total[key] += value
+        p.add_usage(total, output)
     return {"id": rid, "object": "text_completion", "created": p.now(), "model": model,
             "choices": choices, "usage": total}
 

@@ -54,6 +54,8 @@ class EngineCounters:
     num_generated: int = 0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class EngineView:
@@ -214,4 +216,4 @@ def _take_commands(engine: LLMEngine, commands: Any, held: set[str], ended: list
 def _counters(engine: LLMEngine) -> EngineCounters:
     m = engine.metrics
     return EngineCounters(m.num_drafted, m.num_accepted, m.num_generated, list(m.drafted_at),
-                          list(m.accepted_at))
+                          list(m.accepted_at), m.prefix_cache_queries, m.prefix_cache_hits)

@@ -1,7 +1,8 @@
 """Prometheus metrics of the server (``GET /metrics``), on a registry of its own.
 
 Counters: requests by outcome, prompt and generated tokens, drafted and accepted tokens (overall
-and per draft position). Gauges: requests waiting and running, queue depth (everything held),
+and per draft position), prefix-cache queries and hits (context tokens looked up at admission
+and found, vLLM's pair). Gauges: requests waiting and running, queue depth (everything held),
 KV cache tokens free, acceptance rate, goodput (generated tokens per second over the last
 window of steps). Histograms: time to first token and time per output token, per request.
 """
@@ -42,6 +43,10 @@ class ServerMetrics:
         self.position_accepted = Counter("specdec_spec_accepted_tokens_per_position",
                                          "Draft tokens accepted at each draft position",
                                          ["position"], registry=r)
+        self.prefix_queries = Counter("specdec_prefix_cache_queries",
+                                      "Context tokens looked up in the prefix cache", registry=r)
+        self.prefix_hits = Counter("specdec_prefix_cache_hits",
+                                   "Context tokens the prefix cache served", registry=r)
         self.acceptance_rate = Gauge("specdec_spec_acceptance_rate",
                                      "Accepted / drafted tokens since start", registry=r)
         self.goodput = Gauge("specdec_goodput_tokens_per_second",
@@ -59,6 +64,7 @@ class ServerMetrics:
                               registry=r)
         self._max_k = max_k
         self._seen = (0, 0, [0] * max_k, [0] * max_k)
+        self._prefix_seen = (0, 0)
         self._window: deque[tuple[float, int]] = deque()
 
     def on_step(self) -> None:
@@ -71,6 +77,10 @@ class ServerMetrics:
             self.position_drafted.labels(str(i)).inc(m.drafted_at[i] - per_drafted[i])
             self.position_accepted.labels(str(i)).inc(m.accepted_at[i] - per_accepted[i])
         self._seen = (m.num_drafted, m.num_accepted, list(m.drafted_at), list(m.accepted_at))
+        queries, hits = self._prefix_seen
+        self.prefix_queries.inc(m.prefix_cache_queries - queries)
+        self.prefix_hits.inc(m.prefix_cache_hits - hits)
+        self._prefix_seen = (m.prefix_cache_queries, m.prefix_cache_hits)
         self.acceptance_rate.set(m.num_accepted / m.num_drafted if m.num_drafted else 0.0)
         self._refresh_gauges()
         now = time.perf_counter()

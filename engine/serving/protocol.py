@@ -236,11 +236,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(output: RequestOutput) -> dict[str, int]:
+def usage(output: RequestOutput) -> dict[str, Any]:
+    """OpenAI's usage; ``prompt_tokens_details.cached_tokens`` when the prefix cache served
+    some of the prompt."""
     completion = sum(len(c.token_ids) for c in output.outputs)
     prompt = len(output.prompt_token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if output.num_cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": output.num_cached_tokens}
+    return out
+
+
+def add_usage(total: dict[str, Any], output: RequestOutput) -> None:
+    """Add ``output``'s :func:`usage` into ``total`` (several prompts of one request)."""
+    for key, value in usage(output).items():
+        if key == "prompt_tokens_details":
+            details = total.setdefault(key, {"cached_tokens": 0})
+            details["cached_tokens"] += value["cached_tokens"]
+        else:
+            total[key] += value
 
 
 def completion_logprobs(token_ids: list[int], entries: list[dict[int, Logprob]] | None,

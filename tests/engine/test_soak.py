@@ -27,14 +27,15 @@ def target():
     return tiny_model("llama", vocab_size=VOCAB, seed=0)
 
 
-def make_llm(target, method: str) -> LLM:
+def make_llm(target, method: str, cache: bool = False) -> LLM:
     spec = {"method": method, "num_speculative_tokens": 3}
     if method == "draft_model":
         spec.update(model=tiny_model("llama", vocab_size=VOCAB, seed=1),
                     tokenizer=tiny_tokenizer(VOCAB))
     # 64 KV rows for 4 sequences of up to 12 + 16 tokens (+ drafts): preemption is routine
     return LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=MAX_NUM_SEQS,
-               kv_cache_tokens=64, max_model_len=48, speculative_config=spec)
+               kv_cache_tokens=64, max_model_len=48, speculative_config=spec,
+               enable_prefix_caching=cache)
 
 
 def random_request(rng: random.Random) -> tuple[list[int], SamplingParams, str]:
@@ -94,10 +95,11 @@ def run_wave(llm: LLM, rng: random.Random, requests, mode: str) -> tuple[dict, b
     return seen, abandon
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_soak(target, method):
+@pytest.mark.parametrize("method,cache", [("ngram", False), ("draft_model", False),
+                                          ("ngram", True), ("suffix", True)])
+def test_soak(target, method, cache):
     rng = random.Random(1234)
-    llm = make_llm(target, method)
+    llm = make_llm(target, method, cache)
     checked: list[tuple[list[int], SamplingParams, list[list[int]]]] = []
     num_requests = 0
     for wave in range(WAVES):
@@ -123,7 +125,12 @@ def test_soak(target, method):
         assert engine.requests == {} and not engine.has_work() and llm._inboxes == {}
         assert engine.runner.num_cached_tokens == 0
         assert engine.runner.num_free_slots == MAX_NUM_SEQS
+        assert engine.runner.num_free_tokens == 64  # (the prefix cache's rows count as free)
+        if cache:
+            assert all(node.refs == 0 for node in engine.runner._slots.cache._nodes())
     assert llm.get_metrics().num_preemptions > 0
+    if cache:
+        assert llm.get_metrics().prefix_cache_hits > 0
     assert num_requests > 100 and len(checked) > 15
     # greedy samples and every seeded one (n=2 included) are what they are alone, in a fresh
     # engine; seeded ones also without speculation (their tokens do not depend on drafts)

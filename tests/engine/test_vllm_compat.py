@@ -40,9 +40,11 @@ def test_vllm_engine_keywords(target):
         make_llm(target, tensor_parallel_size=0)
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=1.5"):
         make_llm(target, gpu_memory_utilization=1.5)
-    with pytest.raises(ValueError, match=r"LLM\(enable_prefix_caching=...\) is a vLLM keyword "
-                                         "with no meaning here: there is no prefix cache"):
-        make_llm(target, enable_prefix_caching=True)
+    with pytest.raises(ValueError, match=r"EngineConfig.enable_prefix_caching='yes' is invalid"):
+        make_llm(target, enable_prefix_caching="yes")
+    with pytest.raises(ValueError, match=r"LLM\(swap_space=...\) is a vLLM keyword "
+                                         "with no meaning here: preemption recomputes"):
+        make_llm(target, swap_space=4)
     with pytest.raises(ValueError, match=r"logprobs_mode='raw'"):
         make_llm(target, logprobs_mode="raw")
 

@@ -136,3 +136,19 @@ def test_finish_removes_at_once_and_frees_a_place():
 def test_bad_limits_raise(kwargs):
     with pytest.raises(ValueError, match="max_num"):
         Scheduler(**kwargs)
+
+
+def test_a_cached_prefix_shortens_a_newcomers_chunk_and_admission_counts_its_locked_rows():
+    """Prompts of 10 tokens, 8 cached; the hook says 6 of those 8 rows would be taken from the
+    free space. With 9 free rows the first fits (2 new + 6 taken = 8), the second does not (1
+    row left, 8 needed); the first's chunk is the 2 tokens after the prefix, and it samples
+    with 3 drafts."""
+    sched = Scheduler(max_num_seqs=4, max_num_batched_tokens=100)
+    a, b = make("a", 10), make("b", 10)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule(lambda r: 3, free_kv_tokens=9, cached_prefix=lambda seq: (8, 6))
+    assert out.admitted == [a]
+    (item,) = out.scheduled
+    assert (item.num_context_tokens, item.num_cached_tokens, item.samples,
+            item.num_spec_tokens) == (2, 8, True, 3)

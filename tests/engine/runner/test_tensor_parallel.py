@@ -44,11 +44,12 @@ TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two G
 
 
 def run_ranks(model_dir: Path, out: Path, device: str, kv_tokens: int | None = None,
-              buckets: bool = False, spec: dict | None = None) -> dict:
+              buckets: bool = False, spec: dict | None = None, cache: bool = False) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(SCRIPT), str(model_dir), str(out), device, str(kv_tokens or 0),
            "buckets" if buckets else "plain"] + ([json.dumps(spec)] if spec else [])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TP_PREFIX_CACHE": "1" if cache else "0"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -102,6 +103,17 @@ def test_two_ranks_equal_hf_and_one_process(model_dir, expected, tmp_path, kv_to
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outs = one.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert [o.outputs[0].token_ids for o in outs] == result["first"]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),
+                                    pytest.param("cuda", marks=TWO_GPUS)])
+def test_two_ranks_share_one_prefix_cache(model_dir, expected, tmp_path, device):
+    """With the prefix cache, in a pool that preempts: every rank replays the leader's
+    attaches and frees, so the second call reads cached prefixes on both ranks alike."""
+    result = run_ranks(model_dir, tmp_path / "out.json", device, 48, cache=True)
+    assert result["first"] == expected and result["again"] == expected
+    assert result["prefix_cache_hits"] > 0 and result["preemptions"] > 0
+    assert result["free_after_abort"] == result["free_at_start"] == result["free_at_end"]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=ON_CPU),

@@ -104,7 +104,8 @@ def main() -> None:
     spec = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(model_dir, device=device, tensor_parallel_size=2, speculative_config=spec,
-              max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=device == "cpu")
+              max_num_seqs=4, kv_cache_tokens=kv_tokens, enforce_eager=device == "cpu",
+              enable_prefix_caching=os.environ.get("TP_PREFIX_CACHE") == "1")
     assert dist.get_rank() == 0, "a follower rank returned from LLM(...)"
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     runner = llm.llm_engine.runner
@@ -124,7 +125,7 @@ def main() -> None:
         "free_at_start": free_at_start, "free_after_abort": free_after_abort,
         "free_at_end": runner.num_free_tokens,
         "accepted": stats.num_accepted, "drafted": stats.num_drafted,
-        "preemptions": stats.num_preemptions,
+        "preemptions": stats.num_preemptions, "prefix_cache_hits": stats.prefix_cache_hits,
         "bucketed_steps": 0 if runner.graphs is None else runner.graphs.num_replays,
         "graphs": 0 if runner.graphs is None else runner.graphs.num_graphs,
         "world_size": dist.get_world_size(), "backend": dist.get_backend(),
