@@ -23,7 +23,8 @@ $(VENV)/.run-deps: $(PY) pyproject.toml Makefile
 	@echo "set-up: torch ($(TORCH_SPEC) from $(or $(TORCH_INDEX),PyPI)), a large download" \
 	  "the first time..."
 	@$(PY) -m pip install -q --no-deps $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
-	  "$(TORCH_SPEC)"
+	  "$(TORCH_SPEC)" || { echo "set-up: no $(TORCH_SPEC) from $(or $(TORCH_INDEX),PyPI);" \
+	  "TORCH_INDEX= (empty) takes PyPI's build"; exit 1; }
 	@echo "set-up: specdec and what running it needs (transformers, triton, fastapi, ...)"
 	@$(PY) -m pip install -q -e .
 	@echo "set-up: the embedded default model ($(MODEL_SPEC), 98 MB)"
