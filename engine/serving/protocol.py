@@ -114,6 +114,15 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+# OpenAI features that this server knows and does not build: a 400 that names the feature, rather
+# than the "not supported" of an unknown field (a typo).
+UNSUPPORTED_FEATURES = {
+    "tools": "tool calling", "tool_choice": "tool calling",
+    "functions": "function calling", "function_call": "function calling",
+    "audio": "audio output", "modalities": "output modalities other than text",
+    "prediction": "predicted outputs", "web_search_options": "web search",
+}
+
 _PASSED = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
            "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
            "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
