@@ -60,6 +60,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, object]:
 
 
 def run(argv: list[str] | None = None) -> int:
+    args, engine_config = parse(sys.argv[1:] if argv is None else argv)  # (--help exits here)
     import uvicorn
     from transformers.utils import logging as hf_logging
 
@@ -69,7 +70,6 @@ def run(argv: list[str] | None = None) -> int:
     from engine.serving.engine_process import ProcessEngine
     from engine.serving.metrics import ServerMetrics
 
-    args, engine_config = parse(sys.argv[1:] if argv is None else argv)
     hf_logging.disable_progress_bar()
     metrics_holder: list[ServerMetrics] = []
     hooks = {"on_step": lambda: metrics_holder[0].on_step(),
