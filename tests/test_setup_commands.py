@@ -4,6 +4,7 @@ unless told otherwise, the test tools only for ``make test``."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,8 +17,11 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def dry_run(target: str, *variables: str) -> list[str]:
     """The commands ``make -B target`` would run with an empty venv (``-B``: every phase)."""
-    proc = subprocess.run(["make", "-n", "-B", target, "VENV=/nonexistent/venv", *variables],
-                          cwd=ROOT, capture_output=True, text=True, check=True)
+    # (under `make test` itself, the parent's MAKEFLAGS would make this one print directories)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "-B", target,
+                           "VENV=/nonexistent/venv", *variables],
+                          cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     return [line.strip() for line in proc.stdout.replace("\\\n", " ").splitlines()
             if not line.startswith("echo ")]
 
