@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+MAKE_VARIABLES = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTHON", "VENV", "TORCH_SPEC", "TORCH_INDEX",
+                  "ARGS", "PYTEST_ARGS"}
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
 def dry_run(target: str, *variables: str) -> list[str]:
     """The commands ``make -B target`` would run with an empty venv (``-B``: every phase)."""
-    # (under `make test` itself, the parent's MAKEFLAGS would make this one print directories)
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    # The Makefile's defaults: without the variables a parent make exports (`make test
+    # TORCH_INDEX=` exports TORCH_INDEX; its MAKEFLAGS would make this one print directories).
+    env = {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
     proc = subprocess.run(["make", "--no-print-directory", "-n", "-B", target,
                            "VENV=/nonexistent/venv", *variables],
                           cwd=ROOT, capture_output=True, text=True, check=True, env=env)
