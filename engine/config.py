@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.logprobs import LOGPROBS_MODES
-from engine.runner.step_layout import MAX_TREE_NODES
 from proposers import available_proposers
-from proposers.head_model import CONFIG_NAME as HEAD_CONFIG_NAME
 from proposers.ngram_table import MAX_N
-from proposers.speculators import SUPPORTED_TYPES as SPECULATORS_TYPES
-from proposers.speculators import speculators_type
+from proposers.speculators_dir import SUPPORTED_TYPES as SPECULATORS_TYPES
+from proposers.speculators_dir import speculators_type
 from samplers import MAX_SPEC_LEN, available_samplers
 
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
@@ -129,6 +127,8 @@ def infer_method(model: Any) -> str:
     if model is None:
         _fail("SpeculativeConfig", "method", None, f"one of {' | '.join(available_proposers())}"
               " (or give model, a draft model or a draft head's directory, to infer it)")
+    from proposers.head_model import CONFIG_NAME as HEAD_CONFIG_NAME  # (imports torch)
+
     if isinstance(model, (str, os.PathLike)) and (Path(model) / HEAD_CONFIG_NAME).is_file():
         return "eagle"
     kind = speculators_type(model) if isinstance(model, (str, os.PathLike)) else None
@@ -285,6 +285,8 @@ class SpeculativeConfig:
         tree = self.draft_tree
         if tree is None:
             return
+        from engine.runner.step_layout import MAX_TREE_NODES  # (imports torch)
+
         allowed = (f"None or a list of 1 to num_speculative_tokens="
                    f"{self.num_speculative_tokens} integers >= 1 (candidates per node at each "
                    f"depth) with at most {MAX_TREE_NODES} nodes in all")

@@ -14,7 +14,7 @@ from collections import abc, deque
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # (text bars: tqdm.auto warns in a notebook without ipywidgets)
 
 from engine.config import EngineConfig, SpeculativeConfig, field_names
 from engine.inputs import Messages, Prompt, normalize_conversations, normalize_prompts

@@ -17,9 +17,10 @@ token has none (``None``), as in vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # (imported in the functions: outputs and configs read this module cheaply)
+    import torch
 
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
 
@@ -39,6 +40,8 @@ PositionLogprobs = dict[int, Logprob]
 def to_values(logits: torch.Tensor, mode: str) -> torch.Tensor:
     """``logits [num_rows, vocab_size]`` as the mode's values (log-probabilities or logits)."""
     logits = logits.float()
+    import torch
+
     return logits if mode.endswith("_logits") else torch.log_softmax(logits, dim=-1)
 
 
@@ -46,6 +49,8 @@ def position_entries(values: torch.Tensor, token_ids: list[int], top_n: int,
                      tokenizer: Any) -> list[PositionLogprobs]:
     """``values [len(token_ids), vocab_size]``: for each row, the chosen token and the ``top_n``
     best (``-inf`` never among them), with ranks and decoded text."""
+    import torch
+
     entries = []
     k = min(top_n, values.shape[-1])
     top_values, top_ids = torch.topk(values, k, dim=-1) if k else (None, None)

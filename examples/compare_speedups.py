@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ks", nargs="+", type=int, default=list(range(1, 9)),
                         help="draft lengths k (default 1..8)")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--policy-k", type=int, default=4, help="also run each proposer with "
+                        "the default policy (adaptive k), at most this many drafts a step "
+                        "(0: not)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt at most")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help="prompts of each kind (default: all three)")
@@ -55,11 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = lib.load_default_model(device)
 
     def log(m: lib.Measurement) -> None:
-        print(f"  {m.kind:<4} batch {m.batch_size:>2} {m.method:<16} k={m.k}: "
+        k = f"<={m.k} (policy)" if m.policy else str(m.k)
+        print(f"  {m.kind:<4} batch {m.batch_size:>2} {m.method:<16} k={k}: "
               f"{m.tokens_per_s:7.2f} tokens/s", flush=True)
 
     results = lib.run_sweep(model, tokenizer, args.kinds, args.methods, args.ks,
-                            args.batch_sizes, args.max_tokens, args.num_prompts, log)
+                            args.batch_sizes, args.max_tokens, args.num_prompts, log,
+                            policy_k=args.policy_k or None)
     print(lib.format_table(results))
     if args.json:
         with open(args.json, "w") as f:

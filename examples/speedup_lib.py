@@ -1,5 +1,7 @@
-"""Timing of greedy generation: the engine with no speculation, n-gram and early-exit self-draft
-for several k, beside Hugging Face ``generate`` plain and with ``prompt_lookup_num_tokens``.
+"""Timing of greedy generation: the engine with no speculation, with each proposer (n-gram,
+early-exit self-draft, the shipped draft head ``eagle``, and ``ngram_eagle``) for several fixed k
+and with the default policy (the adaptive controller, ``adaptive_k=True``), beside Hugging Face
+``generate`` plain and with ``prompt_lookup_num_tokens``.
 
 Shared by ``02_speedups.ipynb`` and ``compare_speedups.py``. Every system decodes greedily
 (temperature 0) the same token ids (:mod:`prompt_sets`) with the same weights, and stops at EOS
@@ -33,11 +35,13 @@ from prompt_sets import prompt_batch, prompt_set
 from engine import LLM, SamplingParams
 from engine.metrics import predicted_speedup
 
-ENGINE_METHODS = ("none", "ngram", "early_exit")
+SPEC_METHODS = ("ngram", "early_exit", "eagle", "ngram_eagle")
+ENGINE_METHODS = ("none", *SPEC_METHODS)
 HF_METHODS = ("hf", "hf_prompt_lookup")
 METHODS = ENGINE_METHODS + HF_METHODS
 LABELS = {"none": "engine, no speculation", "ngram": "engine, n-gram",
-          "early_exit": "engine, early-exit self-draft", "hf": "HF generate",
+          "early_exit": "engine, early-exit self-draft", "eagle": "engine, draft head (eagle)",
+          "ngram_eagle": "engine, n-gram or head", "hf": "HF generate",
           "hf_prompt_lookup": "HF generate, prompt lookup"}
 
 
@@ -47,6 +51,10 @@ class Measurement:
 
     ``token_acceptance``: Leviathan's alpha (accepted / tested drafts, a draft being tested when
     no earlier draft of its step was rejected); ``draft_cost_ratio``: c, measured by the engine.
+    ``acceptance_per_position[i]``: drafts accepted at position i / drafts verified there, a
+    draft after a rejected one counting as verified and not accepted (the engine's
+    ``EngineMetrics.acceptance_per_position``). ``policy``: the default policy (the adaptive
+    controller) ran, with ``k`` its cap, instead of a fixed k.
     ``outputs``: the generated token ids of each prompt, in prompt order.
     """
 
@@ -62,6 +70,7 @@ class Measurement:
     acceptance_per_position: list[float] = field(default_factory=list)
     draft_cost_ratio: float | None = None
     outputs: list[list[int]] = field(default_factory=list)
+    policy: bool = False
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,8 +78,8 @@ class Measurement:
 
     @property
     def predicted_speedup(self) -> float | None:
-        """Leviathan's S from this run's alpha, k and c (None without speculation)."""
-        if self.method not in ("ngram", "early_exit") or self.token_acceptance is None:
+        """Leviathan's S from this run's alpha, k and c (None without speculation or a fixed k)."""
+        if self.method not in SPEC_METHODS or self.policy or self.token_acceptance is None:
             return None
         return predicted_speedup(self.token_acceptance, self.k, self.draft_cost_ratio or 0.0)
 
@@ -95,7 +104,8 @@ def make_llm(model: Any, tokenizer: Any, method: str, k: int, max_batch_size: in
              adaptive_k: bool = False, max_model_len: int = 1024,
              **spec: Any) -> LLM:
     """An engine over an already-loaded model. ``method`` ``none`` means no speculation; with a
-    fixed k (``adaptive_k=False``) every step drafts k tokens whenever the proposer finds some."""
+    fixed k (``adaptive_k=False``) every step drafts k tokens whenever the proposer finds some;
+    ``eagle`` and ``ngram_eagle`` load the draft head shipped for the default model."""
     if method not in ENGINE_METHODS:
         raise ValueError(f"method={method!r} is invalid: allowed {' | '.join(ENGINE_METHODS)}")
     config = None
@@ -111,7 +121,7 @@ def _batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]
 
 
 def time_engine(llm: LLM, prompts: list[list[int]], max_tokens: int, batch_size: int,
-                method: str, k: int, kind: str) -> Measurement:
+                method: str, k: int, kind: str, policy: bool = False) -> Measurement:
     """Greedy generation of ``prompts`` in batches of ``batch_size``, after a short warm-up."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
@@ -131,7 +141,7 @@ def time_engine(llm: LLM, prompts: list[list[int]], max_tokens: int, batch_size:
         token_acceptance=m.token_acceptance if spec else None,
         mean_accepted_length=m.mean_accepted_length if spec else None,
         acceptance_per_position=list(m.acceptance_per_position) if spec else [],
-        draft_cost_ratio=m.draft_cost_ratio if spec else None, outputs=outputs)
+        draft_cost_ratio=m.draft_cost_ratio if spec else None, outputs=outputs, policy=policy)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -185,11 +195,13 @@ def run_sweep(model: Any, tokenizer: Any, kinds: Iterable[str] = ("copy", "open"
               batch_sizes: Iterable[int] = (1, 16), max_tokens: int = 64,
               num_prompts: int | None = None,
               log: Callable[[Measurement], None] | None = None,
-              batched_ks: Iterable[int] | None = None) -> list[Measurement]:
+              batched_ks: Iterable[int] | None = None,
+              policy_k: int | None = None) -> list[Measurement]:
     """Every (kind, batch size, method, k) measurement. Batch 1 runs each prompt of a kind alone
     (``num_prompts`` of them, all by default); batch B runs B prompts of the kind at once.
     ``none`` and ``hf`` run once (k = 0); ``hf_prompt_lookup`` only at batch 1. ``batched_ks``:
-    the k values at batch sizes above 1 (default: ``ks``)."""
+    the k values at batch sizes above 1 (default: ``ks``). ``policy_k``: also run each proposer
+    with the default policy (``adaptive_k=True``), at most ``policy_k`` drafts a step."""
     methods, ks = list(methods), list(ks)
     batched_ks = ks if batched_ks is None else list(batched_ks)
     unknown = [m for m in methods if m not in METHODS]
@@ -202,13 +214,17 @@ def run_sweep(model: Any, tokenizer: Any, kinds: Iterable[str] = ("copy", "open"
         for method in methods:
             if method == "hf_prompt_lookup" and batch_size > 1:
                 continue
-            for k in ([0] if method in ("none", "hf") else ks if batch_size == 1 else batched_ks):
-                llm = (make_llm(model, tokenizer, method, k, batch_size)
+            runs = [(k, False) for k in ([0] if method in ("none", "hf")
+                                         else ks if batch_size == 1 else batched_ks)]
+            if policy_k is not None and method in SPEC_METHODS:
+                runs.append((policy_k, True))
+            for k, policy in runs:
+                llm = (make_llm(model, tokenizer, method, k, batch_size, adaptive_k=policy)
                        if method in ENGINE_METHODS else None)
                 for kind, kind_prompts in prompts.items():
                     if llm is not None:
                         m = time_engine(llm, kind_prompts, max_tokens, batch_size, method, k,
-                                        kind)
+                                        kind, policy)
                     else:
                         m = time_hf(model, tokenizer, kind_prompts, max_tokens, batch_size, kind,
                                     k if method == "hf_prompt_lookup" else None)
@@ -219,10 +235,11 @@ def run_sweep(model: Any, tokenizer: Any, kinds: Iterable[str] = ("copy", "open"
 
 
 def find(results: list[Measurement], method: str, kind: str, batch_size: int,
-         k: int | None = None) -> list[Measurement]:
-    """The measurements of one method on one prompt kind and batch size (one k, or all), by k."""
+         k: int | None = None, policy: bool = False) -> list[Measurement]:
+    """The measurements of one method on one prompt kind and batch size (one k, or all), by k:
+    those at a fixed k, or (``policy=True``) the default policy's."""
     found = [m for m in results if m.method == method and m.kind == kind
-             and m.batch_size == batch_size and (k is None or m.k == k)]
+             and m.batch_size == batch_size and (k is None or m.k == k) and m.policy == policy]
     return sorted(found, key=lambda m: m.k)
 
 
@@ -237,17 +254,19 @@ def measured_speedup(m: Measurement, results: list[Measurement]) -> float | None
 def format_table(results: list[Measurement]) -> str:
     """A plain-text table: one line per measurement, with the speedup over the engine without
     speculation and Leviathan's prediction."""
-    head = (f"{'kind':<5} {'batch':>5} {'method':<17} {'k':>2} {'tokens':>6} {'s':>7} "
+    head = (f"{'kind':<5} {'batch':>5} {'method':<17} {'k':>3} {'tokens':>6} {'s':>7} "
             f"{'tok/s':>7} {'speedup':>7} {'alpha':>5} {'c':>5} {'pred.':>5}")
     lines = [head, "-" * len(head)]
 
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    for m in sorted(results, key=lambda m: (m.kind, m.batch_size, METHODS.index(m.method), m.k)):
+    order = lambda m: (m.kind, m.batch_size, METHODS.index(m.method), m.policy, m.k)
+    for m in sorted(results, key=order):
         speedup = num(measured_speedup(m, results), '7.2f')
+        k = f"<={m.k}" if m.policy else str(m.k)  # (the policy: at most k drafts a step)
         lines.append(
-            f"{m.kind:<5} {m.batch_size:>5} {m.method:<17} {m.k:>2} {m.num_tokens:>6} "
+            f"{m.kind:<5} {m.batch_size:>5} {m.method:<17} {k:>3} {m.num_tokens:>6} "
             f"{m.seconds:>7.2f} {m.tokens_per_s:>7.2f} {speedup:>7} "
             f"{num(m.token_acceptance, '5.2f'):>5} {num(m.draft_cost_ratio, '5.2f'):>5} "
             f"{num(m.predicted_speedup, '5.2f'):>5}")

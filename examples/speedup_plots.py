@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
-from speedup_lib import LABELS, Measurement, find, measured_speedup
+from speedup_lib import LABELS, SPEC_METHODS, Measurement, find, measured_speedup
 
-COLORS = {"none": "black", "ngram": "tab:blue", "early_exit": "tab:orange", "hf": "grey",
-          "hf_prompt_lookup": "tab:green"}
+COLORS = {"none": "black", "ngram": "tab:blue", "early_exit": "tab:orange", "eagle": "tab:red",
+          "ngram_eagle": "tab:purple", "hf": "grey", "hf_prompt_lookup": "tab:green"}
 KIND_TITLES = {"copy": "prompts that copy (edit code, quote, reformat a list)",
                "open": "open-ended prompts"}
 
@@ -29,15 +29,19 @@ def _panel_grid(results: list[Measurement]) -> tuple[Figure, list[tuple[object, 
 
 
 def plot_tokens_per_s(results: list[Measurement]) -> Figure:
-    """tokens/s against k for each method; methods without k are horizontal lines. One panel per
-    (batch size, prompt kind)."""
+    """tokens/s against k for each method; methods without k, and each proposer under the
+    default policy (dotted, in its colour), are horizontal lines. One panel per (batch size,
+    prompt kind)."""
     fig, panels = _panel_grid(results)
     for ax, batch_size, kind in panels:
-        for method in ("ngram", "early_exit", "hf_prompt_lookup"):
+        for method in (*SPEC_METHODS, "hf_prompt_lookup"):
             runs = find(results, method, kind, batch_size)
             if runs:
                 ax.plot([m.k for m in runs], [m.tokens_per_s for m in runs], "o-",
                         color=COLORS[method], label=LABELS[method])
+            for m in find(results, method, kind, batch_size, policy=True):
+                ax.axhline(m.tokens_per_s, color=COLORS[method], linestyle=":",
+                           label=f"{LABELS[method]}, default policy (k <= {m.k})")
         for method, style in (("none", "-"), ("hf", "--")):
             runs = find(results, method, kind, batch_size)
             if runs:
@@ -50,13 +54,14 @@ def plot_tokens_per_s(results: list[Measurement]) -> Figure:
 
 
 def plot_acceptance_per_position(results: list[Measurement], batch_size: int = 1) -> Figure:
-    """Acceptance rate at each draft position (drafts at position i accepted / drafted there),
-    for the largest k measured, per method and prompt kind."""
+    """Acceptance rate at each draft position (drafts accepted at position i / drafts verified
+    there, a draft after a rejected one counting as verified and not accepted), for the largest
+    fixed k measured, per method and prompt kind."""
     _, kinds = _grid(results)
     fig, axes = plt.subplots(1, len(kinds), squeeze=False, figsize=(6 * len(kinds), 3.5))
     for col, kind in enumerate(kinds):
         ax = axes[0][col]
-        for method in ("ngram", "early_exit"):
+        for method in SPEC_METHODS:
             runs = find(results, method, kind, batch_size)
             if runs:
                 m = runs[-1]
@@ -75,7 +80,7 @@ def plot_speedup_vs_theory(results: list[Measurement]) -> Figure:
     prompt kind)."""
     fig, panels = _panel_grid(results)
     for ax, batch_size, kind in panels:
-        for method in ("ngram", "early_exit"):
+        for method in SPEC_METHODS:
             runs = find(results, method, kind, batch_size)
             if not runs:
                 continue

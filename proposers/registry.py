@@ -20,15 +20,29 @@ in their own modules: ``ngram`` (:mod:`proposers.ngram`), ``draft_model``
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from proposers.base import Proposer, ProposerContext
+if TYPE_CHECKING:  # (proposers.base imports torch: listing names must not)
+    from proposers.base import Proposer, ProposerContext
 
-ProposerFactory = Callable[[Any, ProposerContext], Proposer]
+ProposerFactory = Callable[[Any, "ProposerContext"], "Proposer"]
 
 _FACTORIES: dict[str, ProposerFactory] = {}
 _NEEDS_KV_CACHE: set[str] = set()
+# The built-in proposers' names and the modules that register them, imported at the first lookup,
+# so that listing the names (a config check, the CLI's --help) does not import torch
+# (tests/proposers/test_proposer_registry.py checks that the modules register exactly these names).
+BUILTIN_PROPOSERS = {"ngram": "proposers.ngram", "draft_model": "proposers.draft_model",
+                     "early_exit": "proposers.early_exit", "eagle": "proposers.draft_head",
+                     "ngram_eagle": "proposers.ngram_or_head", "eagle3": "proposers.eagle3",
+                     "suffix": "proposers.suffix", "suffix_eagle": "proposers.suffix"}
+
+
+def _load(name: str) -> None:
+    if name not in _FACTORIES and name in BUILTIN_PROPOSERS:
+        importlib.import_module(BUILTIN_PROPOSERS[name])
 
 
 def register_proposer(name: str, needs_kv_cache: bool = False,
@@ -54,6 +68,7 @@ def register_proposer(name: str, needs_kv_cache: bool = False,
 
 def get_proposer(method: str, config: Any, ctx: ProposerContext) -> Proposer:
     """Build the proposer registered as ``method``."""
+    _load(method)
     if method not in _FACTORIES:
         raise ValueError(f"method={method!r} is invalid: allowed "
                          f"{' | '.join(available_proposers())}")
@@ -62,9 +77,10 @@ def get_proposer(method: str, config: Any, ctx: ProposerContext) -> Proposer:
 
 def proposer_needs_kv_cache(method: str) -> bool:
     """Whether the proposer ``method`` registered as running a model over its own KV cache."""
+    _load(method)
     return method in _NEEDS_KV_CACHE
 
 
 def available_proposers() -> list[str]:
-    """The registered proposer names, sorted."""
-    return sorted(_FACTORIES)
+    """The registered proposer names, sorted (the built-in ones imported or not)."""
+    return sorted(set(_FACTORIES) | set(BUILTIN_PROPOSERS))

@@ -33,43 +33,13 @@ from typing import Any
 import torch
 
 from proposers.eagle3_head import Eagle3Head
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-SUPPORTED_TYPES = ("eagle3",)
-
-
-def head_directory(model: Any) -> Path | None:
-    """The directory of a head given as a path, or as a hub id already in the local Hugging
-    Face cache (nothing is downloaded); None when it is neither."""
-    try:
-        if Path(model).is_dir():
-            return Path(model)
-    except TypeError:
-        return None
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(str(model), local_files_only=True))
-    except Exception:  # (not an id, or not cached: huggingface_hub's errors vary by version)
-        return None
-
-
-def speculators_type(model: Any) -> str | None:
-    """The ``speculators_model_type`` of a head directory's (or cached hub id's)
-    ``config.json`` (None: not a speculators head)."""
-    directory = head_directory(model)
-    if directory is None:
-        return None
-    try:
-        path = directory / CONFIG_FILE
-        if not path.is_file():
-            return None
-        config = json.loads(path.read_text())
-    except (TypeError, OSError, ValueError):
-        return None
-    kind = config.get("speculators_model_type") if isinstance(config, dict) else None
-    return None if kind is None else str(kind)
+from proposers.speculators_dir import (  # noqa: F401 (the format's names, read here too)
+    CONFIG_FILE,
+    SUPPORTED_TYPES,
+    WEIGHTS_FILE,
+    head_directory,
+    speculators_type,
+)
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:

@@ -5,46 +5,52 @@ batches (``SpecDecodeMetadata``); with no drafts it is plain sampling. ``Samplin
 per-position adjustments (``samplers.logits_adjust``) live here too. The APIs of the documents
 the project started from: ``speculative_sampling``, ``greedy_match`` and ``verify_dense``
 (:mod:`samplers.seed_api`), the last also as vLLM V0's module call ``RejectionSampler()(...)``.
+
+``SamplingParams``, the registry functions and the limits import without torch; the rest is
+imported on first use (``samplers.RejectionSampler`` and ``from samplers import ...`` alike), so
+that the CLI's ``--help`` and a config check stay light.
 """
 
-from samplers.base import VerificationSampler
-from samplers.greedy import GreedySampler
-from samplers.logits_processing import logits_to_probs, process_logits
-from samplers.metadata import (
-    INVALID_TOKEN_ID,
-    MAX_SPEC_LEN,
-    PLACEHOLDER_TOKEN_ID,
-    SpecDecodeMetadata,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from samplers.limits import INVALID_TOKEN_ID, MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID
 from samplers.registry import available_samplers, build_sampler, get_sampler, register_sampler
-from samplers.rejection import RejectionSampler
 from samplers.sampling_params import SamplingParams
-from samplers.sampling_tensors import SamplingTensors
-from samplers.seed_api import greedy_match, speculative_sampling, verify_dense
-from samplers.structured.params import StructuredOutputsParams
-from samplers.typical import TypicalAcceptanceSampler
-from samplers.validation import parse_output
+
+# name: the module that defines it (imported when the name is first read)
+_LAZY = {
+    "VerificationSampler": "samplers.base",
+    "GreedySampler": "samplers.greedy",
+    "logits_to_probs": "samplers.logits_processing",
+    "process_logits": "samplers.logits_processing",
+    "SpecDecodeMetadata": "samplers.metadata",
+    "RejectionSampler": "samplers.rejection",
+    "SamplingTensors": "samplers.sampling_tensors",
+    "greedy_match": "samplers.seed_api",
+    "speculative_sampling": "samplers.seed_api",
+    "verify_dense": "samplers.seed_api",
+    "StructuredOutputsParams": "samplers.structured.params",
+    "TypicalAcceptanceSampler": "samplers.typical",
+    "parse_output": "samplers.validation",
+}
 
 __all__ = [
     "INVALID_TOKEN_ID",
     "MAX_SPEC_LEN",
     "PLACEHOLDER_TOKEN_ID",
-    "GreedySampler",
-    "RejectionSampler",
     "SamplingParams",
-    "SamplingTensors",
-    "SpecDecodeMetadata",
-    "StructuredOutputsParams",
-    "TypicalAcceptanceSampler",
-    "VerificationSampler",
     "available_samplers",
     "build_sampler",
     "get_sampler",
-    "greedy_match",
-    "logits_to_probs",
-    "parse_output",
-    "process_logits",
     "register_sampler",
-    "speculative_sampling",
-    "verify_dense",
+    *_LAZY,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'samplers' has no attribute {name!r}")

@@ -17,13 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# At most this many drafts per request and step (the verification kernels' compiled width).
-MAX_SPEC_LEN = 32
-# Dense outputs ``[batch_size, max_spec_len + 1]``: the slots after a request's last token.
-PLACEHOLDER_TOKEN_ID = -1
-# Every slot of the row of a request whose input was invalid (NaN logits, a draft id outside the
-# vocabulary), written by the CUDA kernels instead of a host check that would synchronise.
-INVALID_TOKEN_ID = -2
+from samplers.limits import (  # noqa: F401 (their home before samplers.limits)
+    INVALID_TOKEN_ID,
+    MAX_SPEC_LEN,
+    PLACEHOLDER_TOKEN_ID,
+)
 
 
 def aligned(count: int) -> int:

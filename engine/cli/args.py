@@ -233,7 +233,12 @@ def build_parser(preset: Preset | None = None) -> tuple[OneLineParser, list[Flag
     io.add_argument("--stream", action="store_true", help="print text as tokens are accepted")
     io.add_argument("--json", metavar="PATH", help="write outputs and metrics as JSON ('-': "
                     "stdout, the text and summary then go to stderr)")
-    io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    io.add_argument("--no-progress", action="store_true", help="no tqdm progress bar and no "
+                    "phase lines ('specdec: loading the model ...') on stderr")
+    io.add_argument("--baseline", action=argparse.BooleanOptionalAction,
+                    help="also decode the prompts without speculation, in the same engine after "
+                    "a warm-up, and print the speedup and whether the texts are identical "
+                    "(default: on for the built-in demo prompt, off otherwise)")
     specs = add_engine_flags(parser, preset)
     specs += _add_dataclass_flags(parser.add_argument_group("sampling (SamplingParams)"),
                                   "sampling", SamplingParams, SAMPLING_RENAMES, SAMPLING_SKIP,

@@ -3,7 +3,9 @@
 argparse -> preset (``configs/default.yaml`` unless ``--config``) with the flags on top ->
 ``EngineConfig`` / ``SamplingParams`` -> ``LLM.generate`` -> text and a summary (tokens/s,
 acceptance rate, mean accepted length). With no arguments it runs the embedded default model with
-n-gram speculation on a built-in, copy-heavy demo prompt. Errors are one ``error: ...`` line on
+n-gram speculation on a built-in, copy-heavy demo prompt, which it also decodes without
+speculation (``--baseline``) to print the speedup and that the two texts are identical. Phase
+lines (``specdec: loading the model ...``) go to stderr. Errors are one ``error: ...`` line on
 stderr and a non-zero exit code (set ``SPECDEC_DEBUG=1`` for the traceback).
 """
 
@@ -13,10 +15,12 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any, TextIO
 
-from engine.cli.args import EXIT_FAILED, merge_overrides, one_line_errors, parse_args
+from engine.cli.args import EXIT_FAILED, CliError, merge_overrides, one_line_errors, parse_args
+from engine.cli.baseline import compare, print_comparison
 from engine.cli.prompts import DEMO_PROMPT, PromptItem, read_prompts, render_prompts
 from engine.outputs import EngineMetrics, RequestMetrics, RequestOutput
 from engine.presets import DEFAULT_PRESET, build_configs, load_config_file
@@ -144,10 +148,17 @@ def run(argv: list[str] | None = None) -> int:
     preset = merge_overrides(load_config_file(getattr(args, "config", DEFAULT_PRESET)), overrides)
     engine_config, sampling = build_configs(preset)  # validate before loading any weights
     items = read_prompts(getattr(args, "prompt", None), getattr(args, "prompts_file", None))
-    if not items:
+    demo = not items
+    if demo:
         items = [DEMO_PROMPT]
     json_path = getattr(args, "json", None)
     out = sys.stderr if json_path == "-" else sys.stdout
+    stream = getattr(args, "stream", False)
+    speculating = engine_config.speculative_config is not None
+    baseline = getattr(args, "baseline", demo and not stream) and speculating
+    if baseline and stream:
+        raise CliError("--baseline compares whole outputs: drop --stream or --baseline")
+    quiet = getattr(args, "no_progress", False)
 
     from transformers.utils import logging as hf_logging
 
@@ -156,23 +167,42 @@ def run(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # stderr is for errors (and our own progress) only
     # (a request that fails alone is an "error: request ..." line below, not the API's log line)
     logging.getLogger("specdec").addHandler(logging.NullHandler())
+    phase = _phases(quiet)
+    model = engine_config.model if isinstance(engine_config.model, str) else "the model"
+    phase(f"loading the model ({model}) and building the engine")
+    started = time.perf_counter()
     llm = LLM(**{f.name: getattr(engine_config, f.name) for f in fields(engine_config)})
+    phase(f"loaded in {time.perf_counter() - started:.1f} s")
     prompts = render_prompts(items, llm, chat=getattr(args, "chat", None))
-    stream = getattr(args, "stream", False)
-    outputs = streamed = None
+    outputs = streamed = comparison = None
+    use_tqdm = len(prompts) > 1 and not quiet
     if stream:
         streamed = _stream(llm, prompts, sampling, out)
+    elif baseline:
+        comparison = compare(llm, prompts, sampling, use_tqdm, phase)
+        outputs = comparison.outputs
+        _print_outputs(outputs, items, out)
     else:
-        use_tqdm = len(prompts) > 1 and not getattr(args, "no_progress", False)
+        phase("decoding")
         outputs = llm.generate(prompts, sampling, use_tqdm=use_tqdm)
         _print_outputs(outputs, items, out)
-    metrics = llm.get_metrics()
-    print(summary_line(metrics, engine_config.speculative_config is not None), file=out)
+    metrics = comparison.speculative if comparison else llm.get_metrics()
+    print(summary_line(metrics, speculating), file=out)
+    identical = print_comparison(comparison, out) if comparison else True
     if json_path is not None:
         write_json(json_path, {"engine": preset.engine, "sampling": asdict(sampling)}, items,
                    outputs, streamed, metrics)
     failed = _report_failures(outputs, streamed)
-    return EXIT_FAILED if failed else 0
+    return EXIT_FAILED if failed or not identical else 0
+
+
+def _phases(quiet: bool) -> Callable[[str], None]:
+    """``phase(text)``: one ``specdec: text`` line on stderr (none with ``--no-progress``), so
+    that a run says what it is doing while the model loads and the prompts decode."""
+    def phase(text: str) -> None:
+        if not quiet:
+            print(f"specdec: {text}", file=sys.stderr, flush=True)
+    return phase
 
 
 def _report_failures(outputs: list[RequestOutput] | None,

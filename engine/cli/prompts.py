@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The demo copies most of its answer from the prompt, so n-gram speculation visibly pays.
+# The demo copies most of its answer from the prompt, so n-gram speculation visibly pays, and the
+# default model (135M parameters) gets it right: every mistake fixed, every sentence kept (other
+# copy tasks tried, such as correcting a paragraph, repeating it or adding a docstring, came back
+# with typos kept or sentences dropped).
 DEMO_TEXT = (
-    "Copy the following paragraph, correcting the spelling mistakes. Keep everything else the "
-    "same.\n\n"
-    "Speculative decoding lets a small draft propose several tokens at once. The large model "
-    "checks all of them in a singel forward pass and keeps the longest prefix it agrees with, so "
-    "the output is unchanged while fewer expensive steps are neded. When the answer copies text "
-    "from the prompt, as in editing or quoting, a simple n-gram lookup in the prompt is an "
-    "excelent draft: it costs nothing and is often right."
+    "Correct the grammar of this email and return the full corrected email.\n\n"
+    "Hi Anna,\n\n"
+    "Thank you for you message. I will send the report tomorow morning, after the meeting with "
+    "the team. Please let me know if you needs anything else.\n\n"
+    "Best regards,\nTom"
 )
 
 

@@ -7,12 +7,14 @@ are freed at the engine's next step). Every error has OpenAI's body, ``{"error":
 "type", "param", "code"}}``: a bad request (a value out of range, an unknown field, malformed
 JSON, a prompt and ``max_tokens`` beyond the context) is a 400 naming the field in ``param``; a
 ``model`` other than the served one and an unknown route a 404; a full queue a 429 with
-``Retry-After``. The other requests run on.
+``Retry-After``; a known OpenAI feature this server does not build (``tools``, ...) a 400 that
+says so; a ``/v1`` request without the ``--api-key`` a 401. The other requests run on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import importlib.metadata
 import json
 import re
@@ -34,6 +36,7 @@ from engine.serving.metrics import ServerMetrics
 from samplers import SamplingParams
 
 RETRY_AFTER_S = 1
+PROTECTED_PREFIX = "/v1/"  # the routes an --api-key guards (vLLM's choice)
 _PARAM = re.compile(r"(?:Sampling|StructuredOutputs)Params\.(\w+)=|(prompt)\b")
 
 
@@ -68,15 +71,22 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
         return _error(400, f"the request body is not valid JSON: {detail} (at character "
                       f"{param})", "invalid_request_error")
     if first.get("type") == "extra_forbidden":
+        if len(loc) == 1 and loc[0] in p.UNSUPPORTED_FEATURES:
+            return _error(400, f"{loc[0]}: {p.UNSUPPORTED_FEATURES[loc[0]]} is not supported by "
+                          "this server", "invalid_request_error", param, code="unsupported")
         return _error(400, f"{'.'.join(loc)}: the field {loc[-1]!r} is not supported by this "
                       "server", "invalid_request_error", param)
     where = ".".join(loc) if loc else "the request body"
     return _error(400, f"{where}: {first.get('msg')}", "invalid_request_error", param)
 
 
-def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -> FastAPI:
+def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics,
+              api_key: str | None = None) -> FastAPI:
     """The server's FastAPI app over a (not yet started) engine frontend (:class:`AsyncEngine`,
-    or :class:`~engine.serving.engine_process.ProcessEngine`)."""
+    or :class:`~engine.serving.engine_process.ProcessEngine`). With ``api_key``, the ``/v1``
+    routes answer 401 to a request without ``Authorization: Bearer <api_key>``; as in vLLM,
+    the others (``/health``, ``/metrics``, ``/version``, ``/tokenize``, ``/detokenize``) stay
+    open."""
     tokenizer = engine.engine.tokenizer
 
     @asynccontextmanager
@@ -86,6 +96,19 @@ def build_app(engine: EngineFrontend, model_name: str, metrics: ServerMetrics) -
         engine.stop()
 
     app = FastAPI(title="specdec", lifespan=lifespan)
+
+    if api_key is not None:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def authenticate(request: Request, call_next: Any) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if request.url.path.startswith(PROTECTED_PREFIX) and not hmac.compare_digest(
+                    given, expected):
+                return _error(401, "Incorrect or missing API key: send the header "
+                              "'Authorization: Bearer <key>' with the server's --api-key",
+                              "invalid_request_error", code="invalid_api_key")
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -60,13 +60,16 @@ class EngineFrontend:
     def __init__(self, max_pending: int = 256,
                  on_step: Callable[[], None] | None = None,
                  on_finish: Callable[[RequestOutput, float, float | None, float], None]
-                 | None = None) -> None:
+                 | None = None,
+                 on_abort: Callable[[float, float | None, float], None] | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending} is invalid: allowed an integer >= 1")
         self.max_pending = max_pending
         self.on_step = on_step  # called after every engine step (metrics)
         # on_finish(output, arrival, first token time or None, finish time)
         self.on_finish = on_finish
+        # on_abort(arrival, first token time or None, abort time): its client went away
+        self.on_abort = on_abort
         self.stats = EngineStats()
         self._num_pending = 0  # added and not yet finished
         self._lock = threading.Lock()
@@ -148,7 +151,7 @@ class EngineFrontend:
             posts += [(request.out, output), (request.out, None)]
         for request_id in ended:  # aborted: its client is gone or going
             request = requests.pop(request_id)
-            self._finished(request)
+            self._aborted(request, now)
             posts.append((request.out, None))
         if posts and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_deliver, posts)
@@ -156,6 +159,11 @@ class EngineFrontend:
     def _finished(self, request: _Request) -> None:
         with self._lock:
             self._num_pending -= 1
+
+    def _aborted(self, request: _Request, now: float) -> None:
+        self._finished(request)
+        if self.on_abort is not None:
+            self.on_abort(request.arrival, request.first_token, now)
 
     def _post(self, request: _Request, item: StreamDelta | RequestOutput | None) -> None:
         if not self._loop.is_closed():  # (a server shutting down: nobody reads any more)
@@ -168,8 +176,9 @@ class AsyncEngine(EngineFrontend):
     def __init__(self, engine: LLMEngine, max_pending: int = 256,
                  on_step: Callable[[], None] | None = None,
                  on_finish: Callable[[RequestOutput, float, float | None, float], None]
-                 | None = None) -> None:
-        super().__init__(max_pending, on_step, on_finish)
+                 | None = None,
+                 on_abort: Callable[[float, float | None, float], None] | None = None) -> None:
+        super().__init__(max_pending, on_step, on_finish, on_abort)
         self.engine = engine
         self.stats.num_free_kv_tokens = engine.runner.num_free_tokens
         self._commands: queue.Queue = queue.Queue()
@@ -240,7 +249,7 @@ class AsyncEngine(EngineFrontend):
         if request is None:
             return  # finished meanwhile
         self.engine.discard_request(request_id)  # frees its KV rows now
-        self._finished(request)
+        self._aborted(request, time.perf_counter())
         self._post(request, None)
         self._update_stats()
 

@@ -56,6 +56,7 @@ class EngineCounters:
     accepted_at: list[int] = field(default_factory=list)
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    num_spec_request_steps: int = 0  # (request, step) pairs that verified drafts
 
 
 class EngineView:
@@ -79,9 +80,9 @@ class ProcessEngine(EngineFrontend):
     ready, raising the engine's own ``ValueError`` / ``TypeError`` when it cannot be built."""
 
     def __init__(self, config: EngineConfig, max_pending: int = 256,
-                 on_step: Any = None, on_finish: Any = None,
+                 on_step: Any = None, on_finish: Any = None, on_abort: Any = None,
                  start_timeout_s: float = START_TIMEOUT_S) -> None:
-        super().__init__(max_pending, on_step, on_finish)
+        super().__init__(max_pending, on_step, on_finish, on_abort)
         ctx = mp.get_context("spawn")
         commands_out, commands_in = ctx.Pipe(duplex=False)
         events_out, events_in = ctx.Pipe(duplex=False)
@@ -216,4 +217,5 @@ def _take_commands(engine: LLMEngine, commands: Any, held: set[str], ended: list
 def _counters(engine: LLMEngine) -> EngineCounters:
     m = engine.metrics
     return EngineCounters(m.num_drafted, m.num_accepted, m.num_generated, list(m.drafted_at),
-                          list(m.accepted_at), m.prefix_cache_queries, m.prefix_cache_hits)
+                          list(m.accepted_at), m.prefix_cache_queries, m.prefix_cache_hits,
+                          m.num_spec_request_steps)

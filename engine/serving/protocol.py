@@ -9,8 +9,8 @@ Requests are pydantic models with OpenAI's fields and names, plus vLLM's extra s
 drafts per step; 0 turns speculation off for the request). Structured output comes as OpenAI's
 ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs`` object or
 its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` fields, at
-most one of them (:func:`structured_outputs`); ``tools`` are refused with a message that says
-function calling is not served. Fields that OpenAI clients send and
+most one of them (:func:`structured_outputs`); OpenAI features not built here (``tools``, ...:
+``UNSUPPORTED_FEATURES``) are refused by name, saying so. Fields that OpenAI clients send and
 that change nothing here (``store``, ``metadata``, ``user``, ``service_tier``,
 ``parallel_tool_calls``) are accepted and ignored; other unknown fields are refused (a typo should
 not be silently dropped). :func:`sampling_params` turns a request into :class:`SamplingParams`,
@@ -73,9 +73,6 @@ class _Request(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # function calling: refused by name (sampling_params), not as an unknown field
-    tools: list[Any] | None = None
-    tool_choice: Any = None
 
 
 class CompletionRequest(_Request):
@@ -128,6 +125,15 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+# OpenAI features that this server knows and does not build: a 400 that names the feature, rather
+# than the "not supported" of an unknown field (a typo).
+UNSUPPORTED_FEATURES = {
+    "tools": "tool calling", "tool_choice": "tool calling",
+    "functions": "function calling", "function_call": "function calling",
+    "audio": "audio output", "modalities": "output modalities other than text",
+    "prediction": "predicted outputs", "web_search_options": "web search",
+}
+
 _PASSED = ("n", "temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty",
            "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
            "skip_special_tokens", "include_stop_str_in_output", "allowed_token_ids", "bad_words",
@@ -168,10 +174,6 @@ _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
 def structured_outputs(request: CompletionRequest | ChatRequest) -> StructuredOutputsParams | None:
     """The request's output constraint from whichever of its fields gives one (None: none).
     Raises ``ValueError`` naming the field for a bad or doubled one (a 400)."""
-    if request.tools:
-        raise ValueError("SamplingParams.tools=... is invalid: function calling (tools) is not "
-                         "supported by this server; response_format with a json_schema "
-                         "constrains the output to a JSON Schema")
     given: list[tuple[str, StructuredOutputsParams]] = []
     fmt = request.response_format
     if fmt is not None:

@@ -6,6 +6,9 @@ import os
 import _repo_path  # noqa: F401  (puts the repository root on sys.path: runs from a checkout)
 import torch
 from speedup_lib import machine_description
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # (no "Loading weights" bar in the outputs)
 
 # SPECDEC_QUICK=1: a smoke run with fewer tokens, prompts and settings (what CI executes).
 QUICK = os.environ.get("SPECDEC_QUICK") == "1"

@@ -16,7 +16,7 @@ import compare_samplers  # noqa: E402
 import compare_speedups  # noqa: E402
 import sampler_lib  # noqa: E402
 from prompt_sets import prompt_batch, prompt_set  # noqa: E402
-from speedup_lib import Measurement, format_table, measured_speedup  # noqa: E402
+from speedup_lib import Measurement, find, format_table, measured_speedup  # noqa: E402
 
 
 class _CharTokenizer:
@@ -55,6 +55,20 @@ def test_predicted_and_measured_speedup_by_hand():
     assert measured_speedup(spec, [other, base, spec]) == pytest.approx(30.0 / 15.0)
     table = format_table([base, spec])
     assert "2.80" in table and "2.00" in table
+
+
+def test_a_default_policy_run_is_its_own_row_without_a_prediction():
+    base = Measurement("none", 0, "copy", 1, num_tokens=60, seconds=4.0)
+    fixed = Measurement("eagle", 4, "copy", 1, num_tokens=60, seconds=3.0, token_acceptance=0.5)
+    policy = Measurement("eagle", 4, "copy", 1, num_tokens=60, seconds=2.0, token_acceptance=0.5,
+                         policy=True)  # (its k is a cap: Leviathan's formula needs a fixed k)
+    results = [base, fixed, policy]
+    assert policy.predicted_speedup is None and fixed.predicted_speedup is not None
+    assert find(results, "eagle", "copy", 1) == [fixed]
+    assert find(results, "eagle", "copy", 1, policy=True) == [policy]
+    rows = format_table(results).splitlines()[2:]
+    assert [row.split()[2:4] for row in rows] == [["none", "0"], ["eagle", "4"], ["eagle", "<=4"]]
+    assert rows[2].split()[7] == "2.00"  # 30 tokens/s over the baseline's 15
 
 
 def test_typical_emitted_by_hand():

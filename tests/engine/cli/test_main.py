@@ -256,11 +256,43 @@ def test_cli_stream_and_no_speculation(tiny_model_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_default_command_runs_the_embedded_model(capsys):
-    """The main job as shipped: default model, n-gram speculation, built-in demo prompt."""
+    """The main job as shipped: default model, n-gram speculation, built-in demo prompt, with
+    the baseline that proves it (the same text without speculation, and the speedup)."""
     assert main(["--max-tokens", "24"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "finish_reason=" in printed
     assert "acceptance rate" in printed and "mean accepted length" in printed
+    assert "identical: the text with speculation is token for token" in printed
+    assert re.search(r"without speculation: 24 tokens in .* s: \d+\.\d tokens/s", printed)
+    assert re.search(r"speedup: \d+\.\d\dx", printed)
+    assert "specdec: loading the model (smollm2-135m)" in captured.err
+
+
+def test_baseline_decodes_the_same_text_without_speculation(tiny_model_dir, capsys):
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w5 w6 w7 w5 w6 w7",
+            "--max-tokens", "8", "--ignore-eos", "--no-chat", "--baseline"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "without speculation: 8 tokens in" in captured.out
+    assert "identical: the text with speculation is token for token" in captured.out
+    phases = [line for line in captured.err.splitlines() if line.startswith("specdec: ")]
+    expected = ["specdec: loading the model", "specdec: loaded in", "specdec: warming up",
+                "specdec: decoding without speculation", "specdec: decoding with speculation"]
+    assert len(phases) == len(expected)
+    assert all(p.startswith(e) for p, e in zip(phases, expected, strict=True)), phases
+    assert main(argv + ["--no-progress"]) == 0
+    assert capsys.readouterr().err == ""  # (--no-progress: no phase lines either)
+
+
+def test_baseline_is_refused_with_stream_and_sampled_texts_are_not_compared(tiny_model_dir,
+                                                                           capsys):
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--prompt", "w5 w6 w7 w5 w6 w7",
+            "--max-tokens", "6", "--no-chat", "--baseline", "--no-progress"]
+    assert main(argv + ["--stream"]) == 2
+    assert "drop --stream or --baseline" in capsys.readouterr().err
+    assert main(argv + ["--temperature", "0.9"]) == 0
+    assert "texts not compared: sampled without a seed" in capsys.readouterr().out
 
 
 def test_a_failed_request_is_one_error_line_on_stderr(tiny_model_dir):
@@ -318,13 +350,23 @@ def test_every_flag_says_what_it_does():
             ("EngineConfig.", "SpeculativeConfig.", "SamplingParams.")), action.option_strings
 
 
-def test_help_does_not_import_transformers():
-    """--help took 4.6-6 s when it loaded transformers (torch still comes with ``engine``)."""
-    code = ("import sys\nfrom engine.cli.main import main\ntry:\n    main(['--help'])\n"
-            "except SystemExit:\n    pass\nassert 'transformers' not in sys.modules")
+@pytest.mark.parametrize("module, usage", [("engine.generate", "usage: specdec "),
+                                           ("engine.serve", "usage: specdec serve ")])
+def test_help_imports_neither_torch_nor_transformers(module, usage):
+    """--help took 4.6-6 s when it loaded transformers, and about 1.5 s more for torch: the
+    entry point, run as ``python -m``, prints its help with neither imported."""
+    code = ("import runpy, sys\n"
+            f"sys.argv = [{module!r}, '--help']\n"
+            "try:\n"
+            f"    runpy.run_module({module!r}, run_name='__main__')\n"
+            "except SystemExit as exit:\n"
+            "    assert exit.code in (0, None), exit.code\n"
+            "print('imported:', sorted({'torch', 'transformers'} & set(sys.modules)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(usage) and "--max-num-seqs" in proc.stdout
+    assert proc.stdout.rstrip().endswith("imported: []")
 
 
 def test_a_run_with_no_drafts_says_so():

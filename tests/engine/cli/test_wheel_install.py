@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -37,10 +38,14 @@ def test_the_wheel_holds_every_preset(wheel):
 
 def test_specdec_from_a_wheel_runs_the_default_preset(wheel, tmp_path):
     venv = tmp_path / "venv"
-    # the venv sees this machine's torch and transformers; specdec itself comes from the wheel
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     bin_dir = venv / "bin"
+    # the venv sees this interpreter's torch and transformers (also when it is itself a venv,
+    # whose packages --system-site-packages would miss); specdec itself comes from the wheel
+    inner = subprocess.run([str(bin_dir / "python"), "-c", "import site; "
+                            "print(site.getsitepackages()[0])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    Path(inner, "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps",
                     "--no-index", str(wheel)], check=True)
     model = save_tiny_model(tmp_path / "tiny")

@@ -139,3 +139,17 @@ def test_harmless_unknown_fields_are_ignored_and_others_are_not_supported(client
     assert info.value.body["param"] == "temprature"
     assert info.value.body["message"] == ("temprature: the field 'temprature' is not supported "
                                           "by this server")
+
+
+@pytest.mark.parametrize("field, value, feature", [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+     "tool calling"),
+    ("tool_choice", "auto", "tool calling"),
+    ("functions", [{"name": "f", "parameters": {}}], "function calling"),
+])
+def test_known_but_unsupported_features_are_400_saying_so(client, field, value, feature):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", max_tokens=2, messages=[
+            {"role": "user", "content": "w5"}], extra_body={field: value})
+    assert info.value.body["param"] == field and info.value.body["code"] == "unsupported"
+    assert info.value.body["message"] == f"{field}: {feature} is not supported by this server"

@@ -72,10 +72,20 @@ def reference(model_dir):
     return run
 
 
-def metric(base: str, name: str) -> float:
+def metric(base: str, name: str, **labels: str) -> float:
+    """The value of the series ``name`` whose labels include ``labels`` (0 when none has
+    them yet); every series carries vLLM's ``model_name`` label."""
     text = httpx.get(f"{base}/metrics").text
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(match.group(1))
+    for line in text.splitlines():
+        match = re.fullmatch(r"([\w:]+)(?:\{(.*)\})? (\S+)", line)
+        if match and match.group(1) == name:
+            have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            assert have.get("model_name") == "tiny", line
+            if labels.items() <= have.items():
+                return float(match.group(3))
+    family = re.sub(r"_(count|sum|bucket)$", "", name)
+    assert f"# HELP {family} " in text, f"no metric {name}"
+    return 0.0
 
 
 def wait_idle(base: str, free_at_start: float) -> None:
@@ -152,13 +162,36 @@ def test_bad_requests_are_400_naming_the_field(client, kwargs, param):
 
 def test_a_disconnect_aborts_the_request_and_frees_its_kv(server, client):
     wait_idle(server, 512)
+    aborted = metric(server, "vllm:request_success_total", finished_reason="abort")
     with httpx.stream("POST", f"{server}/v1/completions", json={
             "model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 200, "temperature": 0,
             "ignore_eos": True, "stream": True}, timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))
     wait_idle(server, 512)  # aborted at once, not run to its 200 tokens
-    assert metric(server, "specdec_generation_tokens_total") >= 0
+    # counted as vLLM counts it: a request that ended with finished_reason="abort"
+    assert metric(server, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+
+
+def test_metrics_have_vllms_names(server, client):
+    before = metric(server, "vllm:generation_tokens_total")
+    done = metric(server, "vllm:request_success_total", finished_reason="length")
+    client.completions.create(model="tiny", prompt="w5 w6 w7 w5 w6 w7", max_tokens=6,
+                              temperature=0, extra_body={"ignore_eos": True})
+    assert metric(server, "vllm:generation_tokens_total") == before + 6
+    assert metric(server, "vllm:request_success_total", finished_reason="length") == done + 1
+    assert metric(server, "vllm:prompt_tokens_total") > 0
+    for name in ("vllm:time_to_first_token_seconds_count",
+                 "vllm:time_per_output_token_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert metric(server, name) >= 1, name
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert metric(server, name) == 0, name
+    drafted = metric(server, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = metric(server, "vllm:spec_decode_num_accepted_tokens_total")
+    assert 0 <= accepted <= drafted and metric(server, "vllm:spec_decode_num_drafts_total") >= 0
+    assert sum(metric(server, "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                      position=str(i)) for i in range(4)) == accepted
 
 
 def test_concurrent_clients_get_what_generate_gives(client, reference):

@@ -51,5 +51,6 @@ def test_a_repeated_prompt_is_served_from_the_cache(server):
     assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens - 1}
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
     metrics = httpx.get(f"{server}/metrics", timeout=10).text
-    hits = float(re.search(r"^specdec_prefix_cache_hits_total (\S+)$", metrics, re.M).group(1))
+    hits = float(re.search(r'^vllm:prefix_cache_hits_total\{model_name="[^"]*"\} (\S+)$', metrics,
+                           re.M).group(1))
     assert hits == prompt_tokens - 1

@@ -73,4 +73,4 @@ def test_server_soak(server):  # noqa: F811
     assert counts.get("ok", 0) > NUM_REQUESTS // 2 and counts.get("disconnected", 0) > 0
     assert counts.get("bad", 0) > 0
     wait_idle(server, 512)  # every disconnect freed its rows; nothing is held
-    assert metric(server, "specdec_requests_running") == 0
+    assert metric(server, "vllm:num_requests_running") == 0

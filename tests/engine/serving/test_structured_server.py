@@ -118,7 +118,7 @@ def test_vllm_fields_on_both_routes(client, extra, valid):
     ({"guided_choice": ["a"], "guided_regex": "a"}, "structured_outputs", "one of"),
     ({"structured_outputs": {"choices": ["a"]}}, "structured_outputs", "unknown keys"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools",
-     "function calling"),
+     "tool calling is not supported"),
 ])
 def test_bad_constraints_are_400s_naming_them(client, server, extra, param, message):
     with pytest.raises(openai.BadRequestError) as caught:
