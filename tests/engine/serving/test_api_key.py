@@ -5,41 +5,23 @@ metrics, version and tokenize stay open, as in vLLM."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 
-from tests.engine.serving.test_server import free_port, model_dir  # noqa: F401
+from tests.engine.serving.server_helpers import running_server
+from tests.engine.serving.test_server import model_dir  # noqa: F401
 
 KEY = "sk-test-key"
 
 
 @pytest.fixture(scope="module")
 def keyed_server(model_dir):  # noqa: F811
-    port = free_port()
     env = {**os.environ, "SPECDEC_API_KEY": KEY}  # (the flag's default: keeps it out of ps)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu",
-         "--port", str(port), "--served-model-name", "tiny", "--no-engine-process",
-         "--kv-cache-tokens", "512", "--max-num-seqs", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(model_dir, "--served-model-name", "tiny", "--no-engine-process",
+                        "--kv-cache-tokens", "512", "--max-num-seqs", "2", env=env) as base:
+        yield base
 
 
 @pytest.mark.parametrize("key", ["wrong", None])

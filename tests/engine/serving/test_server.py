@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,14 +14,9 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tests.engine.cli.cli_helpers import save_tiny_model
+from tests.engine.serving.server_helpers import running_server
 
 MAX_PENDING = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,25 +26,10 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu",
-         "--port", str(port), "--served-model-name", "tiny", "--max-pending", str(MAX_PENDING),
-         "--kv-cache-tokens", "512", "--max-num-seqs", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(model_dir, "--served-model-name", "tiny", "--max-pending",
+                        str(MAX_PENDING), "--kv-cache-tokens", "512",
+                        "--max-num-seqs", "4") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

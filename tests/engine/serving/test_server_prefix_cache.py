@@ -5,39 +5,20 @@ on ``/metrics``."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from tests.engine.cli.cli_helpers import save_tiny_model
-from tests.engine.serving.test_server import free_port
+from tests.engine.serving.server_helpers import running_server
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model_dir = save_tiny_model(tmp_path_factory.mktemp("tiny_cache_server"))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu",
-         "--port", str(port), "--kv-cache-tokens", "512", "--max-num-seqs", "4",
-         "--enable-prefix-caching"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(model_dir, "--kv-cache-tokens", "512", "--max-num-seqs", "4",
+                        "--enable-prefix-caching") as base:
+        yield base
 
 
 def test_a_repeated_prompt_is_served_from_the_cache(server):

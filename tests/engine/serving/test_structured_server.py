@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
-from tests.engine.serving.test_server import free_port
+from tests.engine.serving.server_helpers import running_server
 from tests.engine.structured_helpers import save_char_model
 
 SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ann", "bob"]},
@@ -27,25 +23,10 @@ MESSAGES = [{"role": "user", "content": 'give {"name": "ann", "ok": true}'}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model_dir: Path = save_char_model(tmp_path_factory.mktemp("char_server"))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu",
-         "--port", str(port), "--served-model-name", "tiny", "--kv-cache-tokens", "1024",
-         "--max-num-seqs", "4", "--method", "ngram", "--num-speculative-tokens", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(120):
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read()}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    with running_server(model_dir, "--served-model-name", "tiny", "--kv-cache-tokens", "1024",
+                        "--max-num-seqs", "4", "--method", "ngram",
+                        "--num-speculative-tokens", "4") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
