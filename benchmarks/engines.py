@@ -76,16 +76,24 @@ def controller_state(llm: Any, batch: int) -> dict | None:
     speculation): its step costs at ``batch`` by width (``costs[w - 1]``: a step of ``w`` tokens
     per sequence over a plain one), the engine-wide acceptance rates (by backed draft
     position, then the unbacked drafts pooled and the proposals that found drafts), and the
-    recent step times that the costs are read from (``samples_ms[w]``, oldest first)."""
+    recent step times that the costs are read from (``samples_ms[w]``, oldest first), and the
+    payoff guard's state (``guard``: back-offs begun, and per batch bucket the realised payoff of
+    its drafting steps, their evidence, and whether a back-off runs; None when it is off)."""
     policy = llm.engine.controller
     if not isinstance(policy, GoodputPolicy):
         return None
     controller = policy.controller
     table = controller.costs
+    guard = policy.guard
+    guard_state = None if guard is None else dict(
+        backoffs=guard.backoffs,
+        buckets={b: dict(payoff=round(st.payoff(), 4), weight=round(st.weight, 2),
+                         backing_off=st.until >= 0) for b, st in guard.buckets.items()})
     return dict(costs=[round(float(c), 4) for c in controller.step_cost(batch)[1:]],
                 acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates],
                 samples_ms={w: [round(1e3 * s, 3) for s in table.samples("step", batch, w)]
-                            for w in range(1, controller.max_k + 2)})
+                            for w in range(1, controller.max_k + 2)},
+                guard=guard_state)
 
 
 def release(llm: Any) -> None:

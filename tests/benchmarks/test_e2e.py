@@ -34,6 +34,11 @@ def test_e2e_quick_on_a_tiny_model(tiny_dir, capsys):
         if r["system"] in ("engine:ngram", "engine:early_exit"):
             assert len(state["costs"]) == r["k"] + 1 and state["costs"][0] == 1.0
             assert len(state["acceptance"]) == r["k"] + 2
+            # the payoff guard's view: its back-offs and, per batch bucket it judged, the
+            # realised payoff of the drafting steps (a ratio to plain decoding)
+            guard = state["guard"]
+            assert guard["backoffs"] >= 0
+            assert all(b["payoff"] > 0 and b["weight"] > 0 for b in guard["buckets"].values())
         else:
             assert state is None, r["system"]
     # acceptance per draft position for the runs that drafted: k shares, whose mean weighted by
