@@ -38,7 +38,7 @@ def test_e2e_quick_on_a_tiny_model(tiny_dir, capsys):
             # realised payoff of the drafting steps (a ratio to plain decoding)
             guard = state["guard"]
             assert guard["backoffs"] >= 0
-            assert all(b["payoff"] > 0 and b["weight"] > 0 for b in guard["buckets"].values())
+            assert all(b["payoff"] > 0 and b["weight"] >= 0 for b in guard["buckets"].values())
         else:
             assert state is None, r["system"]
     # acceptance per draft position for the runs that drafted: k shares, whose mean weighted by
