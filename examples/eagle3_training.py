@@ -19,32 +19,9 @@ from proposers.eagle3_head import Eagle3Head
 DRAFTS = 4  # drafts chained in the held-out acceptance (as for the eagle head)
 
 
-@torch.inference_mode()
-def eagle3_features_of(model: torch.nn.Module, sequences: list[list[int]], device: torch.device,
-                       aux_layers: tuple[int, ...], batch_size: int = 64) -> list[torch.Tensor]:
-    """Each sequence's ``[len, (1 + len(aux_layers)) * hidden]``: the final hidden states, then
-    the inputs of ``aux_layers`` (``hidden_states[i]``: layer ``i``'s input)."""
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-    out: list[torch.Tensor | None] = [None] * len(sequences)
-    for start in range(0, len(order), batch_size):
-        group = order[start:start + batch_size]
-        width = max(len(sequences[i]) for i in group)
-        ids = torch.zeros((len(group), width), dtype=torch.long)  # [batch, width]
-        mask = torch.zeros((len(group), width), dtype=torch.long)  # [batch, width]
-        for row, i in enumerate(group):
-            ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
-            mask[row, :len(sequences[i])] = 1
-        result = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                  output_hidden_states=True)
-        both = torch.cat([result.last_hidden_state]
-                         + [result.hidden_states[i] for i in aux_layers], -1)
-        for row, i in enumerate(group):
-            out[i] = both[row, :len(sequences[i])].clone()
-    return out
-
-
 def split(feats: torch.Tensor, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(final [..., hidden], aux [..., n * hidden])`` of :func:`eagle3_features_of` rows."""
+    """``(final [..., hidden], aux [..., n * hidden])`` of the rows that
+    ``examples.train_draft_head.features_of`` gives with aux layers."""
     return feats[..., :hidden], feats[..., hidden:]
 
 

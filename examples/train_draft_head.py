@@ -63,7 +63,6 @@ from engine import LLM, SamplingParams  # noqa: E402
 from examples.draft_head_prompts import copy_prompts, draft_head_prompts  # noqa: E402
 from examples.eagle3_training import (  # noqa: E402
     eagle3_acceptance,
-    eagle3_features_of,
     eagle3_loss,
 )
 from proposers.head_model import CONFIG_NAME, DraftHead, head_for  # noqa: E402
@@ -157,10 +156,12 @@ def self_instruct(llm: LLM, prompts: list[str], seed: int, wave: int = 0) -> lis
 
 @torch.inference_mode()
 def features_of(model: torch.nn.Module, sequences: list[list[int]], device: torch.device,
-                batch_size: int = 64) -> list[torch.Tensor]:
+                batch_size: int = 64, aux_layers: tuple[int, ...] = ()) -> list[torch.Tensor]:
     """Each sequence's final hidden states ``[len, hidden_size]`` (one forward per batch of
     sequences of similar length, right-padded; padding never reaches a real position in a
-    causal model)."""
+    causal model); with ``aux_layers`` (an EAGLE-3 head's) ``[len, (1 + len(aux_layers)) *
+    hidden_size]``: the final states, then those layers' inputs (``hidden_states[i]``: layer
+    ``i``'s input)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list[torch.Tensor | None] = [None] * len(sequences)
     for start in range(0, len(order), batch_size):
@@ -171,9 +172,12 @@ def features_of(model: torch.nn.Module, sequences: list[list[int]], device: torc
         for row, i in enumerate(group):
             ids[row, :len(sequences[i])] = torch.tensor(sequences[i])
             mask[row, :len(sequences[i])] = 1
-        # (the decoder's output, normed: what the output head reads; no logits, no other layers)
-        hidden = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device)
-                                  ).last_hidden_state  # [batch, width, hidden]
+        # (the decoder's output, normed: what the output head reads; no logits)
+        result = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                  output_hidden_states=bool(aux_layers))
+        hidden = torch.cat([result.last_hidden_state]
+                           + [result.hidden_states[i] for i in aux_layers], -1)
+        # hidden: [batch, width, (1 + len(aux_layers)) * hidden_size]
         for row, i in enumerate(group):
             out[i] = hidden[row, :len(sequences[i])].clone()
     return out
@@ -428,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict:
     if eagle3:
         aux = (tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers
                else default_aux_layers(model.config.num_hidden_layers))
-        feats_of = lambda seqs: eagle3_features_of(model, seqs, device, aux)  # noqa: E731
+        feats_of = lambda seqs: features_of(model, seqs, device, aux_layers=aux)  # noqa: E731
         # (draft ids in target order: d2t offsets >= 0, as the speculators library writes)
         head = new_eagle3(model.config, lm_head.weight.shape[0],
                           None if vocab is None else sorted(vocab), aux,
