@@ -78,7 +78,9 @@ def controller_state(llm: Any, batch: int) -> dict | None:
     position, then the unbacked drafts pooled and the proposals that found drafts), and the
     recent step times that the costs are read from (``samples_ms[w]``, oldest first), and the
     payoff guard's state (``guard``: back-offs begun, and per batch bucket the realised payoff of
-    its drafting steps, their evidence, and whether a back-off runs; None when it is off)."""
+    its drafting steps, their evidence, and whether a back-off runs; None when it is off), and
+    the tree gate's (``trees``: steps that chose trees and chains, and per batch size each arm's
+    realised tokens per second; None without trees or the guard)."""
     policy = llm.engine.controller
     if not isinstance(policy, GoodputPolicy):
         return None
@@ -89,11 +91,16 @@ def controller_state(llm: Any, batch: int) -> dict | None:
         backoffs=guard.backoffs,
         buckets={b: dict(payoff=round(st.payoff(), 4), weight=round(st.weight, 2),
                          backing_off=st.until >= 0) for b, st in guard.buckets.items()})
+    gate = policy.trees
+    tree_state = None if gate is None else dict(
+        tree_steps=gate.tree_steps, chain_steps=gate.chain_steps,
+        buckets={b: dict(tree_tok_s=round(st.tree.rate, 1), chain_tok_s=round(st.chain.rate, 1))
+                 for b, st in gate.buckets.items()})
     return dict(costs=[round(float(c), 4) for c in controller.step_cost(batch)[1:]],
                 acceptance=[round(float(r), 4) for r in controller.acceptance.engine_rates],
                 samples_ms={w: [round(1e3 * s, 3) for s in table.samples("step", batch, w)]
                             for w in range(1, controller.max_k + 2)},
-                guard=guard_state)
+                guard=guard_state, trees=tree_state)
 
 
 def release(llm: Any) -> None:

@@ -177,7 +177,9 @@ class SpeculativeConfig:
     kept: greedy, the longest the target agrees with; sampled, by multi-candidate rejection
     (lossless, :mod:`samplers.tree_verify`). Greedy requests without penalties, biases or
     logprobs, in steps of at most 2 sequences, get trees; the others get the chain of the
-    likeliest drafts. None: chains.
+    likeliest drafts. With ``adaptive_guard`` a step drafts trees only where trees measured
+    more tokens per second than chains at its batch size (:mod:`scheduler.tree_gate`). None:
+    chains.
     ``suffix_decoding_*`` (vLLM's options, methods ``suffix`` and ``suffix_eagle``,
     :mod:`proposers.suffix`): the longest match + draft (``max_tree_depth``), the requests
     kept after they leave (``max_cached_requests``), drafts per matched token

@@ -277,16 +277,19 @@ class LLMEngine:
         new = any(items[i].seq.num_output_tokens <= 1 for i in wanted)
         first = not self._proposed_last_step or new
         start = time.perf_counter()
-        small = len(items) <= TREE_MAX_SEQS  # (trees only in steps this small)
+        # trees only in steps this small, and where they measured faster than chains
+        spec = self.config.speculative_config
+        tree = [len(items) <= TREE_MAX_SEQS and items[i].seq.grammar is None
+                and tree_ok(items[i].seq, spec) for i in wanted]
+        if any(tree) and not self.controller.allows_tree(len(items)):
+            tree = [False] * len(wanted)
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids + forced[i] if i in forced
                            else seq.all_token_ids, items[i].num_spec_tokens, seq.params,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None,
-                           tree=small and seq.grammar is None
-                           and tree_ok(seq, self.config.speculative_config),
-                           seed=seq.seed,
+                           tree=t, seed=seq.seed,
                            position=seq.num_output_tokens + len(forced.get(i, ())))
-            for i in wanted for seq in [items[i].seq]])
+            for i, t in zip(wanted, tree, strict=True) for seq in [items[i].seq]])
         parents = proposal.parents or [None] * len(wanted)
         # (a tree counts as its levels: the controller chooses how deep it goes)
         depths = [len(d) if t is None else tree_depth(t)

@@ -32,6 +32,7 @@ from scheduler.speculation import (
     cap,
     request_bounds,
 )
+from scheduler.tree_gate import TreeGate
 
 
 class SpeculationOptions(Protocol):
@@ -42,6 +43,7 @@ class SpeculationOptions(Protocol):
     verify_cost_per_token: float | None
     draft_cost_ratio: float | None
     adaptive_probe_interval: int
+    draft_tree: list[int] | None
 
 
 class GoodputPolicy:
@@ -65,6 +67,9 @@ class GoodputPolicy:
         # (the guard judges measured costs only: fixed ones asked for the model's answer)
         self.guard = (PayoffGuard(self.controller.costs)
                       if spec.adaptive_guard and spec.verify_cost_per_token is None else None)
+        # (trees against chains, measured likewise: only where the configuration drafts trees)
+        self.trees = (TreeGate() if self.guard is not None and spec.draft_tree is not None
+                      else None)
         self._step = 0  # engine steps begun (a sequence's cap is fresh when its step is this)
         self._batch_size = 0  # the running sequences at this step's plan (its cost's)
         self._idle: tuple[list[SpeculatingSequence], bool, int] | None = None  # the last
@@ -188,6 +193,11 @@ class GoodputPolicy:
             got = [min(g, width) for g in got]
         return got
 
+    def allows_tree(self, batch_size: int) -> bool:
+        """Whether a step of ``batch_size`` sequences that may draft trees does: where trees
+        measured faster than chains (:mod:`scheduler.tree_gate`), always without the gate."""
+        return self.trees is None or self.trees.allows(batch_size)
+
     def learn(self, outcome: StepOutcome) -> None:
         """The step's acceptance (all verified sequences at once; a tree's step counts for its
         own sequence only: ``AcceptanceModel.update``), a steady decode step's cost, the rows of
@@ -210,8 +220,11 @@ class GoodputPolicy:
                 None if outcome.private is None else [outcome.private[i] for i in live])
         timing = outcome.timing
         if timing is not None and self.guard is not None and outcome.seqs:
-            self.guard.record(timing.batch_size, timing.batch_size + sum(outcome.accepted),
-                              timing.step_s + timing.proposal_s, timing.kv_len)
+            tokens = timing.batch_size + sum(outcome.accepted)
+            seconds = timing.step_s + timing.proposal_s
+            self.guard.record(timing.batch_size, tokens, seconds, timing.kv_len)
+            if self.trees is not None:
+                self.trees.record(timing.batch_size, any(outcome.private or ()), tokens, seconds)
         if timing is not None:
             self.controller.record(timing.batch_size, timing.width, timing.step_s, timing.asked,
                                    timing.propose_s, timing.after_idle_s, timing.packed_rows,

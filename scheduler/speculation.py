@@ -146,6 +146,10 @@ class SpeculationController(Protocol):
         tree's levels) to verify. ``others``: the step's sequences that asked for no drafts,
         as (how many, the most new tokens of one, their new tokens)."""
 
+    def allows_tree(self, batch_size: int) -> bool:
+        """While proposing a step of ``batch_size`` sequences that may draft trees: whether it
+        does (else chains)."""
+
     def learn(self, outcome: StepOutcome) -> None:
         """The step's outcome."""
 
@@ -197,6 +201,9 @@ class FixedK:
     def trim(self, items: list[ScheduledSequence], drafted: list[int],
              num_backed: list[int] | None, others: tuple[int, int, int]) -> list[int]:
         return [min(item.num_spec_tokens, d) for item, d in zip(items, drafted, strict=True)]
+
+    def allows_tree(self, batch_size: int) -> bool:
+        return True
 
     def learn(self, outcome: StepOutcome) -> None:
         pass

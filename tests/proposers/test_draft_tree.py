@@ -135,6 +135,21 @@ def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch): 
     assert 0 < metrics.num_accepted <= metrics.num_drafted
 
 
+def test_greedy_output_with_gated_trees_equals_hugging_face(target, head_dir):  # noqa: F811
+    """With the adaptive policy (its guard on) trees run only where they measured faster
+    (``scheduler.tree_gate``): steps of trees and of chains alternate while it explores, and
+    the output is Hugging Face's whichever a step drafts."""
+    prompts = [[5, 17, 3, 60, 22], [30, 31, 32, 33, 30, 31]]
+    llm = tree_llm(target, head_dir, [3, 2], spec={"adaptive_k": True})
+    gate = llm.engine.controller.trees
+    assert gate is not None
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 40)
+    assert gate.tree_steps > 0 and gate.chain_steps > 0
+
+
 def test_trees_only_in_small_batches(target, head_dir):  # noqa: F811
     """At most ``TREE_MAX_SEQS`` (2) sequences that may draft trees: a tree each; 3: chains for
     all; the output stays Hugging Face's."""
