@@ -10,7 +10,10 @@ proposer does, and a draft counts while it equals the target's greedy text (the 
 - ``held_out``: the first ``--num-prompts`` held-out training-style prompts (templates crossed
   with topics that no training prompt has, ``examples/draft_head_prompts.py``);
 - ``train``: the first ``--num-prompts`` training prompts (without the target's rewordings and
-  copy tasks), text of the kind the head was fit on.
+  copy tasks), text of the kind the head was fit on;
+- ``real_open`` / ``real_copy``: the real-text workload's held-out split (``benchmarks.real_text``:
+  32 story, explanation, factual and code-writing prompts; 16 code-edit and quote prompts), what
+  the benchmarks report on and no head is trained on.
 
 One row per set: first-draft acceptance, the conditional rate at each position, mean drafts
 accepted of 4 (tokens per step minus one), and per prompt::
@@ -25,6 +28,7 @@ import argparse
 import torch
 
 from benchmarks import models
+from benchmarks.real_text import heldout_prompts
 from benchmarks.record import Result
 from benchmarks.workloads import COPY_HEAVY, OPEN_ENDED
 from engine import LLM
@@ -33,7 +37,7 @@ from examples.train_draft_head import features_of, generate, held_out_acceptance
 from proposers.draft_head import DEFAULT_HEAD_DIR
 from proposers.head_model import DraftHead
 
-SETS = ("bench_open", "bench_copy", "held_out", "train")
+SETS = ("bench_open", "bench_copy", "held_out", "train", "real_open", "real_copy")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +53,10 @@ def prompt_sets(names: list[str], num_prompts: int) -> dict[str, list[str]]:
     """The prompts of each named set (see the module docstring)."""
     train, held = draft_head_prompts(1800)  # (the shipped head's split: --num-prompts 1800)
     every = {"bench_open": OPEN_ENDED, "bench_copy": COPY_HEAVY,
-             "held_out": held[:num_prompts], "train": train[:num_prompts]}
+             "held_out": held[:num_prompts], "train": train[:num_prompts],
+             # (the open and copy groups' prompts are single user turns)
+             "real_open": [p.turns[0] for p in heldout_prompts("open")],
+             "real_copy": [p.turns[0] for p in heldout_prompts("copy")]}
     return {name: every[name] for name in names}
 
 

@@ -54,11 +54,12 @@ def test_head_acceptance_reports_each_set_by_position(tiny_dir, tmp_path, capsys
 
     head_for(AutoConfig.from_pretrained(tiny_dir)).save(tmp_path / "head")
     record = run_suite("proposers", "head-acceptance", "--model", tiny_dir, "--device", "cpu",
-                       "--head", tmp_path / "head", "--sets", "held_out,bench_open",
+                       "--head", tmp_path / "head", "--sets", "held_out,bench_open,real_copy",
                        "--num-prompts", "2", "--max-tokens", "12")
     rows = {r["set"]: r for r in record.rows}
-    assert set(rows) == {"held_out", "bench_open"}
-    for name, count in (("held_out", 2), ("bench_open", 8)):
+    assert set(rows) == {"held_out", "bench_open", "real_copy"}
+    # (real_copy: the real-text workload's 16 held-out code-edit and quote prompts)
+    for name, count in (("held_out", 2), ("bench_open", 8), ("real_copy", 16)):
         r = rows[name]
         assert len(r["per_position"]) == 4 and all(0.0 <= x <= 1.0 for x in r["per_position"])
         assert r["first_draft"] == r["per_position"][0]
