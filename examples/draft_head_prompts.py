@@ -1,21 +1,36 @@
-"""A diverse, offline prompt set for training a draft head: tasks crossed with topics.
+"""A diverse, offline prompt set for training a draft head: families of templates crossed
+with word lists (:mod:`examples.draft_head_topics`).
 
-Every prompt is built here from word lists (no download, same list on every machine). Held-out
-prompts use topics that no training prompt uses, so the held-out acceptance measures text the
-head has not seen. The topics of the benchmark's open-ended prompts (lighthouses,
-photosynthesis, honeybees, the French Revolution, snow, board games:
-``benchmarks/workloads.py``) are in neither set.
+Every prompt is built here from word lists (no download, same list on every machine). Most are
+prose, the draft head's weak spot (:data:`PROSE_KINDS`): stories, poems, explanations, factual
+questions, advice, letters, descriptions, dialogues, arguments; then code, and the first set's
+tasks crossed with topics (``template``). :data:`FAMILIES` gives each family its share of the
+prompts. Held-out prompts take every *subject* (a character, a situation, a mechanism, a place,
+...) from a part of each word list that no training prompt takes, so the held-out acceptance
+measures text the head has not seen; styles (genres, forms, audiences, languages) are shared. No
+prompt equals, contains or shares a topic with a benchmark prompt (``benchmarks/real_text/``,
+both splits, and ``benchmarks/workloads.py``): ``tests/examples/test_draft_head_prompts.py``.
 
-*Copy tasks* (:func:`copy_prompts`) ask the target to repeat, quote or lightly edit a text given
-in the prompt: the target's own answer to another prompt, so that they too are built offline.
-In such answers most tokens are copied from the prompt, which a head learns only by seeing it
-(the first head, trained on open prompts alone, accepted 0.47 drafts of 4 on the benchmark's
-copy-heavy prompts against 0.96 on its open ones).
+Two more kinds are built from the target's own answers, so that they too are built offline:
+
+- *copy tasks* (:func:`copy_prompts`): repeat, quote, lightly edit, rewrite or summarise a text
+  given in the prompt. In such answers most tokens are copied from the prompt, which a head
+  learns only by seeing it (the first head, trained on open prompts alone, accepted 0.47 drafts
+  of 4 on the benchmark's copy-heavy prompts against 0.96 on its open ones);
+- *multi-turn chats* (:func:`multi_turn_prompts`): a prompt, the target's answer to it, and a
+  last user turn that asks for that answer back changed, or moves on to another prompt.
 """
 
 from __future__ import annotations
 
 import random
+import string
+from dataclasses import dataclass
+
+from examples import draft_head_topics as topics
+
+# One user message, or a conversation (user, assistant, ..., user) as chat messages.
+Chat = str | list[dict[str, str]]
 
 TASKS = [
     "Write a short story about {t}.",
@@ -76,6 +91,11 @@ COPY_TASKS = [
     "Make this text more formal, changing as few words as possible:\n\n{text}",
     "Here is a text:\n\n{text}\n\nCopy its first two sentences, then summarize the rest in "
     "one sentence.",
+    "Summarise this text in two or three sentences:\n\n{text}",
+    "Rewrite this text so that a young child could follow it, keeping its meaning:\n\n{text}",
+    "Quote the most important sentence of this text, then say in your own words why it "
+    "matters:\n\n{text}",
+    "Rewrite this text in a cheerful, chatty tone:\n\n{text}",
     "Translate the first sentence of this text into French, then copy the rest unchanged:"
     "\n\n{text}",
 ]
@@ -118,43 +138,258 @@ def _typos(text: str, rng: random.Random, rate: float = 0.08) -> str:
                         else w[:j] + w[j + 1:])
     return " ".join(words)
 
-TOPICS = [
-    "the ocean", "volcanoes", "the moon landing", "chess", "bread baking",
-    "electric cars", "the Roman Empire", "jazz music", "rain forests", "black holes",
-    "recycling", "the human heart", "mountain climbing", "coffee", "origami", "trains",
-    "the internet", "dinosaurs", "gardening", "the Olympic Games",
-    "penguins", "solar panels", "ancient Egypt", "video games", "friendship", "libraries",
-    "earthquakes", "the piano", "public transport", "cheese", "robots", "the Arctic",
-    "birthdays", "sleep", "bicycles", "clouds", "the printing press", "time zones",
-    "vaccines", "mathematics", "deserts", "kites", "museums", "teamwork",
-    "chocolate", "airplanes", "sourdough", "owls", "the stock market", "football",
-    "painting", "rivers", "the weather", "space stations", "farming", "languages", "maps",
-    "tea", "hospitals", "bridges", "social media", "elephants",
-    "climate change", "cooking pasta", "knitting", "astronomy", "taxes", "rock music",
-    "the printing of money", "wolves", "running a marathon", "smartphones", "volunteering",
-    "the Great Wall of China", "pirates", "fungi", "nuclear power", "poetry",
-    "city parks", "ants", "the Renaissance", "cybersecurity", "camping", "the postal service",
-    "whales", "wind turbines", "fashion", "the immune system", "carpentry",
-    "glaciers", "opera", "electric guitars", "submarines", "spices", "rainbows", "democracy",
-    "sailing", "architecture", "meditation", "the violin", "tigers", "deep sea fish",
-]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kind of prompt: its templates (slots named after :data:`POOLS`, ``other_x`` a second,
+    different entry of pool ``x``) and its share of the prompt set."""
+
+    kind: str
+    share: float
+    templates: tuple[str, ...]
+
+
+FAMILIES = (
+    Family("story", 0.22, (
+        "Write a short story about {character} who {situation}.",
+        "Write a {genre} story about {character} who {situation}.",
+        "Write a {genre} story set in {setting}.",
+        "Write a story set in {setting} in which {character} {situation}.",
+        "Write a story about {character}, told as {form}.",
+        "Tell a story, as {form}, about {character} who {situation}.",
+        "Write a story of about 250 words whose first line is: '{opening}'",
+        "Continue this story for a few paragraphs: '{opening}'",
+        "Use this sentence to start a {genre} story: '{opening}'",
+        "Write a bedtime story about {animal} who {situation}, for a young child.",
+        "Write a fable about {animal} and {other_animal} that ends with a moral.",
+        "Write a story told from the point of view of {object}.",
+        "Write a very short story, under 150 words, about {character} and {other_character}.",
+        "Write the first page of a {genre} novel whose hero is {character}.",
+        "Write a poem about {poem}.",
+        "Write a free-verse poem about {poem}.",
+        "Write a rhyming poem for children about {animal} who {situation}.",
+    )),
+    Family("explain", 0.15, (
+        "Explain how {mechanism} works.",
+        "How does {mechanism} work? Explain it step by step.",
+        "Explain how {mechanism} works to {audience}.",
+        "Why {phenomenon}?",
+        "Why {phenomenon}? Please explain in a few paragraphs.",
+        "Why {phenomenon}? Explain it to {audience}.",
+        "Explain {concept} to {audience}.",
+        "What is meant by {concept}? Give an everyday example.",
+        "Explain {concept} in a few paragraphs.",
+        "What is the difference between {pair}?",
+        "Explain the difference between {pair}, with an example of each.",
+        "Explain step by step how {process}.",
+        "Describe how {process}, from start to finish.",
+    )),
+    Family("factual", 0.11, (
+        "{question}",
+        "Tell me about {place}.",
+        "What is {place} known for?",
+        "Where is {place}, and what is special about it?",
+        "Who was {person}, and why are they remembered?",
+        "Write a short biography of {person}.",
+        "What did {person} achieve?",
+        "What happened during {event}?",
+        "Why was {event} important?",
+        "Tell me some facts about {creature}.",
+        "Where does {creature} live, and what does it eat?",
+        "How does {creature} survive in the wild?",
+    )),
+    Family("advice", 0.07, (
+        "I want to start {activity}. What advice would you give a beginner?",
+        "Give me some tips for {activity}.",
+        "What do I need to know before I take up {activity}?",
+        "Can you give me advice on {life}?",
+        "I need help with {life}. What should I do?",
+        "Any tips for {life}? Please be practical.",
+        "What are the mistakes beginners make with {activity}?",
+        "How should I prepare for {life}?",
+    )),
+    Family("letter", 0.07, (
+        "Write an email to {recipient} {purpose}.",
+        "Write a short, friendly message to {recipient} {purpose}.",
+        "Write a formal letter to {recipient} {purpose}.",
+        "Write a cover letter for a job as {job}.",
+        "Write a thank-you card to {recipient}, {purpose}.",
+    )),
+    Family("describe", 0.06, (
+        "Describe {scene}.",
+        "Describe the sights, sounds and smells of {scene}.",
+        "Write a descriptive paragraph about {scene}.",
+        "Write a product description for {product}.",
+        "Write an advertisement for {product}.",
+        "What is a normal working day like for {job}?",
+        "Describe {place} to someone who has never been there.",
+        "Describe a morning in {setting}.",
+        "Write a travel blog post about a day in {place}.",
+    )),
+    Family("dialogue", 0.04, (
+        "Write a dialogue between {character} and {other_character} about {issue}.",
+        "Write a short scene for a play in which {character} meets {other_character} in "
+        "{setting}.",
+        "Write a conversation between {character} and {job} in which one of them {situation}.",
+        "Write an imagined interview with {person} about their life and work.",
+    )),
+    Family("discuss", 0.04, (
+        "What are the arguments for and against {issue}?",
+        "Write a short essay on {issue}.",
+        "What do you think about {issue}? Give both sides and your conclusion.",
+        "Write a letter to a newspaper editor about {issue}.",
+        "Explain why some people support {issue} and others oppose it.",
+        "Write an opinion piece for a local newspaper about {issue}.",
+    )),
+    Family("code", 0.10, (
+        "Write a {language} function that {code}.",
+        "Write a {language} function that {code}, with comments.",
+        "Write a Python function that {code}, with a docstring and an example.",
+        "Write a {language} program that {code}, and explain how it works.",
+        "Write unit tests for a Python function that {code}.",
+        "Write a SQL query that {sql}.",
+        "Write a bash script that {shell}.",
+    )),
+    Family("template", 0.14, tuple(TASKS)),
+)
+PROSE_KINDS = frozenset({"story", "explain", "factual", "advice", "letter", "describe",
+                         "dialogue", "discuss"})
+
+# slot (a template's field, ``other_`` removed) -> its word list
+POOLS: dict[str, list[str]] = {
+    "t": topics.TOPICS, "character": topics.CHARACTERS, "situation": topics.SITUATIONS,
+    "setting": topics.SETTINGS, "genre": topics.GENRES, "form": topics.FORMS,
+    "opening": topics.OPENINGS, "object": topics.OBJECTS, "animal": topics.ANIMALS,
+    "poem": topics.POEM_SUBJECTS, "mechanism": topics.MECHANISMS,
+    "phenomenon": topics.PHENOMENA, "concept": topics.CONCEPTS, "audience": topics.AUDIENCES,
+    "pair": topics.PAIRS, "process": topics.PROCESSES, "issue": topics.ISSUES,
+    "place": topics.PLACES, "person": topics.PEOPLE, "event": topics.EVENTS,
+    "creature": topics.CREATURES, "question": topics.QUESTIONS, "activity": topics.ACTIVITIES,
+    "life": topics.LIFE_SITUATIONS, "recipient": topics.RECIPIENTS, "purpose": topics.PURPOSES,
+    "job": topics.JOBS, "scene": topics.SCENES, "product": topics.PRODUCTS,
+    "language": topics.LANGUAGES, "code": topics.CODE_TASKS, "sql": topics.SQL_TASKS,
+    "shell": topics.SHELL_TASKS,
+}
+
+
+@dataclass(frozen=True)
+class HeadPrompt:
+    """One prompt of the set: its family's kind, the chat, and the subjects it is about (the
+    entries of split word lists it took)."""
+
+    kind: str
+    chat: Chat
+    subjects: tuple[str, ...] = ()
+
+
+def slots(template: str) -> list[str]:
+    """The fields of ``template``, in order."""
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
 
 
 def draft_head_prompts(num_prompts: int, held_out_fraction: float = 0.1,
-                       seed: int = 0) -> tuple[list[str], list[str]]:
-    """``(train, held_out)`` prompts: ``num_prompts`` in all, the held-out ones about topics
-    that no training prompt is about."""
+                       seed: int = 0) -> tuple[list[HeadPrompt], list[HeadPrompt]]:
+    """``(train, held_out)`` prompts, ``num_prompts`` in all (fewer only where a family runs out
+    of combinations), shuffled: each family its share of both. Held-out prompts take their
+    subjects from a part (``held_out_fraction``) of every split word list that no training
+    prompt takes."""
     rng = random.Random(seed)
-    topics = TOPICS[:]
-    rng.shuffle(topics)
-    num_held = max(1, round(len(topics) * held_out_fraction))
-    held_topics, train_topics = topics[:num_held], topics[num_held:]
+    held_entries = set()  # (an entry of two lists is held out from both)
+    for name, pool in POOLS.items():
+        if name not in topics.STYLE_POOLS:
+            pool = pool[:]
+            rng.shuffle(pool)
+            held_entries.update(pool[:max(1, round(len(pool) * held_out_fraction))])
+    train_pools, held_pools = {}, {}
+    for name, pool in POOLS.items():
+        if name in topics.STYLE_POOLS:
+            train_pools[name] = held_pools[name] = pool
+        else:
+            held_pools[name] = [e for e in pool if e in held_entries]
+            train_pools[name] = [e for e in pool if e not in held_entries]
+    num_held = max(1, round(num_prompts * held_out_fraction))
+    train, held, seen = [], [], set()
+    for family, n_train, n_held in zip(FAMILIES, shares(num_prompts - num_held),
+                                       shares(num_held), strict=True):
+        train += _family_prompts(family, train_pools, n_train, rng, seen)
+        held += _family_prompts(family, held_pools, n_held, rng, seen)
+    rng.shuffle(train)
+    rng.shuffle(held)
+    return train, held
 
-    def cross(topic_list: list[str]) -> list[str]:
-        prompts = [task.format(t=t) for t in topic_list for task in TASKS]
-        rng.shuffle(prompts)
-        return prompts
 
-    train, held = cross(train_topics), cross(held_topics)
-    num_held_prompts = max(1, round(num_prompts * held_out_fraction))
-    return train[:num_prompts - num_held_prompts], held[:num_held_prompts]
+def shares(total: int) -> list[int]:
+    """``total`` split between :data:`FAMILIES` by their shares (largest remainders)."""
+    exact = [f.share * total / sum(f.share for f in FAMILIES) for f in FAMILIES]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[:total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _family_prompts(family: Family, pools: dict[str, list[str]], count: int,
+                    rng: random.Random, seen: set[str]) -> list[HeadPrompt]:
+    """``count`` prompts of ``family`` not in ``seen`` (templates and entries drawn at random;
+    added to ``seen``), or as many as 50 draws a prompt find."""
+    out = []
+    for _ in range(50 * count):
+        if len(out) == count:
+            break
+        template = rng.choice(family.templates)
+        fields = {}
+        for name in slots(template):
+            pool = pools[name.removeprefix("other_")]
+            fields[name] = rng.choice(pool)
+        if len(set(fields.values())) < len(fields):  # (x and other_x the same entry)
+            continue
+        text = template.format(**fields)
+        if text not in seen:
+            seen.add(text)
+            subjects = tuple(v for k, v in fields.items()
+                             if k.removeprefix("other_") not in topics.STYLE_POOLS)
+            out.append(HeadPrompt(family.kind, text[0].upper() + text[1:], subjects))
+    return out
+
+
+# A multi-turn chat's last user turn: one that asks for the answer back, changed ({a} -> {b}:
+# a word of it and its replacement), or one that moves on to another prompt ({next}).
+FOLLOW_UPS = [
+    "Make that shorter, about half the length.",
+    "Give it a title and show me the whole text again.",
+    "Please rewrite that in a more formal tone.",
+    "Now rewrite it so that a young child could understand it.",
+    "Can you turn that into a bulleted list?",
+    "Thanks. Can you sum that up in two sentences?",
+    "Repeat your answer, but replace every \"{a}\" with \"{b}\".",
+    "Add one more paragraph at the end.",
+    "What is the most important point in what you just wrote?",
+    "Could you explain the second part in more detail?",
+    "I like it. Write it again, but from a different point of view.",
+    "That is helpful, thank you. {next}",
+    "Thank you! On another subject: {next}",
+    "Great. Now something else. {next}",
+    "OK, noted. {next}",
+]
+
+
+def multi_turn_prompts(pairs: list[tuple[str, str]], others: list[str],
+                       seed: int = 0) -> list[list[dict[str, str]]]:
+    """A chat for each ``(prompt, answer)`` pair with an answer (cut as copy tasks cut their
+    texts): the prompt, the answer as the assistant's turn, and a last user turn
+    (:data:`FOLLOW_UPS`); one that moves on asks one of ``others``."""
+    rng = random.Random(seed)
+    out = []
+    for prompt, answer in pairs:
+        answer = _cut(answer.strip())
+        words = [w for w in answer.split() if len(w) >= 4 and w.isalnum()]
+        if len(answer) < 40 or not words:
+            continue
+        a = rng.choice(words)
+        last = rng.choice(FOLLOW_UPS).format(
+            a=a, b=rng.choice([r for r in REPLACEMENTS if r != a]), next=rng.choice(others))
+        out.append([{"role": "user", "content": prompt},
+                    {"role": "assistant", "content": answer},
+                    {"role": "user", "content": last}])
+    return out

@@ -4,8 +4,10 @@
    through the engine (greedy, and ``--samples`` times sampled; every second sampled answer
    goes on past the end of its turn, the text the target writes under ``ignore_eos``), with its
    chat template. ``--copy-prompts N`` adds copy tasks (:func:`examples.draft_head_prompts.
-   copy_prompts`: repeat, quote or lightly edit a text given in the prompt) over the target's
-   greedy answers to N training prompts, answered the same way. ``--data-cache`` keeps the token
+   copy_prompts`: repeat, quote, lightly edit, rewrite or summarise a text given in the prompt)
+   over the target's greedy answers to N training prompts, and ``--multi-turn M`` chats over
+   its answers to M more (:func:`examples.draft_head_prompts.multi_turn_prompts`: the prompt,
+   the answer, and a last user turn), answered the same way. ``--data-cache`` keeps the token
    ids for another run (``--epochs 0``: data only).
 2. **Features**: one target forward over each prompt + answer gives the final hidden state
    ``f_j`` of every position (the feature the output head reads).
@@ -20,8 +22,14 @@
 4. **Held-out acceptance** each epoch, on the greedy answers to prompts about topics no training
    prompt has: from each position the head drafts 4 tokens chained on its own argmax drafts, as
    the engine does; a draft is accepted while it equals the target's greedy continuation. Printed:
-   acceptance of the first draft, per position (conditional), and mean accepted drafts; with
-   ``--copy-prompts``, also on copy tasks over held-out answers (``copy``).
+   acceptance of the first draft, per position (conditional), and mean accepted drafts, over
+   all held-out prompts and over each part: ``prose`` (stories, explanations, factual answers,
+   letters, ...: the head's weak spot on the benchmark), ``other`` (code and the first set's
+   tasks), ``copy`` and ``multi_turn`` (over held-out answers, with ``--copy-prompts`` and
+   ``--multi-turn``).
+
+``--init DIR`` starts an ``eagle`` head from one saved in DIR (same shape), to train it on
+(new data) for a few more epochs; the card adds up the training time of both.
 
 ``--draft-vocab N`` gives the head a draft vocabulary (``proposers.head_model``): the N tokens
 most frequent in the training sequences, the only ones it drafts (its output head's cost on CPU
@@ -60,7 +68,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLM, SamplingParams  # noqa: E402
-from examples.draft_head_prompts import copy_prompts, draft_head_prompts  # noqa: E402
+from examples.draft_head_prompts import (  # noqa: E402
+    PROSE_KINDS,
+    Chat,
+    copy_prompts,
+    draft_head_prompts,
+    multi_turn_prompts,
+)
 from examples.eagle3_training import (  # noqa: E402
     eagle3_acceptance,
     eagle3_loss,
@@ -79,22 +93,26 @@ SAMPLE_TEMPERATURES = (0.8, 1.0)  # of the sampled answers, alternately
 VERIFIER_NAMES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
-def generate(llm: LLM, prompts: list[str], max_tokens: int, temperature: float,
+def generate(llm: LLM, prompts: list[Chat], max_tokens: int, temperature: float,
              seed: int, ignore_eos: bool = False,
              wave: int = 0) -> tuple[list[list[int]], list[int]]:
-    """Token ids of prompt + the target's answer for every prompt (chat template when the
-    tokenizer has one), and each prompt's length in tokens. ``ignore_eos``: the answer goes on
-    past the end of the turn (what the target writes there, as under ``ignore_eos``).
+    """Token ids of prompt + the target's answer for every prompt (a user message, or chat
+    messages ending with the user's), through the chat template when the tokenizer has one
+    (else the messages' texts, one a line), and each prompt's length in tokens.
+    ``ignore_eos``: the answer goes on past the end of the turn (what the target writes there,
+    as under ``ignore_eos``).
     ``wave``: hand the engine this many prompts at a time, the next ones once all of them are
     answered (0: all at once, a new one admitted as each finishes)."""
     if not prompts:
         return [], []
     tokenizer = llm.get_tokenizer()
     if getattr(tokenizer, "chat_template", None):
-        inputs = llm.chat_inputs([[{"role": "user", "content": p}] for p in prompts])
+        inputs = llm.chat_inputs([[{"role": "user", "content": p}] if isinstance(p, str) else p
+                                  for p in prompts])
         prompt_ids = [ids for _, ids in inputs]
     else:
-        prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+        prompt_ids = [tokenizer(p if isinstance(p, str) else "\n".join(m["content"] for m in p))
+                      ["input_ids"] for p in prompts]
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed,
                             ignore_eos=ignore_eos)
     step = wave or len(prompt_ids)
@@ -139,11 +157,12 @@ def add_vocab(directory: Path, vocab: list[int], coverage: float | None,
     print(f"wrote a draft vocabulary of {len(vocab)} tokens into {directory}")
 
 
-def self_instruct(llm: LLM, prompts: list[str], seed: int, wave: int = 0) -> list[str]:
+def self_instruct(llm: LLM, prompts: list[Chat], seed: int, wave: int = 0) -> list[str]:
     """The target's own rewordings of ``prompts``: one new request per prompt, in its words
     (more varied phrasing than the templates; empty answers are dropped)."""
     asks = [f"Write one different request that a user could send to an AI assistant on the "
-            f"same subject as this one, and nothing else: {p}" for p in prompts]
+            f"same subject as this one, and nothing else: {p}" for p in prompts
+            if isinstance(p, str)]
     tokenizer = llm.get_tokenizer()
     seqs, lens = generate(llm, asks, 48, 0.9, seed + 1, wave=wave)
     out = []
@@ -272,6 +291,73 @@ class VocabReadout(torch.nn.Module):
         return out
 
 
+def make_data(llm: LLM, args: argparse.Namespace) -> dict:
+    """The token ids that training reads (the module docstring's step 1): ``train`` (and its
+    chats, ``train_prompts``), and the held-out sets as (sequences, prompt lengths): ``held``
+    (the single-turn prompts, whose families are ``held_kinds``), ``held_copy`` and
+    ``held_multi_turn`` (None without ``--copy-prompts`` / ``--multi-turn``)."""
+    train_set, held_set = draft_head_prompts(args.num_prompts, seed=args.seed)
+    train_prompts: list[Chat] = [p.chat for p in train_set]
+    held_prompts: list[Chat] = [p.chat for p in held_set]
+    if args.self_instruct:
+        train_prompts += self_instruct(llm, train_prompts, args.seed, args.wave)
+
+    def ask(prompts: list[Chat], temperature: float, seed: int, ignore_eos: bool = False):
+        return generate(llm, prompts, args.max_tokens, temperature, seed, ignore_eos, args.wave)
+
+    train, starts = ask(train_prompts, 0.0, args.seed)
+    held = ask(held_prompts, 0.0, args.seed)
+    # copy tasks, then multi-turn chats, over the greedy answers to the first training prompts
+    # (and as many, in proportion, over the first and the last held-out answers)
+    n_copy, n_multi = args.copy_prompts, args.multi_turn
+    held_copy_n, held_multi_n = (max(1, n * len(held[0]) // len(train)) if n else 0
+                                 for n in (n_copy, n_multi))
+    tokenizer = llm.get_tokenizer()
+    texts = answers(tokenizer, train, starts, n_copy + n_multi)
+    held_texts = answers(tokenizer, *held, len(held[0]))
+    extra: list[Chat] = []
+    held_copy = held_multi = None
+    if n_copy:
+        extra += copy_prompts(texts[:n_copy], args.seed)
+        held_copy = ask(copy_prompts(held_texts[:held_copy_n], args.seed + 1), 0.0, args.seed)
+    if n_multi:
+        def pairs(prompts: list[Chat], texts: list[str]) -> list[tuple[Chat, str]]:
+            return list(zip(prompts[:len(texts)], texts, strict=True))
+
+        singles = [p for p in train_prompts if isinstance(p, str)]
+        extra += multi_turn_prompts(pairs(train_prompts[n_copy:], texts[n_copy:]), singles,
+                                    args.seed)
+        held_multi = ask(multi_turn_prompts(pairs(held_prompts[-held_multi_n:],
+                                                  held_texts[-held_multi_n:]),
+                                            held_prompts, args.seed + 1), 0.0, args.seed)
+    train += ask(extra, 0.0, args.seed)[0]
+    train_prompts += extra
+    for s in range(args.samples):  # sampled answers, every other one past the turn's end
+        train += ask(train_prompts, SAMPLE_TEMPERATURES[s % 2], args.seed + 10 + s,
+                     ignore_eos=s % 2 == 1)[0]
+    return {"train_prompts": train_prompts, "train": train, "held": held,
+            "held_kinds": [p.kind for p in held_set], "held_copy": held_copy,
+            "held_multi_turn": held_multi}
+
+
+def held_out_sets(data: dict) -> dict[str, tuple[list[list[int]], list[int]]]:
+    """The held-out sets measured after every epoch, as (sequences, prompt lengths): ``held``
+    (every single-turn prompt), its ``prose`` (:data:`PROSE_KINDS`) and ``other`` (code, and
+    the first set's tasks) parts, ``copy`` and ``multi_turn`` (where the data has them)."""
+    seqs, starts = data["held"]
+    sets = {"held": (seqs, starts)}
+    kinds = data.get("held_kinds")
+    if kinds:
+        for name, keep in (("prose", True), ("other", False)):
+            rows = [i for i, kind in enumerate(kinds) if (kind in PROSE_KINDS) == keep]
+            if rows:
+                sets[name] = ([seqs[i] for i in rows], [starts[i] for i in rows])
+    for name, key in (("copy", "held_copy"), ("multi_turn", "held_multi_turn")):
+        if data.get(key) and data[key][0]:
+            sets[name] = data[key]
+    return sets
+
+
 @torch.no_grad()
 def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
                         sequences: list[list[int]], prompt_lens: list[int]) -> dict:
@@ -326,6 +412,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--copy-prompts", type=int, default=0,
                    help="copy tasks over the greedy answers to this many training prompts "
                         "(and as many, in proportion, over held-out answers)")
+    p.add_argument("--multi-turn", type=int, default=0,
+                   help="multi-turn chats over the greedy answers to this many more training "
+                        "prompts (and as many, in proportion, over held-out answers)")
+    p.add_argument("--init", default=None,
+                   help="eagle: start from the head saved in this directory (its shape must "
+                        "be this target's); its draft vocabulary too, unless --draft-vocab "
+                        "makes one from this run's data")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="the head drafts only the N tokens most frequent in its training data "
                         "(0: every token)")
@@ -375,6 +468,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.vocab_into is not None and (args.epochs or not args.draft_vocab):
         p.error("--vocab-into needs --epochs 0 and --draft-vocab N (a trained head gets its "
                 "vocabulary from --draft-vocab alone)")
+    if eagle3 and args.init is not None:
+        p.error("--init starts an eagle head from a saved one; not with --arch eagle3")
+    if args.copy_prompts < 0 or args.multi_turn < 0:
+        p.error("--copy-prompts and --multi-turn: allowed 0 or a number of prompts >= 1")
+    init = DraftHead.load(args.init) if args.init is not None else None
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     torch.manual_seed(args.seed)
     started = time.perf_counter()
@@ -385,39 +483,20 @@ def main(argv: list[str] | None = None) -> dict:
     model = llm.engine.model
     device = next(model.parameters()).device
     embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
-    train_prompts, held_prompts = draft_head_prompts(args.num_prompts, seed=args.seed)
     cache = Path(args.data_cache) if args.data_cache else None
     if cache is not None and cache.is_file():  # (the same arguments wrote it: see --data-cache)
         data = torch.load(cache)
-        train_prompts = data["train_prompts"]
     else:
-        if args.self_instruct:
-            train_prompts = train_prompts + self_instruct(llm, train_prompts, args.seed, args.wave)
-        def ask(prompts: list[str], temperature: float, seed: int, ignore_eos: bool = False):
-            return generate(llm, prompts, args.max_tokens, temperature, seed, ignore_eos,
-                            args.wave)
-
-        train, starts = ask(train_prompts, 0.0, args.seed)
-        held = ask(held_prompts, 0.0, args.seed)
-        held_copy = None
-        if args.copy_prompts:
-            tokenizer = llm.get_tokenizer()
-            copies = copy_prompts(answers(tokenizer, train, starts, args.copy_prompts), args.seed)
-            num_held = max(1, args.copy_prompts * len(held[0]) // len(train))
-            held_copies = copy_prompts(answers(tokenizer, *held, num_held), args.seed + 1)
-            train += ask(copies, 0.0, args.seed)[0]
-            train_prompts = train_prompts + copies
-            held_copy = ask(held_copies, 0.0, args.seed)
-        for s in range(args.samples):  # sampled answers, every other one past the turn's end
-            train += ask(train_prompts, SAMPLE_TEMPERATURES[s % 2], args.seed + 10 + s,
-                         ignore_eos=s % 2 == 1)[0]
-        data = {"train_prompts": train_prompts, "train": train, "held": held,
-                "held_copy": held_copy}
+        data = make_data(llm, args)
         if cache is not None:
             torch.save(data, cache)
+    train_prompts = data["train_prompts"]
     train_seqs, (held_seqs, held_starts) = data["train"], data["held"]
     data_s = time.perf_counter() - started
-    vocab = top_tokens(train_seqs, args.draft_vocab) if args.draft_vocab else None
+    if args.draft_vocab:
+        vocab = top_tokens(train_seqs, args.draft_vocab)
+    else:  # (--init: the saved head's vocabulary, if it has one)
+        vocab = None if init is None or init.vocab is None else init.vocab.tolist()
     coverage = None if vocab is None else vocab_coverage(vocab, held_seqs, held_starts)
     if vocab is not None:
         print(f"draft vocabulary: {len(vocab)} tokens; they are {coverage:.4f} of the held-out "
@@ -428,7 +507,6 @@ def main(argv: list[str] | None = None) -> dict:
         if args.vocab_into:
             add_vocab(Path(args.vocab_into), vocab, coverage, argv)
         return {"history": [], "vocab_coverage": coverage}
-    held_copy = data.get("held_copy")
     if eagle3:
         aux = (tuple(int(i) for i in args.aux_layers.split(",")) if args.aux_layers
                else default_aux_layers(model.config.num_hidden_layers))
@@ -441,11 +519,17 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         feats_of = lambda seqs: features_of(model, seqs, device)  # noqa: E731
         head = head_for(model.config, args.intermediate_size).to(device)
+        if init is not None:
+            if init.shape() != head.shape():
+                raise ValueError(f"--init {args.init!r}: its shape {init.shape()} is not the "
+                                 f"shape of a head for this target {head.shape()} (see "
+                                 "--intermediate-size)")
+            head.load_state_dict(init.state_dict())
         head.set_vocab(vocab)  # (trained and measured through it, as the proposer drafts)
         vocab_rows = None if vocab is None else head.vocab.to(device)  # [draft_vocab]
     train_feats = feats_of(train_seqs)
-    held_feats = feats_of(held_seqs)
-    copy_feats = feats_of(held_copy[0]) if held_copy else None
+    held = {name: (feats_of(seqs), seqs, starts)
+            for name, (seqs, starts) in held_out_sets(data).items()}
     for param in model.parameters():
         param.requires_grad_(False)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
@@ -491,24 +575,18 @@ def main(argv: list[str] | None = None) -> dict:
             total += loss.detach()  # (no sync per step)
         head.eval()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            if eagle3:
-                acc = eagle3_acceptance(head, embed, held_feats, held_seqs, held_starts)
-                if copy_feats is not None:
-                    acc["copy"] = eagle3_acceptance(head, embed, copy_feats, *held_copy)
-            else:
-                acc = held_out_acceptance(head, embed, lm_head, held_feats, held_seqs,
-                                          held_starts)
-                if copy_feats is not None:
-                    acc["copy"] = held_out_acceptance(head, embed, lm_head, copy_feats,
-                                                      *held_copy)
+            measured = {name: eagle3_acceptance(head, embed, *sets) if eagle3
+                        else held_out_acceptance(head, embed, lm_head, *sets)
+                        for name, sets in held.items()}
+        acc = {**measured.pop("held"), **measured}  # (all held-out prompts, then each part)
         mean_loss = total.item() / len(groups)
         history.append({"epoch": epoch + 1, "loss": mean_loss, **acc})
         print(f"epoch {epoch + 1}: loss {mean_loss:.4f}, held-out first draft "
               f"{acc['first_draft']:.3f}, per position "
               f"{[round(x, 3) for x in acc['per_position']]}, mean accepted "
               f"{acc['mean_accepted']:.2f} of {DRAFTS} ({acc['positions']} positions)"
-              + (f"; copy tasks: first draft {acc['copy']['first_draft']:.3f}, mean accepted "
-                 f"{acc['copy']['mean_accepted']:.2f}" if "copy" in acc else ""))
+              + "".join(f"; {name}: first draft {part['first_draft']:.3f}, mean accepted "
+                        f"{part['mean_accepted']:.2f}" for name, part in measured.items()))
         if checkpoint is not None:
             torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(),
                         "schedule": schedule.state_dict(), "shuffle": shuffle.get_state(),
@@ -522,20 +600,33 @@ def main(argv: list[str] | None = None) -> dict:
     elapsed = spent + time.perf_counter() - started
     copy_note = (f"; copy tasks over the greedy answers to {args.copy_prompts} of them"
                  if args.copy_prompts else "")
-    held_note = f" and {len(held_copy[0])} copy tasks over their answers" if held_copy else ""
+    multi_note = (f"; multi-turn chats over the greedy answers to {args.multi_turn} more"
+                  if args.multi_turn else "")
+    sets = held_out_sets(data)
+    held_note = "".join(f", {len(sets[name][0])} {words} over their answers"
+                        for name, words in (("copy", "copy tasks"),
+                                            ("multi_turn", "multi-turn chats")) if name in sets)
     card = {"target": args.model,
             "command": "python examples/train_draft_head.py " + " ".join(argv or sys.argv[1:]),
             "data": f"{len(train_prompts)} prompts (examples/draft_head_prompts.py"
                     f"{', and the target rewording each' if args.self_instruct else ''}"
-                    f"{copy_note}), "
+                    f"{copy_note}{multi_note}), "
                     f"answered by the target greedily and {args.samples} times sampled "
                     f"(temperatures {SAMPLE_TEMPERATURES}, alternately; every second sampled "
                     f"answer goes on past the end of the turn, as under ignore_eos), up to "
                     f"{args.max_tokens} tokens: {len(train_seqs)} sequences, "
-                    f"{sum(lengths)} positions; held out: {len(held_prompts)} prompts on "
-                    f"unseen topics{held_note}",
+                    f"{sum(lengths)} positions; held out: {len(held_seqs)} prompts on "
+                    f"unseen subjects ({len(sets.get('prose', ([],))[0])} of them prose)"
+                    f"{held_note}",
             "seconds": round(elapsed, 1), "device": str(device), "history": history,
             "draft_vocab_coverage": coverage}
+    if init is not None:  # (the training time that the head has had in all)
+        before = json.loads((Path(args.init) / CONFIG_NAME).read_text())
+        earlier = before.get("total_seconds", before.get("seconds"))
+        card["init"] = {"from": args.init, "command": before.get("command"),
+                        "total_seconds": earlier}
+        if earlier is not None:
+            card["total_seconds"] = round(earlier + elapsed, 1)
     if args.out and eagle3:
         verifier = args.verifier or VERIFIER_NAMES.get(args.model, args.model)
         save_eagle3(head.to(dtype=getattr(torch, dtype)), args.out, rope_fields(model.config),

@@ -51,9 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def prompt_sets(names: list[str], num_prompts: int) -> dict[str, list[str]]:
     """The prompts of each named set (see the module docstring)."""
-    train, held = draft_head_prompts(1800)  # (the shipped head's split: --num-prompts 1800)
+    train, held = draft_head_prompts(1800)
     every = {"bench_open": OPEN_ENDED, "bench_copy": COPY_HEAVY,
-             "held_out": held[:num_prompts], "train": train[:num_prompts],
+             "held_out": [p.chat for p in held[:num_prompts]],
+             "train": [p.chat for p in train[:num_prompts]],
              # (the open and copy groups' prompts are single user turns)
              "real_open": [p.turns[0] for p in heldout_prompts("open")],
              "real_copy": [p.turns[0] for p in heldout_prompts("copy")]}

@@ -16,6 +16,7 @@ from benchmarks.real_text import (
 )
 from examples import draft_head_prompts as head_data
 from examples import prompt_sets
+from examples.draft_head_topics import STYLE_POOLS
 
 SHINGLE = 8  # two texts "share text" when they have this many consecutive words in common
 
@@ -30,10 +31,14 @@ def text_of(prompts) -> str:
 
 
 def head_training_texts() -> list[str]:
-    """Every prompt the draft head trainer can build: each task on each topic, and the fixed
-    words of the copy tasks (their texts are the target's own answers, made at training time)."""
-    tasks = [task.format(t=topic) for task in head_data.TASKS for topic in head_data.TOPICS]
-    return tasks + [re.sub(r"\{\w+\}", "\n", task) for task in head_data.COPY_TASKS]
+    """The prompts the draft head trainer builds (training and held-out, at the GPU run's
+    4000), each first-set task on each topic, and the fixed words of the copy tasks and
+    multi-turn follow-ups (their other text is the target's own answers, made at training
+    time, or these prompts)."""
+    train, held = head_data.draft_head_prompts(4000)
+    tasks = [task.format(t=topic) for task in head_data.TASKS for topic in head_data.POOLS["t"]]
+    fixed = [re.sub(r"\{\w+\}", "\n", t) for t in head_data.COPY_TASKS + head_data.FOLLOW_UPS]
+    return [p.chat for p in train + held] + tasks + fixed
 
 
 def test_seven_kinds_of_at_least_16_prompts_with_unique_numbered_names():
@@ -89,8 +94,10 @@ def test_heldout_shares_no_text_with_the_tune_split_the_head_data_or_the_other_p
 
 def test_heldout_prompts_mention_no_topic_the_head_trains_or_is_scored_on():
     text = text_of(p for kind in KINDS for p in heldout_prompts(kind)).lower()
-    for topic in head_data.TOPICS:
-        word = topic.lower().removeprefix("the ")
+    subjects = [e for name, pool in head_data.POOLS.items() if name not in STYLE_POOLS
+                for e in pool]
+    for topic in subjects:
+        word = re.sub(r"^(the|a|an) ", "", topic.lower())
         assert not re.search(rf"\b{re.escape(word)}\b", text), topic
 
 

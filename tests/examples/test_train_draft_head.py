@@ -6,18 +6,9 @@ import json
 import pytest
 import torch
 
-from examples.draft_head_prompts import COPY_CHARS, TASKS, TOPICS, copy_prompts, draft_head_prompts
 from examples.train_draft_head import main, top_tokens
 from proposers.draft_head import DraftHead
 from tests.engine.cli.cli_helpers import save_tiny_model
-
-
-def test_held_out_prompts_are_about_topics_no_training_prompt_has():
-    train, held = draft_head_prompts(200, held_out_fraction=0.1)
-    assert len(train) == 180 and len(held) == 20
-    held_topics = {t for t in TOPICS if any(task.format(t=t) in held for task in TASKS)}
-    assert held_topics and not any(task.format(t=t) in train
-                                   for t in held_topics for task in TASKS)
 
 
 def test_training_saves_a_head_that_the_engine_drafts_with(tmp_path):
@@ -41,28 +32,20 @@ def test_training_saves_a_head_that_the_engine_drafts_with(tmp_path):
     assert llm.get_metrics().num_drafted > 0
 
 
-def test_copy_prompts_carry_their_text_and_skip_short_ones():
-    text = ("Kites fly when the wind lifts them. Children hold the string and run across the "
-            "field. Some kites have long tails that keep them steady in gusty weather.")
-    prompts = copy_prompts([text, "too short: skipped", text], seed=1)
-    assert len(prompts) == 2
-    words = text.split()
-    for p in prompts:
-        # the text itself, or with a few misspelt words: most of its words are in the prompt
-        assert sum(w in p for w in words) >= 0.8 * len(words), p
-    long = "A sentence about kites. " * 60
-    assert all(len(p) < COPY_CHARS + 200 for p in copy_prompts([long] * 8))
-
-
 def test_training_stops_at_its_time_limit_and_resumes_from_its_checkpoint(tmp_path, capsys):
     model_dir = save_tiny_model(tmp_path / "tiny")
-    args = ["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
+    args = ["--model", str(model_dir), "--num-prompts", "40", "--max-tokens", "16",
             "--batch-tokens", "256", "--data-cache", str(tmp_path / "data.pt"), "--epochs", "2",
             "--checkpoint", str(tmp_path / "state.pt"), "--copy-prompts", "4",
-            "--out", str(tmp_path / "head")]
+            "--multi-turn", "4", "--out", str(tmp_path / "head")]
     first = main(args + ["--time-limit", "0"])
     assert [h["epoch"] for h in first["history"]] == [1]  # stopped after one epoch
-    assert "copy" in first["history"][0]  # held-out copy tasks were built and measured
+    # held-out copy tasks and chats were built, and each part of the held-out set measured
+    for part in ("copy", "multi_turn", "prose", "other"):
+        assert first["history"][0][part]["positions"] > 0, part
+    data = torch.load(tmp_path / "data.pt")
+    chats = [p for p in data["train_prompts"] if not isinstance(p, str)]
+    assert chats and all(c[-1]["role"] == "user" for c in chats)
     assert not (tmp_path / "head").exists()  # no head before the last epoch
     capsys.readouterr()
     second = main(args)
@@ -73,6 +56,31 @@ def test_training_stops_at_its_time_limit_and_resumes_from_its_checkpoint(tmp_pa
     assert DraftHead.load(tmp_path / "head").hidden_size > 0
     with pytest.raises(ValueError, match="--epochs 2, not 3"):  # another schedule: refused
         main(args[:args.index("--epochs")] + ["--epochs", "3"] + args[args.index("--epochs") + 2:])
+
+
+def test_init_starts_from_a_saved_head_and_adds_up_its_training_time(tmp_path):
+    """With a learning rate of 0 the head saved after --init is the one it started from, its
+    draft vocabulary kept; a head of another shape is refused by name."""
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    common = ["--model", str(model_dir), "--num-prompts", "12", "--max-tokens", "16",
+              "--batch-tokens", "256", "--data-cache", str(tmp_path / "data.pt"), "--epochs", "1"]
+    first = main(common + ["--draft-vocab", "20", "--out", str(tmp_path / "first")])
+    card = main(common + ["--init", str(tmp_path / "first"), "--lr", "0",
+                          "--out", str(tmp_path / "again")])
+    before, after = DraftHead.load(tmp_path / "first"), DraftHead.load(tmp_path / "again")
+    for (name, a), b in zip(before.state_dict().items(), after.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(before.vocab, after.vocab)
+    assert card["history"][0]["mean_accepted"] == pytest.approx(
+        first["history"][0]["mean_accepted"])
+    assert card["init"]["from"] == str(tmp_path / "first")
+    assert card["total_seconds"] == pytest.approx(first["seconds"] + card["seconds"], abs=0.11)
+    main(common + ["--intermediate-size", "24", "--out", str(tmp_path / "other")])
+    with pytest.raises(ValueError, match="--init .*shape"):
+        main(common + ["--init", str(tmp_path / "other")])
+    with pytest.raises(SystemExit):
+        main(["--init", str(tmp_path / "first"), "--arch", "eagle3"])
 
 
 def test_vocab_into_asks_for_data_only_and_a_size():
