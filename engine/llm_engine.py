@@ -40,13 +40,7 @@ from engine.config import EngineConfig
 from engine.draft_features import feature_updates
 from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, verify_trees
 from engine.forward_inputs import forward_inputs, non_finite_rows
-from engine.grammar_steps import (
-    forced_drafts,
-    mask_positions,
-    mask_rows,
-    one_hot,
-    prepend_forced,
-)
+from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
@@ -91,6 +85,8 @@ class LLMEngine:
         self.eos_token_ids = parts.eos_token_ids
         self.generator = parts.generator
         self.grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        # (the walk in a worker thread where the host waits for the forward anyway)
+        self.grammar_masks = GrammarMasks(self.grammars, self.device, self.forward_is_async)
         self.max_model_len_source = parts.max_model_len_source
         spec = config.speculative_config
         max_k = spec.num_speculative_tokens if spec is not None and self.proposer else 0
@@ -207,7 +203,9 @@ class LLMEngine:
         try:
             return updated + self._run_step(start)
         except BaseException:
-            # (a step that raised must not lose what finished outside it: the next reports it)
+            # (a step that raised must not lose what finished outside it: the next reports it,
+            # nor leave a grammar walk running into the next)
+            self.grammar_masks.cancel()
             self._finished_outside_step = updated + self._finished_outside_step
             raise
 
@@ -335,14 +333,18 @@ class LLMEngine:
         that keeps state of the text sees the contexts while the forward runs."""
         started = time.perf_counter()
         while items:
+            self.grammar_masks.start(items)  # (a GPU: walks while the forward is launched, runs)
             slots, tokens, logits_indices, num_kept, trees, prompt_rows = forward_inputs(items)
             try:
                 out = self.runner.forward(slots, tokens, logits_indices, trees=trees,
                                           keep_hidden=self.keep_hidden)
             except KVCacheFull:
+                self.grammar_masks.cancel()
                 items = self._preempt_one(items)
                 continue
-            mask_positions(items, self.grammars)  # (grammars: in the forward's shadow on a GPU)
+            except BaseException:
+                self.grammar_masks.cancel()
+                raise
             self._observe(items, proposed)
             for item in items:
                 if not item.samples:
@@ -413,7 +415,7 @@ class LLMEngine:
                 item.seq.adjuster.apply(logits[row:row + len(item.drafts) + 1],
                                         item.seq.output_token_ids, item.drafts)
             row += len(item.drafts) + 1
-        mask_rows(logits, items)  # (grammars: before temperature, top-k/p and verification)
+        self.grammar_masks.apply(logits)  # (before temperature, top-k/p and verification)
         failed = non_finite_rows(logits, [item.drafts for item in items])
         processed = logits.clone() if wants_logprobs and mode.startswith("processed") else None
         sampling = self._sampling_tensors(seqs)

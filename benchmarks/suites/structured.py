@@ -10,7 +10,9 @@ after them) and ``free`` (no grammar, no speculation: what structure costs). Req
 EOS or ``--max-tokens``; one row per (system, kind, batch size) with tokens/s, its ratio to
 ``grammar``, the share of outputs that parse and hold the schema's keys, tokens per step, and
 the host time of the grammar work (forced tokens, the draft walk, applying masks, advancing the
-matchers) per engine step and as a share of the step. It prints numbers and asserts nothing.
+matchers) on the step's thread per engine step and as a share of the step, and the walk's own
+time per step (on a GPU in a worker thread, beside the forward). It prints numbers and asserts
+nothing.
 
     python -m benchmarks structured --device cpu --quick          # smoke run
     python -m benchmarks structured --walk-only --batch-sizes 1,32  # the grammar work alone
@@ -87,21 +89,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class GrammarClock:
-    """Host seconds of the engine's grammar work, by wrapping its entry points in
-    ``engine.llm_engine`` (restored by :meth:`close`); on a GPU the walk
-    (``mask_positions``) runs while the forward does."""
+    """Host seconds of the engine's grammar work on the step's own thread, by wrapping its
+    entry points (restored by :meth:`close`): the forced tokens, the masks' start (the walk
+    itself on a CPU; on a GPU handing it to a worker thread) and apply (on a GPU, joining the
+    walk: what of it the forward did not hide), the matchers' advance."""
 
-    NAMES = ("forced_drafts", "prepend_forced", "mask_positions", "mask_rows")
+    NAMES = ("forced_drafts", "prepend_forced")
 
     def __init__(self) -> None:
         import engine.llm_engine as module
+        from engine.grammar_steps import GrammarMasks
 
         self.module, self.seconds, self.saved = module, 0.0, {}
-        for name in self.NAMES:
-            self.saved[name] = getattr(module, name)
-            setattr(module, name, self._timed(self.saved[name]))
-        self.saved["_advance_grammar"] = module.LLMEngine._advance_grammar
-        module.LLMEngine._advance_grammar = self._timed(self.saved["_advance_grammar"])
+        self.owners = [(module, name) for name in self.NAMES] + [
+            (GrammarMasks, "start"), (GrammarMasks, "apply"),
+            (module.LLMEngine, "_advance_grammar")]
+        for owner, name in self.owners:
+            self.saved[owner, name] = getattr(owner, name)
+            setattr(owner, name, self._timed(self.saved[owner, name]))
 
     def _timed(self, fn: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -113,9 +118,8 @@ class GrammarClock:
         return run
 
     def close(self) -> None:
-        for name in self.NAMES:
-            setattr(self.module, name, self.saved[name])
-        self.module.LLMEngine._advance_grammar = self.saved["_advance_grammar"]
+        for owner, name in self.owners:
+            setattr(owner, name, self.saved[owner, name])
 
 
 def build(system: str, model: Any, tokenizer: Any, args: argparse.Namespace, batch: int) -> Any:
@@ -146,6 +150,7 @@ def run_one(llm: Any, system: str, tokenizer: Any, pairs: list[tuple[str, dict]]
                                  "json": schema, "disable_any_whitespace": not args.any_whitespace})
               for _, schema in pairs]
     llm.reset_metrics()
+    walked = llm.engine.grammar_masks.walk_seconds
     clock = GrammarClock()
     try:
         start = time.perf_counter()
@@ -162,6 +167,8 @@ def run_one(llm: Any, system: str, tokenizer: Any, pairs: list[tuple[str, dict]]
             "tokens_per_step": tokens / max(m.num_steps, 1), "steps": m.num_steps,
             "grammar_ms_per_step": 1e3 * clock.seconds / max(m.num_steps, 1),
             "grammar_share": clock.seconds / seconds,
+            "walk_ms_per_step": 1e3 * (llm.engine.grammar_masks.walk_seconds - walked)
+            / max(m.num_steps, 1),
             "acceptance": m.num_accepted / m.num_drafted if m.num_drafted else None,
             "sample": outs[0].outputs[0].text[:120]}
 
@@ -204,6 +211,7 @@ def run(args: argparse.Namespace) -> Result:
                 print(f"b={b:<3} {kind:<8} {s:<13} {r['tokens_per_s']:8.1f} tok/s  "
                       f"x{r['vs_grammar'] or 0:.2f} vs grammar  valid {r['valid']:.2f}  "
                       f"{r['tokens_per_step']:.2f} tok/step  grammar "
-                      f"{r['grammar_ms_per_step']:.3f} ms/step ({100 * r['grammar_share']:.1f}%)")
+                      f"{r['grammar_ms_per_step']:.3f} ms/step ({100 * r['grammar_share']:.1f}%)"
+                      f" walk {r['walk_ms_per_step']:.3f} ms/step")
         del llms
     return Result(rows, args.model)

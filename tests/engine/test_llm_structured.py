@@ -105,6 +105,26 @@ def test_greedy_output_is_the_same_with_and_without_speculation(target, case):
             assert got == expected, (spec, forced)
 
 
+def test_the_walk_in_a_worker_thread_gives_the_same_outputs(target):
+    """A GPU engine walks the drafts in a worker thread beside the forward: on the CPU too,
+    greedy and seeded outputs are those of the walk in the step's own thread."""
+    constraint = StructuredOutputsParams(json=SCHEMA)
+    params = [SamplingParams(temperature=0, max_tokens=120, structured_outputs=constraint),
+              SamplingParams(temperature=1.0, seed=7, max_tokens=120,
+                             structured_outputs=constraint)]
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    outputs = []
+    for overlap in (False, True):
+        llm = llm_for(target, spec)
+        llm.engine.grammar_masks.overlap = overlap
+        outputs.append([[o.outputs[0].token_ids for o in llm.generate(PROMPTS, p,
+                                                                       use_tqdm=False)]
+                        for p in params])
+        assert (llm.engine.grammar_masks.pool is not None) == overlap
+        assert llm.engine.grammar_masks.walk_seconds > 0
+    assert outputs[0] == outputs[1]
+
+
 def test_forced_tokens_are_drafted_without_a_speculative_method(target):
     """The schema's keys and punctuation are forced: drafted and accepted with no proposer."""
     constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
