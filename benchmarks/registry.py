@@ -35,6 +35,8 @@ SUITES: dict[str, tuple[str, str]] = {
                  "one GPU, layers over GPUs, tensor parallel; all-reduce latency; the session"),
     "samplers": ("benchmarks.suites.samplers",
                  "microseconds per verification call against the memory floor"),
+    "attention": ("benchmarks.suites.attention",
+                  "a step's attention over all layers: gather + SDPA against paged reads"),
     "decode_limit": ("benchmarks.suites.decode_limit",
                      "plain decoding beside the weight-plus-KV read limit; host time per step"),
     "structured": ("benchmarks.suites.structured",

@@ -179,7 +179,8 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
     def make_runner(draft: nn.Module) -> ModelRunner:
         return ModelRunner(draft, config.max_num_seqs, draft_kv_tokens, max_model_len,
                            cuda_graph_max_new=graph_max_new(config),
-                           fused_ops=None if config.fused_ops else False)
+                           fused_ops=None if config.fused_ops else False,
+                           attention_backend=config.attention_backend)
 
     def load(name: str) -> tuple[nn.Module, Any]:
         return load_model(name, dtype=config.dtype, device=str(device))
@@ -243,7 +244,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
                          cuda_graph_max_new=graph_max_new(config), tensor_parallel_size=tp,
                          fused_ops=None if config.fused_ops else False,
                          twin_width=twin_width(config),
-                         prefix_caching=config.enable_prefix_caching)
+                         prefix_caching=config.enable_prefix_caching,
+                         attention_backend=config.attention_backend)
     if tp > 1:
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None

@@ -26,6 +26,8 @@ from samplers import MAX_SPEC_LEN, available_samplers
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
 # The names of engine.runner.loader.DTYPES, here so that the CLI's --help needs no transformers.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# how attention reads the KV cache (engine.runner.kv_cache.ATTENTION_BACKENDS lists the same)
+ATTENTION_BACKENDS = ("gather", "paged")
 # a ``model`` given with these is a mistake
 METHODS_WITHOUT_MODEL = ("ngram", "early_exit", "suffix")
 MAX_DEFAULT_THREADS = 16  # the most threads default_num_threads chooses
@@ -352,6 +354,13 @@ class EngineConfig:
     ``fused_ops``: on CUDA, the model's LLaMA-form RMSNorms and rotary embedding run as one Triton
     kernel each (:mod:`engine.runner.fused_ops`: a decode step of a small batch is bound by its
     number of kernels); False runs transformers' own operations.
+    ``attention_backend``: how attention reads the KV cache. ``gather`` (the default): each
+    layer copies the batch's cached keys and values out of the token pool, padded to the longest
+    sequence, and SDPA reads them under a 4-D mask. ``paged``: attention reads the pool in place
+    through the slot table (:mod:`engine.runner.paged_attention`), a Triton kernel on CUDA (with
+    split-K for small batches), inside CUDA graphs too; on CPU its PyTorch reference runs (it
+    gathers: for checking the wiring, not for speed). Needs an ``sdpa`` model on one device.
+    Off by default until measured on a GPU (docs/design.md, "Paged attention").
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
     ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at
@@ -375,6 +384,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
     enforce_eager: bool = False
     fused_ops: bool = True
+    attention_backend: str = "gather"
     gpu_memory_utilization: float = 0.9
     logprobs_mode: str = "raw_logprobs"
     trust_remote_code: bool = False
@@ -405,6 +415,8 @@ class EngineConfig:
         for field in ("enforce_eager", "fused_ops", "trust_remote_code", "enable_prefix_caching"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            _fail(name, "attention_backend", self.attention_backend, " | ".join(ATTENTION_BACKENDS))
         u = self.gpu_memory_utilization
         if not _is_number(u) or not 0 < u <= 1:
             _fail(name, "gpu_memory_utilization", u, "a number in (0, 1]")

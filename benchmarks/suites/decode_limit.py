@@ -9,11 +9,14 @@ cached keys and values, at the bandwidth a device-to-device copy of ``COPY_BYTES
 (read plus write). On CUDA a few more steps run under PyTorch's profiler: the kernels' time per
 step is the GPU's busy time, and the rest of the step's wall time is *host time on the critical
 path* (the GPU waiting for the host: scheduling, launches, sampling, bookkeeping). With
-``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts).
+``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts);
+with ``--attention-backends gather,paged`` each cell runs once per attention backend (issue 50:
+the KV cache gathered for SDPA, or read in place by the paged kernel).
 
     python -m benchmarks decode_limit --device cuda --model random-llama-8b
     python -m benchmarks decode_limit --device cuda --model smollm2-135m --batch-sizes 1,8,32,64
     python -m benchmarks decode_limit --device cpu --model random-llama-tiny --quick
+    python -m benchmarks decode_limit --device cuda --attention-backends gather,paged
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per cell")
     p.add_argument("--methods", default="", help="comma list: also with these speculation "
                                                  "methods (e.g. ngram), k = 4")
+    p.add_argument("--attention-backends", default="gather",
+                   help="comma list of EngineConfig.attention_backend values to run each cell "
+                        "with (gather, paged)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 1, 2; context 32")
 
 
@@ -132,20 +138,24 @@ def run(args: argparse.Namespace) -> Result:
     bandwidth = copy_bandwidth(device)
     weights, per_token = weight_bytes(model), kv_bytes_per_token(model)
     vocab = models.vocab_size(model)
-    rng = random.Random(0)
     rows = []
-    for method in ["none", *[m for m in args.methods.split(",") if m]]:
+    runs = [(method, backend) for method in ["none", *[m for m in args.methods.split(",") if m]]
+            for backend in args.attention_backends.split(",")]
+    for method, backend in runs:
         max_len = max(contexts) + args.steps + 24
         llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                   speculative_config=speculative_config(method, 4), max_num_seqs=max(batches),
-                  max_model_len=max_len, kv_cache_tokens=max(batches) * max_len)
+                  max_model_len=max_len, kv_cache_tokens=max(batches) * max_len,
+                  attention_backend=backend)
+        rng = random.Random(0)  # (every method and backend decodes the same prompts)
         for context in contexts:
             for b in batches:
                 prompts = [[rng.randrange(2, vocab) for _ in range(context)] for _ in range(b)]
                 seconds, made, busy = decode_steps(llm, prompts, args.steps, device,
                                                    8 if device.type == "cuda" else 0)
                 step_s = seconds / args.steps
-                row = {"method": method, "batch_size": b, "context": context,
+                row = {"method": method, "attention_backend": backend, "batch_size": b,
+                       "context": context,
                        "tokens_per_s": made / seconds, "ms_per_step": 1e3 * step_s,
                        "gpu_busy_ms_per_step": None if busy is None else 1e3 * busy,
                        "host_critical_ms_per_step": None if busy is None
@@ -168,7 +178,8 @@ def print_row(r: dict) -> None:
     def f(key: str, fmt: str) -> str:
         return "-" if r.get(key) is None else format(r[key], fmt)
 
-    print(f"{r['method']:<8} b={r['batch_size']:<3} ctx={r['context']:<5} "
+    print(f"{r['method']:<8} {r['attention_backend']:<6} b={r['batch_size']:<3} "
+          f"ctx={r['context']:<5} "
           f"{r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:7.3f} ms/step  "
           f"limit {f('limit_ms_per_step', '.3f')} ms ({f('of_limit', '.0%')} of it)  "
           f"GPU busy {f('gpu_busy_ms_per_step', '.3f')} ms  host on the critical path "

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 from engine.cli.flag_help import FLAG_HELP
 from engine.config import (
+    ATTENTION_BACKENDS,
     DRAFT_SAMPLE_METHODS,
     DTYPES,
     METHODS_WITHOUT_MODEL,
@@ -49,7 +50,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     return {"method": (*available_proposers(), NO_SPECULATION),
             "acceptance_method": tuple(available_samplers()),
             "draft_sample_method": DRAFT_SAMPLE_METHODS, "dtype": DTYPES,
-            "logprobs_mode": LOGPROBS_MODES}
+            "logprobs_mode": LOGPROBS_MODES, "attention_backend": ATTENTION_BACKENDS}
 
 
 class CliError(Exception):

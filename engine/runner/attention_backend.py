@@ -25,6 +25,14 @@ shared heads in place, and everywhere else it is transformers' ``sdpa`` unchange
 
 What the copies and the cuDNN plans cost: docs/design.md, "Measured reasons behind the runner's
 choices".
+
+Paged reads (the runner's ``attention_backend="paged"``). Inside :func:`paged_attention_step`
+(a context variable again) the same registered function reads the KV pool in place: the cache's
+``update`` has returned the layer's whole pool ``[1, kv_heads, num_rows, head_dim]``, and the
+step's slot table, slots, mask limits and tree ancestors (:class:`PagedStep`) say which rows each
+query sees (:mod:`engine.runner.paged_attention`: the Triton kernel on CUDA, its PyTorch
+reference on CPU). The 4-D mask is neither built by the runner nor by transformers (the mask
+function answers None inside such a step).
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, PretrainedConfig
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+from engine.runner import paged_attention as paged
 
 # The runner's name for transformers' "sdpa" without repeat_kv (registered below).
 GQA_SDPA = "specdec_gqa_sdpa"
@@ -46,6 +57,25 @@ GQA_SDPA = "specdec_gqa_sdpa"
 # True inside a runner forward that wants the shared heads read in place (this thread or task
 # only: a ContextVar, never a process-wide switch).
 _GQA_ACTIVE: ContextVar[bool] = ContextVar("specdec_gqa_active", default=False)
+
+
+@dataclass(frozen=True)
+class PagedStep:
+    """What a forward's paged attention reads besides the queries and the pool: ``slot_table
+    [num_slots, table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]``
+    (device tensors: a CUDA graph's static inputs), ``kv_len`` (the longest row's key columns;
+    the CPU reference reads that many) and ``num_splits`` (the kernel's split-K shares)."""
+
+    slot_table: torch.Tensor
+    slots: torch.Tensor
+    limits: torch.Tensor
+    ancestors: torch.Tensor
+    kv_len: int
+    num_splits: int
+
+
+# The paged step of the runner forward under way in this thread or task (None: gather reads).
+_PAGED_STEP: ContextVar[PagedStep | None] = ContextVar("specdec_paged_step", default=None)
 
 
 @contextmanager
@@ -75,6 +105,9 @@ def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     ``key``/``value [batch, kv_heads, kv_len, head_dim]``, ``attention_mask [batch or 1, 1,
     num_new, kv_len]``; returns ``[batch, num_new, heads, head_dim]`` as transformers' attention
     functions do."""
+    step = _PAGED_STEP.get()
+    if step is not None:  # (key/value: the layer's whole pool, [1, kv_heads, num_rows, head_dim])
+        return paged_sdpa(query, key[0], value[0], step, scaling), None
     batch, heads, num_new, head_dim = query.shape
     kv_heads = key.shape[1]
     on_cpu = query.device.type == "cpu"
@@ -108,8 +141,38 @@ def folded_gqa_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.reshape(batch, num_new, heads, head_dim).contiguous()
 
 
+def paged_sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: PagedStep,
+               scaling: float | None) -> torch.Tensor:
+    """``query [batch, heads, num_new, head_dim]`` against the pool ``keys``/``values
+    [kv_heads, num_rows, head_dim]`` as ``step`` says; ``[batch, num_new, heads, head_dim]``.
+    The Triton kernel where it runs (CUDA, or Triton's interpreter), else the reference."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    args = (query, keys, values, step.slot_table, step.slots, step.limits, step.ancestors, scale)
+    if query.device.type == "cuda" or paged._INTERPRETED:
+        return paged.paged_attention(*args, num_splits=step.num_splits)
+    return paged.paged_attention_reference(*args, kv_len=step.kv_len)
+
+
+def gqa_sdpa_mask(*args, **kwargs) -> torch.Tensor | None:
+    """transformers' ``sdpa`` mask, except inside a paged step, which needs none."""
+    if _PAGED_STEP.get() is not None:
+        return None
+    return ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](*args, **kwargs)
+
+
 AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
-AttentionMaskInterface.register(GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+AttentionMaskInterface.register(GQA_SDPA, gqa_sdpa_mask)
+
+
+@contextmanager
+def paged_attention_step(step: PagedStep | None) -> Iterator[None]:
+    """Read the pool in place as ``step`` says for the attention calls of this block, in this
+    thread or task only (None: the gather backend's reads)."""
+    token = _PAGED_STEP.set(step)
+    try:
+        yield
+    finally:
+        _PAGED_STEP.reset(token)
 
 
 def install_gqa_attention(config: PretrainedConfig) -> None:

@@ -28,7 +28,9 @@ Costs. A forward ships its index tensors in one host-to-device copy (through a p
 buffer on CUDA) and never waits for the device. Per layer the gather copies the batch's cached
 keys and values (as ``DynamicCache``'s ``torch.cat`` does), except for one sequence on an
 ascending run of pool rows, which is read as a view; a masked step reads the shared key and
-value heads in place (:mod:`engine.runner.attention_backend`).
+value heads in place (:mod:`engine.runner.attention_backend`). With ``attention_backend="paged"``
+neither the gather nor the mask is made: attention reads the pool through the slot table
+(:mod:`engine.runner.paged_attention`), the lone sequence's view excepted.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ import torch
 from torch import nn
 
 from engine.runner.attention_backend import (
+    GQA_SDPA,
+    PagedStep,
     gqa_attention,
     install_gqa_attention,
+    paged_attention_step,
     without_cudnn_attention,
 )
 from engine.runner.attention_support import check_model_supported
@@ -51,7 +56,8 @@ from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key
 from engine.runner.fused_ops import fused_forward, install_fused_ops
-from engine.runner.kv_cache import PagedKVCache
+from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
+from engine.runner.paged_attention import split_count
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
@@ -118,10 +124,21 @@ class Executor:
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, pack_cpu_weights: bool, tensor_parallel_size: int,
-                 fused_ops: bool | None) -> None:
+                 fused_ops: bool | None, attention_backend: str = "gather") -> None:
         config = model.config
         check_model_supported(config, max_model_len)
         install_gqa_attention(config)
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
+                             f"{attention_backend!r}")
+        layer_devices = attention_devices(model)
+        # paged reads: the pool read in place by our attention function (engine.runner.
+        # attention_backend), which an sdpa model calls; one device holds every pool and the
+        # slot table (the kernel indexes the table from the pool's device)
+        self.paged = attention_backend == "paged"
+        if self.paged and config._attn_implementation != GQA_SDPA:
+            raise ValueError(f"attention_backend='paged' needs a model loaded with "
+                             f"attn_implementation='sdpa', got {config._attn_implementation!r}")
         max_positions = getattr(config, "n_positions", None)  # absolute position tables (GPT-2)
         if config.model_type == "gpt2" and max_model_len > max_positions:
             raise ValueError(f"max_model_len must be <= n_positions={max_positions} for "
@@ -155,9 +172,13 @@ class Executor:
         if kv_heads % tp:
             raise ValueError(f"tensor_parallel_size={tp} must divide the model's "
                              f"num_key_value_heads={kv_heads}")
+        if self.paged and set(layer_devices.values()) != {self.device}:
+            raise ValueError("attention_backend='paged' needs the whole model on one device, got "
+                             f"layers on {sorted(set(map(str, layer_devices.values())))}")
+        self._heads, self._kv_heads = num_heads // tp, kv_heads // tp  # this rank's
         self.cache = PagedKVCache(
-            attention_devices(model), kv_heads // tp, head_dim, max_num_tokens, max_num_seqs,
-            max_model_len, self.dtype, self.device)
+            layer_devices, kv_heads // tp, head_dim, max_num_tokens, max_num_seqs,
+            max_model_len, self.dtype, self.device, read_in_place=self.paged)
         self.scratch = Scratch(self.cache.scratch_slot, self.cache.scratch_row, max_model_len + 1)
         # [max_model_len + 16]: key columns of the mask, padded to a multiple of 16
         self._positions = torch.arange(max_model_len + 16, device=self.device)
@@ -276,10 +297,16 @@ class Executor:
             :LAYOUT_ROWS * padded].view(LAYOUT_ROWS, batch_size, num_new)
         slots_t = inputs[LAYOUT_ROWS * padded:]  # [batch_size]
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
-        mask = None if uniform else self.mask(limits, ancestors, kv_len)
+        paged = None  # (the fast path's lone run of rows is read as a view, paged or not)
+        if self.paged and run is None:
+            splits = split_count(batch_size, self._heads, self._kv_heads, num_new, kv_len,
+                                 self.device)
+            paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len, splits)
+        mask = None if uniform or paged else self.mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
-                self._linears.use(padded), fused_forward(bool(self.fused)):
+                paged_attention_step(paged), self._linears.use(padded), \
+                fused_forward(bool(self.fused)):
             out = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 use_cache=True, output_hidden_states=bool(self.aux_layers),

@@ -22,6 +22,12 @@ runner hands out and takes back rows in ascending order, so a lone sequence keep
 appends and rollbacks), the write is a plain slice copy and the read is a view of the pool: no
 index kernels at all.
 
+Paged reads (``read_in_place``, the runner's ``attention_backend="paged"``). :meth:`update`
+writes the new keys and values as above and returns the layer's whole pool ``[1, num_kv_heads,
+num_rows, head_dim]`` (no gather); attention then reads each sequence's rows through the slot
+table itself (:mod:`engine.runner.paged_attention`, set up by the runner's
+:func:`~engine.runner.attention_backend.paged_attention_step`). The fast path stays as it is.
+
 Costs. The gather copies the batch's cached keys and values once per layer and step, as
 ``DynamicCache``'s ``torch.cat`` does; padding to the longest sequence of the batch costs
 attention work on masked columns. Rollback and freeing are host list operations (no device work):
@@ -35,6 +41,10 @@ and one number of new tokens): the queries start at ``query_offset`` and see ``k
 from __future__ import annotations
 
 import torch
+
+# How attention reads the cache: "gather" (each sequence's rows copied out, padded, then SDPA
+# with a 4-D mask) or "paged" (read in place; engine.config.ATTENTION_BACKENDS lists the same)
+ATTENTION_BACKENDS = ("gather", "paged")
 
 
 class KVCacheFull(RuntimeError):
@@ -55,13 +65,16 @@ class PagedKVCache:
 
     ``layers`` maps each attention module's ``layer_idx`` to the device its layer runs on (a model
     spread by ``device_map="auto"`` keeps each layer's pool next to its weights).
+    ``read_in_place``: :meth:`update` returns the whole pool instead of gathering (module
+    docstring, "Paged reads").
     """
 
     is_compileable = False  # read by transformers' mask creation
 
     def __init__(self, layers: dict[int, torch.device], num_kv_heads: int, head_dim: int,
                  max_num_tokens: int, max_num_seqs: int, max_model_len: int, dtype: torch.dtype,
-                 table_device: torch.device):
+                 table_device: torch.device, read_in_place: bool = False):
+        self.read_in_place = read_in_place
         self.scratch_row = max_num_tokens
         self.max_model_len = max_model_len
         shape = (2, 1, num_kv_heads, max_num_tokens + 1, head_dim)
@@ -117,9 +130,11 @@ class PagedKVCache:
             self._run = (run_start, kv_len - write_rows.shape[1])
             return
         self._run = None
+        self._write_rows = {dev: write_rows.reshape(-1).to(dev) for dev in self._devices}
+        if self.read_in_place:  # (attention reads through the slot table itself)
+            return
         # [batch_size * kv_len]
         read_rows = self.slot_table.index_select(0, slots)[:, :kv_len].reshape(-1)
-        self._write_rows = {dev: write_rows.reshape(-1).to(dev) for dev in self._devices}
         self._read_rows = {dev: read_rows.to(dev) for dev in self._devices}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
@@ -128,7 +143,8 @@ class PagedKVCache:
 
         Returns keys and values ``[batch_size, num_kv_heads, kv_len, head_dim]`` of every
         sequence of the step in position order (strided views; stale rows past a sequence's
-        length are hidden by the runner's mask).
+        length are hidden by the runner's mask); with ``read_in_place`` (and off the fast path),
+        the layer's whole pools ``[1, num_kv_heads, num_rows, head_dim]`` instead.
         """
         kv = self._kv.get(layer_idx)
         if kv is None:
@@ -151,6 +167,8 @@ class PagedKVCache:
         keys[0].index_copy_(1, write, key_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
         values[0].index_copy_(1, write,
                               value_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
+        if self.read_in_place:
+            return keys, values
         # [2, heads, batch_size, kv_len, head_dim]
         cached = self.pools[layer_idx].index_select(3, self._read_rows[keys.device]).view(
             2, num_heads, batch_size, kv_len, head_dim)

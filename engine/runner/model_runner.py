@@ -77,18 +77,23 @@ class ModelRunner:
     (True on CPU needs Triton's interpreter, ``TRITON_INTERPRET=1``: for tests).
     ``prefix_caching``: rows of freed slots stay cached by their tokens
     (:mod:`engine.runner.prefix_cache`) for :meth:`attach_prefix`.
+    ``attention_backend``: ``"gather"`` (each layer gathers the batch's cached keys and values,
+    SDPA reads them under a 4-D mask) or ``"paged"`` (attention reads the pool in place through
+    the slot table: :mod:`engine.runner.paged_attention`; a Triton kernel on CUDA, its PyTorch
+    reference on CPU).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
                  tensor_parallel_size: int = 1, fused_ops: bool | None = None,
-                 twin_width: Callable[[int], int] | None = None, prefix_caching: bool = False):
+                 twin_width: Callable[[int], int] | None = None, prefix_caching: bool = False,
+                 attention_backend: str = "gather"):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
         self._executor = executor = Executor(
             model, max_num_seqs, max_num_tokens, max_model_len, pack_cpu_weights,
-            _positive("tensor_parallel_size", tensor_parallel_size), fused_ops)
+            _positive("tensor_parallel_size", tensor_parallel_size), fused_ops, attention_backend)
         self.model: nn.Module = executor.model
         self.vocab_size: int = executor.vocab_size
         self.device: torch.device = executor.device

@@ -8,9 +8,11 @@ from tests.benchmarks.suite_helpers import run_suite
 
 def test_every_cell_runs_and_plain_decoding_makes_a_token_per_sequence_per_step():
     record = run_suite("decode_limit", "--device", "cpu", "--model", "random-llama-tiny",
-                       "--quick", "--methods", "ngram")
-    cells = {(r["method"], r["batch_size"], r["context"]) for r in record.rows}
-    assert cells == {(m, b, 32) for m in ("none", "ngram") for b in (1, 2)}
+                       "--quick", "--methods", "ngram", "--attention-backends", "gather,paged")
+    cells = {(r["method"], r["attention_backend"], r["batch_size"], r["context"])
+             for r in record.rows}
+    assert cells == {(m, a, b, 32) for m in ("none", "ngram") for a in ("gather", "paged")
+                     for b in (1, 2)}
     for r in record.rows:
         tokens_per_step = r["tokens_per_s"] * r["ms_per_step"] / 1e3
         if r["method"] == "none":

@@ -1,0 +1,203 @@
+"""The paged-attention kernel (Triton; on CPU through its interpreter) and its PyTorch reference
+against dense masked SDPA built here, by hand, from each sequence's own keys and values: pool rows
+shuffled, grouped-query heads, rows of different lengths, chains, a draft tree, a prefill-like
+chunk, split-K on and off."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.runner import paged_attention as pa
+from engine.runner.paged_attention import (
+    paged_attention,
+    paged_attention_reference,
+    split_count,
+)
+from engine.runner.step_inputs import tree_columns
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(
+    not INTERPRETED and not torch.cuda.is_available(),
+    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1")
+DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
+
+
+class Pool:
+    """A layer's pool ``[kv_heads, num_rows, head_dim]`` of random keys and values, and a slot
+    table whose sequences own shuffled pool rows (nothing in position order)."""
+
+    def __init__(self, kv_heads: int, head_dim: int, num_slots: int, width: int, seed: int,
+                 dtype: torch.dtype = torch.float32):
+        g = torch.Generator().manual_seed(seed)
+        num_rows = num_slots * width + 7  # (rows nobody owns too)
+        self.keys = torch.randn(kv_heads, num_rows, head_dim, generator=g).to(dtype)
+        self.values = torch.randn(kv_heads, num_rows, head_dim, generator=g).to(dtype)
+        # [num_slots, width]: every cell a distinct pool row, in random order
+        self.table = torch.randperm(num_rows, generator=g)[:num_slots * width].view(
+            num_slots, width).contiguous()
+
+
+def dense_expected(q: torch.Tensor, pool: Pool, slots: list[int], visible: list[list[set[int]]],
+                   scale: float) -> torch.Tensor:
+    """``[batch, num_new, heads, head_dim]`` float32: for each row, its slot's keys and values
+    read cell by cell through the table, the key heads repeated per group, SDPA with a boolean
+    mask whose token ``t`` sees exactly the columns ``visible[b][t]``."""
+    batch, heads, num_new, head_dim = q.shape
+    groups = heads // pool.keys.shape[0]
+    outs = []
+    for b, slot in enumerate(slots):
+        width = max(max(cols) for cols in visible[b]) + 1
+        rows = [int(pool.table[slot, j]) for j in range(width)]
+        k = pool.keys[:, rows].float().repeat_interleave(groups, 0)  # [heads, width, head_dim]
+        v = pool.values[:, rows].float().repeat_interleave(groups, 0)
+        mask = torch.zeros(num_new, width, dtype=torch.bool)
+        for t, cols in enumerate(visible[b]):
+            mask[t, sorted(cols)] = True
+        out = F.scaled_dot_product_attention(q[b].float(), k, v, attn_mask=mask, scale=scale)
+        outs.append(out.transpose(0, 1))  # [num_new, heads, head_dim]
+    return torch.stack(outs)
+
+
+def chain_inputs(lengths: list[int], num_new: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                             list[list[set[int]]]]:
+    """Limits and (zero) ancestors ``[batch, num_new]`` of rows whose new tokens follow
+    ``lengths[b]`` cached ones, and what each token sees: every column up to its own."""
+    limits = torch.tensor([[n + t for t in range(num_new)] for n in lengths])
+    visible = [[set(range(n + t + 1)) for t in range(num_new)] for n in lengths]
+    return limits, torch.zeros_like(limits), visible
+
+
+def run_both(q, pool, slots, limits, ancestors, scale, **kernel_args):
+    args = (q.to(DEVICE), pool.keys.to(DEVICE), pool.values.to(DEVICE), pool.table.to(DEVICE),
+            torch.tensor(slots, device=DEVICE), limits.to(DEVICE), ancestors.to(DEVICE), scale)
+    return paged_attention(*args, **kernel_args).cpu(), paged_attention_reference(*args).cpu()
+
+
+@needs_triton
+@pytest.mark.parametrize("num_new", [1, 2, 3, 5])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_chains_of_rows_of_different_lengths_with_grouped_heads(num_new, num_splits):
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=4, width=48, seed=num_new)
+    lengths, slots = [3, 40, 17], [2, 0, 3]  # (a short row, one past two key blocks)
+    limits, ancestors, visible = chain_inputs(lengths, num_new)
+    q = torch.randn(3, 4, num_new, 16, generator=torch.Generator().manual_seed(9))
+    got, ref = run_both(q, pool, slots, limits, ancestors, 0.3, num_splits=num_splits,
+                        block_n=16)
+    want = dense_expected(q, pool, slots, visible, 0.3)
+    assert got.shape == want.shape == (3, num_new, 4, 16)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_a_draft_tree_beside_a_padded_chain(num_splits):
+    """Row 0: 2 cached tokens, then a token and a tree of 5 nodes (root at column 2, nodes in
+    columns 3..7, parents -1, 0, 0, 1, 2); row 1: a chain of 2 tokens padded to 6 (the padding
+    repeats the last limit, as the layout does)."""
+    parents = [-1, 0, 0, 1, 2]
+    positions, limits0, anc0 = tree_columns(2, 6, (1, parents))
+    # what a node sees, by walking its parents here: the context through the root, itself and
+    # its ancestors' columns
+    visible0 = [set(range(3))]
+    for i in range(len(parents)):
+        cols, j = set(range(3)), i
+        while j >= 0:
+            cols.add(3 + j)
+            j = parents[j]
+        visible0.append(cols)
+    limits = torch.tensor([limits0, [9, 10, 10, 10, 10, 10]])
+    ancestors = torch.tensor([anc0, [0] * 6])
+    visible = [visible0, [set(range(10))] + [set(range(11))] * 5]
+    pool = Pool(kv_heads=1, head_dim=16, num_slots=3, width=24, seed=5)
+    q = torch.randn(2, 3, 6, 16, generator=torch.Generator().manual_seed(3))
+    got, ref = run_both(q, pool, [1, 2], limits, ancestors, 0.25, num_splits=num_splits,
+                        block_n=16)
+    want = dense_expected(q, pool, [1, 2], visible, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_high_tree_bits_reach_columns_far_past_the_limit():
+    """A token with limit 4 and bits 40 and 63 (the int64's sign bit) sees columns 0..4, 45
+    and 68, and nothing between: the key loop must run past the limit to the highest bit."""
+    bits = (1 << 40) | (1 << 63)
+    ancestors = torch.tensor([[bits - (1 << 64)]])  # (as a signed int64)
+    limits = torch.tensor([[4]])
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=1, width=80, seed=7)
+    q = torch.randn(1, 2, 1, 16, generator=torch.Generator().manual_seed(1))
+    got, ref = run_both(q, pool, [0], limits, ancestors, 0.5, block_n=16)
+    want = dense_expected(q, pool, [0], [[{0, 1, 2, 3, 4, 45, 68}]], 0.5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("groups,num_splits", [(3, 1), (4, 2)])
+def test_a_prefill_chunk_of_17_tokens(groups, num_splits):
+    """17 new tokens after 20 cached (and after 0): 51 or 68 folded rows, the latter two M
+    blocks, each of which stops at its own rows' last column."""
+    pool = Pool(kv_heads=2, head_dim=32, num_slots=2, width=40, seed=groups)
+    limits, ancestors, visible = chain_inputs([20, 0], 17)
+    q = torch.randn(2, 2 * groups, 17, 32, generator=torch.Generator().manual_seed(groups))
+    got, ref = run_both(q, pool, [1, 0], limits, ancestors, 0.2, num_splits=num_splits,
+                        block_n=16)
+    want = dense_expected(q, pool, [1, 0], visible, 0.2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_bf16_within_bf16_rounding_and_the_default_block():
+    pool = Pool(kv_heads=2, head_dim=64, num_slots=2, width=100, seed=11, dtype=torch.bfloat16)
+    limits, ancestors, visible = chain_inputs([90, 30], 2)
+    q = torch.randn(2, 4, 2, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    got, _ = run_both(q, pool, [0, 1], limits, ancestors, 0.125, num_splits=2)
+    want = dense_expected(q, pool, [0, 1], visible, 0.125)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_reference_alone_on_a_chain_and_with_a_cut_key_range():
+    pool = Pool(kv_heads=2, head_dim=8, num_slots=3, width=30, seed=4)
+    limits, ancestors, visible = chain_inputs([5, 21], 3)
+    q = torch.randn(2, 6, 3, 8, generator=torch.Generator().manual_seed(4))
+    args = (q, pool.keys, pool.values, pool.table, torch.tensor([2, 1]), limits, ancestors, 0.4)
+    want = dense_expected(q, pool, [2, 1], visible, 0.4)
+    torch.testing.assert_close(paged_attention_reference(*args), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(paged_attention_reference(*args, kv_len=24), want,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_the_launcher_refuses_bad_arguments():
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=1, width=8, seed=0)
+    q = torch.randn(1, 3, 1, 16)  # (3 heads over 2 kv heads)
+    limits = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="multiple"):
+        paged_attention(q, pool.keys, pool.values, pool.table, torch.tensor([0]), limits,
+                        limits, 1.0)
+    q = torch.randn(1, 4, 1, 16)
+    with pytest.raises(ValueError, match="integer"):
+        paged_attention(q, pool.keys, pool.values, pool.table, torch.tensor([0]), limits.float(),
+                        limits, 1.0)
+    with pytest.raises(ValueError, match="num_splits"):
+        paged_attention(q, pool.keys, pool.values, pool.table, torch.tensor([0]), limits,
+                        limits, 1.0, num_splits=0)
+
+
+def test_split_count_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
+    monkeypatch.setattr(pa, "_sm_count", lambda device: 132)
+    cuda = torch.device("cuda")
+    # 1B shape (32 heads over 8): batch 1 has 8 programs; 8192 keys allow 32 shares of 256,
+    # filling 132 SMs twice needs 33: capped at MAX_SPLITS
+    assert split_count(1, 32, 8, 1, 8192, cuda) == pa.MAX_SPLITS
+    assert split_count(1, 32, 8, 1, 1024, cuda) == 4  # 4 shares of 256 keys
+    assert split_count(1, 32, 8, 1, 256, cuda) == 1  # too short to split
+    assert split_count(32, 32, 8, 1, 8192, cuda) == 1  # 256 programs: the SMs are full
+    assert split_count(8, 9, 3, 1, 8192, cuda) == 11  # default model: 24 programs -> 264 / 24
+    assert split_count(1, 32, 8, 1, 8192, torch.device("cpu")) == 1

@@ -1,0 +1,44 @@
+"""``LLM(attention_backend="paged")``: greedy output is the target's own HF greedy output (plain
+decoding and speculation, staggered arrivals: rows of different lengths in one step), and the
+option is checked by name. On CPU the paged reads run the PyTorch reference (or the kernel
+through Triton's interpreter under ``TRITON_INTERPRET=1``)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_model
+
+from engine import LLM, SamplingParams
+from engine.config import ATTENTION_BACKENDS, EngineConfig
+from engine.runner import kv_cache
+from tests.engine.llm_helpers import hf_greedy, staggered_samples, tiny_tokenizer
+
+VOCAB = 32
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=0)
+
+
+@pytest.mark.parametrize("method", [None, "ngram"])
+def test_paged_greedy_equals_hf_with_staggered_arrivals(target, method):
+    batch = [[5, 9, 3], [7, 7, 2, 8, 30, 4, 4, 11, 6], [12, 3, 3, 3, 3], [20, 21]]
+    spec = None if method is None else {"method": method, "num_speculative_tokens": 3,
+                                        "adaptive_k": False}
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), speculative_config=spec,
+              max_num_seqs=4, attention_backend="paged")
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    outs = staggered_samples(llm, batch, [params] * len(batch), [0, 0, 2, 5])
+    assert [o[0] for o in outs] == [hf_greedy(target, p, MAX_TOKENS) for p in batch]
+    if method is not None:
+        assert llm.get_metrics().num_accepted > 0  # (verification steps ran)
+
+
+def test_the_option_is_checked_by_name():
+    with pytest.raises(ValueError, match=r"EngineConfig.attention_backend='flash' is invalid: "
+                                         r"allowed gather \| paged"):
+        EngineConfig(attention_backend="flash")
+    assert EngineConfig().attention_backend == "gather"  # (off until measured on a GPU)
+    assert ATTENTION_BACKENDS == kv_cache.ATTENTION_BACKENDS  # (the runner's own list)
