@@ -55,6 +55,8 @@ def register_proposer(name: str, needs_kv_cache: bool = False,
                          "than 'none' (the CLI's 'no speculation')")
 
     def wrap(factory: ProposerFactory) -> ProposerFactory:
+        if BUILTIN_PROPOSERS.get(name, factory.__module__) != factory.__module__:
+            _load(name)  # (a built-in name is taken even before its module is imported)
         if name in _FACTORIES and _FACTORIES[name] is not factory:
             raise ValueError(f"proposer name {name!r} is already registered by "
                              f"{_FACTORIES[name].__module__}.{_FACTORIES[name].__qualname__}")

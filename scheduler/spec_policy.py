@@ -77,6 +77,7 @@ class GoodputPolicy:
         # step -> (its steered sequences, the drafts the proposer backed for each): recorded
         # with that step's update (a GPU engine learns a step after the next one's proposal)
         self._proposals: dict[int, tuple[list[RequestSpeculation], list[int]]] = {}
+        self._gated_steps: set[int] = set()  # steps whose proposal asked the tree gate
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         limit, end = request_bounds(seq, self.max_k, self.max_model_len)
@@ -196,7 +197,10 @@ class GoodputPolicy:
     def allows_tree(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` sequences that may draft trees does: where trees
         measured faster than chains (:mod:`scheduler.tree_gate`), always without the gate."""
-        return self.trees is None or self.trees.allows(batch_size)
+        if self.trees is None:
+            return True
+        self._gated_steps.add(self._step)  # (only such steps are the gate's evidence)
+        return self.trees.allows(batch_size)
 
     def learn(self, outcome: StepOutcome) -> None:
         """The step's acceptance (all verified sequences at once; a tree's step counts for its
@@ -223,8 +227,11 @@ class GoodputPolicy:
             tokens = timing.batch_size + sum(outcome.accepted)
             seconds = timing.step_s + timing.proposal_s
             self.guard.record(timing.batch_size, tokens, seconds, timing.kv_len)
-            if self.trees is not None:
+            if self.trees is not None and outcome.step in self._gated_steps:
                 self.trees.record(timing.batch_size, any(outcome.private or ()), tokens, seconds)
+        # (steps never learnt, e.g. a failed one, are dropped with this one)
+        if self._gated_steps:
+            self._gated_steps = {s for s in self._gated_steps if s > outcome.step}
         if timing is not None:
             self.controller.record(timing.batch_size, timing.width, timing.step_s, timing.asked,
                                    timing.propose_s, timing.after_idle_s, timing.packed_rows,

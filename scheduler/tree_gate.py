@@ -9,37 +9,47 @@ steps that verified chains), exponentially decayed sums of the tokens those step
 the seconds they took (the step and its proposal), and a step drafts trees iff the tree arm's
 tokens per second are at least the chain arm's.
 
-- Until both arms hold ``MIN_EVIDENCE`` steps the gate alternates, the arm with less evidence
+- Until both arms hold ``MIN_EVIDENCE`` steps the gate alternates, the arm with fewer steps
   first (a tree configuration starts with trees).
 - Afterwards the losing arm runs once every ``PROBE_INTERVAL`` choices of its batch size, so a
   change of text (a copy task after stories) is seen; the loser's share of steps is then at most
   ``1 / PROBE_INTERVAL``.
-- Only steady steps are evidence (the engine's :class:`~scheduler.speculation.StepTiming`:
-  no prefill, no graph capture), as for the payoff guard.
+- Both arms' sums decay at every recorded step of their batch size, whichever arm it was: an
+  arm's rate is that of its recent steps in engine time, so a loser's probes count as fully as
+  the winner's steps (decayed per own step, a probe would weigh 1/32 of an old history, and a
+  loser that got better would be seen some 25 times later than a winner that got worse).
+- Only steady steps in which the gate was asked are evidence (the engine's
+  :class:`~scheduler.speculation.StepTiming`: no prefill, no graph capture; a step whose
+  sequences could draft no tree, e.g. seeded or penalised ones, measures other requests and is
+  left out).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HALF_LIFE = 32  # steps of one arm over which its evidence's weight halves
-MIN_EVIDENCE = 6.0  # an arm's weight (steps) before the arms are compared
+HALF_LIFE = 32  # recorded steps (of either arm) over which evidence's weight halves
+MIN_EVIDENCE = 6  # steps each arm has run before the arms are compared
 PROBE_INTERVAL = 32  # once the arms are compared, the loser runs once in this many choices
 _DECAY = 0.5 ** (1.0 / HALF_LIFE)
 
 
 @dataclass
 class Arm:
-    """One arm's decayed evidence: tokens appended, seconds taken, steps counted."""
+    """One arm's decayed evidence (tokens appended, seconds taken) and its count of steps."""
 
     tokens: float = 0.0
     seconds: float = 0.0
-    weight: float = 0.0
+    steps: int = 0
+
+    def decay(self) -> None:
+        self.tokens *= _DECAY
+        self.seconds *= _DECAY
 
     def add(self, tokens: int, seconds: float) -> None:
-        self.tokens = self.tokens * _DECAY + tokens
-        self.seconds = self.seconds * _DECAY + seconds
-        self.weight = self.weight * _DECAY + 1.0
+        self.tokens += tokens
+        self.seconds += seconds
+        self.steps += 1
 
     @property
     def rate(self) -> float:
@@ -75,8 +85,8 @@ class TreeGate:
         state = self._bucket(batch_size)
         state.choices += 1
         tree, chain = state.tree, state.chain
-        if tree.weight < MIN_EVIDENCE or chain.weight < MIN_EVIDENCE:
-            use = tree.weight <= chain.weight  # (the arm with less evidence; trees first)
+        if tree.steps < MIN_EVIDENCE or chain.steps < MIN_EVIDENCE:
+            use = tree.steps <= chain.steps  # (the arm with fewer steps; trees first)
         else:
             better = tree.rate >= chain.rate
             use = better if state.choices % PROBE_INTERVAL else not better
@@ -92,4 +102,6 @@ class TreeGate:
         if seconds <= 0:
             return
         state = self._bucket(batch_size)
+        state.tree.decay()
+        state.chain.decay()
         (state.tree if tree else state.chain).add(tokens, seconds)

@@ -98,6 +98,8 @@ def _paged_attention_kernel(
     row_ok = rows < num_rows
     g, t = rows // num_new, rows % num_new
     head = kv_head * GROUPS + g
+    # (a layer's pool may pass 2**31 elements: its offsets are 64-bit)
+    kv_base = kv_head.to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :] * sq_d,
@@ -122,7 +124,7 @@ def _paged_attention_kernel(
         col_ok = cols < hi
         pool_rows = tl.load(table_ptr + slot * s_table + cols, mask=col_ok, other=0).to(tl.int64)
         kv_mask = col_ok[None, :] & d_ok[:, None]
-        k = tl.load(k_ptr + kv_head * sk_h + pool_rows[None, :] * sk_r + d[:, None] * sk_d,
+        k = tl.load(k_ptr + kv_base * sk_h + pool_rows[None, :] * sk_r + d[:, None] * sk_d,
                     mask=kv_mask, other=0.0)  # [BLOCK_D, BLOCK_N]
         if DOT_F32:
             k = k.to(tl.float32)
@@ -137,7 +139,7 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_head * sv_h + pool_rows[:, None] * sv_r + d[None, :] * sv_d,
+        v = tl.load(v_ptr + kv_base * sv_h + pool_rows[:, None] * sv_r + d[None, :] * sv_d,
                     mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         p = p.to(v.dtype)  # (P V in the values' dtype, as flash attention does)
         if DOT_F32:

@@ -107,23 +107,28 @@ def walk_drafts(states: Sequence[GrammarState], drafts: Sequence[Sequence[int]],
     accepted = [0] * len(states)
     going = [i for i in range(len(states)) if not states[i].terminated]
     level = 0
-    while going:
-        batcher.batch_fill_next_token_bitmask([states[i].matcher for i in going], bitmask,
-                                              [offsets[i] + level for i in going])
-        for i in going:
-            filled[i] += 1
-        going = [i for i in going if level < len(drafts[i])]
-        if not going:
-            break
-        ok = batcher.batch_accept_token([states[i].matcher for i in going],
-                                        [drafts[i][level] for i in going])
-        going = [i for i, good in zip(going, ok, strict=True) if good]
-        for i in going:
-            accepted[i] += 1
-        going = [i for i in going if not states[i].terminated]
-        level += 1
-    for i, s in enumerate(states):
-        s.walked = list(drafts[i][:accepted[i]])
+    try:
+        while going:
+            batcher.batch_fill_next_token_bitmask([states[i].matcher for i in going], bitmask,
+                                                  [offsets[i] + level for i in going])
+            for i in going:
+                filled[i] += 1
+            going = [i for i in going if level < len(drafts[i])]
+            if not going:
+                break
+            ok = batcher.batch_accept_token([states[i].matcher for i in going],
+                                            [drafts[i][level] for i in going])
+            going = [i for i, good in zip(going, ok, strict=True) if good]
+            for i in going:
+                accepted[i] += 1
+            going = [i for i in going if not states[i].terminated]
+            level += 1
+    finally:
+        # (also when xgrammar raised mid-walk: what each matcher accepted is recorded, so the
+        # next settle() rolls it back and no later step masks from a half-walked state)
+        for i, s in enumerate(states):
+            s.walked = list(drafts[i][:accepted[i]])
+    for i in range(len(states)):
         if filled[i] <= len(drafts[i]):  # (rows never asked of the grammar: allow everything)
             bitmask[offsets[i] + filled[i]:offsets[i] + len(drafts[i]) + 1] = -1
     return accepted

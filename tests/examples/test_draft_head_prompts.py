@@ -1,6 +1,8 @@
+
 """The draft head's offline prompt set (``examples/draft_head_prompts.py``): its families and
 split, copy tasks and multi-turn chats, and that nothing in it comes from a benchmark."""
 
+import random
 import re
 import subprocess
 import sys
@@ -71,6 +73,18 @@ def test_held_out_prompts_take_no_subject_that_a_training_prompt_takes():
     assert all(p.subjects for p in train + held)
     styles = {s for name in topics.STYLE_POOLS for s in head_data.POOLS[name]}
     assert not styles & (train_subjects | held_subjects)
+
+
+def test_held_out_prompts_take_no_topic_the_first_head_was_trained_on():
+    """The shipped head was fine-tuned (``--init``) from one trained on the first prompt set:
+    its topics, wherever a word list of this set has them ("camping" is also an activity),
+    never make a held-out prompt. The first set's split is rebuilt from its own rule here."""
+    shuffled = list(topics.TOPICS)
+    random.Random(0).shuffle(shuffled)
+    first_training = set(shuffled[10:])  # (102 topics: a tenth, 10, held out)
+    assert "camping" in first_training and "camping" in topics.ACTIVITIES
+    _, held = draft_head_prompts(NUM_PROMPTS)
+    assert not {s for p in held for s in p.subjects} & first_training
 
 
 def test_no_head_prompt_equals_or_contains_a_benchmark_prompt():

@@ -57,7 +57,47 @@ def test_a_change_of_text_is_followed():
     assert chosen[-64:].count(False) <= 64 // PROBE_INTERVAL + 1
 
 
+def test_a_loser_that_gets_better_is_seen_within_a_few_probes():
+    gate = TreeGate()
+    feed(gate, 400, 1, 2.2, 1.4 * STEP_S, 1.9, STEP_S)  # trees lose for a long while ...
+    chosen = feed(gate, 5 * PROBE_INTERVAL, 1, 3, 1.2 * STEP_S, 1.9, STEP_S)  # ... then pay
+    # (each probe of the trees weighs as much as a chain step of its time: two or three do)
+    assert chosen[-PROBE_INTERVAL:].count(True) >= PROBE_INTERVAL - 2
+
+
 def test_steps_without_a_cost_teach_nothing():
     gate = TreeGate()
     gate.record(1, True, 3, 0.0)
-    assert gate.buckets.get(1) is None or gate.buckets[1].tree.weight == 0
+    assert gate.buckets.get(1) is None or gate.buckets[1].tree.steps == 0
+
+
+def test_the_policy_learns_only_from_steps_that_asked_the_gate():
+    """A step whose sequences could draft no tree (the engine did not ask the gate) measures
+    other requests: it is not chain evidence."""
+    from engine.config import SpeculativeConfig
+    from scheduler import StepOutcome, StepTiming, make_controller
+
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, draft_tree=[2])
+    policy = make_controller(spec, 3, 64, drafts_are_free=False,
+                             measured_draft_cost=lambda: 0.5)
+    gate = policy.trees
+    timing = StepTiming(1, 4, STEP_S, 3, None, None, None, 16, 0.0)
+
+    def step(ask: bool, tree: bool) -> None:
+        plan = policy.plan([])
+        if ask:
+            policy.allows_tree(1)
+        policy.learn(StepOutcome(seqs=[_Seq()], drafted=[3], accepted=[2], backed=[None],
+                                 private=[tree], timing=timing, step=plan.step))
+
+    step(ask=False, tree=False)
+    assert 1 not in gate.buckets or gate.buckets[1].chain.steps == 0
+    step(ask=True, tree=True)
+    assert gate.buckets[1].tree.steps == 1 and gate.buckets[1].chain.steps == 0
+
+
+class _Seq:
+    """A sequence the controller has released (acceptance row -1): only timing is learnt."""
+
+    class speculation:  # noqa: N801
+        row = -1
