@@ -359,8 +359,9 @@ class EngineConfig:
     sequence, and SDPA reads them under a 4-D mask. ``paged``: attention reads the pool in place
     through the slot table (:mod:`engine.runner.paged_attention`), a Triton kernel on CUDA (with
     split-K for small batches), inside CUDA graphs too; on CPU its PyTorch reference runs (it
-    gathers: for checking the wiring, not for speed). Needs an ``sdpa`` model on one device.
-    Off by default until measured on a GPU (docs/design.md, "Paged attention").
+    gathers: for checking the wiring, not for speed). Needs an ``sdpa`` model on one device and
+    ``tensor_parallel_size=1``. Off by default until the whole GPU test suite has run with it
+    (measured faster on an H200: docs/performance.md, "Paged attention against the gather").
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
     ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at
@@ -427,6 +428,11 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and not isinstance(self.model, str):
             _fail(name, "model", type(self.model).__name__, "a name or path with "
                   "tensor_parallel_size > 1 (every rank loads its own share)")
+        if self.tensor_parallel_size > 1 and self.attention_backend == "paged":
+            # (each rank would read its own heads' pool, but no test has run it yet)
+            _fail(name, "attention_backend", self.attention_backend,
+                  "'gather' with tensor_parallel_size > 1 (paged attention is not yet tested "
+                  "under tensor parallelism)")
         self.max_memory = _max_memory(self.max_memory, self.device)
         if self.num_threads is not None and (not _is_int(self.num_threads)
                                              or self.num_threads < 1):

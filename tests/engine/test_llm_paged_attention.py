@@ -40,5 +40,8 @@ def test_the_option_is_checked_by_name():
     with pytest.raises(ValueError, match=r"EngineConfig.attention_backend='flash' is invalid: "
                                          r"allowed gather \| paged"):
         EngineConfig(attention_backend="flash")
-    assert EngineConfig().attention_backend == "gather"  # (off until measured on a GPU)
+    assert EngineConfig().attention_backend == "gather"  # (off until the GPU suite ran it)
+    with pytest.raises(ValueError, match=r"attention_backend='paged' is invalid: allowed "
+                                         r"'gather' with tensor_parallel_size > 1"):
+        EngineConfig(attention_backend="paged", tensor_parallel_size=2)
     assert ATTENTION_BACKENDS == kv_cache.ATTENTION_BACKENDS  # (the runner's own list)
