@@ -36,6 +36,21 @@ def test_paged_greedy_equals_hf_with_staggered_arrivals(target, method):
         assert llm.get_metrics().num_accepted > 0  # (verification steps ran)
 
 
+def test_paged_reads_of_cached_prefixes_equal_hf(target):
+    """With the prefix cache a sequence's first slot-table columns point at rows another
+    request left (shared, never written); paged attention reads them in place like its own."""
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_num_seqs=4,
+              attention_backend="paged", enable_prefix_caching=True,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    shared = [5, 9, 3, 7, 7, 2, 8, 30, 4, 4, 11, 6]
+    prompts = [shared + [12], shared + [20, 21], shared[:8] + [3]]
+    for prompt in prompts:  # (one after another: each later one reads the earlier's rows)
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        assert out.outputs[0].token_ids == hf_greedy(target, prompt, MAX_TOKENS)
+    assert llm.get_metrics().prefix_cache_hits > 0
+
+
 def test_the_option_is_checked_by_name():
     with pytest.raises(ValueError, match=r"EngineConfig.attention_backend='flash' is invalid: "
                                          r"allowed gather \| paged"):
