@@ -121,10 +121,14 @@ def off_chain_paths(llm: LLM) -> list[list[int]]:
     return moved
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3])  # (3: trees once one has finished)
-def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch):  # noqa: F811
+# (3: trees once one has finished; paged: tree steps read the pool in place, the tree bits
+# reaching attention through the slot table and keep_paths moving the kept branch's columns)
+@pytest.mark.parametrize("batch,backend", [(1, "gather"), (2, "gather"), (3, "gather"),
+                                           (2, "paged")])
+def test_greedy_output_with_trees_equals_hugging_face(target, head_dir, batch,  # noqa: F811
+                                                      backend):
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31], [40]][:batch]
-    llm = tree_llm(target, head_dir, [3, 2])
+    llm = tree_llm(target, head_dir, [3, 2], attention_backend=backend)
     moved = off_chain_paths(llm)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -148,20 +152,6 @@ def test_greedy_output_with_gated_trees_equals_hugging_face(target, head_dir):  
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(target, prompt, 40)
     assert gate.tree_steps > 0 and gate.chain_steps > 0
-
-
-def test_trees_with_paged_attention_equal_hugging_face(target, head_dir):  # noqa: F811
-    """Tree steps read the pool in place (``attention_backend="paged"``: the tree bits reach
-    attention through the slot table, and ``keep_paths`` moves the accepted branch's columns
-    before the next step reads them); the output stays Hugging Face's."""
-    prompts = [[5, 17, 3, 60, 22], [30, 31, 32, 33, 30, 31]]
-    llm = tree_llm(target, head_dir, [3, 2], attention_backend="paged")
-    moved = off_chain_paths(llm)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    for prompt, out in zip(prompts, outputs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy(target, prompt, 24)
-    assert moved  # (branches other than the likeliest chain were accepted)
 
 
 def test_trees_only_in_small_batches(target, head_dir):  # noqa: F811
