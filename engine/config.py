@@ -361,7 +361,7 @@ class EngineConfig:
     split-K for small batches), inside CUDA graphs too; on CPU its PyTorch reference runs (it
     gathers: for checking the wiring, not for speed). Needs an ``sdpa`` model on one device and
     ``tensor_parallel_size=1``. Off by default until the whole GPU test suite has run with it
-    (measured faster on an H200: docs/performance.md, "Paged attention against the gather").
+    (its measurements: docs/performance.md, "Paged attention against the gather").
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
     ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at

@@ -1,4 +1,4 @@
-"""The attention of one step, every layer: the gather backend against paged reads (issue 50).
+"""The attention of one step, every layer: the gather backend against paged reads.
 
 For each model shape (its heads, kv heads, head dim and layers; no weights), batch size, context
 and tokens per sequence, one KV pool per layer is filled with random keys and values, and each

@@ -10,8 +10,8 @@ cached keys and values, at the bandwidth a device-to-device copy of ``COPY_BYTES
 step is the GPU's busy time, and the rest of the step's wall time is *host time on the critical
 path* (the GPU waiting for the host: scheduling, launches, sampling, bookkeeping). With
 ``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts);
-with ``--attention-backends gather,paged`` each cell runs once per attention backend (issue 50:
-the KV cache gathered for SDPA, or read in place by the paged kernel).
+with ``--attention-backends gather,paged`` each cell runs once per attention backend (the
+KV cache gathered for SDPA, or read in place by the paged kernel).
 
     python -m benchmarks decode_limit --device cuda --model random-llama-8b
     python -m benchmarks decode_limit --device cuda --model smollm2-135m --batch-sizes 1,8,32,64
