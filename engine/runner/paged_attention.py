@@ -61,18 +61,9 @@ def _bit_length(x):
     """Bits needed to write int64 ``x``: 0 for 0, 64 for a negative value (bit 63 set)."""
     y = tl.where(x < 0, 0, x)
     n = tl.zeros_like(y)
-    big = (y >> 32) != 0
-    n, y = tl.where(big, n + 32, n), tl.where(big, y >> 32, y)
-    big = (y >> 16) != 0
-    n, y = tl.where(big, n + 16, n), tl.where(big, y >> 16, y)
-    big = (y >> 8) != 0
-    n, y = tl.where(big, n + 8, n), tl.where(big, y >> 8, y)
-    big = (y >> 4) != 0
-    n, y = tl.where(big, n + 4, n), tl.where(big, y >> 4, y)
-    big = (y >> 2) != 0
-    n, y = tl.where(big, n + 2, n), tl.where(big, y >> 2, y)
-    big = (y >> 1) != 0
-    n, y = tl.where(big, n + 1, n), tl.where(big, y >> 1, y)
+    for shift in tl.static_range(5, -1, -1):  # (a binary search: halves of 32, 16, ..., 1)
+        big = (y >> (1 << shift)) != 0
+        n, y = tl.where(big, n + (1 << shift), n), tl.where(big, y >> (1 << shift), y)
     n = n + (y != 0).to(n.dtype)
     return tl.where(x < 0, 64, n)
 
