@@ -27,7 +27,7 @@ DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
 # The names of engine.runner.loader.DTYPES, here so that the CLI's --help needs no transformers.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # how attention reads the KV cache (engine.runner.kv_cache.ATTENTION_BACKENDS lists the same)
-ATTENTION_BACKENDS = ("gather", "paged")
+ATTENTION_BACKENDS = ("auto", "gather", "paged")
 # a ``model`` given with these is a mistake
 METHODS_WITHOUT_MODEL = ("ngram", "early_exit", "suffix")
 MAX_DEFAULT_THREADS = 16  # the most threads default_num_threads chooses
@@ -354,14 +354,14 @@ class EngineConfig:
     ``fused_ops``: on CUDA, the model's LLaMA-form RMSNorms and rotary embedding run as one Triton
     kernel each (:mod:`engine.runner.fused_ops`: a decode step of a small batch is bound by its
     number of kernels); False runs transformers' own operations.
-    ``attention_backend``: how attention reads the KV cache. ``gather`` (the default): each
-    layer copies the batch's cached keys and values out of the token pool, padded to the longest
-    sequence, and SDPA reads them under a 4-D mask. ``paged``: attention reads the pool in place
-    through the slot table (:mod:`engine.runner.paged_attention`), a Triton kernel on CUDA (with
-    split-K for small batches), inside CUDA graphs too; on CPU its PyTorch reference runs (it
-    gathers: for checking the wiring, not for speed). Needs an ``sdpa`` model on one device and
-    ``tensor_parallel_size=1``. Off by default until the whole GPU test suite has run with it
-    (its measurements: docs/performance.md, "Paged attention against the gather").
+    ``attention_backend``: how attention reads the KV cache. ``paged``: attention reads the pool
+    in place through the slot table (:mod:`engine.runner.paged_attention`), a Triton kernel on
+    CUDA (with split-K for small batches), inside CUDA graphs too; on CPU its PyTorch reference
+    runs (it gathers: for checking the wiring, not for speed); needs an ``sdpa`` model on one
+    device and ``tensor_parallel_size=1``. ``gather``: each layer copies the batch's cached keys
+    and values out of the token pool, padded to the longest sequence, and SDPA reads them under
+    a 4-D mask. ``auto`` (the default): ``paged`` where it runs on a CUDA device, else
+    ``gather`` (measurements: docs/performance.md, "Paged attention against the gather").
     ``num_threads``: torch's CPU threads in the engine's process; None: :func:`default_num_threads`
     (``OMP_NUM_THREADS`` when set, else the physical cores this process may run on less one).
     ``structured_forced_tokens``: for a request under a grammar (``structured_outputs``), at
@@ -385,7 +385,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
     enforce_eager: bool = False
     fused_ops: bool = True
-    attention_backend: str = "gather"
+    attention_backend: str = "auto"
     gpu_memory_utilization: float = 0.9
     logprobs_mode: str = "raw_logprobs"
     trust_remote_code: bool = False

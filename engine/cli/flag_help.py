@@ -21,7 +21,8 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     ("engine", "enforce_eager"): "run every forward eager, without CUDA graphs",
     ("engine", "fused_ops"): "on CUDA, run RMSNorm and rotary embedding as fused Triton kernels",
     ("engine", "attention_backend"): "how attention reads the KV cache: gather (copy out, "
-                                     "then SDPA) or paged (read in place by a Triton kernel)",
+                                     "then SDPA), paged (read in place by a Triton kernel) or "
+                                     "auto (paged where it runs on CUDA, else gather)",
     ("engine", "gpu_memory_utilization"): "the share of GPU memory the engine may fill, the "
                                           "weights included",
     ("engine", "logprobs_mode"): "what logprobs hold: the model's raw or the processed "

@@ -42,6 +42,7 @@ from functools import partial
 import numpy as np
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from engine.runner.attention_backend import (
     GQA_SDPA,
@@ -115,6 +116,18 @@ def spread_by_accelerate(model: nn.Module) -> bool:
     return len(set(getattr(model, "hf_device_map", {}).values())) > 1
 
 
+def auto_backend(model: nn.Module, layer_devices: dict[int, torch.device],
+                 config: PretrainedConfig, tensor_parallel_size: int) -> str:
+    """``attention_backend="auto"``: ``paged`` where it runs (an ``sdpa`` model whose layers are
+    all on the one CUDA device of its embeddings, no tensor parallelism), else ``gather``."""
+    device = execution_device(model.get_input_embeddings())
+    if (device.type == "cuda" and tensor_parallel_size == 1
+            and config._attn_implementation == GQA_SDPA
+            and set(layer_devices.values()) == {device}):
+        return "paged"
+    return "gather"
+
+
 class Executor:
     """``model`` (put in eval mode) prepared for the runner's forwards: its attention, fused
     kernels and CPU weight copies installed, its KV pools allocated for ``max_num_tokens``
@@ -124,7 +137,7 @@ class Executor:
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, pack_cpu_weights: bool, tensor_parallel_size: int,
-                 fused_ops: bool | None, attention_backend: str = "gather") -> None:
+                 fused_ops: bool | None, attention_backend: str = "auto") -> None:
         config = model.config
         check_model_supported(config, max_model_len)
         install_gqa_attention(config)
@@ -135,6 +148,8 @@ class Executor:
         # paged reads: the pool read in place by our attention function (engine.runner.
         # attention_backend), which an sdpa model calls; one device holds every pool and the
         # slot table (the kernel indexes the table from the pool's device)
+        if attention_backend == "auto":
+            attention_backend = auto_backend(model, layer_devices, config, tensor_parallel_size)
         self.paged = attention_backend == "paged"
         if self.paged and config._attn_implementation != GQA_SDPA:
             raise ValueError(f"attention_backend='paged' needs a model loaded with "

@@ -44,7 +44,7 @@ import torch
 
 # How attention reads the cache: "gather" (each sequence's rows copied out, padded, then SDPA
 # with a 4-D mask) or "paged" (read in place; engine.config.ATTENTION_BACKENDS lists the same)
-ATTENTION_BACKENDS = ("gather", "paged")
+ATTENTION_BACKENDS = ("auto", "gather", "paged")
 
 
 class KVCacheFull(RuntimeError):

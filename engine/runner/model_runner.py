@@ -80,14 +80,14 @@ class ModelRunner:
     ``attention_backend``: ``"gather"`` (each layer gathers the batch's cached keys and values,
     SDPA reads them under a 4-D mask) or ``"paged"`` (attention reads the pool in place through
     the slot table: :mod:`engine.runner.paged_attention`; a Triton kernel on CUDA, its PyTorch
-    reference on CPU).
+    reference on CPU) or ``"auto"`` (paged where it runs on a CUDA device, else gather).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
                  tensor_parallel_size: int = 1, fused_ops: bool | None = None,
                  twin_width: Callable[[int], int] | None = None, prefix_caching: bool = False,
-                 attention_backend: str = "gather"):
+                 attention_backend: str = "auto"):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)

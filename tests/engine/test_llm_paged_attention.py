@@ -6,6 +6,7 @@ through Triton's interpreter under ``TRITON_INTERPRET=1``)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
@@ -53,10 +54,23 @@ def test_paged_reads_of_cached_prefixes_equal_hf(target):
 
 def test_the_option_is_checked_by_name():
     with pytest.raises(ValueError, match=r"EngineConfig.attention_backend='flash' is invalid: "
-                                         r"allowed gather \| paged"):
+                                         r"allowed auto \| gather \| paged"):
         EngineConfig(attention_backend="flash")
-    assert EngineConfig().attention_backend == "gather"  # (off until the GPU suite ran it)
+    assert EngineConfig().attention_backend == "auto"
     with pytest.raises(ValueError, match=r"attention_backend='paged' is invalid: allowed "
                                          r"'gather' with tensor_parallel_size > 1"):
         EngineConfig(attention_backend="paged", tensor_parallel_size=2)
     assert ATTENTION_BACKENDS == kv_cache.ATTENTION_BACKENDS  # (the runner's own list)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the paged kernel is compiled on a CUDA device only"))])
+def test_auto_reads_in_place_on_cuda_and_gathers_elsewhere(device):
+    """``attention_backend="auto"`` (the default): paged on one CUDA device, gather on CPU."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=0).to(device)
+    llm = LLM(model=model, tokenizer=tiny_tokenizer(VOCAB), device=device, max_num_seqs=2)
+    assert llm.engine.runner._executor.paged == (device == "cuda")
+    prompt = [5, 9, 3, 7]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == hf_greedy(model, prompt, MAX_TOKENS)
