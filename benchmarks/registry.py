@@ -43,6 +43,8 @@ SUITES: dict[str, tuple[str, str]] = {
                    "JSON Schema output with and without speculation, forced tokens as drafts"),
     "profile": ("benchmarks.suites.profile",
                 "one LLM.generate under the torch profiler: host operators and kernels"),
+    "deterministic": ("benchmarks.suites.deterministic",
+                      "deterministic mode: greedy speculation equal to plain decoding, its cost"),
     "reuse": ("benchmarks.suites.reuse",
               "prefix caching (TTFT, multi-turn chat) and suffix decoding (an agent's stream)"),
 }

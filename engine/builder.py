@@ -245,7 +245,8 @@ def build_components(config: EngineConfig) -> EngineComponents:
                          fused_ops=None if config.fused_ops else False,
                          twin_width=twin_width(config),
                          prefix_caching=config.enable_prefix_caching,
-                         attention_backend=config.attention_backend)
+                         attention_backend=config.attention_backend,
+                         deterministic=config.deterministic)
     if tp > 1:
         runner = lead_or_follow(runner)  # a rank > 0 serves rank 0 here, then exits
     generator = None

@@ -371,6 +371,16 @@ class EngineConfig:
     tokens keep their KV rows in a radix tree (:mod:`engine.runner.prefix_cache`), and a later
     prompt that starts with them computes only the rest (evicted least recently used first
     when rows run short). Off by default: see docs/design.md, "Prefix caching".
+    ``deterministic``: every token's logits bitwise the same whatever else a step computes
+    (its batch, its drafts, a tree, a prefill chunk's split), so greedy speculation gives
+    plain decoding's output bit for bit on a GPU in bf16 too, and seeded samples do not depend
+    on the batch: the target's matrix products run a batch-invariant Triton kernel
+    (:mod:`engine.runner.invariant_matmul`), attention the paged kernel in its chain order
+    (one split; a tree node's keys where a chain token's lie), RMSNorm and rotary the fused
+    kernels (one row per program).
+    Needs a CUDA device (on CPU: Triton's interpreter, ``TRITON_INTERPRET=1``), paged attention
+    (``auto`` or ``paged``), ``fused_ops`` and ``tensor_parallel_size=1``. Costs speed: see
+    docs/performance.md, "Deterministic mode".
     """
 
     model: Any = "smollm2-135m"
@@ -394,6 +404,7 @@ class EngineConfig:
     num_threads: int | None = None
     structured_forced_tokens: int = 8
     enable_prefix_caching: bool = False
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -413,7 +424,8 @@ class EngineConfig:
                 _fail(name, field, value, "None or an integer >= 2")
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             _fail(name, "seed", self.seed, "None or an integer >= 0")
-        for field in ("enforce_eager", "fused_ops", "trust_remote_code", "enable_prefix_caching"):
+        for field in ("enforce_eager", "fused_ops", "trust_remote_code", "enable_prefix_caching",
+                      "deterministic"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -433,6 +445,15 @@ class EngineConfig:
             _fail(name, "attention_backend", self.attention_backend,
                   "'gather' with tensor_parallel_size > 1 (paged attention is not yet tested "
                   "under tensor parallelism)")
+        if self.deterministic:  # (the batch-invariant parts: see the docstring)
+            if self.attention_backend == "gather":
+                _fail(name, "attention_backend", self.attention_backend,
+                      "'auto' or 'paged' with deterministic=True")
+            if not self.fused_ops:
+                _fail(name, "fused_ops", self.fused_ops, "true with deterministic=True")
+            if self.tensor_parallel_size != 1:
+                _fail(name, "tensor_parallel_size", self.tensor_parallel_size,
+                      "1 with deterministic=True")
         self.max_memory = _max_memory(self.max_memory, self.device)
         if self.num_threads is not None and (not _is_int(self.num_threads)
                                              or self.num_threads < 1):

@@ -38,6 +38,9 @@ FLAG_HELP: dict[tuple[str, str], str] = {
                                "physical cores available less one)",
     ("engine", "enable_prefix_caching"): "keep finished requests' KV rows by their tokens and "
                                          "reuse them for prompts that start the same way",
+    ("engine", "deterministic"): "batch-invariant kernels: every token's logits bitwise the "
+                                 "same whatever the step holds (greedy speculation equals plain "
+                                 "decoding bit for bit); slower",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
                         "--draft-model: inferred from it)",
     ("spec", "model"): "the draft model (hub id or path) for draft_model, a draft head's "

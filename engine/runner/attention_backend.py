@@ -64,7 +64,8 @@ class PagedStep:
     """What a forward's paged attention reads besides the queries and the pool: ``slot_table
     [num_slots, table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]``
     (device tensors: a CUDA graph's static inputs), ``kv_len`` (the longest row's key columns;
-    the CPU reference reads that many) and ``num_splits`` (the kernel's split-K shares)."""
+    the CPU reference reads that many), ``num_splits`` (the kernel's split-K shares) and
+    ``chain_order`` (deterministic mode: the kernel's chain order, one split)."""
 
     slot_table: torch.Tensor
     slots: torch.Tensor
@@ -72,6 +73,7 @@ class PagedStep:
     ancestors: torch.Tensor
     kv_len: int
     num_splits: int
+    chain_order: bool = False
 
 
 # The paged step of the runner forward under way in this thread or task (None: gather reads).
@@ -149,7 +151,8 @@ def paged_sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, st
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     args = (query, keys, values, step.slot_table, step.slots, step.limits, step.ancestors, scale)
     if query.device.type == "cuda" or paged._INTERPRETED:
-        return paged.paged_attention(*args, num_splits=step.num_splits)
+        return paged.paged_attention(*args, num_splits=step.num_splits,
+                                     chain_order=step.chain_order)
     return paged.paged_attention_reference(*args, kv_len=step.kv_len)
 
 

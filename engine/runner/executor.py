@@ -31,11 +31,22 @@ ascending run of pool rows, which is read as a view; a masked step reads the sha
 value heads in place (:mod:`engine.runner.attention_backend`). With ``attention_backend="paged"``
 neither the gather nor the mask is made: attention reads the pool through the slot table
 (:mod:`engine.runner.paged_attention`), the lone sequence's view excepted.
+
+Deterministic mode (``deterministic=True``). Every token's logits are bitwise the same whatever
+else the forward holds: every ``nn.Linear`` of the model, the output head included, runs the
+batch-invariant kernel (:mod:`engine.runner.invariant_matmul`: one tile shape and one reduction
+order per row whatever the number of rows); attention is always the paged kernel, the lone
+sequence's view included, in its chain order (one token a program, one split, a tree node's
+ancestors read where a chain token's keys lie: :mod:`engine.runner.paged_attention`); RMSNorm and
+rotary are the fused kernels (one row per program, elementwise). The rest of a layer is
+elementwise or exact (embedding look-ups, residual sums, index selects). The CPU routes that
+depend on the number of rows (:mod:`engine.runner.cpu_linears`, ``cpu_lm_head``) are off.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -57,6 +68,7 @@ from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key
 from engine.runner.fused_ops import fused_forward, install_fused_ops
+from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
 from engine.runner.paged_attention import split_count
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
@@ -128,6 +140,31 @@ def auto_backend(model: nn.Module, layer_devices: dict[int, torch.device],
     return "gather"
 
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
+
+
+def check_deterministic(model: nn.Module, config: PretrainedConfig, attention_backend: str,
+                        tensor_parallel_size: int, fused_ops: bool | None) -> None:
+    """ValueError unless ``deterministic=True`` can hold for ``model``: the paged kernel and the
+    fused norms (an ``sdpa`` model), no tensor parallelism, Triton where the model is (CUDA,
+    or the interpreter on CPU), no hooks of accelerate on the products."""
+    device = execution_device(model.get_input_embeddings())
+    problems = []
+    if device.type != "cuda" and not _INTERPRETED:
+        problems.append(f"a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
+    if attention_backend == "gather" or config._attn_implementation != GQA_SDPA:
+        problems.append("paged attention of an sdpa model, got attention_backend="
+                        f"{attention_backend!r} and attn_implementation="
+                        f"{config._attn_implementation!r}")
+    if tensor_parallel_size != 1 or fused_ops is False:
+        problems.append(f"tensor_parallel_size=1 and fused ops, got {tensor_parallel_size} and "
+                        f"fused_ops={fused_ops}")
+    if spread_by_accelerate(model):
+        problems.append("the whole model on one device (no accelerate hooks)")
+    if problems:
+        raise ValueError("deterministic=True needs " + "; ".join(problems))
+
+
 class Executor:
     """``model`` (put in eval mode) prepared for the runner's forwards: its attention, fused
     kernels and CPU weight copies installed, its KV pools allocated for ``max_num_tokens``
@@ -137,7 +174,8 @@ class Executor:
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, pack_cpu_weights: bool, tensor_parallel_size: int,
-                 fused_ops: bool | None, attention_backend: str = "auto") -> None:
+                 fused_ops: bool | None, attention_backend: str = "auto",
+                 deterministic: bool = False) -> None:
         config = model.config
         check_model_supported(config, max_model_len)
         install_gqa_attention(config)
@@ -148,6 +186,10 @@ class Executor:
         # paged reads: the pool read in place by our attention function (engine.runner.
         # attention_backend), which an sdpa model calls; one device holds every pool and the
         # slot table (the kernel indexes the table from the pool's device)
+        self.deterministic = deterministic
+        if deterministic:
+            check_deterministic(model, config, attention_backend, tensor_parallel_size, fused_ops)
+            attention_backend = "paged"
         if attention_backend == "auto":
             attention_backend = auto_backend(model, layer_devices, config, tensor_parallel_size)
         self.paged = attention_backend == "paged"
@@ -166,21 +208,27 @@ class Executor:
         # oneDNN-packed on CPU in float32; a tensor-parallel head gathers the logits, from its
         # local rows where that is what the plan's head computes (engine/runner/tp_head.py)
         head = model.get_output_embeddings()
-        self._lm_head = output_head(model) if tp == 1 else gathered_head(head) or head
+        self._lm_head = (head if deterministic else output_head(model) if tp == 1
+                         else gathered_head(head) or head)
         self.gathered_head = tp > 1 and self._lm_head is not head
         if not isinstance(pack_cpu_weights, bool):
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
         self._linears = PackedLinears(decoder_layers(model) if pack_cpu_weights and tp == 1
-                                      else None)
+                                      and not deterministic else None)
+        # (deterministic: every product of the model, the head's too, batch-invariant)
+        self._invariant = InvariantLinears(linear_modules(model) if deterministic else [])
         self.device = execution_device(model.get_input_embeddings())
         self.dtype = next(model.parameters()).dtype
         if fused_ops is not None and not isinstance(fused_ops, bool):
             raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
         # {"norms": n, "rotary_modules": m}: what the fused kernels replaced (empty: none)
         self.fused: dict[str, int] = {}
-        if fused_ops or (fused_ops is None and self.device.type == "cuda"):
+        if fused_ops or deterministic or (fused_ops is None and self.device.type == "cuda"):
             taken = install_fused_ops(model, self.device)
             self.fused = taken if any(taken.values()) else {}
+        if deterministic and not self.fused.get("norms"):
+            raise ValueError("deterministic=True needs the model's RMSNorms in the fused kernel "
+                             "(LLaMA's form), found none")
         num_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
@@ -294,7 +342,9 @@ class Executor:
         if self.aux_layers:
             hidden = hidden[:, :size]
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        return self._lm_head(hidden).float().to(self.device), features, aux, steady
+        with self._invariant.use():
+            logits = self._lm_head(hidden)  # [num_logits, vocab_size]
+        return logits.float().to(self.device), features, aux, steady
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                query_offset: int = 0, uniform: bool = False,
@@ -314,13 +364,18 @@ class Executor:
         self.cache.prepare_step(slots_t, write_rows, cells.reshape(-1), kv_len, query_offset, run)
         paged = None  # (the fast path's lone run of rows is read as a view, paged or not)
         if self.paged and run is None:
-            splits = split_count(batch_size, self._heads, self._kv_heads, num_new, kv_len,
-                                 self.device)
-            paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len, splits)
+            if self.deterministic:  # (one split, chain order: module docstring)
+                paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len, 1,
+                                  chain_order=True)
+            else:
+                splits = split_count(batch_size, self._heads, self._kv_heads, num_new, kv_len,
+                                     self.device)
+                paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len,
+                                  splits)
         mask = None if uniform or paged else self.mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
-                paged_attention_step(paged), self._linears.use(padded), \
+                paged_attention_step(paged), self._linears.use(padded), self._invariant.use(), \
                 fused_forward(bool(self.fused)):
             out = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,

@@ -81,19 +81,22 @@ class ModelRunner:
     SDPA reads them under a 4-D mask) or ``"paged"`` (attention reads the pool in place through
     the slot table: :mod:`engine.runner.paged_attention`; a Triton kernel on CUDA, its PyTorch
     reference on CPU) or ``"auto"`` (paged where it runs on a CUDA device, else gather).
+    ``deterministic``: batch-invariant kernels for every product, norm and attention read
+    (``EngineConfig.deterministic``; :class:`~engine.runner.executor.Executor`).
     """
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
                  tensor_parallel_size: int = 1, fused_ops: bool | None = None,
                  twin_width: Callable[[int], int] | None = None, prefix_caching: bool = False,
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", deterministic: bool = False):
         self.max_num_seqs = _positive("max_num_seqs", max_num_seqs)
         self.max_num_tokens = _positive("max_num_tokens", max_num_tokens)
         self.max_model_len = _positive("max_model_len", max_model_len)
         self._executor = executor = Executor(
             model, max_num_seqs, max_num_tokens, max_model_len, pack_cpu_weights,
-            _positive("tensor_parallel_size", tensor_parallel_size), fused_ops, attention_backend)
+            _positive("tensor_parallel_size", tensor_parallel_size), fused_ops, attention_backend,
+            deterministic)
         self.model: nn.Module = executor.model
         self.vocab_size: int = executor.vocab_size
         self.device: torch.device = executor.device
@@ -324,7 +327,9 @@ class ModelRunner:
         # one length and one number of new tokens for all: transformers' causal mask is exact
         uniform = (len(set(starts)) == 1 and sum(len(t) for t in token_ids) == batch_size * num_new
                    and not any(trees))
-        run = self._slots.run_start(slots[0]) if batch_size == 1 else None
+        # (a lone sequence's rows read as one view go through SDPA: not in deterministic mode)
+        run = (self._slots.run_start(slots[0])
+               if batch_size == 1 and not self._executor.deterministic else None)
         return self._executor.run(inputs, bucket, kv_len, logits_indices, keep_hidden, starts[0],
                                   uniform, run)
 

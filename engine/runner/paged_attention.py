@@ -35,6 +35,16 @@ of ``num_splits`` equal shares of its key blocks and writes a normalised partial
 log-sum-exp (base 2; ``-inf`` for a share with no visible column); a second kernel combines the
 shares. The count is chosen on the host (:func:`split_count`) from the step's sizes, which are
 static per CUDA-graph bucket.
+
+Chain order (deterministic mode). A token's result depends on where its visible keys sit among
+the column blocks: the products and sums of a block run over its columns in a fixed tree, and
+columns it cannot see add exact zeros there but move the others. A chain token at depth ``d``
+sees columns ``0 .. limit + d``; a draft-tree node at that depth sees the context and its
+ancestors' columns, which lie elsewhere (nodes are laid out breadth first). With
+``chain_order`` each program takes one token, and its ``i``-th key after its limit is read from
+its ``i``-th ancestor (depth order): the node's keys then sit exactly where a chain token's
+would, and with one split and one tile height for every step, a token's output depends only on
+its context, never on the step around it.
 """
 
 from __future__ import annotations
@@ -69,6 +79,22 @@ def _bit_length(x):
 
 
 @triton.jit
+def _chain_columns(cols, limit, anc):
+    """Chain order (``CHAIN_ORDER``): the column a token reads as its ``cols``-th visible key
+    (``[BLOCK_N]``), for a token of limit ``limit`` and tree bits ``anc`` (scalars): columns up
+    to the limit are themselves; the ``i``-th after it is the token's ``i``-th tree bit's
+    column, its ancestors' in depth order (a parent precedes its children)."""
+    rank = cols - limit - 1  # [BLOCK_N] rank among the token's tree columns
+    pos = tl.zeros_like(cols)
+    seen = limit * 0  # set bits below ``bit``
+    for bit in tl.static_range(62):  # (the layout's MAX_TREE_NODES bits; a literal: no global)
+        on = (anc >> bit) & 1
+        pos = tl.where((rank == seen) & (on == 1), bit, pos)
+        seen = seen + on
+    return tl.where(rank >= 0, limit + 1 + pos, cols), limit + 1 + seen
+
+
+@triton.jit
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, table_ptr, slots_ptr, limits_ptr, anc_ptr, out_ptr,
         part_o_ptr, part_lse_ptr,
@@ -81,13 +107,18 @@ def _paged_attention_kernel(
         batch, kv_heads, num_new, head_dim, table_width, scale_log2,
         GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr):
+        DOT_F32: tl.constexpr, CHAIN_ORDER: tl.constexpr):
     pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kv_head = pid_bh // kv_heads, pid_bh % kv_heads
     num_rows = GROUPS * num_new
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] folded row g * num_new + t
-    row_ok = rows < num_rows
-    g, t = rows // num_new, rows % num_new
+    if CHAIN_ORDER:  # one token a program: its GROUPS query heads
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows < GROUPS
+        g, t = rows, tl.zeros_like(rows) + pid_m
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] folded row g * num_new + t
+        row_ok = rows < num_rows
+        g, t = rows // num_new, rows % num_new
     head = kv_head * GROUPS + g
     # (a layer's pool may pass 2**31 elements: its offsets are 64-bit)
     kv_base = kv_head.to(tl.int64)
@@ -102,6 +133,12 @@ def _paged_attention_kernel(
     # last visible column of each row: its limit, or its highest tree bit's column
     last = tl.where(anc != 0, limit + _bit_length(anc), limit)
     kv_end = tl.minimum(tl.max(tl.where(row_ok, last, 0), axis=0) + 1, table_width)
+    if CHAIN_ORDER:  # (the token's limit and bits as scalars; its visible keys, counted)
+        limit_t = tl.load(limits_ptr + b * sl_b + pid_m * sl_t).to(tl.int64)
+        anc_t = tl.load(anc_ptr + b * sa_b + pid_m * sa_t).to(tl.int64)
+        kv_end = limit_t + 1
+        if anc_t != 0:  # (a tree node; a chain token skips the bit walk)
+            kv_end = _chain_columns(limit_t, limit_t, anc_t)[1]
     slot = tl.load(slots_ptr + b).to(tl.int64)
     per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), NUM_SPLITS) * BLOCK_N  # columns per share
     lo = split * per_split
@@ -113,7 +150,11 @@ def _paged_attention_kernel(
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key columns (positions)
         col_ok = cols < hi
-        pool_rows = tl.load(table_ptr + slot * s_table + cols, mask=col_ok, other=0).to(tl.int64)
+        read = cols.to(tl.int64)
+        if CHAIN_ORDER:
+            if anc_t != 0:
+                read = _chain_columns(read, limit_t, anc_t)[0]
+        pool_rows = tl.load(table_ptr + slot * s_table + read, mask=col_ok, other=0).to(tl.int64)
         kv_mask = col_ok[None, :] & d_ok[:, None]
         k = tl.load(k_ptr + kv_base * sk_h + pool_rows[None, :] * sk_r + d[:, None] * sk_d,
                     mask=kv_mask, other=0.0)  # [BLOCK_D, BLOCK_N]
@@ -123,6 +164,8 @@ def _paged_attention_kernel(
         after = cols[None, :] - limit[:, None] - 1  # [BLOCK_M, BLOCK_N] tree bit of a column
         bit = (anc[:, None] >> tl.minimum(tl.maximum(after, 0), 63)) & 1
         visible = (after < 0) | ((after < 64) & (bit == 1))
+        if CHAIN_ORDER:  # (every column below the count is visible)
+            visible = (after < 0) | (after >= 0)
         visible = visible & col_ok[None, :] & row_ok[:, None]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -195,14 +238,17 @@ def _block_m(num_rows: int) -> int:
 def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     slot_table: torch.Tensor, slots: torch.Tensor, limits: torch.Tensor,
                     ancestors: torch.Tensor, scale: float, num_splits: int = 1,
-                    block_n: int = 64) -> torch.Tensor:
+                    block_n: int = 64, chain_order: bool = False) -> torch.Tensor:
     """The kernel's launcher (see the module docstring): ``query [batch, heads, num_new,
     head_dim]``, ``keys``/``values [kv_heads, num_rows, head_dim]``, ``slot_table [num_slots,
     table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]`` (integer
     tensors, all on one device: CUDA, or CPU under ``TRITON_INTERPRET=1``); returns ``[batch,
     num_new, heads, head_dim]`` in ``query``'s dtype. ``num_splits``: shares of each row's key
     range run by programs of their own, then combined (split-K); ``block_n``: key columns per
-    block (a power of two >= 16)."""
+    block (a power of two >= 16). ``chain_order`` (deterministic mode; one split): one program
+    per token, and a draft-tree node reads its ancestors' keys as the columns right after its
+    limit, in depth order, where a chain token at that depth reads its own: every token's sums
+    then run over the same values in the same places, whatever the step (module docstring)."""
     batch, heads, num_new, head_dim = query.shape
     kv_heads = keys.shape[0]
     if keys.dim() != 3 or values.shape != keys.shape or keys.shape[2] != head_dim:
@@ -229,7 +275,10 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
                          "paged_attention_reference runs anywhere")
     groups = heads // kv_heads
     num_rows = groups * num_new
-    block_m, block_d = _block_m(num_rows), max(16, triton.next_power_of_2(head_dim))
+    if chain_order and num_splits != 1:
+        raise ValueError(f"chain_order reads each token in one split, got num_splits={num_splits}")
+    block_m = max(16, triton.next_power_of_2(groups)) if chain_order else _block_m(num_rows)
+    block_d = max(16, triton.next_power_of_2(head_dim))
     out = torch.empty(batch, num_new, heads, head_dim, dtype=query.dtype, device=query.device)
     part_o = part_lse = out  # (unused without splits)
     if num_splits > 1:
@@ -237,7 +286,8 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
                              device=query.device)
         part_lse = torch.empty(num_splits, batch, kv_heads, num_rows, dtype=torch.float32,
                                device=query.device)
-    grid = (batch * kv_heads, triton.cdiv(num_rows, block_m), num_splits)
+    grid = (batch * kv_heads, num_new if chain_order else triton.cdiv(num_rows, block_m),
+            num_splits)
     precision = "ieee" if query.dtype == torch.float32 else "tf32"  # (tf32: ignored for bf16)
     # Triton's interpreter multiplies bf16 tiles as raw bits (triton 3.9): the CPU tests
     # upcast them first (bf16 products are exact in float32, so nothing else changes)
@@ -249,7 +299,8 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
             *limits.stride(), *ancestors.stride(), *out.stride(),
             batch, kv_heads, num_new, head_dim, slot_table.shape[1], scale * _LOG2E,
             GROUPS=groups, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-            NUM_SPLITS=num_splits, PRECISION=precision, DOT_F32=dot_f32, num_warps=4)
+            NUM_SPLITS=num_splits, PRECISION=precision, DOT_F32=dot_f32,
+            CHAIN_ORDER=chain_order, num_warps=4)
         if num_splits > 1:
             _combine_splits_kernel[grid[:2]](
                 part_o, part_lse, out, *out.stride(), batch, kv_heads, num_new, head_dim,

@@ -123,6 +123,66 @@ def test_a_draft_tree_beside_a_padded_chain(num_splits):
 
 
 @needs_triton
+@pytest.mark.parametrize("chain_order", [False, True])
+def test_chain_order_reads_the_same_keys_as_the_mask(chain_order):
+    """The deterministic reading order changes where a tree node's keys sit, not which: the
+    tree-beside-chains step of the test above and chains of different lengths, against SDPA."""
+    parents = [-1, 0, 0, 1, 2, 3]
+    positions, limits0, anc0 = tree_columns(20, 7, (1, parents))
+    visible0 = [set(range(21))]
+    for i in range(len(parents)):
+        cols, j = set(range(21)), i
+        while j >= 0:
+            cols.add(21 + j)
+            j = parents[j]
+        visible0.append(cols)
+    limits = torch.tensor([limits0, [30 + t for t in range(7)]])
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=3, width=48, seed=8)
+    q = torch.randn(2, 6, 7, 16, generator=torch.Generator().manual_seed(4))
+    got, _ = run_both(q, pool, [0, 2], limits, torch.tensor([anc0, [0] * 7]), 0.3, block_n=16,
+                      chain_order=chain_order)
+    want = dense_expected(q, pool, [0, 2], [visible0, [set(range(31 + t)) for t in range(7)]],
+                          0.3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_chain_order_a_tree_node_equals_the_chain_token_with_its_keys_bitwise(dtype):
+    """A node at depth 3 of a tree after 40 cached tokens (its ancestors in columns 41, 43, 46)
+    and a token of a chain at depth 3 whose columns 40..43 hold the same pool rows as the
+    node's root and ancestors: the same query gives the same output, bit for bit, although the
+    steps differ (7 tree tokens after a root, against a chain of 4; the blocks of 16 columns
+    split the node's keys elsewhere). That is what makes greedy trees equal plain decoding in
+    deterministic mode."""
+    parents = [-1, 0, 0, 1, 2, 4]  # node 5: parent 4, then 2, then 0
+    positions, limits0, anc0 = tree_columns(40, 7, (1, parents))
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=2, width=64, seed=11, dtype=dtype)
+    chain = pool.table[1].clone()
+    chain[:41] = pool.table[0, :41]  # the context and the root
+    chain[41:44] = pool.table[0, [41 + 0, 41 + 2, 41 + 4]]  # the node's ancestors, in depth order
+    chain[44] = pool.table[0, 41 + 5]  # the node itself
+    pool.table[1] = chain
+    g = torch.Generator().manual_seed(6)
+    q_tree = torch.randn(1, 4, 7, 16, generator=g).to(dtype)
+    q_chain = torch.randn(1, 4, 5, 16, generator=g).to(dtype)
+    q_chain[:, :, 4] = q_tree[:, :, 6]  # the chain's token at column 44: the node's query
+    q_chain[:, :, 0] = q_tree[:, :, 0]  # and at column 40 the root's
+    args = (pool.keys.to(DEVICE), pool.values.to(DEVICE), pool.table.to(DEVICE))
+    tree = paged_attention(q_tree.to(DEVICE), *args, torch.tensor([0], device=DEVICE),
+                           torch.tensor([limits0], device=DEVICE),
+                           torch.tensor([anc0], device=DEVICE), 0.3, block_n=16,
+                           chain_order=True).cpu()
+    chain_limits = torch.tensor([[40, 41, 42, 43, 44]], device=DEVICE)
+    line = paged_attention(q_chain.to(DEVICE), *args, torch.tensor([1], device=DEVICE),
+                           chain_limits, torch.zeros_like(chain_limits), 0.3, block_n=16,
+                           chain_order=True).cpu()
+    assert anc0[6] == 1 << 0 | 1 << 2 | 1 << 4 | 1 << 5
+    assert torch.equal(tree[0, 6], line[0, 4])
+    assert torch.equal(tree[0, 0], line[0, 0])  # (the root: the chain's first token)
+
+
+@needs_triton
 def test_high_tree_bits_reach_columns_far_past_the_limit():
     """A token with limit 4 and bits 40 and 63 (the int64's sign bit) sees columns 0..4, 45
     and 68, and nothing between: the key loop must run past the limit to the highest bit."""
