@@ -56,6 +56,12 @@ def staggered_samples(llm, batch: list[list[int]], params: list, arrivals: list[
                       ) -> list[list[list[int]]]:
     """Add prompt ``i`` with ``params[i]`` before engine step ``arrivals[i]``; step until all
     finish. Returns each request's samples' token ids."""
+    return [[c.token_ids for c in out.outputs]
+            for out in staggered_outputs(llm, batch, params, arrivals)]
+
+
+def staggered_outputs(llm, batch: list[list[int]], params: list, arrivals: list[int]) -> list:
+    """:func:`staggered_samples`, returning each request's ``RequestOutput``."""
     from engine.llm import build_output
 
     engine = llm.engine
@@ -67,7 +73,7 @@ def staggered_samples(llm, batch: list[list[int]], params: list, arrivals: list[
                 engine.add_request(rid, None, batch[i], params[i])
         engine.step()
         step += 1
-    return [[c.token_ids for c in build_output(engine.pop_request(rid)).outputs] for rid in ids]
+    return [build_output(engine.pop_request(rid)) for rid in ids]
 
 
 def random_head_dir(tmp_path_factory, config):

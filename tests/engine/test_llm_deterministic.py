@@ -19,9 +19,8 @@ from conftest import tiny_model
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.llm import build_output
 from engine.runner import executor
-from tests.engine.llm_helpers import tiny_tokenizer
+from tests.engine.llm_helpers import staggered_outputs, tiny_tokenizer
 from tests.engine.test_llm_greedy import noisy_copy
 from tests.proposers.test_draft_head import VOCAB, save_repeating_head
 
@@ -83,18 +82,9 @@ def make_llm(target, device: str, spec: dict | None = None, **kwargs) -> LLM:
 
 def staggered(llm: LLM, params: list[SamplingParams]) -> list[list[tuple[list[int], list]]]:
     """Prompt ``i`` added before engine step ``ARRIVALS[i]``; per request, per sample: its
-    token ids and each token's (chosen id, raw logprob) pairs."""
-    engine = llm.engine
-    ids = [f"d{i}" for i in range(len(PROMPTS))]
-    step = 0
-    while step <= max(ARRIVALS) or engine.has_work():
-        for i, rid in enumerate(ids):
-            if ARRIVALS[i] == step:
-                engine.add_request(rid, None, PROMPTS[i], params[i])
-        engine.step()
-        step += 1
-    return [[(c.token_ids, chosen_logprobs(c))
-             for c in build_output(engine.pop_request(rid)).outputs] for rid in ids]
+    token ids and each token's raw logprob."""
+    return [[(c.token_ids, chosen_logprobs(c)) for c in out.outputs]
+            for out in staggered_outputs(llm, PROMPTS, params, ARRIVALS)]
 
 
 def chosen_logprobs(sample) -> list[float]:

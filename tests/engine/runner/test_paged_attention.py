@@ -71,6 +71,20 @@ def chain_inputs(lengths: list[int], num_new: int) -> tuple[torch.Tensor, torch.
     return limits, torch.zeros_like(limits), visible
 
 
+def tree_visible(root_end: int, parents: list[int]) -> list[set[int]]:
+    """What the root (the token before the nodes) and each node see, by walking the parents
+    here: the columns ``0 .. root_end - 1`` (the context through the root), and a node its own
+    and its ancestors' columns (node ``j`` in column ``root_end + j``)."""
+    visible = [set(range(root_end))]
+    for i in range(len(parents)):
+        cols, j = set(range(root_end)), i
+        while j >= 0:
+            cols.add(root_end + j)
+            j = parents[j]
+        visible.append(cols)
+    return visible
+
+
 def run_both(q, pool, slots, limits, ancestors, scale, **kernel_args):
     args = (q.to(DEVICE), pool.keys.to(DEVICE), pool.values.to(DEVICE), pool.table.to(DEVICE),
             torch.tensor(slots, device=DEVICE), limits.to(DEVICE), ancestors.to(DEVICE), scale)
@@ -101,15 +115,7 @@ def test_a_draft_tree_beside_a_padded_chain(num_splits):
     repeats the last limit, as the layout does)."""
     parents = [-1, 0, 0, 1, 2]
     positions, limits0, anc0 = tree_columns(2, 6, (1, parents))
-    # what a node sees, by walking its parents here: the context through the root, itself and
-    # its ancestors' columns
-    visible0 = [set(range(3))]
-    for i in range(len(parents)):
-        cols, j = set(range(3)), i
-        while j >= 0:
-            cols.add(3 + j)
-            j = parents[j]
-        visible0.append(cols)
+    visible0 = tree_visible(3, parents)
     limits = torch.tensor([limits0, [9, 10, 10, 10, 10, 10]])
     ancestors = torch.tensor([anc0, [0] * 6])
     visible = [visible0, [set(range(10))] + [set(range(11))] * 5]
@@ -129,13 +135,7 @@ def test_chain_order_reads_the_same_keys_as_the_mask(chain_order):
     tree-beside-chains step of the test above and chains of different lengths, against SDPA."""
     parents = [-1, 0, 0, 1, 2, 3]
     positions, limits0, anc0 = tree_columns(20, 7, (1, parents))
-    visible0 = [set(range(21))]
-    for i in range(len(parents)):
-        cols, j = set(range(21)), i
-        while j >= 0:
-            cols.add(21 + j)
-            j = parents[j]
-        visible0.append(cols)
+    visible0 = tree_visible(21, parents)
     limits = torch.tensor([limits0, [30 + t for t in range(7)]])
     pool = Pool(kv_heads=2, head_dim=16, num_slots=3, width=48, seed=8)
     q = torch.randn(2, 6, 7, 16, generator=torch.Generator().manual_seed(4))
