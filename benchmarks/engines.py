@@ -78,7 +78,9 @@ def controller_state(llm: Any, batch: int) -> dict | None:
     position, then the unbacked drafts pooled and the proposals that found drafts), and the
     recent step times that the costs are read from (``samples_ms[w]``, oldest first), and the
     payoff guard's state (``guard``: back-offs begun, and per batch bucket the realised payoff of
-    its drafting steps, their evidence, and whether a back-off runs; None when it is off), and
+    its drafting steps, their evidence, whether a back-off runs, a drafting step's mean seconds
+    and the plain seconds its tokens were judged worth, and the cost table's drift of a step's
+    log seconds per context token there; None when it is off), and
     the tree gate's (``trees``: steps that chose trees and chains, and per batch size each arm's
     realised tokens per second; None without trees or the guard)."""
     policy = llm.engine.controller
@@ -90,7 +92,12 @@ def controller_state(llm: Any, batch: int) -> dict | None:
     guard_state = None if guard is None else dict(
         backoffs=guard.backoffs,
         buckets={b: dict(payoff=round(st.payoff(), 4), weight=round(st.weight, 2),
-                         backing_off=st.until >= 0) for b, st in guard.buckets.items()})
+                         backing_off=st.until >= 0,
+                         step_ms=round(1e3 * st.seconds / st.weight, 3) if st.weight else None,
+                         plain_equivalent_ms=(round(1e3 * st.plain_seconds / st.weight, 3)
+                                              if st.weight else None),
+                         drift_per_token=round(table.drift(b), 6))
+                 for b, st in guard.buckets.items()})
     gate = policy.trees
     tree_state = None if gate is None else dict(
         tree_steps=gate.tree_steps, chain_steps=gate.chain_steps,

@@ -128,6 +128,11 @@ class StepCostTable:
         samples.append((clock, seconds, kv))
         self._update(key, samples, clock)
 
+    def drift(self, batch_size: int) -> float:
+        """How a step's log seconds grow per token of context at this batch size's bucket (the
+        estimate :meth:`plain_seconds` reads steps through; 0 where none is)."""
+        return self._drift.get(self.batch_bucket(batch_size), 0.0)
+
     def _at_ref(self, bucket: int, kv: int) -> float:
         """The factor that takes a step's seconds at context ``kv`` to the bucket's reference
         context (see the module docstring)."""

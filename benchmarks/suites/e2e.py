@@ -219,9 +219,10 @@ def note_engine(run: RunResult, llm: LLM, graphs_before: tuple[int, float], b: i
     """The engine's graph captures during the timed runs, acceptance and controller state."""
     count, seconds = graph_stats(llm)
     run.graph_captures, run.capture_seconds = count - graphs_before[0], seconds - graphs_before[1]
+    metrics = llm.get_metrics()
+    run.engine_steps, run.step_seconds = metrics.num_steps, round(metrics.elapsed_s, 4)
     if run.method in ("none", "eager"):
         return
-    metrics = llm.get_metrics()
     run.acceptance_rate = metrics.acceptance_rate
     run.mean_accepted_length = metrics.mean_accepted_length
     if metrics.num_drafted:

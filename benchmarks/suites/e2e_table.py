@@ -31,6 +31,10 @@ class RunResult:
     cpu_ticks: tuple[int, int] | None = field(default=None, repr=False)
     # the speculation controller's state after the runs (engines.controller_state)
     controller: dict | None = None
+    # engine steps in the timed runs and the seconds inside them (the rest of ``seconds`` is
+    # the loop around the steps: LLM.generate's own work); None for Hugging Face
+    engine_steps: int | None = None
+    step_seconds: float | None = None
 
     @property
     def name(self) -> str:
