@@ -48,6 +48,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
@@ -156,9 +157,10 @@ def check_deterministic(model: nn.Module, config: PretrainedConfig, attention_ba
         problems.append("paged attention of an sdpa model, got attention_backend="
                         f"{attention_backend!r} and attn_implementation="
                         f"{config._attn_implementation!r}")
-    if tensor_parallel_size != 1 or fused_ops is False:
-        problems.append(f"tensor_parallel_size=1 and fused ops, got {tensor_parallel_size} and "
-                        f"fused_ops={fused_ops}")
+    if tensor_parallel_size != 1:
+        problems.append(f"tensor_parallel_size=1, got {tensor_parallel_size}")
+    if fused_ops is False:
+        problems.append("the fused RMSNorm and rotary kernels, got fused_ops=False")
     if spread_by_accelerate(model):
         problems.append("the whole model on one device (no accelerate hooks)")
     if problems:
@@ -183,13 +185,13 @@ class Executor:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
                              f"{attention_backend!r}")
         layer_devices = attention_devices(model)
-        # paged reads: the pool read in place by our attention function (engine.runner.
-        # attention_backend), which an sdpa model calls; one device holds every pool and the
-        # slot table (the kernel indexes the table from the pool's device)
         self.deterministic = deterministic
         if deterministic:
             check_deterministic(model, config, attention_backend, tensor_parallel_size, fused_ops)
             attention_backend = "paged"
+        # paged reads: the pool read in place by our attention function (engine.runner.
+        # attention_backend), which an sdpa model calls; one device holds every pool and the
+        # slot table (the kernel indexes the table from the pool's device)
         if attention_backend == "auto":
             attention_backend = auto_backend(model, layer_devices, config, tensor_parallel_size)
         self.paged = attention_backend == "paged"
@@ -215,8 +217,10 @@ class Executor:
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
         self._linears = PackedLinears(decoder_layers(model) if pack_cpu_weights and tp == 1
                                       and not deterministic else None)
-        # (deterministic: every product of the model, the head's too, batch-invariant)
-        self._invariant = InvariantLinears(linear_modules(model) if deterministic else [])
+        # (deterministic: every product of the model, the head's too, batch-invariant; else
+        # nothing to enter per forward)
+        self._invariant_products = (InvariantLinears(linear_modules(model)).use if deterministic
+                                    else nullcontext)
         self.device = execution_device(model.get_input_embeddings())
         self.dtype = next(model.parameters()).dtype
         if fused_ops is not None and not isinstance(fused_ops, bool):
@@ -342,7 +346,7 @@ class Executor:
         if self.aux_layers:
             hidden = hidden[:, :size]
         hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
-        with self._invariant.use():
+        with self._invariant_products():
             logits = self._lm_head(hidden)  # [num_logits, vocab_size]
         return logits.float().to(self.device), features, aux, steady
 
@@ -375,8 +379,8 @@ class Executor:
         mask = None if uniform or paged else self.mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
-                paged_attention_step(paged), self._linears.use(padded), self._invariant.use(), \
-                fused_forward(bool(self.fused)):
+                paged_attention_step(paged), self._linears.use(padded), \
+                self._invariant_products(), fused_forward(bool(self.fused)):
             out = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 use_cache=True, output_hidden_states=bool(self.aux_layers),
