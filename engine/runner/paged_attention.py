@@ -326,7 +326,8 @@ def split_count(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int
     """Shares of the key range for a step of these sizes (``kv_len``: the longest row's key
     columns, static per CUDA-graph bucket): 1 when the programs already fill the GPU's SMs or
     the keys are short, else enough programs to fill the SMs twice, each share at least
-    ``SPLIT_MIN_BLOCKS`` key blocks, at most ``MAX_SPLITS``. 1 off CUDA."""
+    ``SPLIT_MIN_BLOCKS`` key blocks, at most ``MAX_SPLITS``, rounded down to a power of two
+    (each count is a kernel compiled on first use: 5 of them, not 16). 1 off CUDA."""
     if device.type != "cuda":
         return 1
     rows = heads // kv_heads * num_new
@@ -335,7 +336,8 @@ def split_count(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int
     if programs >= sms:
         return 1
     by_length = kv_len // (SPLIT_MIN_BLOCKS * block_n)
-    return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs), by_length))
+    wanted = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs), by_length))
+    return 1 << (wanted.bit_length() - 1)
 
 
 # ---- the PyTorch reference ----------------------------------------------------------------------

@@ -259,5 +259,8 @@ def test_split_count_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
     assert split_count(1, 32, 8, 1, 1024, cuda) == 4  # 4 shares of 256 keys
     assert split_count(1, 32, 8, 1, 256, cuda) == 1  # too short to split
     assert split_count(32, 32, 8, 1, 8192, cuda) == 1  # 256 programs: the SMs are full
-    assert split_count(8, 9, 3, 1, 8192, cuda) == 11  # default model: 24 programs -> 264 / 24
+    # default model: 24 programs -> 264 / 24 = 11, rounded down to a power of two (fewer
+    # kernel variants to compile)
+    assert split_count(8, 9, 3, 1, 8192, cuda) == 8
+    assert split_count(1, 32, 8, 1, 1536, cuda) == 4  # 6 shares of 256 keys -> 4
     assert split_count(1, 32, 8, 1, 8192, torch.device("cpu")) == 1
