@@ -10,7 +10,13 @@ proposal), with what plain decoding would have produced in those seconds, read o
 engine's measured plain step at each step's context. Plain decoding makes ``b`` tokens per plain
 step of ``b`` sequences, so a drafting step worth ``tokens`` tokens is worth ``tokens / b`` plain
 steps; the realised payoff is ``sum(plain-step equivalents * plain seconds) / sum(seconds)``,
-over an exponentially decayed window of ``HALF_LIFE`` drafting steps.
+over an exponentially decayed window of ``HALF_LIFE`` drafting steps. In a *closed* batch (its
+caller waits for all of it: ``scheduler.spec_policy``) plain decoding's call lasts as many steps
+as its sequence with the most tokens left needs, so there a drafting step is worth as many plain
+steps as it brought that end nearer (``spec_policy.front_advance``, at least one): tokens that go
+to the other sequences make them finish sooner, not the call. (Counting tokens, the guard let
+drafting run on large closed batches whose calls took barely fewer steps than plain decoding's,
+each longer: docs/performance.md, "End to end on the held-out real-text workload".)
 
 When the payoff falls below ``1 - MARGIN`` with at least ``MIN_EVIDENCE`` drafting steps of
 evidence, the bucket *backs off*: its next ``backoff`` steps are plain, probes included. The
@@ -91,8 +97,10 @@ class PayoffGuard:
         return False
 
     def record(self, batch_size: int, tokens: int, seconds: float, kv: int = 0) -> None:
-        """A steady drafting step of ``batch_size`` sequences produced ``tokens`` tokens in
-        ``seconds`` (the step and its proposal); ``kv``: its longest context."""
+        """A steady drafting step of ``batch_size`` sequences was worth ``tokens`` tokens of
+        plain decoding (``tokens / batch_size`` plain steps; in a closed batch, ``batch_size``
+        times its front's advance) in ``seconds`` (the step and its proposal); ``kv``: its
+        longest context."""
         plain = self.costs.plain_seconds(batch_size, kv)
         if plain is None or seconds <= 0 or batch_size <= 0:
             return  # (no plain step measured at this bucket yet: nothing to compare with)

@@ -13,12 +13,14 @@ the most left (a step can move any of them to the front; a sequence still in its
 draft yet and is left out); the others still verify drafts in the steps it widens (without it
 the controller drafted for sequences that finished early while the batch took as many steps:
 docs/design.md, "Measured reasons behind the runner's choices"). A server's requests are not
-closed: each one's own finish counts.
+closed: each one's own finish counts. The payoff guard judges a closed batch's drafting steps
+the same way: by how far they bring the call's end nearer (the most tokens left among its
+sequences), not by the tokens they make (:mod:`scheduler.payoff_guard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from scheduler.goodput import GoodputController, PackedRows
@@ -78,6 +80,9 @@ class GoodputPolicy:
         # with that step's update (a GPU engine learns a step after the next one's proposal)
         self._proposals: dict[int, tuple[list[RequestSpeculation], list[int]]] = {}
         self._gated_steps: set[int] = set()  # steps whose proposal asked the tree gate
+        # step -> the most tokens left (less one) of a sequence in that step's closed batch, at
+        # its plan: the payoff guard's measure of the call's progress (only drafting steps)
+        self._fronts: dict[int, int] = {}
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         limit, end = request_bounds(seq, self.max_k, self.max_model_len)
@@ -95,7 +100,12 @@ class GoodputPolicy:
         nothing that the decision would change); ``waiting``: requests wait to be admitted
         (then the batch is not closed: see the module docstring)."""
         self._step += 1
-        return DraftPlan(self._width(running, waiting), self._step)
+        width = self._width(running, waiting)
+        if width and self.guard is not None and not waiting and len(running) > 1:
+            front = closed_front(running)
+            if front is not None:
+                self._fronts[self._step] = front
+        return DraftPlan(width, self._step)
 
     def _width(self, running: list[SpeculatingSequence], waiting: bool) -> int:
         if not running or not self.max_k:
@@ -223,8 +233,15 @@ class GoodputPolicy:
                 [outcome.accepted[i] for i in live], [outcome.backed[i] for i in live],
                 None if outcome.private is None else [outcome.private[i] for i in live])
         timing = outcome.timing
+        front = self._fronts.pop(outcome.step, None)
+        if self._fronts:
+            self._fronts = {s: f for s, f in self._fronts.items() if s > outcome.step}
         if timing is not None and self.guard is not None and outcome.seqs:
             tokens = timing.batch_size + sum(outcome.accepted)
+            if front is not None:
+                # (a closed batch: worth as many plain steps as it brought the call's end nearer)
+                tokens = timing.batch_size * front_advance(front, outcome.seqs,
+                                                           outcome.finished)
             seconds = timing.step_s + timing.proposal_s
             self.guard.record(timing.batch_size, tokens, seconds, timing.kv_len)
             if self.trees is not None and outcome.step in self._gated_steps:
@@ -239,3 +256,30 @@ class GoodputPolicy:
         for seq in outcome.finished:
             self.release(seq)
         self.controller.prepare(self._batch_size)
+
+
+def closed_front(running: list[SpeculatingSequence]) -> int | None:
+    """In a closed batch (every sequence :attr:`~RequestSpeculation.closes`): the most tokens
+    left, less one, of a sequence that decodes, which is how many more plain steps the call
+    takes (less one); None when the batch is not closed or none decodes."""
+    most = None
+    for seq in running:
+        spec = seq.speculation
+        if not spec.closes:
+            return None
+        if seq.num_uncached_tokens == 1:
+            left = spec.end - seq.num_tokens
+            most = left if most is None or left > most else most
+    return most
+
+
+def front_advance(front: int, seqs: Sequence[SpeculatingSequence],
+                  finished: Sequence[SpeculatingSequence]) -> int:
+    """How far a closed batch's step brought its end nearer: ``front`` (:func:`closed_front`
+    at the step's plan) less the most tokens left after it among ``seqs``, the step's sequences,
+    that have not ``finished`` (-1: all have). At least 1 in a steady step (its front sequence
+    makes a token); a token that goes to another sequence moves nothing."""
+    gone = {id(seq) for seq in finished}
+    after = max((seq.speculation.end - seq.num_tokens for seq in seqs if id(seq) not in gone),
+                default=-1)
+    return max(front - after, 0)

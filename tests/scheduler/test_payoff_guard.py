@@ -149,3 +149,75 @@ def test_the_guard_stops_drafting_that_the_model_wrongly_thinks_pays():
     # the guard: a first judgement, then back-offs of 64, 128 and 256 steps with a few losing
     # steps between them
     assert guarded <= 80
+
+
+# ---- a closed batch: a drafting step is worth how far it brings the call's end nearer ----
+
+def one_drafting_step(closed):
+    """Four sequences of a batch whose caller waits for all of them (``closed``) or not, plain
+    steps until the controller drafts, then one drafting step in which three sequences accept 3
+    drafts and the one with the most tokens left accepts none. Returns the guard's evidence of
+    that step, in plain steps (its plain-equivalent seconds over a plain step's)."""
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4)
+    policy = make_controller(spec, 4, 4096, drafts_are_free=True,
+                             measured_draft_cost=lambda: 0.0)
+    params = SamplingParams(temperature=0, max_tokens=100)
+    seqs = []
+    for name, prompt_len in zip("abcd", (3, 3, 3, 2), strict=True):  # (d has the most left)
+        seq = Sequence(name, 0, None, list(range(1, prompt_len + 1)), params, None,
+                       frozenset(), 0.0)
+        seq.speculation = policy.new_tracker(seq, together=closed)
+        seqs.append(seq)
+
+    def advance(gains):
+        for seq, gain in zip(seqs, gains, strict=True):
+            for _ in range(gain):
+                seq.append_token(7, with_text=False)
+            seq.num_computed_tokens = seq.num_tokens - 1
+
+    for _ in range(5):  # plain steps measured (the first sample of a cell is not kept)
+        policy.controller.costs.record("step", 4, 1, PLAIN_S)
+    advance([1] * 4)
+    for _ in range(100):
+        plan = policy.plan(seqs)
+        if plan.width:
+            break
+        advance([1] * 4)
+        policy.learn(StepOutcome(timing=StepTiming(4, 1, PLAIN_S, 0, None, None, None, 0),
+                                 step=plan.step))
+    else:
+        raise AssertionError("the controller never drafted")
+    items = [ScheduledSequence(seq, 1, True, 4) for seq in seqs]
+    kept = policy.trim(items, [4] * 4, [4] * 4, (0, 0, 0))
+    assert kept == [4] * 4
+    accepted = [3, 3, 3, 0]
+    advance([a + 1 for a in accepted])
+    timing = StepTiming(4, 5, 1.3 * PLAIN_S, 0, None, None, None, 0)
+    policy.learn(StepOutcome(seqs, kept, accepted, [4] * 4, timing=timing, step=plan.step))
+    (bucket,) = policy.guard.buckets.values()
+    return bucket.plain_seconds / PLAIN_S
+
+
+def test_a_closed_batch_step_is_worth_its_front_advance_not_its_tokens():
+    # not closed: 13 tokens of 4 sequences, 3.25 plain steps' worth
+    assert one_drafting_step(closed=False) == pytest.approx(13 / 4, rel=1e-3)
+    # closed: the sequence with the most tokens left made one token, so the call's end came one
+    # plain step nearer, whatever the others made
+    assert one_drafting_step(closed=True) == pytest.approx(1.0, rel=1e-3)
+
+
+def test_front_advance_counts_the_most_tokens_left_of_the_sequences_still_running():
+    from scheduler.spec_policy import closed_front, front_advance
+
+    class Seq:
+        def __init__(self, end, num_tokens, closes=True, uncached=1):
+            self.speculation = type("S", (), {"end": end, "closes": closes})()
+            self.num_tokens, self.num_uncached_tokens = num_tokens, uncached
+
+    running = [Seq(20, 10), Seq(30, 25), Seq(40, 12, uncached=5)]  # (the last one prefills)
+    assert closed_front(running) == 10  # 20 - 10 > 30 - 25; a prefilling one is not counted
+    assert closed_front([Seq(20, 10), Seq(30, 25, closes=False)]) is None
+    after = [Seq(20, 13), Seq(30, 29)]
+    assert front_advance(10, after, ()) == 3  # the front went from 10 left to 7
+    assert front_advance(10, after, (after[0],)) == 9  # it finished (a stop): 1 left is most
+    assert front_advance(10, after, after) == 11  # all finished: the call is over
