@@ -1,7 +1,9 @@
-"""Shared fixtures: tiny random Hugging Face causal LMs built from configs (no network)."""
+"""Shared fixtures: tiny random Hugging Face causal LMs built from configs (no network), and
+where the Triton kernels' tests run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,15 @@ from transformers import (
 )
 
 TINY_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
+
+# Triton runs CUDA tensors compiled, or CPU tensors through its interpreter (TRITON_INTERPRET=1).
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# where a kernel test puts its tensors: CPU under the interpreter (or where no GPU is), else CUDA
+DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
+needs_triton = pytest.mark.skipif(
+    not INTERPRETED and not torch.cuda.is_available(),
+    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1 (the "
+           "README's test command sets it)")
 
 
 def tiny_config(family: str, vocab_size: int = 128, num_layers: int = 2, **overrides):

@@ -4,21 +4,13 @@ heads read in place against the attention written out with the heads repeated.""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from proposers.head_kernels import fused_rotate, fused_rotate_applies
 from proposers.head_model import DraftHead, rotate
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cpu" if INTERPRETED else "cuda"
-needs_triton = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1 (the "
-           "README's test command sets it)")
+from tests.conftest import DEVICE, INTERPRETED, needs_triton
 
 
 def frequencies(head_dim: int) -> torch.Tensor:

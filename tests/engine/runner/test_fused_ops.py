@@ -5,8 +5,6 @@ against the plain full forward; and what is left alone."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import triton
@@ -27,16 +25,10 @@ from engine.runner.fused_ops import (
     rotary_reference,
 )
 from engine.runner.model_runner import ModelRunner
-from tests.conftest import tiny_model
+from tests.conftest import DEVICE, INTERPRETED, needs_triton, tiny_model
 from tests.engine.runner.test_model_runner import random_schedule
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-pytestmark = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1 (the "
-           "README's test command sets it)")
-# (CPU tensors through the interpreter, or CUDA tensors compiled)
-DEVICE = "cpu" if INTERPRETED else "cuda"
+pytestmark = needs_triton
 
 
 @pytest.mark.parametrize("hidden", [64, 96, 576])

@@ -4,8 +4,6 @@ neighbours; the values against float64 sums; the routing of a model's maps throu
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch import nn
@@ -18,13 +16,7 @@ from engine.runner.invariant_matmul import (
     linear_modules,
     tile_config,
 )
-from tests.conftest import tiny_model
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1")
-DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
+from tests.conftest import DEVICE, INTERPRETED, needs_triton, tiny_model
 
 N, K = 80, 160  # (80: a last column block of 16 of 32; 160: K tiles of 64, 64, 32 in bf16)
 ROW_COUNTS = (1, 2, 5, 17, 64, 65, 130)

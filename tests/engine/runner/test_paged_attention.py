@@ -5,8 +5,6 @@ chunk, split-K on and off."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,12 +16,7 @@ from engine.runner.paged_attention import (
     split_count,
 )
 from engine.runner.step_inputs import tree_columns
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-needs_triton = pytest.mark.skipif(
-    not INTERPRETED and not torch.cuda.is_available(),
-    reason="Triton runs CPU tensors only through its interpreter: TRITON_INTERPRET=1")
-DEVICE = "cpu" if INTERPRETED or not torch.cuda.is_available() else "cuda"
+from tests.conftest import DEVICE, needs_triton
 
 
 class Pool:

@@ -7,7 +7,6 @@ cases run the Triton kernel itself (on a GPU, the CUDA-graph case does)."""
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
@@ -15,10 +14,9 @@ import torch
 
 from engine.runner import paged_attention
 from engine.runner.model_runner import ModelRunner
-from tests.conftest import tiny_model
+from tests.conftest import INTERPRETED, tiny_model
 from tests.engine.runner.test_model_runner import ATOL, full_logits, random_schedule
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 PATHS = ["reference", pytest.param("kernel", marks=pytest.mark.skipif(
     not INTERPRETED, reason="the kernel on CPU tensors needs TRITON_INTERPRET=1"))]
 
