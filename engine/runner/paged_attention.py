@@ -161,12 +161,15 @@ def _paged_attention_kernel(
         if DOT_F32:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-        after = cols[None, :] - limit[:, None] - 1  # [BLOCK_M, BLOCK_N] tree bit of a column
-        bit = (anc[:, None] >> tl.minimum(tl.maximum(after, 0), 63)) & 1
-        visible = (after < 0) | ((after < 64) & (bit == 1))
-        if CHAIN_ORDER:  # (every column below the count is visible)
-            visible = (after < 0) | (after >= 0)
-        visible = visible & col_ok[None, :] & row_ok[:, None]
+        if CHAIN_ORDER:
+            # cols are ranks among the token's visible keys (read through _chain_columns), and
+            # col_ok keeps them below hi <= kv_end, its count: every real (column, row) is seen
+            visible = col_ok[None, :] & row_ok[:, None]  # [BLOCK_M, BLOCK_N]
+        else:  # a column up to the row's limit, or a tree column whose bit the row has
+            after = cols[None, :] - limit[:, None] - 1  # [BLOCK_M, BLOCK_N] tree bit of a column
+            bit = (anc[:, None] >> tl.minimum(tl.maximum(after, 0), 63)) & 1
+            allowed = (after < 0) | ((after < 64) & (bit == 1))
+            visible = allowed & col_ok[None, :] & row_ok[:, None]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # (a row with nothing visible yet)
