@@ -72,6 +72,7 @@ from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
 from engine.runner.paged_attention import split_count
+from engine.runner.paged_attention import warm_up as warm_up_paged
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
@@ -243,6 +244,7 @@ class Executor:
             raise ValueError("attention_backend='paged' needs the whole model on one device, got "
                              f"layers on {sorted(set(map(str, layer_devices.values())))}")
         self._heads, self._kv_heads = num_heads // tp, kv_heads // tp  # this rank's
+        self._head_dim = head_dim
         self.cache = PagedKVCache(
             layer_devices, kv_heads // tp, head_dim, max_num_tokens, max_num_seqs,
             max_model_len, self.dtype, self.device, read_in_place=self.paged)
@@ -289,6 +291,13 @@ class Executor:
                                  max_batch_size, max_num_new, self.max_model_len + 1,
                                  self.device, capture, twin_width)
         self.graphs.twin_max_batch = twin_max_batch
+
+    def warm_up(self, max_num_new: int) -> None:
+        """Compile the paged kernel's variants that steps of up to ``max_num_new`` new tokens a
+        sequence reach, before the first request waits for them (paged reads on CUDA only)."""
+        if self.paged and self.device.type == "cuda":
+            warm_up_paged(self.device, self.dtype, self._heads, self._kv_heads, self._head_dim,
+                          max_num_new, chain_order=self.deterministic)
 
     def to_device(self, values: Sequence[int]) -> torch.Tensor:
         """``values`` as a long tensor ``[len(values)]`` on the model's device, through a

@@ -45,6 +45,14 @@ ancestors' columns, which lie elsewhere (nodes are laid out breadth first). With
 its ``i``-th ancestor (depth order): the node's keys then sit exactly where a chain token's
 would, and with one split and one tile height for every step, a token's output depends only on
 its context, never on the step around it.
+
+Compiled variants. Triton compiles a kernel per value of its constexprs (the tile height
+``BLOCK_M``, the split count, chain order) and, unless told otherwise, per class of its integer
+arguments (1, a multiple of 16, other). The sizes that change from step to step (``batch``,
+``num_new`` and the strides that follow them) are not specialised, so the variants are only
+the constexprs' (at most three tile heights, five split counts); :func:`warm_up` compiles those
+an engine will reach before its first request, which would otherwise wait for them (a server's
+first requests waited seconds).
 """
 
 from __future__ import annotations
@@ -57,7 +65,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_attention", "paged_attention_reference", "split_count", "visible_columns"]
+__all__ = ["paged_attention", "paged_attention_reference", "split_count", "visible_columns",
+           "warm_up"]
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 ANCESTOR_BITS = 64  # a token's tree-ancestor set: the bits of one int64
@@ -94,7 +103,8 @@ def _chain_columns(cols, limit, anc):
     return tl.where(rank >= 0, limit + 1 + pos, cols), limit + 1 + seen
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["sq_b", "sq_h", "sq_t", "s_table", "sl_b", "sa_b", "so_b", "so_t",
+                               "batch", "num_new", "table_width"])  # (docstring: compiled variants)
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, table_ptr, slots_ptr, limits_ptr, anc_ptr, out_ptr,
         part_o_ptr, part_lse_ptr,
@@ -196,7 +206,7 @@ def _paged_attention_kernel(
         tl.store(part_lse_ptr + base * num_rows + rows, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["so_b", "so_t", "batch", "num_new"])
 def _combine_splits_kernel(
         part_o_ptr, part_lse_ptr, out_ptr, so_b, so_t, so_h, so_d,
         batch, kv_heads, num_new, head_dim,
@@ -373,3 +383,34 @@ def paged_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: t
     visible = visible_columns(limits, ancestors, width)[:, None]  # [batch, 1, num_new, width]
     probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
     return (probs @ v).to(query.dtype).transpose(1, 2).contiguous()
+
+
+def warm_up(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
+            max_num_new: int, chain_order: bool = False, block_n: int = 64) -> int:
+    """Compile, before any request, each variant of the kernel that steps of up to
+    ``max_num_new`` new tokens a sequence can reach (their tile heights, each with every split
+    count; a prompt chunk's tile of 64 rows; chain order: its one tile, one split), by running
+    it on a few rows. Returns how many variants ran. No-op (0) off CUDA."""
+    if device.type != "cuda":
+        return 0
+    groups = heads // kv_heads
+    if chain_order:
+        shapes = [(1, 1)]
+    else:
+        heights = {_block_m(groups * n): n for n in range(max_num_new, 0, -1)}
+        heights.setdefault(64, triton.cdiv(64, groups))  # (a prompt chunk's rows)
+        shapes = [(n, s) for n in heights.values() for s in _powers_of_two(MAX_SPLITS)]
+    keys = torch.zeros(kv_heads, 4, head_dim, dtype=dtype, device=device)
+    table = torch.zeros(1, 4, dtype=torch.int64, device=device)
+    for num_new, splits in shapes:
+        query = torch.zeros(1, heads, num_new, head_dim, dtype=dtype, device=device)
+        slots = torch.zeros(1, dtype=torch.int64, device=device)
+        limits = torch.zeros(1, num_new, dtype=torch.int64, device=device)
+        paged_attention(query, keys, keys, table, slots, limits, limits, 1.0, splits, block_n,
+                        chain_order)
+    torch.cuda.synchronize(device)
+    return len(shapes)
+
+
+def _powers_of_two(most: int) -> list[int]:
+    return [1 << i for i in range(most.bit_length()) if 1 << i <= most]

@@ -257,3 +257,40 @@ def test_split_count_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
     assert split_count(8, 9, 3, 1, 8192, cuda) == 8
     assert split_count(1, 32, 8, 1, 1536, cuda) == 4  # 6 shares of 256 keys -> 4
     assert split_count(1, 32, 8, 1, 8192, torch.device("cpu")) == 1
+
+
+def _compiled(kernel) -> int:
+    """Variants of a Triton kernel compiled in this process (every device)."""
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles CUDA kernels (a GPU)")
+def test_after_warm_up_no_step_size_compiles_a_kernel():
+    """What a server's first requests used to wait for: after :func:`pa.warm_up`, steps of any
+    batch, width up to the warmed one, context length and split count compile nothing."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    heads, kv_heads, head_dim, max_new = 9, 3, 64, 5
+    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim, max_new) > 0
+    before = _compiled(pa._paged_attention_kernel), _compiled(pa._combine_splits_kernel)
+    pool = Pool(kv_heads, head_dim, num_slots=64, width=2048, seed=3, dtype=dtype)
+    keys, values, table = pool.keys.to(device), pool.values.to(device), pool.table.to(device)
+    for batch in (1, 2, 3, 16, 33):
+        for num_new in (1, 2, 5):
+            for kv_len in (40, 1000, 2000):
+                q = torch.randn(batch, heads, num_new, head_dim, dtype=dtype, device=device)
+                limits = torch.full((batch, num_new), kv_len - num_new, device=device)
+                limits += torch.arange(num_new, device=device)
+                splits = split_count(batch, heads, kv_heads, num_new, kv_len, device)
+                paged_attention(q, keys, values, table, torch.arange(batch, device=device),
+                                limits, torch.zeros_like(limits), 0.125, splits)
+    # a prompt chunk: 64-row tiles
+    q = torch.randn(1, heads, 300, head_dim, dtype=dtype, device=device)
+    limits = torch.arange(300, device=device)[None]
+    paged_attention(q, keys, values, table, torch.zeros(1, dtype=torch.long, device=device),
+                    limits, torch.zeros_like(limits), 0.125)
+    torch.cuda.synchronize()
+    assert (_compiled(pa._paged_attention_kernel), _compiled(pa._combine_splits_kernel)) == before
+
+
+def test_warm_up_is_a_no_op_off_cuda():
+    assert pa.warm_up(torch.device("cpu"), torch.float32, 4, 2, 16, 5) == 0
