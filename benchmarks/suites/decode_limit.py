@@ -44,9 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per cell")
     p.add_argument("--methods", default="", help="comma list: also with these speculation "
                                                  "methods (e.g. ngram), k = 4")
-    p.add_argument("--attention-backends", default="gather",
+    p.add_argument("--attention-backends", default="auto",
                    help="comma list of EngineConfig.attention_backend values to run each cell "
-                        "with (gather, paged)")
+                        "with (auto: the engine's default; gather, paged)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 1, 2; context 32")
 
 
