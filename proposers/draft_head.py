@@ -25,16 +25,12 @@ choices").
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
-1`` per request, every key of the cache read (:mod:`proposers.head_graphs`), and as many chain
-drafts as the step's longest ask (a tree: always ``num_speculative_tokens`` levels). Each number
-of drafts is its own layout, so that a proposal of 2 drafts costs 2 of the head's steps, not k:
-the controller can then find that fewer drafts pay (an engine built for k = 2 beat the
-controller's k = 4 by 8-19% on the H200 while every proposal drafted k: docs/performance.md,
-"End to end on the held-out real-text workload"). A layout met for the first time runs eager
-and the second time is captured, each many times a replay's cost, and the last steps of a batch
-ask fewer drafts (caps shrink near ``max_tokens``) at smaller batch buckets: so capturing a chain
-layout captures every layout of fewer drafts and smaller batch buckets with it
-(:meth:`DraftHeadProposer._capture_smaller`).
+1`` per request, every key of the cache read (:mod:`proposers.head_graphs`), and always
+``num_speculative_tokens`` drafts (or tree levels), of which each request keeps the ones it asked
+for. A layout per number of drafts as well would make new layouts in the last steps of a batch
+(each request's cap shrinks as it nears ``max_tokens``), and a layout met for the first time
+runs eager and the second time is captured, each many times a replay's cost (docs/design.md,
+"Measured reasons behind the runner's choices").
 
 The weights (``safetensors``) and a ``draft_head.json`` of its shape live in a directory; the
 factory loads ``SpeculativeConfig.model`` when given, else the head shipped for the default
@@ -292,10 +288,8 @@ class DraftHeadProposer(Proposer):
         if not ready:
             return Proposal(drafts, None)
         steps = max(requests[i].num_spec_tokens for i in ready)
-        want_tree = self.branching is not None and any(requests[i].tree for i in ready)
         if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
-            if want_tree:  # (one tree layout a batch bucket: its depth is k)
-                steps = self.max_pending - 1
+            steps = max(steps, self.max_pending - 1)  # (one layout a batch bucket: see above)
             self._write_over([requests[i].req_id for i in ready], self.max_pending)
         feats, tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], [], []
         for i in ready:
@@ -310,7 +304,9 @@ class DraftHeadProposer(Proposer):
             slots.append(self.cache.slot_of[req_id])
             last_pos.append(start + n - 1)
         generation = self.cache.generation
-        tree = self._tree(steps) if want_tree else None
+        tree = None
+        if self.branching is not None and any(requests[i].tree for i in ready):
+            tree = self._tree(steps)
         width = steps if tree is None else tree.num_nodes  # drafts per request
         self._ensure(max(last_pos) + width + 1)
         num_keys = max(last_pos) + width + (tree is not None)
@@ -402,30 +398,24 @@ class DraftHeadProposer(Proposer):
             [features.to(self.cache.dtype), flat])[:len(slots)]
 
     def _capture_smaller(self, batch: int, steps: int, body) -> None:
-        """After a chain layout's capture at ``batch`` and ``steps`` drafts: capture now, on
-        padding rows (they write the scratch slot), the layouts of every batch bucket up to
-        ``batch`` and every number of drafts up to ``steps``. A batch shrinks as its requests
-        finish, and asks fewer drafts in its last steps: a layout first met there would run
-        eager, then be captured, mid-run, each many times a replay's cost (docs/design.md,
-        "Measured reasons behind the runner's choices")."""
+        """After a chain layout's capture at ``batch``: capture every smaller batch bucket's
+        now, on padding rows (they write the scratch slot). A batch shrinks as its requests
+        finish, and a bucket first met in its last steps would run eager, then be captured,
+        mid-run, each many times a replay's cost (docs/design.md, "Measured reasons behind the
+        runner's choices")."""
         scratch, num_keys = self.cache.scratch, self.cache.capacity
-        layouts = [(b, s) for b in _buckets_to(batch) for s in range(1, steps + 1)
-                   if (b, s) != (batch, steps)]  # (that one: captured at its second meeting)
-        for b, s in layouts:
-            key = (b, s, num_keys, False)
+        b = batch // 2
+        while b >= 1:
+            key = (b, steps, num_keys, False)
             if key not in self.graphs:
                 rows = b * self.max_pending
                 sizes = [rows] * 3 + [b] * 3
                 flat, _ = self._flat([0] * rows, [scratch] * rows, [0] * rows, [0] * b,
                                      [scratch] * b, [0] * b)
                 features = self._zero_rows[:rows].to(self.cache.dtype)  # (padding rows)
-                self.graphs.ensure(key, lambda f, i, sizes=sizes, s=s: body(
-                    f, *i.split(sizes), steps=s, num_keys=num_keys), [features, flat])
-
-
-def _buckets_to(batch: int) -> list[int]:
-    """The batch buckets (powers of two) up to ``batch``, largest first."""
-    return [1 << i for i in range(batch.bit_length() - 1, -1, -1)]
+                self.graphs.ensure(key, lambda f, i, sizes=sizes: body(
+                    f, *i.split(sizes), steps=steps, num_keys=num_keys), [features, flat])
+            b //= 2
 
 
 @register_proposer("eagle")
