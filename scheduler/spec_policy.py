@@ -80,9 +80,10 @@ class GoodputPolicy:
         # with that step's update (a GPU engine learns a step after the next one's proposal)
         self._proposals: dict[int, tuple[list[RequestSpeculation], list[int]]] = {}
         self._gated_steps: set[int] = set()  # steps whose proposal asked the tree gate
-        # step -> the most tokens left (less one) of a sequence in that step's closed batch, at
-        # its plan: the payoff guard's measure of the call's progress (only drafting steps)
-        self._fronts: dict[int, int] = {}
+        # step -> the most tokens left (less one) of a sequence of that step's closed batch at
+        # its plan, and the batch's sequences: the payoff guard's measure of the call's progress
+        # (drafting steps only)
+        self._fronts: dict[int, tuple[int, list[SpeculatingSequence]]] = {}
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         limit, end = request_bounds(seq, self.max_k, self.max_model_len)
@@ -104,7 +105,7 @@ class GoodputPolicy:
         if width and self.guard is not None and not waiting and len(running) > 1:
             front = closed_front(running)
             if front is not None:
-                self._fronts[self._step] = front
+                self._fronts[self._step] = (front, list(running))
         return DraftPlan(width, self._step)
 
     def _width(self, running: list[SpeculatingSequence], waiting: bool) -> int:
@@ -234,14 +235,13 @@ class GoodputPolicy:
                 None if outcome.private is None else [outcome.private[i] for i in live])
         timing = outcome.timing
         front = self._fronts.pop(outcome.step, None)
-        if self._fronts:
-            self._fronts = {s: f for s, f in self._fronts.items() if s > outcome.step}
+        for step in [s for s in self._fronts if s < outcome.step]:  # (steps never learnt)
+            del self._fronts[step]
         if timing is not None and self.guard is not None and outcome.seqs:
             tokens = timing.batch_size + sum(outcome.accepted)
             if front is not None:
                 # (a closed batch: worth as many plain steps as it brought the call's end nearer)
-                tokens = timing.batch_size * front_advance(front, outcome.seqs,
-                                                           outcome.finished)
+                tokens = timing.batch_size * front_advance(*front, 1 + max(outcome.accepted))
             seconds = timing.step_s + timing.proposal_s
             self.guard.record(timing.batch_size, tokens, seconds, timing.kv_len)
             if self.trees is not None and outcome.step in self._gated_steps:
@@ -260,26 +260,26 @@ class GoodputPolicy:
 
 def closed_front(running: list[SpeculatingSequence]) -> int | None:
     """In a closed batch (every sequence :attr:`~RequestSpeculation.closes`): the most tokens
-    left, less one, of a sequence that decodes, which is how many more plain steps the call
-    takes (less one); None when the batch is not closed or none decodes."""
-    most = None
+    left, less one, of any of its sequences (decoding or not), which is how many more plain
+    steps the call takes, less one; None when the batch is not closed."""
+    most = -1
     for seq in running:
         spec = seq.speculation
         if not spec.closes:
             return None
-        if seq.num_uncached_tokens == 1:
-            left = spec.end - seq.num_tokens
-            most = left if most is None or left > most else most
+        left = spec.end - seq.num_tokens
+        most = left if left > most else most
     return most
 
 
-def front_advance(front: int, seqs: Sequence[SpeculatingSequence],
-                  finished: Sequence[SpeculatingSequence]) -> int:
-    """How far a closed batch's step brought its end nearer: ``front`` (:func:`closed_front`
-    at the step's plan) less the most tokens left after it among ``seqs``, the step's sequences,
-    that have not ``finished`` (-1: all have). At least 1 in a steady step (its front sequence
-    makes a token); a token that goes to another sequence moves nothing."""
-    gone = {id(seq) for seq in finished}
-    after = max((seq.speculation.end - seq.num_tokens for seq in seqs if id(seq) not in gone),
-                default=-1)
-    return max(front - after, 0)
+def front_advance(front: int, running: Sequence[SpeculatingSequence], most_made: int) -> int:
+    """How far a closed batch's step brought the call's end nearer: ``front`` (:func:`closed_front`
+    of ``running`` at the step's plan) less the most tokens left now among those of ``running``
+    still unfinished (-1: none), and at most ``most_made``, the most tokens one sequence made in
+    the step. A token that goes to a sequence that is not last moves nothing; a last sequence
+    the step left out (preempted, over the token budget) moves it not at all; and a sequence
+    that stops early (EOS, a stop string) would have shortened the call as much without drafts,
+    so the credit is bounded by what the step itself made."""
+    after = max((seq.speculation.end - seq.num_tokens for seq in running
+                 if not seq.is_finished), default=-1)
+    return max(0, min(front - after, most_made))

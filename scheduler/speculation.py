@@ -57,6 +57,9 @@ class SpeculatingSequence(Protocol):
     num_prompt_tokens: int
     num_uncached_tokens: int
 
+    @property
+    def is_finished(self) -> bool: ...
+
 
 def cap(seq: SpeculatingSequence) -> int:
     """The most drafts ``seq`` may verify now: the configured k, its request's own cap, and the

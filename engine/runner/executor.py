@@ -292,12 +292,12 @@ class Executor:
                                  self.device, capture, twin_width)
         self.graphs.twin_max_batch = twin_max_batch
 
-    def warm_up(self, max_num_new: int) -> None:
-        """Compile the paged kernel's variants that steps of up to ``max_num_new`` new tokens a
-        sequence reach, before the first request waits for them (paged reads on CUDA only)."""
+    def warm_up(self) -> None:
+        """Compile the paged kernel's variants before the first request waits for them (paged
+        reads on CUDA only)."""
         if self.paged and self.device.type == "cuda":
             warm_up_paged(self.device, self.dtype, self._heads, self._kv_heads, self._head_dim,
-                          max_num_new, chain_order=self.deterministic)
+                          chain_order=self.deterministic)
 
     def to_device(self, values: Sequence[int]) -> torch.Tensor:
         """``values`` as a long tensor ``[len(values)]`` on the model's device, through a

@@ -120,7 +120,7 @@ class ModelRunner:
             raise ValueError(f"cuda_graph_max_new must be an int >= 0, got {cuda_graph_max_new!r}")
         if cuda_graph_max_new and executor.can_capture:
             self.use_graph_buckets(cuda_graph_max_new)
-        executor.warm_up(max(cuda_graph_max_new, 1))
+        executor.warm_up()
 
     @property
     def graphs(self) -> CudaGraphs | None:

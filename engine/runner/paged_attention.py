@@ -48,10 +48,12 @@ its context, never on the step around it.
 
 Compiled variants. Triton compiles a kernel per value of its constexprs (the tile height
 ``BLOCK_M``, the split count, chain order) and, unless told otherwise, per class of its integer
-arguments (1, a multiple of 16, other). The sizes that change from step to step (``batch``,
-``num_new`` and the strides that follow them) are not specialised, so the variants are only
-the constexprs' (at most three tile heights, five split counts); :func:`warm_up` compiles those
-an engine will reach before its first request, which would otherwise wait for them (a server's
+arguments (1, a multiple of 16, other) and of its pointers' alignment (16 bytes or not). The
+sizes that change from step to step (``batch``, ``num_new`` and the strides that follow them)
+are not specialised, nor the alignment of the slots, limits and ancestors (views into one index
+tensor, where the ancestors' row starts 16-byte aligned only for an even number of tokens), so
+the variants are only the constexprs' (three tile heights, five split counts); :func:`warm_up`
+compiles them all before the first request, which would otherwise wait for them (a server's
 first requests waited seconds).
 """
 
@@ -104,7 +106,9 @@ def _chain_columns(cols, limit, anc):
 
 
 @triton.jit(do_not_specialize=["sq_b", "sq_h", "sq_t", "s_table", "sl_b", "sa_b", "so_b", "so_t",
-                               "batch", "num_new", "table_width"])  # (docstring: compiled variants)
+                               "batch", "num_new", "table_width"],
+            # (views into the step's one index tensor, read a value at a time: docstring)
+            do_not_specialize_on_alignment=["slots_ptr", "limits_ptr", "anc_ptr"])
 def _paged_attention_kernel(
         q_ptr, k_ptr, v_ptr, table_ptr, slots_ptr, limits_ptr, anc_ptr, out_ptr,
         part_o_ptr, part_lse_ptr,
@@ -386,19 +390,17 @@ def paged_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: t
 
 
 def warm_up(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-            max_num_new: int, chain_order: bool = False, block_n: int = 64) -> int:
-    """Compile, before any request, each variant of the kernel that steps of up to
-    ``max_num_new`` new tokens a sequence can reach (their tile heights, each with every split
-    count; a prompt chunk's tile of 64 rows; chain order: its one tile, one split), by running
-    it on a few rows. Returns how many variants ran. No-op (0) off CUDA."""
+            chain_order: bool = False, block_n: int = 64) -> int:
+    """Compile, before any request, every variant of the kernel (each tile height with every
+    split count; chain order: its one tile and one split) by running it on a few rows. Returns
+    how many variants ran. No-op (0) off CUDA."""
     if device.type != "cuda":
         return 0
     groups = heads // kv_heads
     if chain_order:
         shapes = [(1, 1)]
-    else:
-        heights = {_block_m(groups * n): n for n in range(max_num_new, 0, -1)}
-        heights.setdefault(64, triton.cdiv(64, groups))  # (a prompt chunk's rows)
+    else:  # (a width for each tile height: 16, 32 or 64 rows, as the groups allow)
+        heights = {_block_m(groups * n): n for n in range(64, 0, -1)}
         shapes = [(n, s) for n in heights.values() for s in _powers_of_two(MAX_SPLITS)]
     keys = torch.zeros(kv_heads, 4, head_dim, dtype=dtype, device=device)
     table = torch.zeros(1, 4, dtype=torch.int64, device=device)

@@ -206,18 +206,24 @@ def test_a_closed_batch_step_is_worth_its_front_advance_not_its_tokens():
     assert one_drafting_step(closed=True) == pytest.approx(1.0, rel=1e-3)
 
 
-def test_front_advance_counts_the_most_tokens_left_of_the_sequences_still_running():
+def test_front_advance_counts_the_most_tokens_left_of_the_batch_bounded_by_the_step():
     from scheduler.spec_policy import closed_front, front_advance
 
     class Seq:
-        def __init__(self, end, num_tokens, closes=True, uncached=1):
+        def __init__(self, end, num_tokens, closes=True, is_finished=False):
             self.speculation = type("S", (), {"end": end, "closes": closes})()
-            self.num_tokens, self.num_uncached_tokens = num_tokens, uncached
+            self.num_tokens, self.is_finished = num_tokens, is_finished
 
-    running = [Seq(20, 10), Seq(30, 25), Seq(40, 12, uncached=5)]  # (the last one prefills)
-    assert closed_front(running) == 10  # 20 - 10 > 30 - 25; a prefilling one is not counted
+    running = [Seq(20, 10), Seq(30, 25), Seq(40, 38)]
+    assert closed_front(running) == 10  # 20 - 10 is the most left
     assert closed_front([Seq(20, 10), Seq(30, 25, closes=False)]) is None
-    after = [Seq(20, 13), Seq(30, 29)]
-    assert front_advance(10, after, ()) == 3  # the front went from 10 left to 7
-    assert front_advance(10, after, (after[0],)) == 9  # it finished (a stop): 1 left is most
-    assert front_advance(10, after, after) == 11  # all finished: the call is over
+    running[0].num_tokens, running[1].num_tokens = 13, 29  # a step: 3 and 4 tokens
+    assert front_advance(10, running, most_made=4) == 3  # the front went from 10 left to 7
+    running[0].is_finished = True  # (it stopped: EOS) the next front has 1 left ...
+    assert front_advance(10, running, most_made=4) == 4  # ... but no more than the step made
+    running[1].num_tokens = 25  # the others made nothing (left out of the step: preempted)
+    running[0].is_finished, running[0].num_tokens = False, 10
+    assert front_advance(10, running, most_made=4) == 0
+    for seq in running:
+        seq.is_finished = True
+    assert front_advance(2, running, most_made=4) == 3  # all finished: the call is over

@@ -264,33 +264,44 @@ def _compiled(kernel) -> int:
     return sum(len(caches[0]) for caches in kernel.device_caches.values())
 
 
+def _index_views(batch: int, num_new: int, kv_len: int, device: torch.device):
+    """``slots [batch]``, ``limits``, ``ancestors [batch, num_new]`` as the runner passes them:
+    views into one index tensor (the ancestors' row 16-byte aligned only when ``batch *
+    num_new`` is even), a chain's limits ending at ``kv_len - 1``."""
+    n = batch * num_new
+    flat = torch.zeros(2 * n + batch, dtype=torch.long, device=device)
+    limits, ancestors = flat[:n].view(batch, num_new), flat[n:2 * n].view(batch, num_new)
+    slots = flat[2 * n:]
+    limits += kv_len - num_new + torch.arange(num_new, device=device)
+    slots += torch.arange(batch, device=device)
+    return slots, limits, ancestors
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles CUDA kernels (a GPU)")
 def test_after_warm_up_no_step_size_compiles_a_kernel():
     """What a server's first requests used to wait for: after :func:`pa.warm_up`, steps of any
-    batch, width up to the warmed one, context length and split count compile nothing."""
+    batch, width, context length and split count, their index tensors views at any alignment,
+    compile nothing."""
     device, dtype = torch.device("cuda"), torch.bfloat16
-    heads, kv_heads, head_dim, max_new = 9, 3, 64, 5
-    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim, max_new) > 0
+    heads, kv_heads, head_dim = 9, 3, 64
+    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim) == 3 * 5  # (3 tiles, 5 splits)
     before = _compiled(pa._paged_attention_kernel), _compiled(pa._combine_splits_kernel)
     pool = Pool(kv_heads, head_dim, num_slots=64, width=2048, seed=3, dtype=dtype)
     keys, values, table = pool.keys.to(device), pool.values.to(device), pool.table.to(device)
     for batch in (1, 2, 3, 16, 33):
-        for num_new in (1, 2, 5):
+        for num_new in (1, 2, 5, 11):
             for kv_len in (40, 1000, 2000):
                 q = torch.randn(batch, heads, num_new, head_dim, dtype=dtype, device=device)
-                limits = torch.full((batch, num_new), kv_len - num_new, device=device)
-                limits += torch.arange(num_new, device=device)
+                slots, limits, ancestors = _index_views(batch, num_new, kv_len, device)
                 splits = split_count(batch, heads, kv_heads, num_new, kv_len, device)
-                paged_attention(q, keys, values, table, torch.arange(batch, device=device),
-                                limits, torch.zeros_like(limits), 0.125, splits)
+                paged_attention(q, keys, values, table, slots, limits, ancestors, 0.125, splits)
     # a prompt chunk: 64-row tiles
     q = torch.randn(1, heads, 300, head_dim, dtype=dtype, device=device)
-    limits = torch.arange(300, device=device)[None]
-    paged_attention(q, keys, values, table, torch.zeros(1, dtype=torch.long, device=device),
-                    limits, torch.zeros_like(limits), 0.125)
+    slots, limits, ancestors = _index_views(1, 300, 300, device)
+    paged_attention(q, keys, values, table, slots, limits, ancestors, 0.125)
     torch.cuda.synchronize()
     assert (_compiled(pa._paged_attention_kernel), _compiled(pa._combine_splits_kernel)) == before
 
 
 def test_warm_up_is_a_no_op_off_cuda():
-    assert pa.warm_up(torch.device("cpu"), torch.float32, 4, 2, 16, 5) == 0
+    assert pa.warm_up(torch.device("cpu"), torch.float32, 4, 2, 16) == 0
