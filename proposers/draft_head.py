@@ -94,13 +94,39 @@ def top_indices(logits: torch.Tensor, count: int) -> torch.Tensor:
     return best // count * TOP_CHUNK + within
 
 
+Chunk = tuple[torch.Tensor, int, int]  # (a step's features [rows, hidden_size], first, count)
+
+
 class _Pending:
-    """A request's verified pairs not yet in the head's cache: features ``[n, hidden_size]``
-    and the token after each position."""
+    """A request's verified pairs not yet in the head's cache: their features, as chunks of the
+    steps' feature tensors (no view is cut per request and step: :func:`gather_rows` joins them
+    when they are written or queried), and the token after each position."""
 
     def __init__(self) -> None:
-        self.features: list[torch.Tensor] = []
+        self.features: list[Chunk] = []
         self.tokens: list[int] = []
+
+
+def gather_rows(chunks: list[Chunk], copy: bool = False) -> torch.Tensor:
+    """The chunks' rows, in order, ``[sum of counts, hidden_size]``, as few views as they allow:
+    chunks of one tensor that lie end to end (the requests of a plain step, one row each) are
+    one view, then one concatenation (``copy``: never a view). No index goes to the device (a
+    copy queued behind the target's forward would wait for it, where
+    :meth:`DraftHeadProposer.observe` writes)."""
+    parts: list[torch.Tensor] = []
+    source, first, end = None, 0, 0
+    for tensor, start, count in chunks:
+        if tensor is source and start == end:
+            end += count
+            continue
+        if source is not None:
+            parts.append(source[first:end])
+        source, first, end = tensor, start, start + count
+    if source is not None:
+        parts.append(source[first:end])
+    if len(parts) == 1:
+        return parts[0].clone() if copy else parts[0]
+    return torch.cat(parts)
 
 
 class DraftHeadProposer(Proposer):
@@ -176,7 +202,7 @@ class DraftHeadProposer(Proposer):
         offset = 0
         for u in updates:
             first = offset if u.row is None else u.row
-            rows, offset = features[first:first + u.count], first + u.count  # (a view)
+            offset = first + u.count
             if u.req_id in self._broken or u.count == 0:
                 continue
             if u.req_id not in self.cache.slot_of:
@@ -189,7 +215,7 @@ class DraftHeadProposer(Proposer):
             if u.start != self.cache.length[u.req_id] + len(pending.tokens):
                 self._broken.add(u.req_id)
                 continue
-            pending.features.append(rows)
+            pending.features.append((features, first, u.count))
             pending.tokens.extend(u.token_ids[u.start + 1:u.start + 1 + u.count])
             if len(pending.tokens) > self.max_lazy:
                 flush.append(u.req_id)
@@ -219,17 +245,17 @@ class DraftHeadProposer(Proposer):
     def _write_now(self, req_ids: list[str | int]) -> None:
         """Write each request's pending pairs but its newest into the cache, one batched
         projection (the newest stays pending: the next proposal queries it)."""
-        feats: list[torch.Tensor] = []  # views of the steps' feature tensors, in row order
-        newest: list[torch.Tensor] = []  # each request's newest row (a view)
+        feats: list[Chunk] = []  # every request's rows but its newest, in row order
+        newest: list[Chunk] = []  # each request's newest row
         tokens, slots, positions = [], [], []
         for req_id in req_ids:
             pending = self._pending[req_id]
             n = len(pending.tokens) - 1
-            *older, last = pending.features
+            *older, (source, first, count) = pending.features
             feats += older
-            if last.shape[0] > 1:
-                feats.append(last[:-1])
-            newest.append(last[-1:])
+            if count > 1:
+                feats.append((source, first, count - 1))
+            newest.append((source, first + count - 1, 1))
             start = self.cache.length[req_id]
             tokens += pending.tokens[:n]
             slots += [self.cache.slot_of[req_id]] * n
@@ -237,13 +263,13 @@ class DraftHeadProposer(Proposer):
             pending.tokens = pending.tokens[n:]
             self.cache.length[req_id] = start + n
         # the newest rows copied, all at once: a view would keep its step's whole tensor alive
-        kept = torch.cat(newest)  # [len(req_ids), hidden_size]
+        kept = gather_rows(newest, copy=True)  # [len(req_ids), hidden_size]
         for j, req_id in enumerate(req_ids):
-            self._pending[req_id].features = [kept[j:j + 1]]
+            self._pending[req_id].features = [(kept, j, 1)]
         self._ensure(max(positions) + 1)
         index = self._to_device(np.array([tokens, slots, positions], dtype=np.int64))  # [3, rows]
         # (one concatenation of every request's rows: one per request cost a launch each)
-        x = self.head.inputs(torch.cat(feats).to(self.cache.dtype), self.embed(index[0]))
+        x = self.head.inputs(gather_rows(feats).to(self.cache.dtype), self.embed(index[0]))
         self.cache.write(index[1], index[2], *self.head.keys_values(x, index[2]))
 
     def _ensure(self, needed: int) -> None:
@@ -291,7 +317,8 @@ class DraftHeadProposer(Proposer):
         if self.graphs is not None:  # (a graph's layout holds max_pending pairs a request)
             steps = max(steps, self.max_pending - 1)  # (one layout a batch bucket: see above)
             self._write_over([requests[i].req_id for i in ready], self.max_pending)
-        feats, tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], [], []
+        feats: list[Chunk] = []
+        tokens, row_slots, row_pos, last_rows, slots, last_pos = [], [], [], [], [], []
         for i in ready:
             req_id = requests[i].req_id
             pending, start = self._pending[req_id], self.cache.length[req_id]
@@ -316,12 +343,12 @@ class DraftHeadProposer(Proposer):
             body = partial(draft_tree, self.head, self.cache, self.embed, self._candidates,
                            tree=tree)
         if self.graphs is None:
-            out = body(torch.cat(feats).to(self.cache.dtype),
+            out = body(gather_rows(feats).to(self.cache.dtype),
                        *self._index(tokens, row_slots, row_pos, last_rows, slots, last_pos),
                        steps=steps, num_keys=num_keys)
         else:
-            out = self._draft_graphed(feats, tokens, row_slots, row_pos, last_rows, slots,
-                                      last_pos, steps, num_keys, body, tree)
+            out = self._draft_graphed(gather_rows(feats), tokens, row_slots, row_pos, last_rows,
+                                      slots, last_pos, steps, num_keys, body, tree)
         self.last_proposal_steady = generation == self.cache.generation and (
             self.graphs is None or self.graphs.last_steady)
         for i in ready:
@@ -368,12 +395,13 @@ class DraftHeadProposer(Proposer):
         flat = self._to_device(np.fromiter(chain.from_iterable(columns), np.int64))
         return flat, [len(c) for c in columns]
 
-    def _draft_graphed(self, feats: list[torch.Tensor], tokens: list[int], row_slots: list[int],
+    def _draft_graphed(self, feats: torch.Tensor, tokens: list[int], row_slots: list[int],
                        row_pos: list[int], last_rows: list[int], slots: list[int],
                        last_pos: list[int], steps: int, num_keys: int, body,
                        tree: DraftTree | None) -> torch.Tensor:
         """``body`` (:func:`~proposers.head_drafting.draft_chain` or
-        :func:`~proposers.head_drafting.draft_tree`) padded to its layout's static shapes,
+        :func:`~proposers.head_drafting.draft_tree`) on ``feats [len(tokens), hidden_size]``
+        (the pending rows, in order) padded to its layout's static shapes,
         through :class:`HeadGraphs`: padding rows write into the scratch slot and query its
         position 0."""
         batch = _pow2(len(slots))
@@ -390,8 +418,8 @@ class DraftHeadProposer(Proposer):
                                  row_pos + [0] * pad, last_rows + [0] * pad_b,
                                  slots + [scratch] * pad_b, last_pos + [0] * pad_b)
         if self._zero_rows is None or self._zero_rows.shape[0] < rows:  # (kept: no fill a call)
-            self._zero_rows = feats[0].new_zeros((rows, feats[0].shape[-1]))  # (pad <= rows)
-        features = torch.cat(feats + [self._zero_rows[:pad]])  # [batch * max_pending, hidden]
+            self._zero_rows = feats.new_zeros((rows, feats.shape[-1]))  # (pad <= rows)
+        features = torch.cat([feats, self._zero_rows[:pad]])  # [batch * max_pending, hidden]
         key = (batch, steps, num_keys, tree is not None)
         return self.graphs.run(
             key, lambda f, i: body(f, *i.split(sizes), steps=steps, num_keys=num_keys),
