@@ -124,9 +124,7 @@ def gather_rows(chunks: list[Chunk], copy: bool = False) -> torch.Tensor:
         source, first, end = tensor, start, start + count
     if source is not None:
         parts.append(source[first:end])
-    if len(parts) == 1:
-        return parts[0].clone() if copy else parts[0]
-    return torch.cat(parts)
+    return torch.cat(parts) if copy or len(parts) > 1 else parts[0]  # (cat: always a copy)
 
 
 class DraftHeadProposer(Proposer):
