@@ -381,6 +381,15 @@ class EngineConfig:
     Needs a CUDA device (on CPU: Triton's interpreter, ``TRITON_INTERPRET=1``), paged attention
     (``auto`` or ``paged``), ``fused_ops`` and ``tensor_parallel_size=1``. Costs speed: see
     docs/performance.md, "Deterministic mode".
+    ``async_scheduling`` (vLLM's): overlap the host's work with the device's. A step of plain
+    decoding is launched before the step before it has brought its tokens back (they are fed
+    to it on the device), and the host appends, stop-checks and streams those tokens while the
+    device runs it (:mod:`engine.overlap`); the output is the synchronous step's. It applies to
+    steps where every sequence decodes one token without a grammar, logprobs, penalties, bias,
+    bad words or min-tokens; other steps run synchronously. None (the default): on for an
+    engine without speculation on one CUDA device; True also on CPU (where the forward runs
+    in the call, so nothing overlaps: for tests); speculation (a ``speculative_config``) and
+    ``tensor_parallel_size > 1`` do not overlap yet.
     """
 
     model: Any = "smollm2-135m"
@@ -405,6 +414,7 @@ class EngineConfig:
     structured_forced_tokens: int = 8
     enable_prefix_caching: bool = False
     deterministic: bool = False
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         name = "EngineConfig"
@@ -428,6 +438,8 @@ class EngineConfig:
                       "deterministic"):
             if not isinstance(getattr(self, field), bool):
                 _fail(name, field, getattr(self, field), "true or false")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            _fail(name, "async_scheduling", self.async_scheduling, "None, true or false")
         if self.attention_backend not in ATTENTION_BACKENDS:
             _fail(name, "attention_backend", self.attention_backend, " | ".join(ATTENTION_BACKENDS))
         u = self.gpu_memory_utilization
@@ -474,3 +486,12 @@ class EngineConfig:
         elif not isinstance(self.speculative_config, (SpeculativeConfig, type(None))):
             _fail(name, "speculative_config", self.speculative_config,
                   "None, a dict or a SpeculativeConfig")
+        if self.async_scheduling and self.tensor_parallel_size > 1:
+            _fail(name, "async_scheduling", self.async_scheduling,
+                  "None or false with tensor_parallel_size > 1 (the other ranks replay steps "
+                  "sent as host lists)")
+        if (self.async_scheduling and self.speculative_config is not None
+                and self.speculative_config.method not in (None, "none")):
+            _fail(name, "async_scheduling", self.async_scheduling, "None or false with "
+                  f"speculative_config.method={self.speculative_config.method!r} (overlapped "
+                  "steps do not speculate yet)")

@@ -43,8 +43,10 @@ from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
+from engine.overlap import InFlight, TokenCopies, next_sequences, overlappable
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
+from engine.runner import FedTokens
 from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -52,6 +54,7 @@ from engine.step_records import Forwarded, Proposed, SeqStep, Verified, step_out
 from engine.stop_checker import append_until_stop
 from proposers import ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
+from samplers.greedy import argmax_tokens
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from samplers.structured import Grammars, GrammarState
@@ -106,6 +109,13 @@ class LLMEngine:
         self._outcome: StepOutcome | None = None  # a step's outcome the controller has not seen
         self._proposed_last_step = False  # (a proposal after a gap catches up: not timed)
         self._unobserved = 0  # steps since the proposer last saw the contexts (_observe)
+        # overlapped plain steps (engine.overlap): on by default where the forward runs behind
+        # the host (CUDA) and nothing speculates; the runner must take tokens on the device
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None
+                        else self.forward_is_async and self.proposer is None)
+        self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
+        self._token_copies = TokenCopies(self.device, config.max_num_seqs)
+        self._in_flight: InFlight | None = None  # a launched step not yet committed
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
@@ -155,6 +165,7 @@ class LLMEngine:
                 self._release(seq)
                 seq.finish("abort")
                 self._finished_outside_step.append(seq)
+        self._forget_finished_flight()
 
     def pop_request(self, request_id: str) -> list[Sequence]:
         """Forget a finished request and return its samples."""
@@ -169,6 +180,13 @@ class LLMEngine:
                 seq.finish("abort")
         self._finished_outside_step = [seq for seq in self._finished_outside_step
                                        if seq.request_id != request_id]
+        self._forget_finished_flight()
+
+    def _forget_finished_flight(self) -> None:
+        """Drop the step in flight once none of its sequences runs (aborted): nothing of it is
+        left to commit, and the engine then holds nothing."""
+        if self._in_flight is not None and all(s.is_finished for s in self._in_flight.sequences):
+            self._in_flight = None
 
     def has_work(self) -> bool:
         """True while a step can still run something or report something."""
@@ -210,7 +228,11 @@ class LLMEngine:
             raise
 
     def _run_step(self, start: float) -> list[Sequence]:
-        """The stages of :meth:`step`, in order; returns the sequences they updated."""
+        """The stages of :meth:`step`, in order; returns the sequences they updated. A step
+        that decodes plainly samples ahead and is committed after the next one is launched
+        (:meth:`_overlapped`)."""
+        if self._in_flight is not None:
+            return self._overlapped(start)
         items, free_kv_tokens, plan_step = self._schedule()
         if not items:
             self._learn()
@@ -221,9 +243,77 @@ class LLMEngine:
                        self.max_model_len)
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
+        if self._overlaps(forwarded, proposed):
+            self._in_flight = self._sample_ahead(forwarded, plan_step, 0)
+            return self._overlapped(start)
         verified = self._verify(forwarded)
         updated = self._commit(forwarded, verified)
         self._record(forwarded, proposed, verified, updated, start, plan_step)
+        return updated
+
+    # ------------------------------------------------------------------ overlapped steps
+    def _overlaps(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
+        """The step can sample ahead (:mod:`engine.overlap`): every sequence in it samples one
+        token, without drafts, from logits that need nothing of the host."""
+        return (self.overlap and forwarded is not None and forwarded.logits is not None
+                and not proposed.asked
+                and all(item.samples and not item.drafts and overlappable(item.seq)
+                        for item in forwarded.items))
+
+    def _overlapped(self, start: float) -> list[Sequence]:
+        """Launch the step after the one in flight from its tokens on the device, when that
+        step is the same sequences decoding again; then commit the one in flight while the
+        device runs the next."""
+        flight = self._in_flight
+        self._in_flight = self._launch_next(flight)  # (raises before changing anything)
+        self._learn()  # (the step before's outcome, while the device works)
+        return self._commit_flight(flight, start)
+
+    def _launch_next(self, flight: InFlight) -> InFlight | None:
+        """The next step launched before ``flight``'s tokens are read, each sequence's input
+        its flight token on the device (None: it cannot be; see
+        :func:`engine.overlap.next_sequences`)."""
+        seqs = next_sequences(flight, self.scheduler.running, bool(self.scheduler.waiting),
+                              self.runner.num_free_tokens, self.max_model_len)
+        if seqs is None:
+            return None
+        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        started = time.perf_counter()
+        out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
+                                  fed=FedTokens(flight.tokens, [row[id(seq)] for seq in seqs]))
+        forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
+        return self._sample_ahead(forwarded, flight.plan_step, 1)
+
+    def _sample_ahead(self, forwarded: Forwarded, plan_step: int, ahead: int) -> InFlight:
+        """Sample one token per sequence of ``forwarded`` on the device and queue their copy to
+        the host; ``ahead``: output tokens each sequence has in flight before this step's."""
+        items = forwarded.items
+        seqs = [item.seq for item in items]
+        failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
+        if all(s.params.temperature == 0.0 for s in seqs):  # (no sampling tensors, 2 kernels)
+            tokens = argmax_tokens(forwarded.logits)
+        else:
+            sampling = SamplingTensors.from_params(
+                [s.params for s in seqs], None, self.device, self.generator,
+                [s.seed for s in seqs], [s.num_output_tokens + ahead for s in seqs])
+            tokens = self._verify_chains(items, forwarded.logits, sampling, sync=False).view(-1)
+        host, copied = self._token_copies.start(tokens)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step)
+
+    def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
+        """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
+        sequences the next flight feeds keep their newest token cached. A sequence finished
+        while in flight (aborted) gets nothing."""
+        verified = []
+        for j, (item, token) in enumerate(zip(flight.forwarded.items, flight.token_ids(),
+                                              strict=True)):
+            if not item.seq.is_finished:
+                verified.append(Verified(item, [token], 0, item.seq.num_tokens, j,
+                                         j in flight.failed or token == INVALID_TOKEN_ID))
+        ahead = set() if self._in_flight is None else {id(s) for s in self._in_flight.sequences}
+        updated = self._commit(flight.forwarded, verified, ahead)
+        self._forget_finished_flight()  # (every one of them stopped)
+        self._record(flight.forwarded, Proposed(), verified, updated, start, flight.plan_step)
         return updated
 
     def _schedule(self) -> tuple[list[SeqStep], int | None, int]:
@@ -444,9 +534,11 @@ class LLMEngine:
         return verified
 
     def _verify_chains(self, items: list[SeqStep], logits: torch.Tensor,
-                       sampling: SamplingTensors | None = None) -> list[list[int]]:
+                       sampling: SamplingTensors | None = None,
+                       sync: bool = True) -> list[list[int]] | torch.Tensor:
         """The sampler over chains' rows ``[num_tokens + len(items), vocab_size]``; each
-        item's tokens ``[max_spec_len + 1]`` with placeholders."""
+        item's tokens ``[max_spec_len + 1]`` with placeholders (``sync=False``: as the tensor
+        ``[len(items), max_spec_len + 1]`` on the device)."""
         if sampling is None:
             sampling = self._sampling_tensors([item.seq for item in items])
         probs = [item.draft_probs for item in items if item.drafts]
@@ -459,7 +551,8 @@ class LLMEngine:
         metadata = SpecDecodeMetadata.from_lists([item.drafts for item in items], self.device)
         sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
                    else self.sampler)  # (the argmax match, without the probability work)
-        return sampler.verify(logits, metadata, sampling, draft_probs).tolist()
+        tokens = sampler.verify(logits, metadata, sampling, draft_probs)
+        return tokens.tolist() if sync else tokens
 
     def _sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
         """The sampling parameters of ``seqs``, each seeded one keyed by its seed and the output
@@ -468,10 +561,12 @@ class LLMEngine:
                                            self.generator, [s.seed for s in seqs],
                                            [s.num_output_tokens for s in seqs])
 
-    def _commit(self, forwarded: Forwarded | None, verified: list[Verified]) -> list[Sequence]:
+    def _commit(self, forwarded: Forwarded | None, verified: list[Verified],
+                ahead: set[int] = frozenset()) -> list[Sequence]:
         """5. Append each verified sequence's tokens with stop checks, cut every running
         sequence's cache back to its kept context (the newest token stays uncached: it is fed
-        next step), tell the proposer what was kept and hand a draft head its features;
+        next step, or, for the sequences ``ahead`` (ids), it is being fed by the step in
+        flight), tell the proposer what was kept and hand a draft head its features;
         finished sequences leave (the controller releases them once it has learnt the step)."""
         updated = []
         for result in verified:
@@ -490,7 +585,7 @@ class LLMEngine:
                 self._account(seq, result)
             updated.append(seq)
         if forwarded is not None:
-            self._rollback(forwarded, verified)
+            self._rollback(forwarded, verified, ahead)
             self._hand_features(forwarded, verified)
         for seq in updated:
             if seq.is_finished:
@@ -506,7 +601,8 @@ class LLMEngine:
         elif seq.grammar.terminated and not seq.is_finished:
             seq.finish("stop")
 
-    def _rollback(self, forwarded: Forwarded, verified: list[Verified]) -> None:
+    def _rollback(self, forwarded: Forwarded, verified: list[Verified],
+                  ahead: set[int] = frozenset()) -> None:
         paths = [(r.item.seq.slot, r.num_tokens_before, r.path) for r in verified
                  if r.path is not None and not r.item.seq.is_finished]
         if paths:  # (each tree's accepted branch, next to the context)
@@ -516,6 +612,9 @@ class LLMEngine:
             if seq.is_finished:  # (its rows: the context verified on and a chain's kept drafts)
                 seq.num_computed_tokens = result.num_tokens_before + (
                     min(result.num_accepted, result.kept) if result.item.parents is None else 0)
+                continue
+            if id(seq) in ahead:  # (its newest token's row is being written: nothing to cut)
+                seq.num_computed_tokens = seq.num_tokens
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)

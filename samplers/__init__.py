@@ -24,6 +24,7 @@ from samplers.sampling_params import SamplingParams
 _LAZY = {
     "VerificationSampler": "samplers.base",
     "GreedySampler": "samplers.greedy",
+    "argmax_tokens": "samplers.greedy",
     "logits_to_probs": "samplers.logits_processing",
     "process_logits": "samplers.logits_processing",
     "SpecDecodeMetadata": "samplers.metadata",

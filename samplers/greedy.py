@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import torch
+
 from samplers.base import VerificationSampler
+from samplers.limits import INVALID_TOKEN_ID
 from samplers.registry import register_sampler
+
+
+def argmax_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy sampling without drafts: each row's argmax (the first of equal maxima, as the
+    verification kernels pick), ``INVALID_TOKEN_ID`` for a row with a NaN or +inf or only -inf
+    (as they mark it); int64 ``[num_rows]`` from ``logits [num_rows, vocab_size]``. Two
+    kernels and no host work: a plain decode step's sampling (the verification path builds
+    sampling tensors and launches its chunked kernels for the same answer)."""
+    best, index = logits.max(dim=-1)
+    return torch.where(torch.isfinite(best), index, INVALID_TOKEN_ID)
 
 
 @register_sampler("greedy")

@@ -34,6 +34,15 @@ from benchmarks.timing import sync
 from engine import LLM, SamplingParams
 
 COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
+PREFILL_CHUNK = 2048  # EngineConfig.max_num_batched_tokens: the prefill's tokens per step
+PROFILE_STEPS = 8  # steps under the profiler after the timed ones (CUDA)
+
+
+def output_tokens(batch: int, context: int, steps: int) -> int:
+    """``max_tokens`` for a cell: the first sequences decode while the last ones prefill (about
+    ``batch * context / PREFILL_CHUNK`` steps), and every sequence must still be decoding in
+    all the timed and profiled steps after that (else fewer than ``batch`` sequences run)."""
+    return -(-batch * context // PREFILL_CHUNK) + steps + PROFILE_STEPS + 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backends", default="auto",
                    help="comma list of EngineConfig.attention_backend values to run each cell "
                         "with (auto: the engine's default; gather, paged)")
+    p.add_argument("--async-scheduling", default="default",
+                   help="comma list of default, on, off: EngineConfig.async_scheduling for each "
+                        "run (overlapped plain steps; default: the engine's choice)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 1, 2; context 32")
 
 
@@ -95,7 +107,7 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.d
     """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds per step
     under the profiler or None) for ``prompts`` run together."""
     engine = llm.engine
-    total = steps + profile_steps + 4
+    total = output_tokens(len(prompts), len(prompts[0]), steps)
     params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
     seqs = [s for i, p in enumerate(prompts)
             for s in engine.add_request(f"d{i}", None, p, params, together=True)]
@@ -131,32 +143,39 @@ def run(args: argparse.Namespace) -> Result:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
     wanted = [int(c) for c in args.contexts.split(",")]
+    most_out = output_tokens(max(batches), max(wanted), args.steps)
     if args.model in models.RANDOM_LLAMAS:  # (random weights: any context the shape allows)
-        model.config.max_position_embeddings = max(wanted) + args.steps + 32
+        model.config.max_position_embeddings = max(wanted) + most_out + 8
     limit_len = model.config.max_position_embeddings
-    contexts = sorted({min(c, limit_len - args.steps - 24) for c in wanted})
+    contexts = sorted({min(c, limit_len - most_out - 8) for c in wanted})
     bandwidth = copy_bandwidth(device)
     weights, per_token = weight_bytes(model), kv_bytes_per_token(model)
     vocab = models.vocab_size(model)
     rows = []
-    runs = [(method, backend) for method in ["none", *[m for m in args.methods.split(",") if m]]
-            for backend in args.attention_backends.split(",")]
-    for method, backend in runs:
-        max_len = max(contexts) + args.steps + 24
+    overlaps = {"default": None, "on": True, "off": False}
+    runs = [(method, backend, overlap)
+            for method in ["none", *[m for m in args.methods.split(",") if m]]
+            for backend in args.attention_backends.split(",")
+            for overlap in args.async_scheduling.split(",")]
+    for method, backend, overlap in runs:
+        max_len = max(contexts) + most_out + 8
         llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                   speculative_config=speculative_config(method, 4), max_num_seqs=max(batches),
                   max_model_len=max_len, kv_cache_tokens=max(batches) * max_len,
-                  attention_backend=backend)
+                  max_num_batched_tokens=PREFILL_CHUNK,
+                  attention_backend=backend, async_scheduling=overlaps[overlap])
         rng = random.Random(0)  # (every method and backend decodes the same prompts)
         for context in contexts:
             for b in batches:
                 prompts = [[rng.randrange(2, vocab) for _ in range(context)] for _ in range(b)]
                 seconds, made, busy = decode_steps(llm, prompts, args.steps, device,
-                                                   8 if device.type == "cuda" else 0)
+                                                   PROFILE_STEPS if device.type == "cuda" else 0)
                 step_s = seconds / args.steps
-                row = {"method": method, "attention_backend": backend, "batch_size": b,
+                row = {"method": method, "attention_backend": backend,
+                       "async_scheduling": llm.engine.overlap, "batch_size": b,
                        "context": context,
                        "tokens_per_s": made / seconds, "ms_per_step": 1e3 * step_s,
+                       "tokens_per_step": made / args.steps,  # (batch: all decode each step)
                        "gpu_busy_ms_per_step": None if busy is None else 1e3 * busy,
                        "host_critical_ms_per_step": None if busy is None
                        else 1e3 * max(step_s - busy, 0.0)}
@@ -178,7 +197,8 @@ def print_row(r: dict) -> None:
     def f(key: str, fmt: str) -> str:
         return "-" if r.get(key) is None else format(r[key], fmt)
 
-    print(f"{r['method']:<8} {r['attention_backend']:<6} b={r['batch_size']:<3} "
+    print(f"{r['method']:<8} {r['attention_backend']:<6} "
+          f"{'overlap' if r.get('async_scheduling') else 'sync':<7} b={r['batch_size']:<3} "
           f"ctx={r['context']:<5} "
           f"{r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:7.3f} ms/step  "
           f"limit {f('limit_ms_per_step', '.3f')} ms ({f('of_limit', '.0%')} of it)  "

@@ -41,6 +41,9 @@ FLAG_HELP: dict[tuple[str, str], str] = {
     ("engine", "deterministic"): "batch-invariant kernels: every token's logits bitwise the "
                                  "same whatever the step holds (greedy speculation equals plain "
                                  "decoding bit for bit); slower",
+    ("engine", "async_scheduling"): "overlap the host's work with the device's: launch each "
+                                    "plain decode step before the last one's tokens are read "
+                                    "(default: on CUDA without speculation)",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
                         "--draft-model: inferred from it)",
     ("spec", "model"): "the draft model (hub id or path) for draft_model, a draft head's "

@@ -318,7 +318,8 @@ class Executor:
 
     def run(self, inputs: StepInputs, bucket: Key | None, kv_len: int,
             logits_indices: Sequence[int] | torch.Tensor | None, keep_hidden: bool,
-            query_offset: int = 0, uniform: bool = False, run: int | None = None
+            query_offset: int = 0, uniform: bool = False, run: int | None = None,
+            feed: tuple[torch.Tensor, list[int], list[int]] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """One forward of ``inputs``: in graph bucket ``bucket`` (``CudaGraphs.bucket``'s
         answer) or eagerly (None, then ``query_offset``, ``uniform`` and ``run``: see
@@ -326,14 +327,23 @@ class Executor:
         ``logits_indices`` (None: all), their final hidden states ``[num_tokens, hidden_size]``
         and the inputs of the aux layers ``[num_tokens, len(aux_layers) * hidden_size]`` (None
         without aux layers) when ``keep_hidden`` (else None), and whether the forward timed
-        like the steps after it (not a bucket's eager first step or capture)."""
+        like the steps after it (not a bucket's eager first step or capture).
+        ``feed``: ``(values, at, sources)``, input id ``at[i]`` of the layout becomes
+        ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back)."""
         host, token_rows = inputs.host, inputs.token_rows
         on_device = isinstance(logits_indices, torch.Tensor)
         num_all = len(token_rows) if keep_hidden else 0
         kept = token_rows if logits_indices is None or on_device else [
             token_rows[i] for i in logits_indices]
-        meta = self.to_device(host + token_rows[:num_all] + kept)  # one host-to-device copy
-        rows_t = meta[len(host) + num_all:]  # [num_logits] padded index of each kept row
+        at, sources = (feed[1], feed[2]) if feed is not None else ([], [])
+        # one host-to-device copy: layout, hidden rows, kept rows, fed positions and sources
+        meta = self.to_device(host + token_rows[:num_all] + kept + at + sources)
+        num_fed = len(at)
+        end = len(host) + num_all + len(kept)
+        rows_t = meta[len(host) + num_all:end]  # [num_logits] padded index of each kept row
+        if num_fed:  # (the layout's input ids are its first part)
+            meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
+                                         feed[0].index_select(0, meta[end + num_fed:]))
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
         steady = True

@@ -29,3 +29,14 @@ class ForwardOutput:
     packed_rows: int | None
     kv_len: int
     aux_hidden: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class FedTokens:
+    """New tokens that are still on the device when a forward is launched (overlapped steps: the
+    tokens the step before sampled): slot ``b``'s first new token is ``values[sources[b]]``
+    instead of the stand-in its ``token_ids`` hold; ``sources[b] < 0``: none (its ids as given).
+    ``values``: int64 ``[n]`` on the runner's device."""
+
+    values: torch.Tensor
+    sources: list[int]

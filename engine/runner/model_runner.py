@@ -30,7 +30,7 @@ from torch import nn
 
 from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision, batch_bucket
 from engine.runner.executor import Executor, attention_devices, cache_argument, execution_device
-from engine.runner.forward_output import ForwardOutput
+from engine.runner.forward_output import FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.slot_rows import SlotRows
 from engine.runner.step_inputs import lay_out
@@ -45,7 +45,7 @@ from engine.runner.step_layout import (
     split_order,
 )
 
-__all__ = ["ForwardOutput", "KVCacheFull", "ModelRunner", "Tree", "attention_devices",
+__all__ = ["FedTokens", "ForwardOutput", "KVCacheFull", "ModelRunner", "Tree", "attention_devices",
            "cache_argument", "execution_device"]
 
 
@@ -84,6 +84,8 @@ class ModelRunner:
     ``deterministic``: batch-invariant kernels for every product, norm and attention read
     (``EngineConfig.deterministic``; :class:`~engine.runner.executor.Executor`).
     """
+
+    takes_fed_tokens = True  # (forward's ``fed``: overlapped steps, engine.overlap)
 
     def __init__(self, model: nn.Module, max_num_seqs: int, max_num_tokens: int,
                  max_model_len: int, cuda_graph_max_new: int = 0, pack_cpu_weights: bool = True,
@@ -245,7 +247,7 @@ class ModelRunner:
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 logits_indices: Sequence[int] | torch.Tensor | None = None,
                 trees: Sequence[Tree | None] | None = None,
-                keep_hidden: bool = False) -> ForwardOutput:
+                keep_hidden: bool = False, fed: FedTokens | None = None) -> ForwardOutput:
         """Append each slot's new tokens at positions ``seq_len(slot) ...`` and score them.
 
         The output's logits are float32 ``[total_new_tokens, vocab_size]``, rows in slot order
@@ -258,22 +260,31 @@ class ModelRunner:
         ``first`` on are the nodes of a draft tree (see :data:`Tree`): each node sits one
         position past its parent and sees only the tokens before ``first`` and its own
         ancestors. The slot then caches every node, in node order, until :meth:`keep_path`.
+
+        ``fed``: some slots' first new token is still on the device (an overlapped step feeds
+        the tokens the step before it sampled; their ``token_ids`` entries are stand-ins); the
+        step must then run as one forward of chains without prompt chunks (ValueError).
         """
         starts = self._check_step(slots, token_ids)
+        if fed is not None and (len(fed.sources) != len(slots) or trees is not None
+                                or any(len(t) != 1 for t in token_ids)):
+            raise ValueError("fed tokens need one source per slot and one new token per slot, "
+                             f"no trees; got {len(fed.sources)} sources for {len(slots)} slots")
         trees = self._check_trees(trees, token_ids)
         num_tokens = sum(len(t) for t in token_ids)
         if num_tokens > self._slots.num_free_tokens:
             raise KVCacheFull(num_tokens, self._slots.num_free_tokens)
         if logits_indices is not None and not isinstance(logits_indices, torch.Tensor):
             logits_indices = self._check_logits_indices(logits_indices, num_tokens)
-        return self._forward(list(slots), token_ids, starts, trees, logits_indices, keep_hidden)
+        return self._forward(list(slots), token_ids, starts, trees, logits_indices, keep_hidden,
+                             fed)
 
     def _forward(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
                  trees: list[Tree | None], logits_indices: list[int] | torch.Tensor | None,
-                 keep_hidden: bool) -> ForwardOutput:
+                 keep_hidden: bool, fed: FedTokens | None = None) -> ForwardOutput:
         """A checked step, laid out as :func:`~engine.runner.step_layout.plan_step` says."""
         plan = plan_step([len(t) for t in token_ids], starts, trees, self._limits(),
-                         can_split=not isinstance(logits_indices, torch.Tensor))
+                         can_split=not isinstance(logits_indices, torch.Tensor) and fed is None)
         if plan.groups is not None:
             return self._forward_split(plan, slots, token_ids, starts, trees, logits_indices,
                                        keep_hidden)
@@ -281,7 +292,7 @@ class ModelRunner:
             slots, token_ids, starts, trees = cut_rows(plan.width, slots, token_ids, starts,
                                                        trees)
         logits, hidden, aux, steady = self._run(slots, token_ids, starts, trees, plan.kv_len,
-                                                logits_indices, keep_hidden)
+                                                logits_indices, keep_hidden, fed)
         return ForwardOutput(logits, hidden, steady, plan.packed_rows, plan.kv_len, aux)
 
     def _forward_split(self, plan: StepPlan, slots: list[int],
@@ -310,10 +321,12 @@ class ModelRunner:
 
     def _run(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
              trees: list[Tree | None], kv_len: int,
-             logits_indices: list[int] | torch.Tensor | None, keep_hidden: bool
+             logits_indices: list[int] | torch.Tensor | None, keep_hidden: bool,
+             fed: FedTokens | None = None
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """One forward of rows ``token_ids`` (one per slot entry, a slot possibly on several
-        consecutive rows): its graph decision, the launch hook, pool rows, index layout, run."""
+        consecutive rows): its graph decision, the launch hook, pool rows, index layout, run.
+        ``fed``: row ``b``'s first token comes from the device (one row per slot)."""
         batch_size, num_new = len(slots), max(len(t) for t in token_ids)
         graphs = self.graphs
         bucket = None if graphs is None else graphs.bucket(batch_size, num_new, kv_len)
@@ -331,8 +344,12 @@ class ModelRunner:
         # (a lone sequence's rows read as one view go through SDPA: not in deterministic mode)
         run = (self._slots.run_start(slots[0])
                if batch_size == 1 and not self._executor.deterministic else None)
+        feed = None
+        if fed is not None:  # (row b's first token sits at index b * rows_new of the layout)
+            rows = [b for b, source in enumerate(fed.sources) if source >= 0]
+            feed = (fed.values, [b * rows_new for b in rows], [fed.sources[b] for b in rows])
         return self._executor.run(inputs, bucket, kv_len, logits_indices, keep_hidden, starts[0],
-                                  uniform, run)
+                                  uniform, run, feed)
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""

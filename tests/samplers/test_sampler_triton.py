@@ -19,6 +19,7 @@ from samplers import (
     TypicalAcceptanceSampler,
     parse_output,
 )
+from samplers.greedy import argmax_tokens
 from samplers.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -142,3 +143,22 @@ def test_one_compiled_kernel_for_every_k_and_batch_size() -> None:
             GreedySampler(use_triton=True, chunk_size=CHUNK).verify(logits, metadata, tensors)
             counts.append(compiled())
     assert counts[-1] == counts[0], counts
+
+
+def test_plain_argmax_sampling_gives_the_kernels_tokens_and_marks() -> None:
+    """``argmax_tokens`` (an overlapped plain step's greedy sampling) answers as the greedy
+    kernels do for rows without drafts: ties to the first index, bad rows marked."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, V, generator=gen)
+    logits[1, [7, 90, 200]] = 9.0  # a three-way tie: the first index wins
+    logits[2, 13] = float("nan")
+    logits[3] = float("-inf")
+    logits[4, 250] = float("inf")
+    logits = logits.to(DEVICE)
+    metadata = SpecDecodeMetadata.from_lists([[]] * 6, DEVICE)
+    tensors = SamplingTensors.from_params([SamplingParams(temperature=0.0)] * 6, None, DEVICE)
+    kernels = GreedySampler(use_triton=True, validate=False, chunk_size=CHUNK).verify(
+        logits, metadata, tensors)[:, 0]
+    plain = argmax_tokens(logits)
+    assert plain.tolist() == kernels.tolist()
+    assert plain.tolist()[1:5] == [7, -2, -2, -2]

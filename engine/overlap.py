@@ -1,0 +1,109 @@
+"""Overlapped steps (``EngineConfig.async_scheduling``): step n + 1 is launched before step n's
+tokens come back to the host, then step n is committed while the GPU runs step n + 1.
+
+A step whose sampling sequences all decode plainly (no drafts, no grammar, no logprobs, no
+history-dependent logits adjustment) samples *ahead*: its tokens stay on the device
+(:class:`InFlight`), copied to pinned host memory behind the forward. If the next step is the
+same sequences decoding again (:func:`next_sequences`: nobody waiting, every running sequence in
+the flight, KV rows for one more token each), it is launched at once, its input ids taken from
+the flight's tokens on the device (``engine.runner.FedTokens``); only then does the host wait
+for step n's tokens and append them (stop checks, detokenisation, streaming, metrics) while the
+GPU computes step n + 1. A sequence that stopped at step n has one token too many in step
+n + 1: it is dropped when that step commits, and its slot (the extra row with it) was freed when
+it finished. Sequences that certainly stop at step n (their length limit) are left out of step
+n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed by output
+position, not by step) are the same; unseeded samples draw the same distribution.
+
+Vocabulary: a *flight* is a launched step whose tokens the host has not read yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from engine.sequence import Sequence
+from engine.step_records import Forwarded
+
+
+def overlappable(seq: Sequence) -> bool:
+    """A sequence whose next token needs nothing the host learns from the step before: no
+    grammar mask, no logprobs to gather, no penalties, bias, bad words or min-tokens masks."""
+    return seq.grammar is None and seq.logprobs is None and not seq.adjuster.active
+
+
+class TokenCopies:
+    """A flight's sampled tokens ``[batch]`` to the host behind the work queued before them:
+    two pinned buffers used in turn (step n's is read while step n + 1's copy is queued), each
+    with the event that marks its copy's end. Off CUDA the tokens are already on the host."""
+
+    def __init__(self, device: torch.device, size: int) -> None:
+        self._pinned = device.type == "cuda"
+        self._buffers = [torch.empty(size, dtype=torch.long, pin_memory=self._pinned)
+                         for _ in range(2)]
+        self._events = [torch.cuda.Event() if self._pinned else None for _ in range(2)]
+        self._turn = 0
+
+    def start(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """Queue the copy of ``tokens [n]``; returns (the host tensor, its event)."""
+        if not self._pinned:
+            return tokens, None
+        buffer = self._buffers[self._turn][:tokens.numel()]
+        event = self._events[self._turn]
+        self._turn ^= 1
+        buffer.copy_(tokens, non_blocking=True)
+        event.record()
+        return buffer, event
+
+
+@dataclass
+class InFlight:
+    """A launched step whose tokens are on their way to the host: its forward (items: every
+    sequence samples one token, no drafts), ``tokens [len(items)]`` on the device, their host
+    copy and its event (None: already there), the rows found unusable on the host (CPU only:
+    on CUDA the kernels mark them ``INVALID_TOKEN_ID``), and the controller's step number."""
+
+    forwarded: Forwarded
+    tokens: torch.Tensor
+    host: torch.Tensor
+    copied: torch.cuda.Event | None
+    failed: set[int]
+    plan_step: int
+
+    def token_ids(self) -> list[int]:
+        """The sampled tokens, one per item (waits for their copy)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.tolist()
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [item.seq for item in self.forwarded.items]
+
+
+def next_sequences(flight: InFlight, running: Iterable[Sequence], waiting: bool,
+                   free_kv_tokens: int, max_model_len: int) -> list[Sequence] | None:
+    """The sequences of the step after ``flight`` when it can be launched before the flight's
+    tokens are read (None: it cannot; the engine then schedules from the host as usual):
+    nobody waits for admission, every running sequence is in the flight, and the KV cache has
+    a row for each one's next token. Sequences whose flight token certainly ends them
+    (``max_tokens`` or ``max_model_len`` reached) are left out; an empty list is None."""
+    seqs = flight.sequences
+    if waiting:
+        return None
+    ids = {id(seq) for seq in seqs}
+    if any(id(seq) not in ids for seq in running):
+        return None
+    nxt = [seq for seq in seqs if not seq.is_finished and not _ends_by_length(seq, max_model_len)]
+    if not nxt or len(nxt) > free_kv_tokens:
+        return None
+    return nxt
+
+
+def _ends_by_length(seq: Sequence, max_model_len: int) -> bool:
+    """The flight's token (output token ``num_output_tokens + 1``) reaches a length limit."""
+    max_tokens = seq.params.max_tokens
+    return ((max_tokens is not None and seq.num_output_tokens + 1 >= max_tokens)
+            or seq.num_tokens + 1 >= max_model_len)

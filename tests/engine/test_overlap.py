@@ -1,0 +1,210 @@
+"""Overlapped steps (``async_scheduling``, :mod:`engine.overlap`) give the synchronous steps'
+output, whatever stops a sample one step late, preemption or an abort in flight, and leave
+nothing behind.
+
+On CPU the forward runs in the call, so nothing overlaps in time, but the path is the GPU's:
+the next step is launched from the flight's tokens left on the device (``FedTokens``) before
+they are read, and committed a call later.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+from engine.runner import FedTokens
+from engine.runner.model_runner import ModelRunner
+from tests.engine.llm_helpers import staggered_outputs, tiny_tokenizer
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=3)
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 14))] for _ in range(n)]
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="a CUDA device overlaps in time: none here"))]
+
+
+def make_llm(target, overlap: bool, device: str = "cpu", **kwargs) -> LLM:
+    return LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+               async_scheduling=overlap, **kwargs)
+
+
+class Launches:
+    """Counts the steps an engine launched ahead (its ``_launch_next`` answers that were not
+    None), so that a test knows the overlapped path ran."""
+
+    def __init__(self, monkeypatch, engine) -> None:
+        self.count = 0
+        launch = engine._launch_next
+
+        def counted(flight):
+            nxt = launch(flight)
+            self.count += nxt is not None
+            return nxt
+
+        monkeypatch.setattr(engine, "_launch_next", counted)
+
+
+def outputs(llm: LLM, batch, params, arrivals=None) -> list[tuple]:
+    arrivals = arrivals or [0] * len(batch)
+    outs = staggered_outputs(llm, batch, params, arrivals)
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in out.outputs]
+            for out in outs]
+
+
+def assert_engine_empty(llm: LLM) -> None:
+    engine = llm.llm_engine
+    assert engine._in_flight is None
+    assert not engine.has_work()
+    assert engine.runner.num_cached_tokens == 0
+    assert engine.runner.num_free_slots == engine.config.max_num_seqs
+
+
+# requests whose stops land at every kind of step: a frequent stop token, a stop string, EOS,
+# max_tokens, n samples, seeded and unseeded sampling; and ones that cannot overlap
+# (penalties, min_tokens, logprobs), which make the steps around them synchronous
+MIXED = [
+    SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[7, 19, 23]),
+    SamplingParams(temperature=0.0, max_tokens=30, stop=["w5 w", "w3"], ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=4, max_tokens=21, ignore_eos=True, n=2),
+    SamplingParams(temperature=0.8, top_k=9, seed=7, max_tokens=25, stop_token_ids=[11]),
+    SamplingParams(temperature=0.0, max_tokens=9),
+]
+NOT_OVERLAPPABLE = [
+    SamplingParams(temperature=0.7, seed=2, max_tokens=12, repetition_penalty=1.4),
+    SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6, stop_token_ids=[7]),
+    SamplingParams(temperature=0.0, max_tokens=12, logprobs=2),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlapped_steps_equal_synchronous_steps(target, monkeypatch, device):
+    batch = prompts(len(MIXED) * 2, seed=1)
+    params = MIXED * 2
+    arrivals = [0, 0, 0, 0, 0, 0, 3, 5, 5, 9, 14, 20]
+    expected = outputs(make_llm(target, False, device, max_num_seqs=6), batch, params, arrivals)
+    llm = make_llm(target, True, device, max_num_seqs=6)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, params, arrivals) == expected
+    assert launches.count > 20  # (most steps launched ahead)
+    assert_engine_empty(llm)
+    # stops that land one step late were exercised: a stop token and a stop string
+    finishes = {(r[2], type(r[3]).__name__) for out in expected for r in out}
+    assert {("stop", "int"), ("stop", "str"), ("length", "NoneType")} <= finishes
+
+
+def test_steps_that_cannot_overlap_alternate_with_ones_that_do(target, monkeypatch):
+    batch = prompts(6, seed=2)
+    params = [MIXED[0], NOT_OVERLAPPABLE[0], MIXED[3], NOT_OVERLAPPABLE[1], MIXED[2],
+              NOT_OVERLAPPABLE[2]]
+    arrivals = [0, 4, 0, 10, 2, 16]
+    expected = outputs(make_llm(target, False, max_num_seqs=4), batch, params, arrivals)
+    llm = make_llm(target, True, max_num_seqs=4)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    got = outputs(llm, batch, params, arrivals)
+    assert got == expected
+    assert launches.count > 0
+    assert got[5][0][0] and all(len(c.logprobs) == len(c.token_ids)
+                                for c in llm.generate([batch[5]], params[5],
+                                                      use_tqdm=False)[0].outputs)
+    assert_engine_empty(llm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_preemption_between_overlapped_steps(target, monkeypatch, device):
+    """A KV cache that holds about two of the six sequences: overlapped steps end where the
+    cache runs short, preempted sequences are recomputed, output unchanged."""
+    batch = prompts(6, seed=4)
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=9, max_tokens=20, ignore_eos=True)] * 3
+    kwargs = dict(max_num_seqs=6, kv_cache_tokens=48, max_model_len=40)
+    expected = outputs(make_llm(target, False, device, **kwargs), batch, params)
+    llm = make_llm(target, True, device, **kwargs)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, params) == expected
+    assert launches.count > 0 and llm.llm_engine.metrics.num_preemptions > 0
+    assert_engine_empty(llm)
+
+
+def test_an_abort_in_flight_drops_its_token_and_frees_its_slot(target):
+    batch = prompts(3, seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    expected = outputs(make_llm(target, False), batch[:2], [params] * 2)
+    llm = make_llm(target, True)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", None, prompt, params)
+    while engine._in_flight is None or len(engine._in_flight.sequences) < 3:
+        engine.step()
+    engine.abort_request("r2")  # (its token is on its way; its slot goes now)
+    while engine.has_work():
+        engine.step()
+    aborted = engine.pop_request("r2")[0]
+    assert aborted.finish_reason == "abort" and aborted.num_output_tokens < 16
+    from engine.llm import build_output
+    got = [[(c.token_ids, c.text, c.finish_reason, c.stop_reason)
+            for c in build_output(engine.pop_request(f"r{i}")).outputs] for i in range(2)]
+    assert got == expected
+    assert_engine_empty(llm)
+    # the next call is correct
+    assert outputs(llm, batch[:2], [params] * 2) == expected
+
+
+def test_streamed_deltas_add_up_to_the_output(target):
+    batch = prompts(3, seed=6)
+    params = SamplingParams(temperature=0.0, max_tokens=14, stop=["w9"], ignore_eos=True)
+    expected = outputs(make_llm(target, False), batch, [params] * 3)
+    llm = make_llm(target, True)
+    texts, tokens = {}, {}
+    for delta in llm.generate_stream(batch, params):
+        key = delta.request_id
+        texts[key] = texts.get(key, "") + delta.text
+        tokens[key] = tokens.get(key, []) + list(delta.token_ids)
+    assert [(tokens[k], texts[k]) for k in sorted(texts)] == [
+        (out[0][0], out[0][1]) for out in expected]
+
+
+def test_fed_tokens_give_the_logits_of_the_same_tokens_from_the_host(target):
+    """``ModelRunner.forward(fed=...)``: each slot's first new token taken on the device from
+    ``values[sources[b]]`` scores as that token given from the host."""
+    runners = [ModelRunner(target.to("cpu"), 4, 256, 64) for _ in range(2)]
+    contexts = prompts(3, seed=7)
+    for runner in runners:
+        slots = [runner.allocate_slot() for _ in contexts]
+        runner.forward(slots, contexts)
+    nxt = [5, 17, 40]
+    host = runners[0].forward([0, 1, 2], [[t] for t in nxt]).logits
+    values = torch.tensor([40, 0, 5, 17])  # (in another order, with a token nobody takes)
+    fed = runners[1].forward([0, 1, 2], [[0]] * 3, fed=FedTokens(values, [2, 3, 0])).logits
+    torch.testing.assert_close(fed, host)
+    with pytest.raises(ValueError, match="fed tokens"):
+        runners[1].forward([0, 1], [[0, 1], [0]], fed=FedTokens(values, [0, 1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the default is on for CUDA only")
+def test_an_engine_without_speculation_overlaps_on_cuda_by_default(target):
+    assert make_llm(target, None, "cuda").llm_engine.overlap
+    assert not make_llm(target, None, "cpu").llm_engine.overlap
+
+
+def test_async_scheduling_is_checked():
+    with pytest.raises(ValueError, match="async_scheduling"):
+        EngineConfig(model="x", async_scheduling="yes")
+    with pytest.raises(ValueError, match="async_scheduling.*method='ngram'"):
+        EngineConfig(model="x", async_scheduling=True,
+                     speculative_config={"method": "ngram"})
