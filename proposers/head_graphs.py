@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from samplers.graph_capture import gc_paused
+
 CAPTURE_AT = 2  # a layout is captured the second time it is met (the first runs eager)
 Body = Callable[..., torch.Tensor]  # body(*inputs) -> out
 
@@ -90,6 +92,6 @@ class HeadGraphs:
             body(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool):
             out = body(*static)
         return _Captured(graph, static, out)

@@ -89,6 +89,8 @@ from dataclasses import dataclass
 
 import torch
 
+from samplers.graph_capture import gc_paused
+
 KV_STEP = 128  # the smallest kv_len rounding
 TIMED_REPLAYS = 3  # replays of a new graph timed right after its capture
 # Free device bytes below which a covered bucket gets no graph of its own (each graph keeps tens
@@ -404,6 +406,6 @@ class CudaGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with gc_paused(), torch.cuda.graph(graph, pool=self._pool):
             hidden = self._body(inputs, batch_size, num_new, kv_len)
         return _Graph(graph, inputs, hidden)

@@ -115,3 +115,18 @@ def test_packed_verification_steps_replay_graphs_and_equal_hf(monkeypatch):
     assert sum(rows is not None for rows in packed) >= 3
     # (a decode bucket past the 12 sequences' 16 rows: a packed step's graph)
     assert any(key[0] > 16 and key[1] == 1 for key in runner.graphs._graphs)
+
+
+def test_the_collector_is_paused_inside_a_capture_and_restored_after():
+    """Graph captures run with the cyclic collector off (``samplers.graph_capture``): garbage
+    holding another graph must not be destroyed mid-capture; the collector's state returns."""
+    import gc
+
+    from samplers.graph_capture import gc_paused
+
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+    gc.enable()
