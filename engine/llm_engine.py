@@ -114,7 +114,8 @@ class LLMEngine:
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
                         else self.forward_is_async and self.proposer is None)
         self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
-        self._token_copies = TokenCopies(self.device, config.max_num_seqs)
+        self._token_copies = (TokenCopies(self.device, config.max_num_seqs) if self.overlap
+                              else None)
         self._in_flight: InFlight | None = None  # a launched step not yet committed
 
     # ------------------------------------------------------------------ requests
@@ -244,7 +245,8 @@ class LLMEngine:
         forwarded = self._forward(items, proposed)
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         if self._overlaps(forwarded, proposed):
-            self._in_flight = self._sample_ahead(forwarded, plan_step, 0)
+            self._in_flight = self._sample_ahead(
+                forwarded, plan_step, self._flight_sampling([i.seq for i in forwarded.items], 0))
             return self._overlapped(start)
         verified = self._verify(forwarded)
         updated = self._commit(forwarded, verified)
@@ -265,7 +267,7 @@ class LLMEngine:
         step is the same sequences decoding again; then commit the one in flight while the
         device runs the next."""
         flight = self._in_flight
-        self._in_flight = self._launch_next(flight)  # (raises before changing anything)
+        self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
         self._learn()  # (the step before's outcome, while the device works)
         return self._commit_flight(flight, start)
 
@@ -278,24 +280,40 @@ class LLMEngine:
         if seqs is None:
             return None
         row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        # (built before the forward is queued: its host-to-device copies then wait for nothing)
+        sampling = self._flight_sampling(seqs, 1)
+        # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
+        # the flight commits, and this step's token for it is dropped)
+        fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
         started = time.perf_counter()
-        out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
-                                  fed=FedTokens(flight.tokens, [row[id(seq)] for seq in seqs]))
+        try:
+            out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs), fed=fed)
+        except BaseException:  # (rows the runner took for the step go back)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, seq.num_tokens)
+            raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        return self._sample_ahead(forwarded, flight.plan_step, 1)
+        return self._sample_ahead(forwarded, flight.plan_step, sampling)
 
-    def _sample_ahead(self, forwarded: Forwarded, plan_step: int, ahead: int) -> InFlight:
-        """Sample one token per sequence of ``forwarded`` on the device and queue their copy to
-        the host; ``ahead``: output tokens each sequence has in flight before this step's."""
+    def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
+        """The sampling tensors of a flight of ``seqs``, each seeded one keyed by the output
+        position of its token in the flight (``ahead``: its tokens in flight before it); None
+        when all are greedy (one argmax samples them)."""
+        if all(s.params.temperature == 0.0 for s in seqs):
+            return None
+        return SamplingTensors.from_params(
+            [s.params for s in seqs], None, self.device, self.generator,
+            [s.seed for s in seqs], [s.num_output_tokens + ahead for s in seqs])
+
+    def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
+                      sampling: SamplingTensors | None) -> InFlight:
+        """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
+        argmax, two kernels) and queue their copy to the host."""
         items = forwarded.items
-        seqs = [item.seq for item in items]
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
-        if all(s.params.temperature == 0.0 for s in seqs):  # (no sampling tensors, 2 kernels)
+        if sampling is None:
             tokens = argmax_tokens(forwarded.logits)
         else:
-            sampling = SamplingTensors.from_params(
-                [s.params for s in seqs], None, self.device, self.generator,
-                [s.seed for s in seqs], [s.num_output_tokens + ahead for s in seqs])
             tokens = self._verify_chains(items, forwarded.logits, sampling, sync=False).view(-1)
         host, copied = self._token_copies.start(tokens)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step)

@@ -40,6 +40,7 @@ class TokenCopies:
     with the event that marks its copy's end. Off CUDA the tokens are already on the host."""
 
     def __init__(self, device: torch.device, size: int) -> None:
+        self._device = device
         self._pinned = device.type == "cuda"
         self._buffers = [torch.empty(size, dtype=torch.long, pin_memory=self._pinned)
                          for _ in range(2)]
@@ -54,7 +55,7 @@ class TokenCopies:
         event = self._events[self._turn]
         self._turn ^= 1
         buffer.copy_(tokens, non_blocking=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self._device))  # (the copy's device, not cuda:0)
         return buffer, event
 
 

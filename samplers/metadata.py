@@ -77,7 +77,7 @@ class PinnedStaging:
                                            dtype=torch.long).pin_memory()
         staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
         out = staged.to(self.device, non_blocking=True)
-        self._copied.record()
+        self._copied.record(torch.cuda.current_stream(self.device))  # (its device's stream)
         return out
 
 
