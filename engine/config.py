@@ -386,10 +386,11 @@ class EngineConfig:
     to it on the device), and the host appends, stop-checks and streams those tokens while the
     device runs it (:mod:`engine.overlap`); the output is the synchronous step's. It applies to
     steps where every sequence decodes one token without a grammar, logprobs, penalties, bias,
-    bad words or min-tokens; other steps run synchronously. None (the default): on for an
-    engine without speculation on one CUDA device; True also on CPU (where the forward runs
-    in the call, so nothing overlaps: for tests); speculation (a ``speculative_config``) and
-    ``tensor_parallel_size > 1`` do not overlap yet.
+    bad words or min-tokens; other steps run synchronously. With speculation, the steps the
+    controller plans without drafts (a backed-off batch, requests that never draft) overlap;
+    drafting steps are synchronous. None (the default): on for a CUDA engine; True also on CPU
+    (where the forward runs in the call, so nothing overlaps: for tests);
+    ``tensor_parallel_size > 1`` does not overlap yet.
     """
 
     model: Any = "smollm2-135m"
@@ -490,8 +491,3 @@ class EngineConfig:
             _fail(name, "async_scheduling", self.async_scheduling,
                   "None or false with tensor_parallel_size > 1 (the other ranks replay steps "
                   "sent as host lists)")
-        if (self.async_scheduling and self.speculative_config is not None
-                and self.speculative_config.method not in (None, "none")):
-            _fail(name, "async_scheduling", self.async_scheduling, "None or false with "
-                  f"speculative_config.method={self.speculative_config.method!r} (overlapped "
-                  "steps do not speculate yet)")

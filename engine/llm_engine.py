@@ -58,7 +58,7 @@ from samplers.greedy import argmax_tokens
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from samplers.structured import Grammars, GrammarState
-from scheduler import Scheduler, StepOutcome, make_controller, within_spare
+from scheduler import DraftPlan, Scheduler, StepOutcome, make_controller, within_spare
 
 
 class LLMEngine:
@@ -110,13 +110,14 @@ class LLMEngine:
         self._proposed_last_step = False  # (a proposal after a gap catches up: not timed)
         self._unobserved = 0  # steps since the proposer last saw the contexts (_observe)
         # overlapped plain steps (engine.overlap): on by default where the forward runs behind
-        # the host (CUDA) and nothing speculates; the runner must take tokens on the device
+        # the host (CUDA); the runner must take tokens on the device (not tensor parallel)
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
-                        else self.forward_is_async and self.proposer is None)
+                        else self.forward_is_async)
         self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
         self._token_copies = (TokenCopies(self.device, config.max_num_seqs) if self.overlap
                               else None)
         self._in_flight: InFlight | None = None  # a launched step not yet committed
+        self._planned: DraftPlan | None = None  # the next step's plan, made while in flight
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
@@ -267,8 +268,8 @@ class LLMEngine:
         step is the same sequences decoding again; then commit the one in flight while the
         device runs the next."""
         flight = self._in_flight
+        self._learn()  # (the step before's outcome, while the device works, before planning)
         self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
-        self._learn()  # (the step before's outcome, while the device works)
         return self._commit_flight(flight, start)
 
     def _launch_next(self, flight: InFlight) -> InFlight | None:
@@ -279,6 +280,12 @@ class LLMEngine:
                               self.runner.num_free_tokens, self.max_model_len)
         if seqs is None:
             return None
+        # (the controller plans the step: plain, or not launched ahead)
+        plan = self.controller.plan(self.scheduler.running, False)
+        if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):
+            self._planned = plan  # (the step's plan: _schedule takes it)
+            return None
+        self._proposed_last_step = False
         row = {id(seq): j for j, seq in enumerate(flight.sequences)}
         # (built before the forward is queued: its host-to-device copies then wait for nothing)
         sampling = self._flight_sampling(seqs, 1)
@@ -287,13 +294,14 @@ class LLMEngine:
         fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
         started = time.perf_counter()
         try:
-            out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs), fed=fed)
+            out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
+                                      keep_hidden=self.keep_hidden, fed=fed)
         except BaseException:  # (rows the runner took for the step go back)
             for seq in seqs:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        return self._sample_ahead(forwarded, flight.plan_step, sampling)
+        return self._sample_ahead(forwarded, plan.step, sampling)
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs``, each seeded one keyed by the output
@@ -337,7 +345,9 @@ class LLMEngine:
     def _schedule(self) -> tuple[list[SeqStep], int | None, int]:
         """1. This step's sequences and the drafts each may ask for (none: nothing runs), the
         KV cache's free rows before the step, and the controller's step number."""
-        plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
+        plan, self._planned = self._planned, None
+        if plan is None or self.scheduler.waiting:  # (a plan made ahead saw nobody waiting)
+            plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
         free_kv_tokens = self.runner.num_free_tokens
         out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens,
                                       self._prefix_hit if self.prefix_caching else None)

@@ -43,7 +43,7 @@ FLAG_HELP: dict[tuple[str, str], str] = {
                                  "decoding bit for bit); slower",
     ("engine", "async_scheduling"): "overlap the host's work with the device's: launch each "
                                     "plain decode step before the last one's tokens are read "
-                                    "(default: on CUDA without speculation)",
+                                    "(default: on CUDA; drafting steps stay synchronous)",
     ("spec", "method"): "how drafts are proposed ('none': no speculation; not given with "
                         "--draft-model: inferred from it)",
     ("spec", "model"): "the draft model (hub id or path) for draft_model, a draft head's "

@@ -43,6 +43,13 @@ def make_llm(target, overlap: bool, device: str = "cpu", **kwargs) -> LLM:
                async_scheduling=overlap, **kwargs)
 
 
+class LLMOf:
+    """What :func:`outputs` reads of an ``LLM``: its engine."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+
 class Launches:
     """Counts the steps an engine launched ahead (its ``_launch_next`` answers that were not
     None), so that a test knows the overlapped path ran."""
@@ -214,7 +221,7 @@ def test_non_finite_logits_in_flight_fail_their_request_alone(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the default is on for CUDA only")
-def test_an_engine_without_speculation_overlaps_on_cuda_by_default(target):
+def test_an_engine_overlaps_on_cuda_by_default(target):
     assert make_llm(target, None, "cuda").llm_engine.overlap
     assert not make_llm(target, None, "cpu").llm_engine.overlap
 
@@ -222,6 +229,66 @@ def test_an_engine_without_speculation_overlaps_on_cuda_by_default(target):
 def test_async_scheduling_is_checked():
     with pytest.raises(ValueError, match="async_scheduling"):
         EngineConfig(model="x", async_scheduling="yes")
-    with pytest.raises(ValueError, match="async_scheduling.*method='ngram'"):
-        EngineConfig(model="x", async_scheduling=True,
-                     speculative_config={"method": "ngram"})
+    with pytest.raises(ValueError, match="async_scheduling.*tensor_parallel_size"):
+        EngineConfig(model="x", async_scheduling=True, tensor_parallel_size=2)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, target):
+    from tests.engine.llm_helpers import random_head_dir
+
+    return random_head_dir(tmp_path_factory, target.config)
+
+
+@pytest.mark.parametrize("method", ["ngram", "eagle", "draft_model"])
+def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
+        target, head_dir, monkeypatch, method):
+    """A controller that finds drafting dear (a fixed verification cost of 2 plain steps per
+    token) plans plain steps, which overlap, and probes with drafting steps every few steps,
+    which do not: greedy output and seeded samples equal plain decoding's, and a draft head fed
+    through overlapped steps drafts from the right features (else its greedy output would
+    still be right, but the exactness of the interleaving is what is checked here)."""
+    from tests.engine.test_llm_greedy import noisy_copy
+
+    spec = {"method": method, "num_speculative_tokens": 3, "adaptive_k": True,
+            "verify_cost_per_token": 2.0, "draft_cost_ratio": 0.05,
+            "adaptive_probe_interval": 3}
+    if method == "eagle":
+        spec["model"] = str(head_dir)
+    if method == "draft_model":
+        spec.update(model=noisy_copy(target.to("cpu"), 0.3, seed=1),
+                    tokenizer=tiny_tokenizer(VOCAB))
+    batch = prompts(5, seed=8)
+    batch[1] = batch[1] * 3  # (repeated text: n-gram drafts it)
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=18, stop_token_ids=[7]),
+              SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                             num_speculative_tokens=0),
+              SamplingParams(temperature=0.9, seed=6, max_tokens=20, ignore_eos=True)]
+    arrivals = [0, 0, 2, 5, 9]
+    expected = outputs(make_llm(target, False, max_num_seqs=8), batch, params, arrivals)
+    llm = make_llm(target, True, speculative_config=spec, max_num_seqs=8)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, params, arrivals) == expected
+    assert launches.count > 5 and llm.llm_engine.metrics.num_drafted > 0
+    assert_engine_empty(llm)
+    # one request alone: the controller's plans are the synchronous engine's step for step,
+    # so its drafts and their acceptance must be too (the proposer saw the same text, a head
+    # the same features, through the overlapped steps)
+    lone = [batch[1]], [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)]
+    proposed = []
+    for overlap in (False, True):
+        engine = make_llm(target, overlap, speculative_config=spec, max_num_seqs=8).llm_engine
+        drafts: list[list[int]] = []
+        propose = engine.proposer.propose
+
+        def logged(*args, _propose=propose, _drafts=drafts, **kwargs):
+            proposal = _propose(*args, **kwargs)
+            _drafts.extend(list(d) for d in proposal.draft_token_ids)
+            return proposal
+
+        monkeypatch.setattr(engine.proposer, "propose", logged)
+        outputs(LLMOf(engine), *lone)
+        proposed.append((drafts, engine.metrics.num_accepted))
+    assert proposed[0] == proposed[1] and proposed[0][0]
