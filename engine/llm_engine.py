@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -292,6 +293,10 @@ class LLMEngine:
         # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
         # the flight commits, and this step's token for it is dropped)
         fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
         started = time.perf_counter()
         try:
             out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
@@ -301,7 +306,9 @@ class LLMEngine:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        return self._sample_ahead(forwarded, plan.step, sampling)
+        flight = self._sample_ahead(forwarded, plan.step, sampling, ahead=True)
+        flight.began = began
+        return flight
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs``, each seeded one keyed by the output
@@ -314,9 +321,10 @@ class LLMEngine:
             [s.seed for s in seqs], [s.num_output_tokens + ahead for s in seqs])
 
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
-                      sampling: SamplingTensors | None) -> InFlight:
+                      sampling: SamplingTensors | None, ahead: bool = False) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
-        argmax, two kernels) and queue their copy to the host."""
+        argmax, two kernels) and queue their copy to the host; ``ahead``: launched before the
+        step before it was committed."""
         items = forwarded.items
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
         if sampling is None:
@@ -324,7 +332,7 @@ class LLMEngine:
         else:
             tokens = self._verify_chains(items, forwarded.logits, sampling, sync=False).view(-1)
         host, copied = self._token_copies.start(tokens)
-        return InFlight(forwarded, tokens, host, copied, failed, plan_step)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead)
 
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
@@ -338,8 +346,15 @@ class LLMEngine:
                                          j in flight.failed or token == INVALID_TOKEN_ID))
         ahead = set() if self._in_flight is None else {id(s) for s in self._in_flight.sequences}
         updated = self._commit(flight.forwarded, verified, ahead)
+        forwarded, seconds = flight.forwarded, flight.device_seconds()
+        if seconds is None and not (flight.ahead and self._in_flight is not None):
+            # (a plain step's cost for the controller is what it costs when steps overlap:
+            # its device time on CUDA, else the pipeline's period, a call that commits a step
+            # launched ahead and launches the next; another call's duration holds part of a
+            # synchronous step, or leaves out the flight's own forward)
+            forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
         self._forget_finished_flight()  # (every one of them stopped)
-        self._record(flight.forwarded, Proposed(), verified, updated, start, flight.plan_step)
+        self._record(forwarded, Proposed(), verified, updated, start, flight.plan_step, seconds)
         return updated
 
     def _schedule(self) -> tuple[list[SeqStep], int | None, int]:
@@ -348,6 +363,8 @@ class LLMEngine:
         plan, self._planned = self._planned, None
         if plan is None or self.scheduler.waiting:  # (a plan made ahead saw nobody waiting)
             plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
+        else:  # (made while the last step was in flight: its tokens may cut the caps)
+            plan.refresh(self.scheduler.running)
         free_kv_tokens = self.runner.num_free_tokens
         out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens,
                                       self._prefix_hit if self.prefix_caching else None)
@@ -681,15 +698,17 @@ class LLMEngine:
 
     def _record(self, forwarded: Forwarded | None, proposed: Proposed,
                 verified: list[Verified], updated: list[Sequence], start: float,
-                plan_step: int) -> None:
+                plan_step: int, cost_s: float | None = None) -> None:
         """6. The step's time for the metrics, and its outcome for the controller: learnt now
-        on CPU (or with nothing left to run), else during the next step's forward."""
+        on CPU (or with nothing left to run), else during the next step's forward. ``cost_s``:
+        the step's cost for the controller when not its call's duration (an overlapped
+        step's device time)."""
         end = time.perf_counter()
         self.metrics.record_step(end - start, proposed.seconds,
                                  end - (forwarded.started if forwarded else end),
                                  proposed.draft_steps if proposed.typical else 0)
-        self._outcome = step_outcome(forwarded, proposed, verified, updated, end - start,
-                                     plan_step)
+        self._outcome = step_outcome(forwarded, proposed, verified, updated,
+                                     end - start if cost_s is None else cost_s, plan_step)
         if not self.forward_is_async or not self.scheduler.has_unfinished:
             self._learn()
 

@@ -44,7 +44,9 @@ class TokenCopies:
         self._pinned = device.type == "cuda"
         self._buffers = [torch.empty(size, dtype=torch.long, pin_memory=self._pinned)
                          for _ in range(2)]
-        self._events = [torch.cuda.Event() if self._pinned else None for _ in range(2)]
+        # (timing events: a flight's device time is read off its launch and copy events)
+        self._events = [torch.cuda.Event(enable_timing=True) if self._pinned else None
+                        for _ in range(2)]
         self._turn = 0
 
     def start(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -64,7 +66,9 @@ class InFlight:
     """A launched step whose tokens are on their way to the host: its forward (items: every
     sequence samples one token, no drafts), ``tokens [len(items)]`` on the device, their host
     copy and its event (None: already there), the rows found unusable on the host (CPU only:
-    on CUDA the kernels mark them ``INVALID_TOKEN_ID``), and the controller's step number."""
+    on CUDA the kernels mark them ``INVALID_TOKEN_ID``), the controller's step number,
+    whether it was launched ahead (by the call before the one that commits it), and an event
+    recorded before its forward (CUDA, launched ahead)."""
 
     forwarded: Forwarded
     tokens: torch.Tensor
@@ -72,6 +76,16 @@ class InFlight:
     copied: torch.cuda.Event | None
     failed: set[int]
     plan_step: int
+    ahead: bool = False
+    began: torch.cuda.Event | None = None  # recorded before its forward was queued (CUDA)
+
+    def device_seconds(self) -> float | None:
+        """The flight's time on the device, from its forward's start to its tokens' copy
+        (after :meth:`token_ids`; None off CUDA or without a start event): what a plain step
+        costs when steps overlap, the device being their bottleneck."""
+        if self.began is None or self.copied is None:
+            return None
+        return self.began.elapsed_time(self.copied) / 1e3
 
     def token_ids(self) -> list[int]:
         """The sampled tokens, one per item (waits for their copy)."""

@@ -76,6 +76,15 @@ class DraftPlan:
     width: int
     step: int  # the controller's step number (a sequence's cap is fresh when its step is this)
 
+    def refresh(self, running: list[SpeculatingSequence]) -> None:
+        """The plan was made before the step before it committed (an overlapped engine plans
+        while its last step is in flight): cut each planned sequence's cap to what its tokens
+        allow now (its newest token may bring its end within the plan's drafts)."""
+        for seq in running:
+            spec = seq.speculation
+            if spec.step == self.step:
+                spec.cap = min(spec.cap, cap(seq))
+
     def drafts_for(self, seq: SpeculatingSequence) -> int:
         """The drafts ``seq`` asks the proposer for (what ``Scheduler.schedule`` budgets)."""
         if not self.width:

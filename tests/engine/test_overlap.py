@@ -19,6 +19,7 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.runner import FedTokens
 from engine.runner.model_runner import ModelRunner
+from scheduler import DraftPlan
 from tests.engine.llm_helpers import staggered_outputs, tiny_tokenizer
 
 VOCAB = 48
@@ -273,13 +274,21 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
     assert outputs(llm, batch, params, arrivals) == expected
     assert launches.count > 5 and llm.llm_engine.metrics.num_drafted > 0
     assert_engine_empty(llm)
-    # one request alone: the controller's plans are the synchronous engine's step for step,
-    # so its drafts and their acceptance must be too (the proposer saw the same text, a head
+    # one request alone under a scripted plan (drafts at every fourth step, plain steps
+    # between: the measured controller's plans follow the clock): its proposals and their
+    # acceptance must equal the synchronous engine's (the proposer saw the same text, a head
     # the same features, through the overlapped steps)
     lone = [batch[1]], [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)]
     proposed = []
     for overlap in (False, True):
-        engine = make_llm(target, overlap, speculative_config=spec, max_num_seqs=8).llm_engine
+        engine = make_llm(target, overlap, speculative_config={**spec, "adaptive_k": False},
+                          max_num_seqs=8).llm_engine
+
+        def scripted(running, waiting, _plan=engine.controller.plan):
+            plan = _plan(running, waiting)
+            return DraftPlan(3 if plan.step % 4 == 0 else 0, plan.step)
+
+        monkeypatch.setattr(engine.controller, "plan", scripted)
         drafts: list[list[int]] = []
         propose = engine.proposer.propose
 
