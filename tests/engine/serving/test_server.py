@@ -24,11 +24,13 @@ def model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny_server"))
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
+@pytest.fixture(scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "overlapped"])
+def server(model_dir, request):
+    """The server, also with overlapped steps (on CUDA by default; forced here on CPU, where
+    the path is the same: flights committed a call later, aborts and disconnects mid-flight)."""
     with running_server(model_dir, "--served-model-name", "tiny", "--max-pending",
                         str(MAX_PENDING), "--kv-cache-tokens", "512",
-                        "--max-num-seqs", "4") as base:
+                        "--max-num-seqs", "4", *request.param) as base:
         yield base
 
 
