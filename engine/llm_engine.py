@@ -22,10 +22,15 @@ One :meth:`LLMEngine.step`, each stage taking and returning values (``engine.ste
 6. **learn**: the controller learns the step's outcome (on a GPU during the next step's
    forward, where the host would wait anyway).
 
-The module holds the request API and the six stages (a little over 400 lines); what the stages
-compute that needs no engine state lives beside it: ``engine.step_records`` (the values),
-``engine.forward_inputs``, ``engine.draft_trees``, ``engine.draft_features`` and
-``engine.request_checks``.
+**Overlapped steps** (``EngineConfig.async_scheduling``, :mod:`engine.overlap`): a step whose
+sequences all decode plainly samples ahead, its tokens left on the device; the next such step is
+launched from them before they are read, and the step is committed (5-6) while the device runs
+the next. Drafting steps take the stages above in one call.
+
+The module holds the request API, the six stages and the overlapped steps' launch and commit;
+what the stages compute that needs no engine state lives beside it: ``engine.step_records``
+(the values), ``engine.overlap``, ``engine.forward_inputs``, ``engine.draft_trees``,
+``engine.draft_features`` and ``engine.request_checks``.
 """
 
 from __future__ import annotations

@@ -301,3 +301,23 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
         outputs(LLMOf(engine), *lone)
         proposed.append((drafts, engine.metrics.num_accepted))
     assert proposed[0] == proposed[1] and proposed[0][0]
+
+
+def test_prefix_caching_keeps_what_overlapped_steps_committed(target):
+    """A sequence leaves its committed tokens' rows to the prefix cache, not the row the step
+    in flight wrote past its stop: a later prompt that starts with an earlier output is served
+    from the cache and decodes as without one."""
+    batch = prompts(3, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[7, 19])
+    expected = outputs(make_llm(target, False), batch, [params] * 3)
+    llm = make_llm(target, True, enable_prefix_caching=True)
+    assert outputs(llm, batch, [params] * 3) == expected
+    # each prompt again, followed by its output: the cache serves all but the newest tokens
+    again = [p + out[0][0] for p, out in zip(batch, expected, strict=True)]
+    want = outputs(make_llm(target, False), again, [params] * 3)
+    got = llm.generate(again, params, use_tqdm=False)
+    assert [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in o.outputs]
+            for o in got] == want
+    assert all(o.num_cached_tokens and o.num_cached_tokens >= len(p) - 1
+               for o, p in zip(got, batch, strict=True))
+    assert llm.llm_engine._in_flight is None and not llm.llm_engine.has_work()
