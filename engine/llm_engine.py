@@ -276,6 +276,8 @@ class LLMEngine:
         flight = self._in_flight
         self._learn()  # (the step before's outcome, while the device works, before planning)
         self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
+        if self._in_flight is not None:  # (a proposer keeping state of the text sees it)
+            self._observe(self._in_flight.forwarded.items, Proposed())
         return self._commit_flight(flight, start)
 
     def _launch_next(self, flight: InFlight) -> InFlight | None:
@@ -368,8 +370,8 @@ class LLMEngine:
         plan, self._planned = self._planned, None
         if plan is None or self.scheduler.waiting:  # (a plan made ahead saw nobody waiting)
             plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
-        else:  # (made while the last step was in flight: its tokens may cut the caps)
-            plan.refresh(self.scheduler.running)
+        else:  # (made while the last step was in flight: its tokens cut caps and fronts)
+            self.controller.refresh(plan, self.scheduler.running)
         free_kv_tokens = self.runner.num_free_tokens
         out = self.scheduler.schedule(plan.drafts_for, free_kv_tokens,
                                       self._prefix_hit if self.prefix_caching else None)
@@ -616,8 +618,9 @@ class LLMEngine:
         """5. Append each verified sequence's tokens with stop checks, cut every running
         sequence's cache back to its kept context (the newest token stays uncached: it is fed
         next step, or, for the sequences ``ahead`` (ids), it is being fed by the step in
-        flight), tell the proposer what was kept and hand a draft head its features;
-        finished sequences leave (the controller releases them once it has learnt the step)."""
+        flight, whose row is kept), tell the proposer what was kept and hand a draft head its
+        features; finished sequences leave (the controller releases them once it has learnt the
+        step)."""
         updated = []
         for result in verified:
             seq = result.item.seq
@@ -663,8 +666,9 @@ class LLMEngine:
                 seq.num_computed_tokens = result.num_tokens_before + (
                     min(result.num_accepted, result.kept) if result.item.parents is None else 0)
                 continue
-            if id(seq) in ahead:  # (its newest token's row is being written: nothing to cut)
-                seq.num_computed_tokens = seq.num_tokens
+            if id(seq) in ahead:  # (its newest token's row is being written: nothing to cut;
+                # it counts as uncached, as after a synchronous step, until that step commits)
+                seq.num_computed_tokens = seq.num_tokens - 1
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)

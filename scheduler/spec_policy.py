@@ -108,6 +108,19 @@ class GoodputPolicy:
                 self._fronts[self._step] = (front, list(running))
         return DraftPlan(width, self._step)
 
+    def refresh(self, plan: DraftPlan, running: list[SpeculatingSequence]) -> None:
+        """A plan made while the step before it was in flight (an overlapped engine: each
+        sequence one token short), taken now: its caps cut to the sequences' tokens, and a
+        closed batch's front measured again (else the guard credits the step one plain step
+        too many)."""
+        plan.refresh(running)
+        if plan.step in self._fronts:
+            front = closed_front(running)
+            if front is None:
+                del self._fronts[plan.step]
+            else:
+                self._fronts[plan.step] = (front, list(running))
+
     def _width(self, running: list[SpeculatingSequence], waiting: bool) -> int:
         if not running or not self.max_k:
             return 0

@@ -214,6 +214,11 @@ class FixedK:
              num_backed: list[int] | None, others: tuple[int, int, int]) -> list[int]:
         return [min(item.num_spec_tokens, d) for item, d in zip(items, drafted, strict=True)]
 
+    def refresh(self, plan: DraftPlan, running: list[SpeculatingSequence]) -> None:
+        """A plan made while the step before it was in flight, taken now: its caps cut to the
+        sequences' tokens (:meth:`DraftPlan.refresh`)."""
+        plan.refresh(running)
+
     def allows_tree(self, batch_size: int) -> bool:
         return True
 

@@ -321,3 +321,24 @@ def test_prefix_caching_keeps_what_overlapped_steps_committed(target):
     assert all(o.num_cached_tokens and o.num_cached_tokens >= len(p) - 1
                for o, p in zip(got, batch, strict=True))
     assert llm.llm_engine._in_flight is None and not llm.llm_engine.has_work()
+
+
+def test_a_proposer_keeping_text_sees_overlapped_steps(target):
+    """Suffix decoding keeps each request's text for later requests up to its last look at it:
+    overlapped plain steps show it the text in their shadow (``Proposer.observe``), so a
+    request whose steps all overlapped leaves nearly all its text, as a synchronous engine's."""
+    spec = {"method": "suffix", "num_speculative_tokens": 3, "adaptive_k": True,
+            "verify_cost_per_token": 2.0}  # (drafting never pays: every step is plain)
+    held = []
+    for overlap in (False, True):
+        llm = make_llm(target, overlap, speculative_config=spec, max_num_seqs=8)
+        engine = llm.llm_engine
+        engine.forward_is_async = True  # (as on CUDA: plain steps show the proposer the text)
+        prompt = prompts(1, seed=10)[0]
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=40,
+                                                    ignore_eos=True), use_tqdm=False)[0]
+        store = engine.proposer.store
+        held.append(sum(len(store._tokens[sid]) for sid in store._ids.values()))
+        context = len(prompt) + len(out.outputs[0].token_ids)
+        assert held[-1] >= context - engine.proposer.observe_every
+    assert held[1] >= held[0] - 1
