@@ -343,8 +343,8 @@ class LLMEngine:
 
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
-        sequences the next flight feeds keep their newest token cached. A sequence finished
-        while in flight (aborted) gets nothing."""
+        sequences the next flight feeds keep the row it writes for their newest token. A
+        sequence finished while in flight (aborted) gets nothing."""
         verified = []
         for j, (item, token) in enumerate(zip(flight.forwarded.items, flight.token_ids(),
                                               strict=True)):

@@ -3,9 +3,9 @@ cyclic garbage collector paused for the capture.
 
 Collected garbage can hold another CUDA graph or event (an engine dropped in a reference cycle);
 destroying one while a stream captures is an operation CUDA does not permit then, and it
-invalidates the capture (``cudaErrorStreamCaptureInvalidated``, seen on an H200 when an earlier
-engine was collected in the middle of a later engine's capture). vLLM pauses the collector
-around its captures too. Here because ``samplers`` is the layer both capturers import.
+invalidates the capture (``cudaErrorStreamCaptureInvalidated``: an earlier engine collected in
+the middle of a later engine's capture; docs/history.md). vLLM pauses the collector around its
+captures too. Here because ``samplers`` is the layer both capturers import.
 """
 
 from __future__ import annotations
