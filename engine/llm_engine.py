@@ -313,25 +313,21 @@ class LLMEngine:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        flight = self._sample_ahead(forwarded, plan.step, sampling, ahead=True)
-        flight.began = began
-        return flight
+        return self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
-        """The sampling tensors of a flight of ``seqs``, each seeded one keyed by the output
-        position of its token in the flight (``ahead``: its tokens in flight before it); None
-        when all are greedy (one argmax samples them)."""
+        """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight
+        before it); None when all are greedy (one argmax samples them)."""
         if all(s.params.temperature == 0.0 for s in seqs):
             return None
-        return SamplingTensors.from_params(
-            [s.params for s in seqs], None, self.device, self.generator,
-            [s.seed for s in seqs], [s.num_output_tokens + ahead for s in seqs])
+        return self._sampling_tensors(seqs, ahead)
 
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
-                      sampling: SamplingTensors | None, ahead: bool = False) -> InFlight:
+                      sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
+                      ahead: bool = False) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
         argmax, two kernels) and queue their copy to the host; ``ahead``: launched before the
-        step before it was committed."""
+        step before it was committed; ``began``: recorded before its forward (CUDA)."""
         items = forwarded.items
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
         if sampling is None:
@@ -339,7 +335,7 @@ class LLMEngine:
         else:
             tokens = self._verify_chains(items, forwarded.logits, sampling, sync=False).view(-1)
         host, copied = self._token_copies.start(tokens)
-        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began)
 
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
@@ -606,12 +602,13 @@ class LLMEngine:
         tokens = sampler.verify(logits, metadata, sampling, draft_probs)
         return tokens.tolist() if sync else tokens
 
-    def _sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+    def _sampling_tensors(self, seqs: list[Sequence], ahead: int = 0) -> SamplingTensors:
         """The sampling parameters of ``seqs``, each seeded one keyed by its seed and the output
-        position of its first row this step."""
+        position of its first row this step (``ahead``: its tokens in flight, not yet
+        appended)."""
         return SamplingTensors.from_params([s.params for s in seqs], None, self.device,
                                            self.generator, [s.seed for s in seqs],
-                                           [s.num_output_tokens for s in seqs])
+                                           [s.num_output_tokens + ahead for s in seqs])
 
     def _commit(self, forwarded: Forwarded | None, verified: list[Verified],
                 ahead: set[int] = frozenset()) -> list[Sequence]:
