@@ -97,15 +97,17 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * element
 
 
-def kernel_seconds(prof: torch.profiler.profile) -> float:
-    """The kernels' device time in a profile (self times: nothing counted twice)."""
-    return sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages()) / 1e6
+def kernel_seconds(prof: torch.profiler.profile) -> tuple[float, int]:
+    """The kernels' device time in a profile (self times: nothing counted twice) and how many
+    device activities (kernels, copies) ran."""
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0.0) > 0]
+    return sum(e.self_device_time_total for e in events) / 1e6, sum(e.count for e in events)
 
 
 def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.device,
-                 profile_steps: int) -> tuple[float, int, float | None]:
-    """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds per step
-    under the profiler or None) for ``prompts`` run together."""
+                 profile_steps: int) -> tuple[float, int, tuple[float, float] | None]:
+    """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds and
+    kernels per step under the profiler or None) for ``prompts`` run together."""
     engine = llm.engine
     total = output_tokens(len(prompts), len(prompts[0]), steps)
     params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
@@ -129,7 +131,8 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.d
             for _ in range(profile_steps):
                 engine.step()
             sync(device)
-        busy = kernel_seconds(prof) / profile_steps
+        seconds_busy, kernels = kernel_seconds(prof)
+        busy = (seconds_busy / profile_steps, kernels / profile_steps)
     for i in range(len(prompts)):
         engine.discard_request(f"d{i}")
     return seconds, made, busy
@@ -168,8 +171,9 @@ def run(args: argparse.Namespace) -> Result:
         for context in contexts:
             for b in batches:
                 prompts = [[rng.randrange(2, vocab) for _ in range(context)] for _ in range(b)]
-                seconds, made, busy = decode_steps(llm, prompts, args.steps, device,
-                                                   PROFILE_STEPS if device.type == "cuda" else 0)
+                seconds, made, profiled = decode_steps(
+                    llm, prompts, args.steps, device, PROFILE_STEPS if device.type == "cuda" else 0)
+                busy, kernels = (None, None) if profiled is None else profiled
                 step_s = seconds / args.steps
                 row = {"method": method, "attention_backend": backend,
                        "async_scheduling": llm.engine.overlap, "batch_size": b,
@@ -177,6 +181,7 @@ def run(args: argparse.Namespace) -> Result:
                        "tokens_per_s": made / seconds, "ms_per_step": 1e3 * step_s,
                        "tokens_per_step": made / args.steps,  # (batch: all decode each step)
                        "gpu_busy_ms_per_step": None if busy is None else 1e3 * busy,
+                       "kernels_per_step": kernels,
                        "host_critical_ms_per_step": None if busy is None
                        else 1e3 * max(step_s - busy, 0.0)}
                 if bandwidth is not None:
@@ -202,5 +207,6 @@ def print_row(r: dict) -> None:
           f"ctx={r['context']:<5} "
           f"{r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:7.3f} ms/step  "
           f"limit {f('limit_ms_per_step', '.3f')} ms ({f('of_limit', '.0%')} of it)  "
-          f"GPU busy {f('gpu_busy_ms_per_step', '.3f')} ms  host on the critical path "
+          f"GPU busy {f('gpu_busy_ms_per_step', '.3f')} ms ({f('kernels_per_step', '.0f')} "
+          f"kernels)  host on the critical path "
           f"{f('host_critical_ms_per_step', '.3f')} ms", flush=True)

@@ -69,6 +69,7 @@ from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key
 from engine.runner.fused_ops import fused_forward, install_fused_ops
+from engine.runner.fused_projections import install_fused_projections, remove_fused_projections
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
 from engine.runner.paged_attention import split_count
@@ -214,6 +215,13 @@ class Executor:
         self._lm_head = (head if deterministic else output_head(model) if tp == 1
                          else gathered_head(head) or head)
         self.gathered_head = tp > 1 and self._lm_head is not head
+        # one product for q/k/v and one for gate/up in a CUDA forward's layers
+        # (engine/runner/fused_projections.py); any other engine runs one map per nn.Linear, so
+        # a model an earlier runner stacked gets its plain forwards back first
+        stack = (fused_ops is not False and not deterministic and tp == 1
+                 and execution_device(model.get_input_embeddings()).type == "cuda")
+        if not stack:
+            remove_fused_projections(model)
         if not isinstance(pack_cpu_weights, bool):
             raise ValueError(f"pack_cpu_weights must be True or False, got {pack_cpu_weights!r}")
         self._linears = PackedLinears(decoder_layers(model) if pack_cpu_weights and tp == 1
@@ -226,11 +234,15 @@ class Executor:
         self.dtype = next(model.parameters()).dtype
         if fused_ops is not None and not isinstance(fused_ops, bool):
             raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
-        # {"norms": n, "rotary_modules": m}: what the fused kernels replaced (empty: none)
+        # {"norms": n, "rotary_modules": m, "qkv": q, "gate_up": g}: what the fused kernels
+        # replaced (empty: none)
         self.fused: dict[str, int] = {}
         if fused_ops or deterministic or (fused_ops is None and self.device.type == "cuda"):
             taken = install_fused_ops(model, self.device)
+            if stack:
+                taken.update(install_fused_projections(model))
             self.fused = taken if any(taken.values()) else {}
+        self._stacked = bool(self.fused.get("qkv") or self.fused.get("gate_up"))
         if deterministic and not self.fused.get("norms"):
             raise ValueError("deterministic=True needs the model's RMSNorms in the fused kernel "
                              "(LLaMA's form), found none")
@@ -399,7 +411,8 @@ class Executor:
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \
                 paged_attention_step(paged), self._linears.use(padded), \
-                self._invariant_products(), fused_forward(bool(self.fused)):
+                self._invariant_products(), \
+                fused_forward(bool(self.fused), projections=self._stacked):
             out = self.model.base_model(
                 input_ids=input_ids, position_ids=positions, attention_mask=mask,
                 use_cache=True, output_hidden_states=bool(self.aux_layers),

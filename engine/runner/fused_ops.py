@@ -1,4 +1,4 @@
-"""Fused decoder kernels for the runner's CUDA forwards: RMSNorm and the rotary embedding.
+"""Fused decoder kernels for the runner's CUDA forwards: RMSNorm, rotary, SiLU-and-multiply.
 
 A decode step of a small batch is bound by its number of kernels, not by their work: past the
 matrix products, a decoder layer's time is mostly launches of a few microseconds each
@@ -6,12 +6,14 @@ matrix products, a decoder layer's time is mostly launches of a few microseconds
 is 8 kernels (a copy to float32, ``pow``, ``mean``, ``+ eps``, ``rsqrt``, ``*``, the copy back,
 ``* weight``) and ``apply_rotary_pos_emb`` 10 (``* cos``, the negated half, the concatenation,
 ``* sin``, ``+``, for the queries and the keys). Here the norm is one Triton launch and the
-rotary embedding two (queries, keys), each rounding where transformers rounds:
+rotary embedding one (queries and keys), each rounding where transformers rounds:
 
 - RMSNorm: ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)``, the statistics in float32;
 - rotary: ``q * cos + rotate_half(q) * sin``, each product rounded to the tensors' dtype before
-  the sum, as PyTorch's three separate operations do; one launch for the queries, one for the
-  keys.
+  the sum, as PyTorch's three separate operations do;
+- SiLU-and-multiply (:func:`silu_mul`, for :mod:`engine.runner.fused_projections`' stacked gate
+  and up products): ``silu(gate)`` rounded to the dtype, then the product, as PyTorch's two
+  operations.
 
 So a fused forward differs from the unfused one only by the order of the float32 sum of
 squares and the square root's approximation (its result rounded to the dtype: at most one unit
@@ -47,10 +49,13 @@ import triton.language as tl
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-__all__ = ["fused_forward", "install_fused_ops", "rms_norm", "rms_norm_reference", "rotary",
-           "rotary_reference"]
+__all__ = ["fused_forward", "install_fused_ops", "projections_active", "rms_norm",
+           "rms_norm_reference", "rotary", "rotary_reference", "runs_here", "silu_mul",
+           "silu_mul_reference"]
 
 _ACTIVE: ContextVar[bool] = ContextVar("specdec_fused_ops", default=False)
+# (engine/runner/fused_projections.py: stacked products, not batch-invariant, so a separate flag)
+_PROJECTIONS: ContextVar[bool] = ContextVar("specdec_fused_projections", default=False)
 _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps its function here
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
@@ -62,7 +67,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU ten
 _COMPILED_DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _runs_here(*tensors: torch.Tensor) -> bool:
+def runs_here(*tensors: torch.Tensor) -> bool:
     """Whether the kernels take these tensors: all on one CUDA device (or anywhere under
     Triton's interpreter), bf16 or float32 when compiled. A layer that accelerate runs on CPU
     keeps transformers' code."""
@@ -72,13 +77,20 @@ def _runs_here(*tensors: torch.Tensor) -> bool:
         and (_INTERPRETED or t.dtype in _COMPILED_DTYPES) for t in tensors)
 
 
+def projections_active() -> bool:
+    """Whether this thread or task is inside :func:`fused_forward` with ``projections``."""
+    return _PROJECTIONS.get()
+
+
 @contextmanager
-def fused_forward(enabled: bool = True) -> Iterator[None]:
-    """The fused kernels for the forwards in this block (this thread or task only)."""
-    token = _ACTIVE.set(enabled)
+def fused_forward(enabled: bool = True, projections: bool = False) -> Iterator[None]:
+    """The fused kernels for the forwards in this block (this thread or task only);
+    ``projections``: the stacked products too (:mod:`engine.runner.fused_projections`)."""
+    token, stacked = _ACTIVE.set(enabled), _PROJECTIONS.set(enabled and projections)
     try:
         yield
     finally:
+        _PROJECTIONS.reset(stacked)
         _ACTIVE.reset(token)
 
 
@@ -155,7 +167,7 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _ACTIVE.get() and _runs_here(hidden_states, self.weight):
+    if _ACTIVE.get() and runs_here(hidden_states, self.weight):
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
     return type(self).forward(self, hidden_states)
 
@@ -163,10 +175,10 @@ def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.T
 # ---- rotary embedding ---------------------------------------------------------------------------
 
 @triton.jit
-def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, heads, seq,
-                   xs_b, xs_h, xs_s, os_b, os_h, os_s, cs_b, cs_s,
-                   TO: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)  # one (batch, head, position) row
+def _rotate_row(x_ptr, out_ptr, pid, heads, seq, xs_b, xs_h, xs_s, os_b, os_h, os_s,
+                cos_ptr, sin_ptr, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """Row ``pid`` = (batch, head, position) of ``x`` rotated into ``out``."""
     s = pid % seq
     h = (pid // seq) % heads
     b = pid // (seq * heads)
@@ -190,27 +202,40 @@ def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, heads, seq,
     tl.store(o_row + HALF + i, second.to(ty), mask=live)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One tensor ``x [batch, heads, seq, head_dim]`` rotated by ``cos``/``sin [batch or 1, seq,
-    head_dim]`` (same dtype as ``x``)."""
-    batch, heads, seq, dim = x.shape
-    out = torch.empty_like(x)  # (x's memory layout, as PyTorch's elementwise result)
-    if x.numel():
-        cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
-        with _on(x):
-            _rotary_kernel[(batch * heads * seq,)](
-                x, out, cos, sin, heads, seq, x.stride(0), x.stride(1), x.stride(2),
-                out.stride(0), out.stride(1), out.stride(2), cos_b, cos.stride(1),
-                TO=_rounding(x.dtype), HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2))
-    return out
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_rows, q_heads, k_heads, seq,
+                   qs_b, qs_h, qs_s, ks_b, ks_h, ks_s, qos_b, qos_h, qos_s, kos_b, kos_h, kos_s,
+                   cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # the queries' rows, then the keys'
+    if pid < q_rows:
+        _rotate_row(q_ptr, qo_ptr, pid, q_heads, seq, qs_b, qs_h, qs_s, qos_b, qos_h, qos_s,
+                    cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK)
+    else:
+        _rotate_row(k_ptr, ko_ptr, pid - q_rows, k_heads, seq, ks_b, ks_h, ks_s, kos_b, kos_h,
+                    kos_s, cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The LLaMA rotary embedding of ``q [batch, heads, seq, head_dim]`` and ``k [batch,
     kv_heads, seq, head_dim]`` by ``cos``/``sin [batch or 1, seq, head_dim]`` (transformers'
-    ``apply_rotary_pos_emb`` with ``unsqueeze_dim=1``); every last dimension contiguous."""
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    ``apply_rotary_pos_emb`` with ``unsqueeze_dim=1``); every last dimension contiguous. One
+    launch for both (each output in its input's memory layout, as PyTorch's elementwise
+    results)."""
+    batch, q_heads, seq, dim = q.shape
+    k_heads = k.shape[1]
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_rows = batch * q_heads * seq
+    rows = q_rows + batch * k_heads * seq
+    if rows:
+        cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
+        with _on(q):
+            _rotary_kernel[(rows,)](
+                q, k, q_out, k_out, cos, sin, q_rows, q_heads, k_heads, seq,
+                *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
+                cos_b, cos.stride(1), TO=_rounding(q.dtype), HALF=dim // 2,
+                BLOCK=triton.next_power_of_2(dim // 2))
+    return q_out, k_out
 
 
 def rotary_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -245,12 +270,52 @@ def _fused_rotary(original: Callable) -> Callable:
         plain = len(args) == 4 and kwargs.keys() <= {"unsqueeze_dim"} and kwargs.get(
             "unsqueeze_dim", 1) == 1
         if (_ACTIVE.get() and plain and all(isinstance(a, torch.Tensor) for a in args)
-                and _fits(*args) and _runs_here(*args)):
+                and _fits(*args) and runs_here(*args)):
             return rotary(*args)
         return original(*args, **kwargs)
 
     apply_rotary_pos_emb.__wrapped__ = original
     return apply_rotary_pos_emb
+
+
+# ---- SiLU and multiply ---------------------------------------------------------------------------
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, n_cols,
+                     TO: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < n_cols
+    gate = tl.load(gu_ptr + row * gu_stride + cols, mask=live, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * gu_stride + n_cols + cols, mask=live, other=0.0).to(tl.float32)
+    # (each rounded where PyTorch's two operations round: silu(gate), then the product)
+    activated = _rounded(gate / (1.0 + tl.exp(-gate)), TO)
+    out = _rounded(activated * up, TO)
+    tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate_up [..., 2 * n]`` (the gate's columns first), in one launch:
+    ``[..., n]`` of ``gate_up``'s dtype, as ``act_fn(gate_proj(x)) * up_proj(x)`` in transformers'
+    gated MLPs."""
+    n = gate_up.shape[-1] // 2
+    rows = gate_up.reshape(-1, 2 * n)  # [m, 2n]
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty((rows.shape[0], n), dtype=gate_up.dtype, device=gate_up.device)  # [m, n]
+    if rows.shape[0]:
+        block = min(1024, triton.next_power_of_2(n))
+        with _on(gate_up):
+            _silu_mul_kernel[(rows.shape[0], triton.cdiv(n, block))](
+                rows, out, rows.stride(0), out.stride(0), n, TO=_rounding(gate_up.dtype),
+                BLOCK=block)
+    return out.view(*gate_up.shape[:-1], n)
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`silu_mul` in PyTorch."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return nn.functional.silu(gate) * up
 
 
 # ---- installation -------------------------------------------------------------------------------

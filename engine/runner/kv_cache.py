@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.runner.kv_write import can_write, write_kv, write_kv_reference
+
 # How attention reads the cache: "gather" (each sequence's rows copied out, padded, then SDPA
 # with a 4-D mask) or "paged" (read in place; engine.config.ATTENTION_BACKENDS lists the same)
 ATTENTION_BACKENDS = ("auto", "gather", "paged")
@@ -126,11 +128,11 @@ class PagedKVCache:
         """
         self.slot_table.view(-1).index_copy_(0, table_cells, write_rows.view(-1))
         self._kv_len, self._query_offset = kv_len, query_offset
+        self._write_rows = {dev: write_rows.reshape(-1).to(dev) for dev in self._devices}
         if run_start is not None:
             self._run = (run_start, kv_len - write_rows.shape[1])
             return
         self._run = None
-        self._write_rows = {dev: write_rows.reshape(-1).to(dev) for dev in self._devices}
         if self.read_in_place:  # (attention reads through the slot table itself)
             return
         # [batch_size * kv_len]
@@ -155,18 +157,20 @@ class PagedKVCache:
             raise ValueError(f"layer {layer_idx} produced keys with {num_heads} heads of dim "
                              f"{head_dim}; the pool holds {keys.shape[1]} of dim {keys.shape[3]}")
         kv_len = self._kv_len
-        if self._run is not None:  # one sequence on one ascending run of rows: slices, no index
+        write = self._write_rows[keys.device]  # [batch_size * num_new]
+        pool = self.pools[layer_idx]
+        # (the padding's scratch row may be written several times: it is never read unmasked)
+        if can_write(pool, key_states, value_states):  # (one launch: engine/runner/kv_write.py)
+            write_kv(pool, key_states, value_states, write)
+        elif self._run is not None:  # one sequence on one ascending run of rows: slices
             first, start = self._run
             keys.narrow(2, first + start, num_new).copy_(key_states)
             values.narrow(2, first + start, num_new).copy_(value_states)
+        else:
+            write_kv_reference(pool, key_states, value_states, write)
+        if self._run is not None:  # (its rows read as one slice, no index)
+            first, _ = self._run
             return keys.narrow(2, first, kv_len), values.narrow(2, first, kv_len)
-        write = self._write_rows[keys.device]  # [batch_size * num_new]
-        # one row copy each: [heads, batch_size * num_new, head_dim] into the pool rows (the
-        # padding's scratch row may be written several times: it is never read unmasked)
-        rows = batch_size * num_new
-        keys[0].index_copy_(1, write, key_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
-        values[0].index_copy_(1, write,
-                              value_states.transpose(0, 1).reshape(num_heads, rows, head_dim))
         if self.read_in_place:
             return keys, values
         # [2, heads, batch_size, kv_len, head_dim]
