@@ -52,7 +52,7 @@ from engine.metrics import MetricsCollector
 from engine.overlap import InFlight, TokenCopies, next_sequences, overlappable
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
-from engine.runner import FedTokens
+from engine.runner import FedChains, FedTokens
 from engine.runner.cuda_graphs import batch_bucket
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -120,10 +120,13 @@ class LLMEngine:
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
                         else self.forward_is_async)
         self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
-        self._token_copies = (TokenCopies(self.device, config.max_num_seqs) if self.overlap
-                              else None)
+        # (a drafting flight copies max_k + 1 tokens a sequence)
+        self._token_copies = (TokenCopies(self.device, config.max_num_seqs * (max_k + 1))
+                              if self.overlap else None)
         self._in_flight: InFlight | None = None  # a launched step not yet committed
         self._planned: DraftPlan | None = None  # the next step's plan, made while in flight
+        # batch size -> the sampling tensors of that many greedy requests (drafting flights)
+        self._greedy_sampling: dict[int, SamplingTensors] = {}
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:
@@ -255,6 +258,13 @@ class LLMEngine:
             self._in_flight = self._sample_ahead(
                 forwarded, plan_step, self._flight_sampling([i.seq for i in forwarded.items], 0))
             return self._overlapped(start)
+        if self._overlaps_drafting(forwarded, proposed):
+            seqs = [item.seq for item in forwarded.items]
+            base = [seq.num_tokens - 1 for seq in seqs]  # (each fed token's position)
+            self._in_flight = self._verify_ahead(
+                forwarded, plan_step, self.runner.to_device(base), base,
+                SpecDecodeMetadata.from_lists([i.drafts for i in forwarded.items], self.device))
+            return self._overlapped(start)
         verified = self._verify(forwarded)
         updated = self._commit(forwarded, verified)
         self._record(forwarded, proposed, verified, updated, start, plan_step)
@@ -268,6 +278,50 @@ class LLMEngine:
                 and not proposed.asked
                 and all(item.samples and not item.drafts and overlappable(item.seq)
                         for item in forwarded.items))
+
+    def _overlaps_drafting(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
+        """The drafting step can verify ahead and its successor draft on the device
+        (:mod:`engine.overlap`): a proposer that drafts there, every sequence greedy and
+        decoding one token plus a chain of one length ``k >= 1`` (no tree, no forced drafts, no
+        draft probabilities)."""
+        if not (self.overlap and forwarded is not None and forwarded.logits is not None
+                and proposed.asked and self.proposer is not None
+                and self.proposer.drafts_on_device):
+            return False
+        k = len(forwarded.items[0].drafts)
+        return k > 0 and all(
+            item.samples and item.num_context_tokens == 1 and len(item.drafts) == k
+            and item.parents is None and not item.forced and item.draft_probs is None
+            and item.seq.params.temperature == 0.0 and overlappable(item.seq)
+            for item in forwarded.items)
+
+    def _verify_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
+                      base_hi: list[int], metadata: SpecDecodeMetadata,
+                      began: torch.cuda.Event | None = None, ahead: bool = False) -> InFlight:
+        """Verify a drafting step's chains on the device (``metadata``: their drafts; each
+        sequence's fed token at position ``base[b]``, at most ``base_hi[b]``), have the proposer
+        draft the next step from what they gave, and queue the tokens' copy to the host: a
+        drafting flight (its tokens ``[batch, k + 1]``)."""
+        items = forwarded.items
+        width = metadata.max_spec_len + 1
+        failed = non_finite_rows(forwarded.logits, [item.drafts for item in items])  # (CPU)
+        sampling = self._greedy_sampling.get(len(items))
+        if sampling is None:  # (all greedy: one set a batch size, no copy a step)
+            sampling = self._greedy_sampling[len(items)] = self._sampling_tensors(
+                [item.seq for item in items])
+        sampler = self.greedy_sampler if self.greedy_sampler is not None else self.sampler
+        # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
+        tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
+        accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
+        out = forwarded.output
+        features = out.aux_hidden if self.proposer.feature_layers else out.hidden
+        drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
+                                           tokens, accepted, base, base_hi, width - 1)
+        last = tokens.gather(1, accepted[:, None]).clamp_min(0)  # [batch, 1]
+        chain = (torch.cat([last, drafts], dim=1), base + accepted + 1)
+        host, copied = self._token_copies.start(tokens.reshape(-1))
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
+                        width, chain, features)
 
     def _overlapped(self, start: float) -> list[Sequence]:
         """Launch the step after the one in flight from its tokens on the device, when that
@@ -290,6 +344,8 @@ class LLMEngine:
             return None
         # (the controller plans the step: plain, or not launched ahead)
         plan = self.controller.plan(self.scheduler.running, False)
+        if flight.chain is not None:
+            return self._launch_chained(flight, seqs, plan)
         if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):
             self._planned = plan  # (the step's plan: _schedule takes it)
             return None
@@ -314,6 +370,43 @@ class LLMEngine:
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
         return self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
+
+    def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
+                        plan: DraftPlan) -> InFlight | None:
+        """The drafting step after drafting flight ``flight``, launched from its chains on the
+        device (:class:`FedChains`) when the plan drafts for every one of ``seqs`` (the
+        flight's ``k`` drafts each; else the plan is kept for the synchronous step)."""
+        if any(plan.drafts_for(seq) == 0 for seq in seqs):
+            self._planned = plan
+            return None
+        self._proposed_last_step = True
+        width, k = flight.width, flight.width - 1
+        tokens, base = flight.chain  # [batch, width], [batch] on the device
+        if len(seqs) < len(flight.sequences):  # (the rows of the sequences that go on)
+            row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+            rows = self.runner.to_device([row[id(seq)] for seq in seqs])
+            tokens, base = tokens.index_select(0, rows), base.index_select(0, rows)
+        # (the flight's fed token sits at num_tokens - 1, and it advances at most width)
+        base_hi = [seq.num_tokens - 1 + width for seq in seqs]
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
+        started = time.perf_counter()
+        try:
+            out = self.runner.forward_chains([seq.slot for seq in seqs],
+                                             FedChains(tokens, base, base_hi), keep_hidden=True)
+        except KVCacheFull:  # (nothing taken: the step runs from the host after the commit)
+            return None
+        except BaseException:  # (rows the runner took go back to the flight's)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, min(self.runner.seq_len(seq.slot),
+                                                   seq.num_tokens - 1 + width))
+            raise
+        items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
+        forwarded = Forwarded(items, out, out.logits, started)
+        return self._verify_ahead(forwarded, plan.step, base, base_hi,
+                                  SpecDecodeMetadata.uniform(tokens[:, 1:]), began, ahead=True)
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight
@@ -342,13 +435,24 @@ class LLMEngine:
         sequences the next flight feeds keep the row it writes for their newest token. A
         sequence finished while in flight (aborted) gets nothing."""
         verified = []
-        for j, (item, token) in enumerate(zip(flight.forwarded.items, flight.token_ids(),
-                                              strict=True)):
+        width = flight.width
+        for j, (item, row) in enumerate(zip(flight.forwarded.items, flight.token_rows(),
+                                            strict=True)):
             if not item.seq.is_finished:
-                verified.append(Verified(item, [token], 0, item.seq.num_tokens, j,
-                                         j in flight.failed or token == INVALID_TOKEN_ID))
-        ahead = set() if self._in_flight is None else {id(s) for s in self._in_flight.sequences}
-        updated = self._commit(flight.forwarded, verified, ahead)
+                tokens = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+                verified.append(Verified(item, tokens, len(tokens) - 1, item.seq.num_tokens,
+                                         j * width, j in flight.failed
+                                         or tokens[0] == INVALID_TOKEN_ID))
+        nxt = self._in_flight
+        ahead = {} if nxt is None else {id(s): nxt.width for s in nxt.sequences}
+        updated = self._commit(flight.forwarded, verified, ahead, flight.chain is None)
+        if flight.chain is not None:  # (its drafts' pairs were written on the device)
+            for result in verified:
+                seq = result.item.seq
+                if not seq.is_finished:
+                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, flight.features,
+                                          result.first_row + result.num_accepted,
+                                          result.tokens[-1])
         forwarded, seconds = flight.forwarded, flight.device_seconds()
         if seconds is None and not (flight.ahead and self._in_flight is not None):
             # (a plain step's cost for the controller is what it costs when steps overlap:
@@ -357,7 +461,9 @@ class LLMEngine:
             # synchronous step, or leaves out the flight's own forward)
             forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
         self._forget_finished_flight()  # (every one of them stopped)
-        self._record(forwarded, Proposed(), verified, updated, start, flight.plan_step, seconds)
+        # (a drafting flight's drafts were made on the device: no proposal time of their own)
+        proposed = Proposed() if flight.chain is None else Proposed(True, draft_steps=width - 1)
+        self._record(forwarded, proposed, verified, updated, start, flight.plan_step, seconds)
         return updated
 
     def _schedule(self) -> tuple[list[SeqStep], int | None, int]:
@@ -611,12 +717,13 @@ class LLMEngine:
                                            [s.num_output_tokens + ahead for s in seqs])
 
     def _commit(self, forwarded: Forwarded | None, verified: list[Verified],
-                ahead: set[int] = frozenset()) -> list[Sequence]:
+                ahead: dict[int, int] | None = None, features: bool = True) -> list[Sequence]:
         """5. Append each verified sequence's tokens with stop checks, cut every running
         sequence's cache back to its kept context (the newest token stays uncached: it is fed
-        next step, or, for the sequences ``ahead`` (ids), it is being fed by the step in
-        flight, whose row is kept), tell the proposer what was kept and hand a draft head its
-        features; finished sequences leave (the controller releases them once it has learnt the
+        next step, or, for the sequences ``ahead`` (id -> the flight's width), it is being fed
+        by the step in flight, whose rows are kept), tell the proposer what was kept and hand a
+        draft head its features (unless ``features`` is False: it drafted on the device);
+        finished sequences leave (the controller releases them once it has learnt the
         step)."""
         updated = []
         for result in verified:
@@ -635,8 +742,9 @@ class LLMEngine:
                 self._account(seq, result)
             updated.append(seq)
         if forwarded is not None:
-            self._rollback(forwarded, verified, ahead)
-            self._hand_features(forwarded, verified)
+            self._rollback(forwarded, verified, ahead or {})
+            if features:
+                self._hand_features(forwarded, verified)
         for seq in updated:
             if seq.is_finished:
                 self._release(seq, controller=False)
@@ -652,7 +760,7 @@ class LLMEngine:
             seq.finish("stop")
 
     def _rollback(self, forwarded: Forwarded, verified: list[Verified],
-                  ahead: set[int] = frozenset()) -> None:
+                  ahead: dict[int, int]) -> None:
         paths = [(r.item.seq.slot, r.num_tokens_before, r.path) for r in verified
                  if r.path is not None and not r.item.seq.is_finished]
         if paths:  # (each tree's accepted branch, next to the context)
@@ -663,9 +771,11 @@ class LLMEngine:
                 seq.num_computed_tokens = result.num_tokens_before + (
                     min(result.num_accepted, result.kept) if result.item.parents is None else 0)
                 continue
-            if id(seq) in ahead:  # (its newest token's row is being written: nothing to cut;
-                # it counts as uncached, as after a synchronous step, until that step commits)
+            if id(seq) in ahead:  # (its newest token's rows are being written, and those
+                # the flight reserved past them go back; it counts as uncached, as after a
+                # synchronous step, until that step commits)
                 seq.num_computed_tokens = seq.num_tokens - 1
+                self.runner.truncate(seq.slot, seq.num_tokens - 1 + ahead[id(seq)])
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)

@@ -14,6 +14,16 @@ it finished. Sequences that certainly stop at step n (their length limit) are le
 n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed by output
 position, not by step) are the same; unseeded samples draw the same distribution.
 
+**Drafting steps** overlap too where the proposer drafts on the device
+(``Proposer.drafts_on_device``: a draft head's chains) and every sequence is greedy: a
+verification step that is all chains of one width ``k + 1`` verifies on the device, and the head
+drafts the next step's ``k`` drafts there from the verified tokens and the forward's features
+(``Proposer.draft_after``). The next step is launched from them (``engine.runner.FedChains``):
+sequence ``b`` feeds its recovered or bonus token and the new drafts at positions ``base[b] +
+accepted[b] + 1 ...``, computed on the device, into KV rows the runner reserved for the most it
+can advance. When that step is committed the rows past what its successor writes go back, and
+the proposer learns where each sequence got (``Proposer.advance``).
+
 Vocabulary: a *flight* is a launched step whose tokens the host has not read yet.
 """
 
@@ -35,7 +45,7 @@ def overlappable(seq: Sequence) -> bool:
 
 
 class TokenCopies:
-    """A flight's sampled tokens ``[batch]`` to the host behind the work queued before them:
+    """A flight's sampled tokens ``[n]`` to the host behind the work queued before them:
     two pinned buffers used in turn (step n's is read while step n + 1's copy is queued), each
     with the event that marks its copy's end. Off CUDA the tokens are already on the host."""
 
@@ -78,6 +88,12 @@ class InFlight:
     plan_step: int
     ahead: bool = False
     began: torch.cuda.Event | None = None  # recorded before its forward was queued (CUDA)
+    # a drafting flight: tokens a sequence (``tokens [batch, width]``: accepted drafts, the
+    # recovered or bonus token, placeholders), the next flight's fed tokens and positions
+    # ``([batch, width], [batch])`` on the device, and the features its drafts came from
+    width: int = 1
+    chain: tuple[torch.Tensor, torch.Tensor] | None = None
+    features: torch.Tensor | None = None
 
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy
@@ -93,6 +109,11 @@ class InFlight:
             self.copied.synchronize()
         return self.host.tolist()
 
+    def token_rows(self) -> list[list[int]]:
+        """A drafting flight's tokens, one row of ``width`` a sequence (waits for their copy)."""
+        flat = self.token_ids()
+        return [flat[i:i + self.width] for i in range(0, len(flat), self.width)]
+
     @property
     def sequences(self) -> list[Sequence]:
         return [item.seq for item in self.forwarded.items]
@@ -103,22 +124,27 @@ def next_sequences(flight: InFlight, running: Iterable[Sequence], waiting: bool,
     """The sequences of the step after ``flight`` when it can be launched before the flight's
     tokens are read (None: it cannot; the engine then schedules from the host as usual):
     nobody waits for admission, every running sequence is in the flight, and the KV cache has
-    a row for each one's next token. Sequences whose flight token certainly ends them
-    (``max_tokens`` or ``max_model_len`` reached) are left out; an empty list is None."""
+    rows for each one's next tokens (a drafting flight's successor reserves ``width`` more
+    rows a sequence: the most it can advance). Sequences whose flight certainly ends them
+    (its first token reaches ``max_tokens``) or whose next step could pass ``max_model_len``
+    are left out; an empty list is None."""
     seqs = flight.sequences
     if waiting:
         return None
     ids = {id(seq) for seq in seqs}
     if any(id(seq) not in ids for seq in running):
         return None
-    nxt = [seq for seq in seqs if not seq.is_finished and not _ends_by_length(seq, max_model_len)]
-    if not nxt or len(nxt) > free_kv_tokens:
+    nxt = [seq for seq in seqs
+           if not seq.is_finished and not _ends_by_length(seq, flight.width, max_model_len)]
+    if not nxt or len(nxt) * flight.width > free_kv_tokens:
         return None
     return nxt
 
 
-def _ends_by_length(seq: Sequence, max_model_len: int) -> bool:
-    """The flight's token (output token ``num_output_tokens + 1``) reaches a length limit."""
+def _ends_by_length(seq: Sequence, width: int, max_model_len: int) -> bool:
+    """The flight's first token (output token ``num_output_tokens + 1``) reaches
+    ``max_tokens``, or the step after it could write past ``max_model_len`` (positions up to
+    ``num_tokens - 1 + 2 * width - 1``: the flight's ``width`` tokens, then as many)."""
     max_tokens = seq.params.max_tokens
     return ((max_tokens is not None and seq.num_output_tokens + 1 >= max_tokens)
-            or seq.num_tokens + 1 >= max_model_len)
+            or seq.num_tokens + 2 * width - 1 >= max_model_len)

@@ -116,6 +116,9 @@ class Proposer(ABC):
     # proposal (n-gram: a proposal catches up on the tokens since, at the same cost per token;
     # the calls themselves are what a plain step pays)
     observe_every: int = 8
+    # ``drafts_on_device``: :meth:`draft_after` drafts a step's next drafts on the device from
+    # its verification there (overlapped drafting steps), :meth:`advance` tells it the outcome
+    drafts_on_device: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -143,6 +146,25 @@ class Proposer(ABC):
         ``feature_layers``: its layers' inputs, ``[rows, len(feature_layers) * hidden_size]``);
         update ``u``'s positions are the ``u.count`` rows from ``u.row`` (called only when
         ``needs_features``)."""
+
+    def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                    tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int], steps: int) -> torch.Tensor:
+        """Only with ``drafts_on_device``: ``steps`` drafts ``[batch, steps]`` on the device for
+        each request's next step, from a verification step still on the device: request
+        ``b``'s ``width`` tokens sat at positions ``base[b] ...`` (``base_hi[b]``: the most
+        ``base[b]`` can be), ``features [batch * width, hidden]`` their target features,
+        ``tokens [batch, width]`` what verification gave at each position (the accepted drafts,
+        then the recovered or bonus token, then negative placeholders), ``accepted [batch]``
+        how many drafts it accepted. Nothing may wait for the device."""
+        raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
+
+    def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
+                token: int) -> None:
+        """Only with ``drafts_on_device``: a step drafted by :meth:`draft_after` was committed;
+        the request's context is now ``length + 1`` tokens, the newest ``token``, and
+        ``features[row]`` is the target's feature at position ``length - 1``."""
+        raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
 
 
 @dataclass

@@ -369,6 +369,75 @@ class DraftHeadProposer(Proposer):
                 drafts[i] = [row[j] for j in tree.chain[:k]]
         return Proposal(drafts, None, parents=parents)
 
+    # ---- drafts on the device (overlapped drafting steps) ---------------------------------------
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """Chains drafted from a verification on the device: every draft is the head's argmax
+        (no tree)."""
+        return self.branching is None
+
+    @torch.inference_mode()
+    def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                    tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int], steps: int) -> torch.Tensor:
+        """:meth:`Proposer.draft_after`: the step's pairs (its features, each with the token
+        verification gave after it) are written at positions ``base[b] ...`` (the pairs past
+        the accepted ones too: beyond the request's committed pairs, where the next step's
+        overwrite them unread), and the pair at ``base[b] + accepted[b]`` (the recovered or
+        bonus token's) queries the chain, as :meth:`propose` queries a request's newest
+        pending pair. The head's host bookkeeping follows at :meth:`advance`."""
+        batch, width = tokens.shape
+        slots = [self.cache.slot_of[req_id] for req_id in req_ids]
+        device = tokens.device
+        tok = tokens.clamp_min(0).reshape(-1)  # [batch * width] (placeholders: any token)
+        row_pos = (base[:, None] + torch.arange(width, device=device)).reshape(-1)
+        last_rows = torch.arange(batch, device=device) * width + accepted  # [batch]
+        last_pos = base + accepted  # [batch]
+        steps_run = steps if self.graphs is None else max(steps, self.max_pending - 1)
+        num_keys = max(base_hi) + width + steps_run  # (the drafts' pairs past the step's)
+        self._ensure(num_keys + 1)
+        body = partial(draft_chain, self.head, self.cache, self.embed, self._readout)
+        if self.graphs is None:
+            index = self._to_device(np.array([s for s in slots for _ in range(width)] + slots,
+                                             dtype=np.int64))
+            out = body(features.to(self.cache.dtype), tok, index[:batch * width], row_pos,
+                       last_rows, index[batch * width:], last_pos, steps=steps_run,
+                       num_keys=num_keys)
+            return out[:, :steps]
+        # the layout of _draft_graphed, its device columns padded on the device
+        padded, scratch = _pow2(batch), self.cache.scratch
+        rows = padded * self.max_pending
+        pad, pad_b = rows - batch * width, padded - batch
+        index = self._to_device(np.array([s for s in slots for _ in range(width)]
+                                         + [scratch] * pad + slots + [scratch] * pad_b,
+                                         dtype=np.int64))  # row slots, then slots
+        zeros = torch.zeros(max(pad, pad_b), dtype=torch.long, device=device)
+        flat = torch.cat([tok, zeros[:pad], index[:rows], row_pos, zeros[:pad], last_rows,
+                          zeros[:pad_b], index[rows:], last_pos, zeros[:pad_b]])
+        sizes = [rows] * 3 + [padded] * 3
+        if self._zero_rows is None or self._zero_rows.shape[0] < rows:
+            self._zero_rows = features.new_zeros((rows, features.shape[-1]))
+        feats = torch.cat([features, self._zero_rows[:pad]]).to(self.cache.dtype)
+        num_keys = self.cache.capacity  # (every key: one layout a batch bucket, as proposals)
+        key = (padded, steps_run, num_keys, False)
+        out = self.graphs.run(key, lambda f, i: body(f, *i.split(sizes), steps=steps_run,
+                                                     num_keys=num_keys), [feats, flat])
+        return out[:batch, :steps]
+
+    def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
+                token: int) -> None:
+        """:meth:`Proposer.advance`: the pairs before position ``length - 1`` are in the cache
+        (written by :meth:`draft_after`); the newest stays pending, with its feature row and
+        token, so that a proposal from the host queries it (rewriting it there is the same
+        write)."""
+        if req_id not in self.cache.slot_of or req_id in self._broken:
+            return
+        self.cache.length[req_id] = length - 1
+        pending = self._pending[req_id] = _Pending()
+        pending.features.append((features, row, 1))
+        pending.tokens.append(token)
+
     def _tree(self, depth: int) -> DraftTree:
         tree = self._trees.get(depth)
         if tree is None:

@@ -62,22 +62,27 @@ class PinnedStaging:
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._pinned = self.device.type == "cuda"
-        self._buffer = torch.empty(0, dtype=torch.long)  # [capacity] pinned, on CUDA only
-        self._copied = torch.cuda.Event() if self._pinned else None  # (the last copy's end)
+        # two buffers in turn ([capacity] pinned, on CUDA only), each with its last copy's end:
+        # a copy waits for the one two calls back, not for the last, which an overlapped step
+        # queues behind the step in flight
+        self._buffers = [torch.empty(0, dtype=torch.long) for _ in range(2)]
+        self._copied = [torch.cuda.Event() for _ in range(2)] if self._pinned else None
+        self._turn = 0
 
     def __call__(self, values: np.ndarray) -> torch.Tensor:
         """``values`` (int64, any shape) on the device."""
         host = torch.from_numpy(values)
         if not self._pinned:
             return host.to(self.device)
-        self._copied.synchronize()  # (the last copy has left the buffer)
-        if self._buffer.numel() < host.numel():
+        turn, self._turn = self._turn, self._turn ^ 1
+        self._copied[turn].synchronize()  # (that buffer's last copy has left it)
+        if self._buffers[turn].numel() < host.numel():
             with torch.inference_mode(False):  # (written in and out of inference mode)
-                self._buffer = torch.empty(max(2 * host.numel(), 1024),
-                                           dtype=torch.long).pin_memory()
-        staged = self._buffer[:host.numel()].view(host.shape).copy_(host)
+                self._buffers[turn] = torch.empty(max(2 * host.numel(), 1024),
+                                                  dtype=torch.long).pin_memory()
+        staged = self._buffers[turn][:host.numel()].view(host.shape).copy_(host)
         out = staged.to(self.device, non_blocking=True)
-        self._copied.record(torch.cuda.current_stream(self.device))  # (its device's stream)
+        self._copied[turn].record(torch.cuda.current_stream(self.device))  # (its device's)
         return out
 
 
@@ -121,4 +126,20 @@ class SpecDecodeMetadata:
             num_draft_tokens=num_draft_tokens,
             cu_num_draft_tokens=host_to_device(cumulative, torch.int32, device),
             max_spec_len=max(num_draft_tokens, default=0),
+        )
+
+    @classmethod
+    def uniform(cls, draft_token_ids: torch.Tensor) -> SpecDecodeMetadata:
+        """The metadata of ``draft_token_ids [batch_size, k]`` (on the device; every request
+        ``k`` drafts), built without reading them: drafts an overlapped step keeps on the
+        device."""
+        batch_size, k = draft_token_ids.shape
+        device = draft_token_ids.device
+        # (made on the device: a copy from pageable memory would wait for the queued work)
+        cumulative = torch.arange(1, batch_size + 1, dtype=torch.int32, device=device) * k
+        return cls(
+            draft_token_ids=draft_token_ids.reshape(-1),
+            num_draft_tokens=[k] * batch_size,
+            cu_num_draft_tokens=cumulative,
+            max_spec_len=k,
         )

@@ -68,6 +68,7 @@ from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key
+from engine.runner.forward_output import FedChains
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.fused_projections import install_fused_projections, remove_fused_projections
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
@@ -331,7 +332,9 @@ class Executor:
     def run(self, inputs: StepInputs, bucket: Key | None, kv_len: int,
             logits_indices: Sequence[int] | torch.Tensor | None, keep_hidden: bool,
             query_offset: int = 0, uniform: bool = False, run: int | None = None,
-            feed: tuple[torch.Tensor, list[int], list[int]] | None = None
+            feed: tuple[torch.Tensor, list[int], list[int]] | None = None,
+            chains: FedChains | None = None,
+            point: tuple[list[int], list[int]] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
         """One forward of ``inputs``: in graph bucket ``bucket`` (``CudaGraphs.bucket``'s
         answer) or eagerly (None, then ``query_offset``, ``uniform`` and ``run``: see
@@ -341,21 +344,32 @@ class Executor:
         without aux layers) when ``keep_hidden`` (else None), and whether the forward timed
         like the steps after it (not a bucket's eager first step or capture).
         ``feed``: ``(values, at, sources)``, input id ``at[i]`` of the layout becomes
-        ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back)."""
+        ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back).
+        ``chains``: the first ``len(base)`` rows' ids and positions are on the device
+        (:meth:`_write_chains`); ``point``: ``(cells, rows)`` to point the slot table's cells
+        at first (:meth:`point_cells`, in the layout's copy)."""
         host, token_rows = inputs.host, inputs.token_rows
         on_device = isinstance(logits_indices, torch.Tensor)
         num_all = len(token_rows) if keep_hidden else 0
         kept = token_rows if logits_indices is None or on_device else [
             token_rows[i] for i in logits_indices]
         at, sources = (feed[1], feed[2]) if feed is not None else ([], [])
-        # one host-to-device copy: layout, hidden rows, kept rows, fed positions and sources
-        meta = self.to_device(host + token_rows[:num_all] + kept + at + sources)
+        cells, rows = point if point is not None else ([], [])
+        # one host-to-device copy: layout, hidden rows, kept rows, fed positions and sources,
+        # slot-table cells and their rows
+        meta = self.to_device(host + token_rows[:num_all] + kept + at + sources + cells + rows)
         num_fed = len(at)
         end = len(host) + num_all + len(kept)
+        if cells:
+            changes = meta[end + 2 * num_fed:]
+            self.cache.slot_table.view(-1).index_copy_(0, changes[:len(cells)],
+                                                       changes[len(cells):])
         rows_t = meta[len(host) + num_all:end]  # [num_logits] padded index of each kept row
         if num_fed:  # (the layout's input ids are its first part)
             meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
-                                         feed[0].index_select(0, meta[end + num_fed:]))
+                                         feed[0].index_select(0, meta[end + num_fed:end + 2 * num_fed]))
+        if chains is not None:
+            self._write_chains(meta[:len(host)], inputs.batch_size, inputs.num_new, chains)
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
         steady = True
@@ -380,6 +394,25 @@ class Executor:
         with self._invariant_products():
             logits = self._lm_head(hidden)  # [num_logits, vocab_size]
         return logits.float().to(self.device), features, aux, steady
+
+    def _write_chains(self, layout: torch.Tensor, batch_size: int, num_new: int,
+                      chains: FedChains) -> None:
+        """Fill the layout (:mod:`engine.runner.step_inputs`, ``[batch_size, num_new]`` parts)
+        of the rows ``b < len(chains.base)`` from the device: input ids ``chains.tokens``,
+        positions ``base[b] + t`` (padding columns repeat the last), the slot-table cells of
+        those positions and the pool rows they point at (the runner reserved them), mask
+        limits equal to the positions. Padding rows keep the host's scratch layout."""
+        n, width = chains.tokens.shape
+        parts = layout[:LAYOUT_ROWS * batch_size * num_new].view(LAYOUT_ROWS, batch_size,
+                                                                  num_new)
+        slots = layout[LAYOUT_ROWS * batch_size * num_new:][:n]  # [n]
+        positions = chains.base[:, None] + self._positions[:num_new].clamp_max(width - 1)
+        cells = slots[:, None] * self.scratch.table_width + positions  # [n, num_new]
+        parts[0, :n, :width] = chains.tokens
+        parts[1, :n] = positions
+        parts[4, :n] = positions
+        parts[3, :n, :width] = cells[:, :width]  # (padding columns: the scratch column)
+        parts[2, :n, :width] = self.cache.slot_table.view(-1)[cells[:, :width]]
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                query_offset: int = 0, uniform: bool = False,

@@ -40,3 +40,22 @@ class FedTokens:
 
     values: torch.Tensor
     sources: list[int]
+
+
+@dataclass(frozen=True)
+class FedChains:
+    """A forward whose every slot's new tokens and positions are still on the device
+    (overlapped drafting steps: the step before verified on the device how far each sequence
+    got, and its draft head drafted from there): slot ``b`` appends ``tokens[b]`` at positions
+    ``base[b], base[b] + 1, ...``. ``tokens``: int64 ``[batch, width]``, ``base``: int64
+    ``[batch]``, both on the runner's device; ``base_hi [batch]``: on the host, the most each
+    ``base[b]`` can be, for which the runner reserves KV rows (positions up to ``base_hi[b] +
+    width - 1``)."""
+
+    tokens: torch.Tensor
+    base: torch.Tensor
+    base_hi: list[int]
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])

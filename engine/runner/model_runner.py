@@ -30,7 +30,7 @@ from torch import nn
 
 from engine.runner.cuda_graphs import NO_DECISION, CudaGraphs, Decision, batch_bucket
 from engine.runner.executor import Executor, attention_devices, cache_argument, execution_device
-from engine.runner.forward_output import FedTokens, ForwardOutput
+from engine.runner.forward_output import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.slot_rows import SlotRows
 from engine.runner.step_inputs import lay_out
@@ -44,6 +44,7 @@ from engine.runner.step_layout import (
     plan_step,
     split_order,
 )
+from samplers.metadata import PinnedStaging
 
 __all__ = ["FedTokens", "ForwardOutput", "KVCacheFull", "ModelRunner", "Tree", "attention_devices",
            "cache_argument", "execution_device"]
@@ -107,6 +108,7 @@ class ModelRunner:
         self.fused: dict[str, int] = executor.fused  # what the fused kernels replaced
         self.gathered_head: bool = executor.gathered_head
         self._slots = SlotRows(max_num_seqs, max_num_tokens, max_model_len + 1, prefix_caching)
+        self._staging = PinnedStaging(self.device)  # (the caller's indices: to_device)
         self._twin_width = twin_width
         # a step of decoding and prefilling sequences is folded into one graph bucket, or else
         # runs as two forwards; a verification of unequal rows is packed, one token a row
@@ -170,6 +172,11 @@ class ModelRunner:
         :func:`engine.runner.step_layout.packed_rows`. The speculation controller reads this
         rule to price a step before it runs."""
         return packed_rows(num_seqs, longest, total, self._limits())
+
+    def to_device(self, values: Sequence[int]) -> torch.Tensor:
+        """``values`` as an int64 tensor on the runner's device, without waiting for the work
+        queued there (a pinned buffer of the caller's: at most one such copy a step)."""
+        return self._staging(np.fromiter(values, np.int64, len(values)))
 
     # ---- slots and budget -------------------------------------------------------------------
 
@@ -278,6 +285,52 @@ class ModelRunner:
             logits_indices = self._check_logits_indices(logits_indices, num_tokens)
         return self._forward(list(slots), token_ids, starts, trees, logits_indices, keep_hidden,
                              fed)
+
+    @torch.inference_mode()
+    def forward_chains(self, slots: Sequence[int], fed: FedChains,
+                       keep_hidden: bool = False) -> ForwardOutput:
+        """A forward of ``fed.width`` new tokens per slot whose ids and positions are on the
+        device (:class:`FedChains`: an overlapped drafting step). Each slot first gets KV rows
+        for every position it may write (up to ``fed.base_hi[b] + fed.width - 1``; the rows
+        past what the step writes stay the slot's until :meth:`truncate`), then the step runs
+        as one padded forward, its layout's positions, pool rows, slot-table cells and mask
+        limits computed on the device. Logits (and hidden states) of every new token, slot
+        order then token order. Raises :class:`KVCacheFull` before changing anything when the
+        rows do not fit, ``ValueError`` past ``max_model_len``."""
+        width = fed.width
+        if len(fed.base_hi) != len(slots) or fed.tokens.shape[0] != len(slots) or not slots:
+            raise ValueError(f"fed chains need one row per slot; got {fed.tokens.shape[0]} rows "
+                             f"and {len(fed.base_hi)} bounds for {len(slots)} slots")
+        ends = [hi + width for hi in fed.base_hi]
+        if max(ends) > self.max_model_len:
+            raise ValueError(f"fed chains reach position {max(ends) - 1}; max_model_len is "
+                             f"{self.max_model_len}")
+        held = [len(self._slots.rows(slot)) for slot in slots]
+        needed = sum(max(0, end - n) for end, n in zip(ends, held, strict=True))
+        if needed > self._slots.num_free_tokens:
+            raise KVCacheFull(needed, self._slots.num_free_tokens)
+        cells: list[int] = []
+        rows: list[int] = []
+        table_width = self.max_model_len + 1
+        for slot, end, n in zip(slots, ends, held, strict=True):
+            if end > n:  # (the slot table points at them before the layout is made)
+                rows += self._slots.take(slot, end - n)
+                cells += range(slot * table_width + n, slot * table_width + end)
+        kv_len = max(ends)
+        graphs = self.graphs
+        bucket = None if graphs is None else graphs.bucket(len(slots), width, kv_len)
+        if self.before_launch is not None:
+            self.before_launch(NO_DECISION if graphs is None else graphs.decision)
+        rows_batch, rows_new = (len(slots), width) if bucket is None else bucket[:2]
+        scratch = self._executor.scratch
+        # (positions, rows and cells here are stand-ins: the executor writes them on the device)
+        inputs = lay_out(list(slots), [[0] * width] * len(slots), fed.base_hi,
+                         [[scratch.row] * width] * len(slots), [None] * len(slots), rows_batch,
+                         rows_new, scratch)
+        logits, hidden, aux, steady = self._executor.run(inputs, bucket, kv_len, None,
+                                                         keep_hidden, chains=fed,
+                                                         point=(cells, rows))
+        return ForwardOutput(logits, hidden, steady, None, kv_len, aux)
 
     def _forward(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
                  trees: list[Tree | None], logits_indices: list[int] | torch.Tensor | None,

@@ -656,3 +656,47 @@ def test_steps_folded_around_admitted_prompts_keep_greedy_output(target, head_di
         counts.append((*staggered_drafts(target, head_dir, method, graphs), len(folds)))
     assert counts[0][2] >= 2 and counts[1][2] == counts[0][2]  # folded steps: the first run's
     assert counts[0][:2] == counts[1][:2] and counts[0][1] > 0
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(target, graphs):
+    """Overlapped drafting steps (``draft_after``, then ``advance`` when the step is read):
+    each step verifies its fed token and k drafts, accepting 0 to k of them, and the next
+    drafts come from the step's own features on the device: every chain equals the oracle over
+    the whole context, and a proposal from the host after them (the flights stopped) too."""
+    head = random_head(target.config, seed=4)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    k = 3
+    contexts = {"a": [5, 6, 7, 8], "b": [9, 3], "c": [4, 4, 1, 2, 7, 7, 30]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    requests = [ProposeRequest(r, t, k, SamplingParams(temperature=0))
+                for r, t in contexts.items()]
+    drafts = proposer.propose(requests).draft_token_ids
+    g = torch.Generator().manual_seed(1)
+    for step in range(5):
+        req_ids = list(contexts)
+        accepted = torch.randint(0, k + 1, (3,), generator=g)
+        accepted[step % 3] = k if step % 2 else 0  # (every request sees both ends)
+        base = [len(contexts[r]) - 1 for r in req_ids]
+        rows, tokens = [], []
+        for r, d, a in zip(req_ids, drafts, accepted.tolist(), strict=True):
+            rows.append(hidden_of(target, contexts[r] + d)[-(k + 1):])  # the step's features
+            bonus = (step * 11 + len(contexts[r])) % VOCAB
+            tokens.append(d[:a] + [bonus] + [-1] * (k - a))
+        got = proposer.draft_after(req_ids, torch.cat(rows), torch.tensor(tokens), accepted,
+                                   torch.tensor(base), base, k).tolist()
+        for r, row, a in zip(req_ids, tokens, accepted.tolist(), strict=True):
+            contexts[r] += row[:a + 1]
+        for r, chain, a, step_rows in zip(req_ids, got, accepted.tolist(), rows, strict=True):
+            want = oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
+                                 contexts[r], k)
+            assert chain == want, (step, r)
+            proposer.advance(r, len(contexts[r]) - 1, step_rows, a, contexts[r][-1])
+        drafts = got
+    # the flights stop: a proposal from the host continues from what advance() left
+    proposal = proposer.propose([ProposeRequest(r, t, k, SamplingParams(temperature=0))
+                                 for r, t in contexts.items()]).draft_token_ids
+    for r, chain in zip(contexts, proposal, strict=True):
+        assert chain == oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
+                                      contexts[r], k), r

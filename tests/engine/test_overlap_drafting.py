@@ -1,0 +1,209 @@
+"""Overlapped drafting steps (``engine.overlap``, drafting flights): a greedy batch whose
+proposer drafts on the device verifies each step there and launches the next one from the
+verified tokens, before the host reads them. Output equals the plain engine's token for token,
+through partial acceptance, stops found a step late, length limits, arrivals, aborts and steps
+that cannot overlap; the KV rows reserved for the most a sequence can advance all come back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from proposers import Proposal, Proposer
+from tests.conftest import tiny_model
+from tests.engine.llm_helpers import random_head_dir, tiny_tokenizer
+from tests.engine.test_overlap import DEVICES, assert_engine_empty, outputs, prompts
+
+VOCAB = 48
+K = 3
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=3)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tmp_path_factory, target):
+    return random_head_dir(tmp_path_factory, target.config)
+
+
+def wrong(position: int) -> bool:
+    """The oracle's draft at this position is wrong (partial acceptance, at every length)."""
+    return position % 5 == 0 or position % 7 == 3
+
+
+class Oracle(Proposer):
+    """Drafts the target's own greedy continuation (``greedy``: each prompt's, long enough),
+    wrong where :func:`wrong` says, from the host (``propose``) and from a verification on the
+    device (``draft_after``, which reads the device: a test may wait)."""
+
+    needs_features = True
+    drafts_are_free = True
+    drafts_on_device = True
+
+    def __init__(self, greedy: list[list[int]]) -> None:
+        self.greedy = greedy
+        self.full: dict[str | int, list[int]] = {}
+        self.device_drafts = 0
+        self.advanced: dict[str | int, int] = {}
+
+    def _draft(self, full: list[int], position: int, n: int) -> list[int]:
+        return [(full[p] + 1) % VOCAB if wrong(p) else full[p] if p < len(full) else 0
+                for p in range(position, position + n)]
+
+    def propose(self, requests):
+        drafts = []
+        for r in requests:
+            if r.sampling_params.temperature > 0:  # (sampled: any drafts are exact)
+                drafts.append([0] * r.num_spec_tokens)
+                continue
+            full = self.full.get(r.req_id)
+            if full is None:
+                full = self.full[r.req_id] = next(
+                    g for g in self.greedy if g[:len(r.token_ids)] == list(r.token_ids))
+            assert full[:len(r.token_ids)] == list(r.token_ids)  # (the engine is exact)
+            drafts.append(self._draft(full, len(r.token_ids), r.num_spec_tokens))
+        return Proposal(drafts, None)
+
+    def draft_after(self, req_ids, features, tokens, accepted, base, base_hi, steps):
+        width = tokens.shape[1]
+        assert features.shape[0] == len(req_ids) * width
+        assert all(int(b) <= hi for b, hi in zip(base, base_hi, strict=True))
+        self.device_drafts += 1
+        # (the bonus token sits at base + accepted + 1: the next drafts follow it)
+        return torch.tensor([self._draft(self.full[r], int(b) + int(a) + 2, steps)
+                             for r, b, a in zip(req_ids, base, accepted, strict=True)],
+                            device=tokens.device)
+
+    def advance(self, req_id, length, features, row, token):
+        full = self.full[req_id]
+        assert full[length] == token and 0 <= row < features.shape[0]
+        self.advanced[req_id] = length
+
+
+def oracle_llm(target, head_dir, greedy, device="cpu", **kwargs) -> tuple[LLM, Oracle]:
+    llm = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+              async_scheduling=True, max_num_seqs=8,
+              speculative_config={"method": "eagle", "model": str(head_dir),
+                                  "num_speculative_tokens": K, "adaptive_k": False}, **kwargs)
+    oracle = Oracle(greedy)
+    llm.llm_engine.proposer = oracle
+    return llm, oracle
+
+
+class Chained:
+    """Counts drafting flights launched from the device (``_launch_chained`` answers)."""
+
+    def __init__(self, monkeypatch, engine) -> None:
+        self.count = 0
+        launch = engine._launch_chained
+
+        def counted(*args):
+            nxt = launch(*args)
+            self.count += nxt is not None
+            return nxt
+
+        monkeypatch.setattr(engine, "_launch_chained", counted)
+
+
+def greedy_continuations(target, batch, device) -> list[list[int]]:
+    plain = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+                async_scheduling=False)
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    outs = plain.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    return [p + list(o.outputs[0].token_ids) for p, o in zip(batch, outs, strict=True)]
+
+
+# greedy requests whose stops land inside drafting flights: a stop token, a stop string, EOS,
+# max_tokens of every remainder; a sampled one, which drafting flights cannot take (its steps
+# run from the host while it runs)
+GREEDY = [
+    SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[7, 19]),
+    SamplingParams(temperature=0.0, max_tokens=30, stop=["w5 w", "w3"], ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=26),
+    SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, device):
+    batch = prompts(6, seed=21)
+    greedy = greedy_continuations(target, batch, device)
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, GREEDY)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    chained = Chained(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, GREEDY) == expected
+    metrics = llm.llm_engine.metrics
+    assert chained.count >= 5 and oracle.device_drafts >= chained.count
+    assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
+    assert_engine_empty(llm)
+    # staggered arrivals (each one ends the flights: its prefill runs from the host) and a
+    # sampled request among them
+    params = [*GREEDY[:4], SamplingParams(temperature=0.8, seed=5, max_tokens=20,
+                                          ignore_eos=True), GREEDY[5]]
+    arrivals = [0, 0, 3, 8, 12, 20]
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params, arrivals)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    chained = Chained(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, params, arrivals) == expected
+    assert chained.count >= 3
+    assert_engine_empty(llm)
+
+
+def test_an_abort_during_a_drafting_flight_frees_everything(target, head_dir, monkeypatch):
+    batch = prompts(3, seed=5)
+    greedy = greedy_continuations(target, batch, "cpu")
+    llm, _ = oracle_llm(target, head_dir, greedy)
+    engine = llm.llm_engine
+    chained = Chained(monkeypatch, engine)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", None, p, params)
+    while chained.count < 2:
+        engine.step()
+    assert engine._in_flight is not None and engine._in_flight.chain is not None
+    engine.abort_request("r1")
+    while engine.has_work():
+        engine.step()
+    done = {rid: engine.pop_request(rid)[0] for rid in ("r0", "r1", "r2")}
+    assert done["r1"].finish_reason == "abort"
+    for rid in ("r0", "r2"):
+        seq = done[rid]
+        assert seq.output_token_ids == greedy[int(rid[1])][len(batch[int(rid[1])]):][:40]
+    assert_engine_empty(llm)
+
+
+def test_a_draft_head_drafts_on_the_device_what_it_drafts_from_the_host(target, head_dir):
+    """The real head: a lone request's drafts in overlapped drafting steps are those the
+    synchronous engine's proposals give (each from the same pairs), step for step."""
+    batch = [prompts(2, seed=8)[1] * 3]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    logs = []
+    for overlap in (False, True):
+        llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=overlap,
+                  speculative_config={"method": "eagle", "model": str(head_dir),
+                                      "num_speculative_tokens": K, "adaptive_k": False})
+        engine, log = llm.llm_engine, []
+        propose, after = engine.proposer.propose, engine.proposer.draft_after
+
+        def proposed(requests, _propose=propose, _log=log):
+            proposal = _propose(requests)
+            _log.extend(list(d) for d in proposal.draft_token_ids if d)
+            return proposal
+
+        def drafted(*args, _after=after, _log=log):
+            out = _after(*args)
+            _log.extend(out.tolist())
+            return out
+
+        engine.proposer.propose, engine.proposer.draft_after = proposed, drafted
+        llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        logs.append(log)
+    sync, overlapped = logs
+    assert len(sync) > 8 and overlapped[:len(sync) - 2] == sync[:-2]
