@@ -53,6 +53,9 @@ class HeadGraphs:
     def clear(self) -> None:
         self._graphs.clear()
         self._met.clear()
+        # (a fresh memory pool: the old one is released with its last graph, and capturing
+        # into a released pool's handle fails an allocator assertion in PyTorch)
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs

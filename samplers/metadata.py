@@ -138,7 +138,7 @@ class SpecDecodeMetadata:
         # (made on the device: a copy from pageable memory would wait for the queued work)
         cumulative = torch.arange(1, batch_size + 1, dtype=torch.int32, device=device) * k
         return cls(
-            draft_token_ids=draft_token_ids.reshape(-1),
+            draft_token_ids=draft_token_ids.reshape(-1).contiguous(),
             num_draft_tokens=[k] * batch_size,
             cu_num_draft_tokens=cumulative,
             max_spec_len=k,

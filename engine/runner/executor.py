@@ -366,8 +366,9 @@ class Executor:
                                                        changes[len(cells):])
         rows_t = meta[len(host) + num_all:end]  # [num_logits] padded index of each kept row
         if num_fed:  # (the layout's input ids are its first part)
+            sources_t = meta[end + num_fed:end + 2 * num_fed]
             meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
-                                         feed[0].index_select(0, meta[end + num_fed:end + 2 * num_fed]))
+                                         feed[0].index_select(0, sources_t))
         if chains is not None:
             self._write_chains(meta[:len(host)], inputs.batch_size, inputs.num_new, chains)
         if on_device:

@@ -83,11 +83,11 @@ class Oracle(Proposer):
         self.advanced[req_id] = length
 
 
-def oracle_llm(target, head_dir, greedy, device="cpu", **kwargs) -> tuple[LLM, Oracle]:
+def oracle_llm(target, head_dir, greedy, device="cpu", k: int = K) -> tuple[LLM, Oracle]:
     llm = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
               async_scheduling=True, max_num_seqs=8,
               speculative_config={"method": "eagle", "model": str(head_dir),
-                                  "num_speculative_tokens": K, "adaptive_k": False}, **kwargs)
+                                  "num_speculative_tokens": k, "adaptive_k": False})
     oracle = Oracle(greedy)
     llm.llm_engine.proposer = oracle
     return llm, oracle
@@ -129,13 +129,14 @@ GREEDY = [
 ]
 
 
+@pytest.mark.parametrize("k", [1, K])  # (one draft: the drafts a strided column of the chains)
 @pytest.mark.parametrize("device", DEVICES)
-def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, device):
+def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, device, k):
     batch = prompts(6, seed=21)
     greedy = greedy_continuations(target, batch, device)
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, GREEDY)
-    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device, k)
     chained = Chained(monkeypatch, llm.llm_engine)
     assert outputs(llm, batch, GREEDY) == expected
     metrics = llm.llm_engine.metrics
@@ -149,7 +150,7 @@ def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, de
     arrivals = [0, 0, 3, 8, 12, 20]
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, params, arrivals)
-    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device, k)
     chained = Chained(monkeypatch, llm.llm_engine)
     assert outputs(llm, batch, params, arrivals) == expected
     assert chained.count >= 3

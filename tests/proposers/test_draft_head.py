@@ -700,3 +700,18 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
     for r, chain in zip(contexts, proposal, strict=True):
         assert chain == oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
                                       contexts[r], k), r
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_head_graphs_capture_again_after_they_were_cleared():
+    """The head's cache grew (its graphs read the old tensors): they are dropped, and the next
+    capture goes into a fresh memory pool (the old one is released with its last graph)."""
+    from proposers.head_graphs import HeadGraphs
+
+    graphs = HeadGraphs(torch.device("cuda"))
+    x = torch.arange(4.0, device="cuda")
+    for _ in range(2):
+        for _ in range(3):  # (eager, then captured, then replayed)
+            assert torch.equal(graphs.run("k", lambda t: t * 2, [x]), x * 2)
+        assert graphs.num_graphs == 1
+        graphs.clear()
