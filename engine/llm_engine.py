@@ -263,7 +263,8 @@ class LLMEngine:
             base = [seq.num_tokens - 1 for seq in seqs]  # (each fed token's position)
             self._in_flight = self._verify_ahead(
                 forwarded, plan_step, self.runner.to_device(base), base,
-                SpecDecodeMetadata.from_lists([i.drafts for i in forwarded.items], self.device))
+                SpecDecodeMetadata.from_lists([i.drafts for i in forwarded.items], self.device),
+                self._chain_sampling(seqs))
             return self._overlapped(start)
         verified = self._verify(forwarded)
         updated = self._commit(forwarded, verified)
@@ -281,9 +282,9 @@ class LLMEngine:
 
     def _overlaps_drafting(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
         """The drafting step can verify ahead and its successor draft on the device
-        (:mod:`engine.overlap`): a proposer that drafts there, every sequence greedy and
-        decoding one token plus a chain of one length ``k >= 1`` (no tree, no forced drafts, no
-        draft probabilities)."""
+        (:mod:`engine.overlap`): a proposer that drafts there, every sequence decoding one token
+        plus a chain of one length ``k >= 1`` (no tree, no forced drafts, no draft
+        probabilities: the head's one-hot drafts) and needing nothing of the host to verify."""
         if not (self.overlap and forwarded is not None and forwarded.logits is not None
                 and proposed.asked and self.proposer is not None
                 and self.proposer.drafts_on_device):
@@ -292,25 +293,34 @@ class LLMEngine:
         return k > 0 and all(
             item.samples and item.num_context_tokens == 1 and len(item.drafts) == k
             and item.parents is None and not item.forced and item.draft_probs is None
-            and item.seq.params.temperature == 0.0 and overlappable(item.seq)
-            for item in forwarded.items)
+            and overlappable(item.seq) for item in forwarded.items)
+
+    def _chain_sampling(self, seqs: list[Sequence]) -> SamplingTensors:
+        """The sampling tensors of a drafting flight launched from the host (no token in
+        flight); an all-greedy batch's are made once a batch size (no copy a step)."""
+        if any(s.params.temperature != 0.0 for s in seqs):
+            return self._sampling_tensors(seqs)
+        sampling = self._greedy_sampling.get(len(seqs))
+        if sampling is None:
+            sampling = self._greedy_sampling[len(seqs)] = self._sampling_tensors(seqs)
+        return sampling
 
     def _verify_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
                       base_hi: list[int], metadata: SpecDecodeMetadata,
-                      began: torch.cuda.Event | None = None, ahead: bool = False) -> InFlight:
+                      sampling: SamplingTensors, began: torch.cuda.Event | None = None,
+                      ahead: bool = False) -> InFlight:
         """Verify a drafting step's chains on the device (``metadata``: their drafts; each
-        sequence's fed token at position ``base[b]``, at most ``base_hi[b]``), have the proposer
-        draft the next step from what they gave, and queue the tokens' copy to the host: a
-        drafting flight (its tokens ``[batch, k + 1]``)."""
+        sequence's fed token at position ``base[b]``, at most ``base_hi[b]``; ``sampling``: its
+        requests' tensors, seeded ones keyed at this step's output positions), have the
+        proposer draft the next step from what they gave, and queue the tokens' copy to the
+        host: a drafting flight (its tokens ``[batch, k + 1]``)."""
         items = forwarded.items
         width = metadata.max_spec_len + 1
         failed = non_finite_rows(forwarded.logits, [item.drafts for item in items])  # (CPU)
-        sampling = self._greedy_sampling.get(len(items))
-        if sampling is None:  # (all greedy: one set a batch size, no copy a step)
-            sampling = self._greedy_sampling[len(items)] = self._sampling_tensors(
-                [item.seq for item in items])
-        sampler = self.greedy_sampler if self.greedy_sampler is not None else self.sampler
+        sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
+                   else self.sampler)
         # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
+        # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too)
         tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
         accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
         out = forwarded.output
@@ -320,8 +330,9 @@ class LLMEngine:
         last = tokens.gather(1, accepted[:, None]).clamp_min(0)  # [batch, 1]
         chain = (torch.cat([last, drafts], dim=1), base + accepted + 1)
         host, copied = self._token_copies.start(tokens.reshape(-1))
+        # (the next flight's sampling: each request made accepted + 1 tokens)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        width, chain, features)
+                        width, chain, features, sampling.advanced(accepted + 1))
 
     def _overlapped(self, start: float) -> list[Sequence]:
         """Launch the step after the one in flight from its tokens on the device, when that
@@ -382,10 +393,15 @@ class LLMEngine:
         self._proposed_last_step = True
         width, k = flight.width, flight.width - 1
         tokens, base = flight.chain  # [batch, width], [batch] on the device
+        sampling = flight.sampling
         if len(seqs) < len(flight.sequences):  # (the rows of the sequences that go on)
             row = {id(seq): j for j, seq in enumerate(flight.sequences)}
-            rows = self.runner.to_device([row[id(seq)] for seq in seqs])
-            tokens, base = tokens.index_select(0, rows), base.index_select(0, rows)
+            rows = [row[id(seq)] for seq in seqs]
+            index = self.runner.to_device(rows)
+            tokens, base = tokens.index_select(0, index), base.index_select(0, index)
+            sampling = sampling.select(rows, index)
+            if sampling.all_greedy:  # (the greedy tensors of this many)
+                sampling = self._greedy_sampling.get(len(seqs)) or sampling
         # (the flight's fed token sits at num_tokens - 1, and it advances at most width)
         base_hi = [seq.num_tokens - 1 + width for seq in seqs]
         began = None
@@ -406,7 +422,8 @@ class LLMEngine:
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
-                                  SpecDecodeMetadata.uniform(tokens[:, 1:]), began, ahead=True)
+                                  SpecDecodeMetadata.uniform(tokens[:, 1:]), sampling, began,
+                                  ahead=True)
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight

@@ -15,8 +15,9 @@ n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed
 position, not by step) are the same; unseeded samples draw the same distribution.
 
 **Drafting steps** overlap too where the proposer drafts on the device
-(``Proposer.drafts_on_device``: a draft head's chains) and every sequence is greedy: a
-verification step that is all chains of one width ``k + 1`` verifies on the device, and the head
+(``Proposer.drafts_on_device``: a draft head's chains): a verification step that is all chains
+of one width ``k + 1`` verifies on the device (seeded requests keyed at output positions moved
+on there, ``SamplingTensors.advanced``), and the head
 drafts the next step's ``k`` drafts there from the verified tokens and the forward's features
 (``Proposer.draft_after``). The next step is launched from them (``engine.runner.FedChains``):
 sequence ``b`` feeds its recovered or bonus token and the new drafts at positions ``base[b] +
@@ -36,6 +37,7 @@ import torch
 
 from engine.sequence import Sequence
 from engine.step_records import Forwarded
+from samplers import SamplingTensors
 
 
 def overlappable(seq: Sequence) -> bool:
@@ -94,6 +96,7 @@ class InFlight:
     width: int = 1
     chain: tuple[torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None
+    sampling: SamplingTensors | None = None  # (the next flight's: keyed positions moved on)
 
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy

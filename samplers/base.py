@@ -66,8 +66,12 @@ class VerificationSampler:
         logits = target_logits
         if sampling.needs_filters and not self.all_greedy:
             rows = [n + 1 for n in metadata.num_draft_tokens]
-            row_request = host_to_device([i for i, n in enumerate(rows) for _ in range(n)],
-                                         torch.int64, device)
+            if len(set(rows)) == 1:  # (made on the device: a copy from pageable memory would
+                # wait for the work queued before it, an overlapped step's forward)
+                row_request = torch.arange(len(rows), device=device).repeat_interleave(rows[0])
+            else:
+                row_request = host_to_device([i for i, n in enumerate(rows) for _ in range(n)],
+                                             torch.int64, device)
             logits = apply_filters(logits, sampling, row_request)
         vocab_size = logits.shape[1]
         if self.all_greedy or sampling.all_greedy:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,6 +53,30 @@ class SamplingTensors:
     @property
     def all_greedy(self) -> bool:
         return all(self.greedy)
+
+    def advanced(self, tokens: torch.Tensor) -> SamplingTensors:
+        """The same requests' tensors for their next step, each having made ``tokens [batch]``
+        (on the device) more output tokens: keyed rows' output positions move on, on the
+        device (an overlapped step's verification is not read yet)."""
+        if self.keys is None:
+            return self
+        keys = self.keys.clone()
+        keys[:, 3] = (keys[:, 3] + tokens) & 0xFFFFFFFF
+        return replace(self, keys=keys)
+
+    def select(self, rows: list[int], index: torch.Tensor) -> SamplingTensors:
+        """The requests at ``rows`` (and ``index``, the same rows on the device), in that
+        order (the batch-wide maxima and flags stay the whole batch's: filters that are off for
+        a row do nothing to it)."""
+        keyed = None if self.keyed is None else [self.keyed[i] for i in rows]
+        if keyed is not None and not any(keyed):
+            keyed = None
+        return replace(
+            self, temperature=self.temperature[index], inv_temperature=self.inv_temperature[index],
+            top_k=self.top_k[index], top_p=self.top_p[index], min_p=self.min_p[index],
+            is_greedy=self.is_greedy[index], generators=[self.generators[i] for i in rows],
+            greedy=[self.greedy[i] for i in rows],
+            keys=None if keyed is None else self.keys[index], keyed=keyed)
 
     @property
     def needs_filters(self) -> bool:

@@ -6,6 +6,8 @@ that cannot overlap; the KV rows reserved for the most a sequence can advance al
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -56,8 +58,8 @@ class Oracle(Proposer):
     def propose(self, requests):
         drafts = []
         for r in requests:
-            if r.sampling_params.temperature > 0:  # (sampled: any drafts are exact)
-                drafts.append([0] * r.num_spec_tokens)
+            if r.sampling_params.temperature > 0 and r.sampling_params.seed is None:
+                drafts.append([0] * r.num_spec_tokens)  # (unseeded: any drafts are exact)
                 continue
             full = self.full.get(r.req_id)
             if full is None:
@@ -108,24 +110,27 @@ class Chained:
         monkeypatch.setattr(engine, "_launch_chained", counted)
 
 
-def greedy_continuations(target, batch, device) -> list[list[int]]:
+def greedy_continuations(target, batch, device, params=None) -> list[list[int]]:
+    """Each prompt with the plain engine's continuation of 60 tokens: greedy, or as
+    ``params[i]`` samples it (seeded: the same tokens in any batch, at any step)."""
     plain = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
                 async_scheduling=False)
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    params = [replace(p, max_tokens=60, ignore_eos=True, stop=None, stop_token_ids=None)
+              for p in params or [SamplingParams(temperature=0.0)] * len(batch)]
     outs = plain.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     return [p + list(o.outputs[0].token_ids) for p, o in zip(batch, outs, strict=True)]
 
 
-# greedy requests whose stops land inside drafting flights: a stop token, a stop string, EOS,
-# max_tokens of every remainder; a sampled one, which drafting flights cannot take (its steps
-# run from the host while it runs)
+# requests whose stops land inside drafting flights: a stop token, a stop string, EOS,
+# max_tokens of every remainder; greedy, and seeded samples (top-k, top-p: their drafts are
+# verified by matching their keyed samples, at output positions moved on on the device)
 GREEDY = [
     SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True),
     SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[7, 19]),
     SamplingParams(temperature=0.0, max_tokens=30, stop=["w5 w", "w3"], ignore_eos=True),
-    SamplingParams(temperature=0.0, max_tokens=26),
+    SamplingParams(temperature=0.8, seed=11, top_k=12, max_tokens=26),
     SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
-    SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True),
+    SamplingParams(temperature=1.0, seed=3, top_p=0.9, max_tokens=17, ignore_eos=True),
 ]
 
 
@@ -133,7 +138,7 @@ GREEDY = [
 @pytest.mark.parametrize("device", DEVICES)
 def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, device, k):
     batch = prompts(6, seed=21)
-    greedy = greedy_continuations(target, batch, device)
+    greedy = greedy_continuations(target, batch, device, GREEDY)
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, GREEDY)
     llm, oracle = oracle_llm(target, head_dir, greedy, device, k)
@@ -142,11 +147,12 @@ def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, de
     metrics = llm.llm_engine.metrics
     assert chained.count >= 5 and oracle.device_drafts >= chained.count
     assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
+    assert {"s3#0", "s5#0"} <= set(oracle.advanced)  # (the seeded samples' flights)
     assert_engine_empty(llm)
-    # staggered arrivals (each one ends the flights: its prefill runs from the host) and a
-    # sampled request among them
+    # staggered arrivals (each one ends the flights: its prefill runs from the host)
     params = [*GREEDY[:4], SamplingParams(temperature=0.8, seed=5, max_tokens=20,
                                           ignore_eos=True), GREEDY[5]]
+    greedy = greedy_continuations(target, batch, device, params)
     arrivals = [0, 0, 3, 8, 12, 20]
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, params, arrivals)
