@@ -384,13 +384,17 @@ class LLMEngine:
 
     def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
                         plan: DraftPlan) -> InFlight | None:
-        """The drafting step after drafting flight ``flight``, launched from its chains on the
-        device (:class:`FedChains`) when the plan drafts for every one of ``seqs`` (the
-        flight's ``k`` drafts each; else the plan is kept for the synchronous step)."""
-        if any(plan.drafts_for(seq) == 0 for seq in seqs):
+        """The step after drafting flight ``flight``, launched from its chains on the device
+        (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``
+        (the flight's ``k`` drafts each), a plain one (each sequence's recovered or bonus token,
+        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept for
+        the synchronous step."""
+        wanted = [plan.drafts_for(seq) > 0 for seq in seqs]
+        if any(wanted) and not all(wanted):
             self._planned = plan
             return None
-        self._proposed_last_step = True
+        plain = not any(wanted)
+        self._proposed_last_step = not plain
         width, k = flight.width, flight.width - 1
         tokens, base = flight.chain  # [batch, width], [batch] on the device
         sampling = flight.sampling
@@ -409,9 +413,9 @@ class LLMEngine:
             began = torch.cuda.Event(enable_timing=True)
             began.record(torch.cuda.current_stream(self.device))
         started = time.perf_counter()
+        fed = FedChains(tokens[:, :1] if plain else tokens, base, base_hi)
         try:
-            out = self.runner.forward_chains([seq.slot for seq in seqs],
-                                             FedChains(tokens, base, base_hi), keep_hidden=True)
+            out = self.runner.forward_chains([seq.slot for seq in seqs], fed, keep_hidden=True)
         except KVCacheFull:  # (nothing taken: the step runs from the host after the commit)
             return None
         except BaseException:  # (rows the runner took go back to the flight's)
@@ -419,6 +423,11 @@ class LLMEngine:
                 self.runner.truncate(seq.slot, min(self.runner.seq_len(seq.slot),
                                                    seq.num_tokens - 1 + width))
             raise
+        if plain:  # (a plain flight: its features go to the head when it commits)
+            forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits,
+                                  started)
+            return self._sample_ahead(forwarded, plan.step,
+                                      None if sampling.all_greedy else sampling, began, True)
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
@@ -442,8 +451,10 @@ class LLMEngine:
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
         if sampling is None:
             tokens = argmax_tokens(forwarded.logits)
-        else:
-            tokens = self._verify_chains(items, forwarded.logits, sampling, sync=False).view(-1)
+        else:  # (no drafts: metadata made on the device, nothing copied from the host)
+            nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
+            tokens = self.sampler.verify(forwarded.logits, SpecDecodeMetadata.uniform(nothing),
+                                         sampling, None).view(-1)
         host, copied = self._token_copies.start(tokens)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began)
 

@@ -214,3 +214,40 @@ def test_a_draft_head_drafts_on_the_device_what_it_drafts_from_the_host(target, 
         logs.append(log)
     sync, overlapped = logs
     assert len(sync) > 8 and overlapped[:len(sync) - 2] == sync[:-2]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_dir, monkeypatch,
+                                                                  device):
+    """Plans that switch between drafting and plain steps: a plain step after a drafting flight
+    is launched from its chains too (each sequence's recovered or bonus token, width one), its
+    features handed to the head when it commits; output equals plain decoding's."""
+    from scheduler import DraftPlan
+
+    batch = prompts(4, seed=13)
+    params = [GREEDY[0], GREEDY[3], GREEDY[5], GREEDY[1]]
+    greedy = greedy_continuations(target, batch, device, params)
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    engine = llm.llm_engine
+    plan = engine.controller.plan
+
+    def scripted(running, waiting):  # (two drafting steps, then two plain ones)
+        planned = plan(running, waiting)
+        return DraftPlan(K if planned.step % 4 < 2 else 0, planned.step)
+
+    monkeypatch.setattr(engine.controller, "plan", scripted)
+    plain_after_chains = []
+    launch = engine._launch_chained
+
+    def counted(flight, seqs, planned):
+        nxt = launch(flight, seqs, planned)
+        if nxt is not None and nxt.width == 1:
+            plain_after_chains.append(nxt)
+        return nxt
+
+    monkeypatch.setattr(engine, "_launch_chained", counted)
+    assert outputs(llm, batch, params) == expected
+    assert len(plain_after_chains) >= 3 and engine.metrics.num_accepted > 0
+    assert_engine_empty(llm)
