@@ -295,11 +295,12 @@ class LLMEngine:
             and item.parents is None and not item.forced and item.draft_probs is None
             and overlappable(item.seq) for item in forwarded.items)
 
-    def _chain_sampling(self, seqs: list[Sequence]) -> SamplingTensors:
-        """The sampling tensors of a drafting flight launched from the host (no token in
-        flight); an all-greedy batch's are made once a batch size (no copy a step)."""
+    def _chain_sampling(self, seqs: list[Sequence], ahead: int = 0) -> SamplingTensors:
+        """The sampling tensors of a drafting flight launched from the host (``ahead``: tokens
+        each sequence has in flight); an all-greedy batch's are made once a batch size (no copy
+        a step)."""
         if any(s.params.temperature != 0.0 for s in seqs):
-            return self._sampling_tensors(seqs)
+            return self._sampling_tensors(seqs, ahead)
         sampling = self._greedy_sampling.get(len(seqs))
         if sampling is None:
             sampling = self._greedy_sampling[len(seqs)] = self._sampling_tensors(seqs)
@@ -342,7 +343,8 @@ class LLMEngine:
         self._learn()  # (the step before's outcome, while the device works, before planning)
         self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
         if self._in_flight is not None:  # (a proposer keeping state of the text sees it)
-            self._observe(self._in_flight.forwarded.items, Proposed())
+            self._observe(self._in_flight.forwarded.items,
+                          Proposed(self._in_flight.chain is not None))
         return self._commit_flight(flight, start)
 
     def _launch_next(self, flight: InFlight) -> InFlight | None:
@@ -358,6 +360,8 @@ class LLMEngine:
         if flight.chain is not None:
             return self._launch_chained(flight, seqs, plan)
         if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):
+            if self._drafts_after_plain(flight, seqs, plan):
+                return self._launch_drafting(flight, seqs, plan)
             self._planned = plan  # (the step's plan: _schedule takes it)
             return None
         self._proposed_last_step = False
@@ -433,6 +437,64 @@ class LLMEngine:
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
                                   SpecDecodeMetadata.uniform(tokens[:, 1:]), sampling, began,
                                   ahead=True)
+
+    def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
+                            plan: DraftPlan) -> bool:
+        """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
+        proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
+        return (self.proposer.drafts_on_device and flight.forwarded.output.hidden is not None
+                and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
+                and all(plan.drafts_ahead(seq, 1) > 0 and overlappable(seq)
+                        and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
+                        for seq in seqs))
+
+    def _launch_drafting(self, flight: InFlight, seqs: list[Sequence],
+                         plan: DraftPlan) -> InFlight | None:
+        """The drafting step after plain flight ``flight``, launched before its tokens are
+        read: the proposer drafts on the device from the flight's token and features (each
+        sequence's fed token at ``num_tokens - 1``, its sampled one next), and the step feeds
+        that token and the drafts (:class:`FedChains`, positions known here). None when the
+        KV cache cannot hold the drafts (the step then runs from the host)."""
+        self._proposed_last_step = True
+        k = max(plan.drafts_ahead(seq, 1) for seq in seqs)  # (the flight's token: one)
+        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        rows = [row[id(seq)] for seq in seqs]
+        out = flight.forwarded.output
+        features = out.aux_hidden if self.proposer.feature_layers else out.hidden  # [n, width]
+        fed = [seq.num_tokens - 1 for seq in seqs]  # (the flight's fed tokens' positions)
+        # (one copy: the rows of the sequences that go on, then those positions)
+        index = self.runner.to_device(rows + fed)
+        rows_t, fed_t = index[:len(rows)], index[len(rows):]
+        sampled = flight.tokens.index_select(0, rows_t).clamp_min(0)[:, None]  # [batch, 1]
+        # (built before anything is queued: its copies then wait for nothing)
+        sampling = self._chain_sampling(seqs, ahead=1)
+        ids = [seq.seq_id for seq in seqs]
+        self.proposer.flush(ids)
+        drafts = self.proposer.draft_after(ids, features.index_select(0, rows_t), sampled,
+                                           torch.zeros_like(fed_t), fed_t, fed, k)
+        base_hi = [p + 1 for p in fed]
+        base = fed_t + 1
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
+        started = time.perf_counter()
+        tokens = torch.cat([sampled, drafts], dim=1)  # [batch, k + 1]
+        try:
+            out = self.runner.forward_chains([seq.slot for seq in seqs],
+                                             FedChains(tokens, base, base_hi), keep_hidden=True)
+        except KVCacheFull:  # (nothing taken; the flushed pairs stay the head's)
+            self._planned = plan
+            return None
+        except BaseException:  # (rows the runner took go back to the flight's)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, min(self.runner.seq_len(seq.slot),
+                                                   seq.num_tokens))
+            raise
+        items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
+        forwarded = Forwarded(items, out, out.logits, started)
+        return self._verify_ahead(forwarded, plan.step, base, base_hi,
+                                  SpecDecodeMetadata.uniform(drafts), sampling, began, True)
 
     def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight

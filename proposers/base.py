@@ -159,6 +159,17 @@ class Proposer(ABC):
         how many drafts it accepted. Nothing may wait for the device."""
         raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
 
+    def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
+        """Only with ``drafts_on_device``: whether the request's state covers its context of
+        ``num_tokens`` tokens but the newest (the host's), so that :meth:`draft_after` may draft
+        from a step that fed that token."""
+        return False
+
+    def flush(self, req_ids: Sequence[str | int]) -> None:
+        """Only with ``drafts_on_device``: before :meth:`draft_after` drafts from a step the
+        requests were not proposed for, bring in what is pending of their context."""
+        raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
+
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
                 token: int) -> None:
         """Only with ``drafts_on_device``: a step drafted by :meth:`draft_after` was committed;

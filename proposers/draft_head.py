@@ -240,30 +240,40 @@ class DraftHeadProposer(Proposer):
         if over:
             self._write_now(over)
 
-    def _write_now(self, req_ids: list[str | int]) -> None:
+    def _write_now(self, req_ids: list[str | int], keep_newest: bool = True) -> None:
         """Write each request's pending pairs but its newest into the cache, one batched
-        projection (the newest stays pending: the next proposal queries it)."""
+        projection (the newest stays pending: the next proposal queries it; ``keep_newest``
+        False: it is written too, for drafts from the device, :meth:`draft_after`)."""
         feats: list[Chunk] = []  # every request's rows but its newest, in row order
         newest: list[Chunk] = []  # each request's newest row
         tokens, slots, positions = [], [], []
         for req_id in req_ids:
             pending = self._pending[req_id]
-            n = len(pending.tokens) - 1
+            n = len(pending.tokens) - keep_newest
             *older, (source, first, count) = pending.features
             feats += older
-            if count > 1:
-                feats.append((source, first, count - 1))
-            newest.append((source, first + count - 1, 1))
+            if keep_newest:
+                if count > 1:
+                    feats.append((source, first, count - 1))
+                newest.append((source, first + count - 1, 1))
+            else:
+                feats.append((source, first, count))
             start = self.cache.length[req_id]
             tokens += pending.tokens[:n]
             slots += [self.cache.slot_of[req_id]] * n
             positions += range(start, start + n)
             pending.tokens = pending.tokens[n:]
             self.cache.length[req_id] = start + n
-        # the newest rows copied, all at once: a view would keep its step's whole tensor alive
-        kept = gather_rows(newest, copy=True)  # [len(req_ids), hidden_size]
-        for j, req_id in enumerate(req_ids):
-            self._pending[req_id].features = [(kept, j, 1)]
+        if keep_newest:
+            # the newest rows copied, all at once: a view would keep its step's whole tensor
+            kept = gather_rows(newest, copy=True)  # [len(req_ids), hidden_size]
+            for j, req_id in enumerate(req_ids):
+                self._pending[req_id].features = [(kept, j, 1)]
+        else:
+            for req_id in req_ids:
+                self._pending[req_id] = _Pending()
+        if not positions:
+            return
         self._ensure(max(positions) + 1)
         index = self._to_device(np.array([tokens, slots, positions], dtype=np.int64))  # [3, rows]
         # (one concatenation of every request's rows: one per request cost a launch each)
@@ -424,6 +434,14 @@ class DraftHeadProposer(Proposer):
         out = self.graphs.run(key, lambda f, i: body(f, *i.split(sizes), steps=steps_run,
                                                      num_keys=num_keys), [feats, flat])
         return out[:batch, :steps]
+
+    def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
+        """:meth:`Proposer.ready_on_device`: its features reach the newest host token."""
+        return self.branching is None and self._ready(req_id, num_tokens)
+
+    def flush(self, req_ids: Sequence[str | int]) -> None:
+        """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache."""
+        self._write_now(list(req_ids), keep_newest=False)
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
                 token: int) -> None:

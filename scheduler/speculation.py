@@ -94,6 +94,13 @@ class DraftPlan:
             spec.cap, spec.step, spec.critical = cap(seq), self.step, True
         return min(self.width, spec.cap)
 
+    def drafts_ahead(self, seq: SpeculatingSequence, ahead: int) -> int:
+        """:meth:`drafts_for` for a step launched while ``ahead`` of ``seq``'s tokens are still
+        on the device (an overlapped engine): within the cap those tokens leave."""
+        spec = seq.speculation
+        return max(0, min(self.drafts_for(seq), spec.limit,
+                          spec.end - seq.num_tokens - ahead))
+
 
 @dataclass(frozen=True)
 class StepTiming:

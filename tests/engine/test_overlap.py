@@ -275,9 +275,10 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
     assert launches.count > 5 and llm.llm_engine.metrics.num_drafted > 0
     assert_engine_empty(llm)
     # one request alone under a scripted plan (drafts at every fourth step, plain steps
-    # between: the measured controller's plans follow the clock): its proposals and their
-    # acceptance must equal the synchronous engine's (the proposer saw the same text, a head
-    # the same features, through the overlapped steps)
+    # between: the measured controller's plans follow the clock): the drafts it verified and
+    # their acceptance must equal the synchronous engine's (the proposer saw the same text, a
+    # head the same features, through the overlapped steps; a head drafts the steps after
+    # plain flights on the device)
     lone = [batch[1]], [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)]
     proposed = []
     for overlap in (False, True):
@@ -290,14 +291,15 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
 
         monkeypatch.setattr(engine.controller, "plan", scripted)
         drafts: list[list[int]] = []
-        propose = engine.proposer.propose
+        for sampler in {engine.sampler, engine.greedy_sampler} - {None}:
 
-        def logged(*args, _propose=propose, _drafts=drafts, **kwargs):
-            proposal = _propose(*args, **kwargs)
-            _drafts.extend(list(d) for d in proposal.draft_token_ids)
-            return proposal
+            def logged(logits, metadata, *args, _verify=sampler.verify, _drafts=drafts):
+                ids = iter(metadata.draft_token_ids.tolist())
+                _drafts.extend(d for n in metadata.num_draft_tokens
+                               if (d := [next(ids) for _ in range(n)]))
+                return _verify(logits, metadata, *args)
 
-        monkeypatch.setattr(engine.proposer, "propose", logged)
+            monkeypatch.setattr(sampler, "verify", logged)
         outputs(LLMOf(engine), *lone)
         proposed.append((drafts, engine.metrics.num_accepted))
     assert proposed[0] == proposed[1] and proposed[0][0]

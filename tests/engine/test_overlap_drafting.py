@@ -79,6 +79,12 @@ class Oracle(Proposer):
                              for r, b, a in zip(req_ids, base, accepted, strict=True)],
                             device=tokens.device)
 
+    def ready_on_device(self, req_id, num_tokens):
+        return req_id in self.full  # (proposed for once: its continuation is known)
+
+    def flush(self, req_ids):
+        pass
+
     def advance(self, req_id, length, features, row, token):
         full = self.full[req_id]
         assert full[length] == token and 0 <= row < features.shape[0]
@@ -221,7 +227,8 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
                                                                   device):
     """Plans that switch between drafting and plain steps: a plain step after a drafting flight
     is launched from its chains too (each sequence's recovered or bonus token, width one), its
-    features handed to the head when it commits; output equals plain decoding's."""
+    features handed to the head when it commits, and a drafting step after a plain flight from
+    drafts made on the device from that flight; output equals plain decoding's."""
     from scheduler import DraftPlan
 
     batch = prompts(4, seed=13)
@@ -248,6 +255,16 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
         return nxt
 
     monkeypatch.setattr(engine, "_launch_chained", counted)
+    drafting_after_plain = []
+    launch_drafting = engine._launch_drafting
+
+    def drafting(flight, seqs, planned):
+        nxt = launch_drafting(flight, seqs, planned)
+        drafting_after_plain.append(nxt is not None)
+        return nxt
+
+    monkeypatch.setattr(engine, "_launch_drafting", drafting)
     assert outputs(llm, batch, params) == expected
     assert len(plain_after_chains) >= 3 and engine.metrics.num_accepted > 0
+    assert sum(drafting_after_plain) >= 3  # (plain -> drafting without the host, too)
     assert_engine_empty(llm)
