@@ -333,7 +333,7 @@ class LLMEngine:
         host, copied = self._token_copies.start(tokens.reshape(-1))
         # (the next flight's sampling: each request made accepted + 1 tokens)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        width, chain, features, sampling.advanced(accepted + 1))
+                        width, chain, features, sampling.advanced(accepted + 1), ahead)
 
     def _overlapped(self, start: float) -> list[Sequence]:
         """Launch the step after the one in flight from its tokens on the device, when that
@@ -430,8 +430,9 @@ class LLMEngine:
         if plain:  # (a plain flight: its features go to the head when it commits)
             forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits,
                                   started)
-            return self._sample_ahead(forwarded, plan.step,
-                                      None if sampling.all_greedy else sampling, began, True)
+            return replace(self._sample_ahead(forwarded, plan.step,
+                                              None if sampling.all_greedy else sampling, began,
+                                              True), reserved=True)
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
@@ -534,7 +535,9 @@ class LLMEngine:
                                          j * width, j in flight.failed
                                          or tokens[0] == INVALID_TOKEN_ID))
         nxt = self._in_flight
-        ahead = {} if nxt is None else {id(s): nxt.width for s in nxt.sequences}
+        # (a flight fed from chains keeps its width's rows; one fed plainly holds just its own)
+        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
+                                        for s in nxt.sequences}
         updated = self._commit(flight.forwarded, verified, ahead, flight.chain is None)
         if flight.chain is not None:  # (its drafts' pairs were written on the device)
             for result in verified:
@@ -865,7 +868,8 @@ class LLMEngine:
                 # the flight reserved past them go back; it counts as uncached, as after a
                 # synchronous step, until that step commits)
                 seq.num_computed_tokens = seq.num_tokens - 1
-                self.runner.truncate(seq.slot, seq.num_tokens - 1 + ahead[id(seq)])
+                if ahead[id(seq)]:  # (a flight fed from chains reserved rows past its own)
+                    self.runner.truncate(seq.slot, seq.num_tokens - 1 + ahead[id(seq)])
                 continue
             seq.num_computed_tokens = seq.num_tokens - 1
             self.runner.truncate(seq.slot, seq.num_computed_tokens)

@@ -97,6 +97,9 @@ class InFlight:
     chain: tuple[torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None
     sampling: SamplingTensors | None = None  # (the next flight's: keyed positions moved on)
+    # launched from chains (``FedChains``): its rows were reserved for the most the flight
+    # before it could advance, and go back past its own when that flight commits
+    reserved: bool = False
 
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy
