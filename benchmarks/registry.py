@@ -39,6 +39,8 @@ SUITES: dict[str, tuple[str, str]] = {
                   "a step's attention over all layers: gather + SDPA against paged reads"),
     "decode_limit": ("benchmarks.suites.decode_limit",
                      "plain decoding beside the weight-plus-KV read limit; host time per step"),
+    "overlap": ("benchmarks.suites.overlap",
+                "speculative steps overlapped against synchronous ones, fixed k and controller"),
     "structured": ("benchmarks.suites.structured",
                    "JSON Schema output with and without speculation, forced tokens as drafts"),
     "profile": ("benchmarks.suites.profile",

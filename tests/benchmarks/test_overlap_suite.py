@@ -1,0 +1,19 @@
+"""The overlap suite on a tiny random LLaMA on the CPU: four engines a kind, every prompt's
+tokens made, ratios over the engine without speculation, steps counted."""
+
+from tests.benchmarks.suite_helpers import run_suite
+
+
+def test_four_engines_a_kind_each_make_every_token():
+    record = run_suite("overlap", "--device", "cpu", "--model", "random-llama-tiny",
+                       "--method", "ngram", "--prompt-set", "bench", "--kinds", "copy,open",
+                       "--num-prompts", "2", "--max-tokens", "8", "--rounds", "1")
+    assert [(r["kind"], r["engine"]) for r in record.rows] == [
+        (kind, engine) for kind in ("copy", "open")
+        for engine in ("none", "fixed_sync", "fixed_overlap", "controller_overlap")]
+    for r in record.rows:
+        assert r["tokens"] == 2 * 8 and r["steps"] >= 1
+        if r["engine"] == "none":
+            assert r["vs_none"] == 1.0 and r["steps"] == 2 * 8  # (one token a step)
+        # (n-gram drafts on the host: no step is launched from the device)
+        assert r["steps_from_device"] == 0
