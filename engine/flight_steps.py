@@ -1,0 +1,322 @@
+"""The overlapped steps of :class:`engine.llm_engine.LLMEngine` (``EngineConfig.async_scheduling``):
+launching a step before the one in flight is read, and committing that one while the device runs
+the next (:mod:`engine.overlap` says what a flight is and when the next step can be launched).
+
+Plain flights sample ahead (:meth:`OverlappedSteps._sample_ahead`); drafting flights verify ahead
+and have the proposer draft their successor on the device (:meth:`OverlappedSteps._verify_ahead`).
+The step after a flight is launched from it (:meth:`OverlappedSteps._launch_next`): a plain step
+fed its tokens (``FedTokens``), a drafting step fed its chains (``FedChains``,
+:meth:`OverlappedSteps._launch_chained`), or a drafting step after a plain one, from drafts the
+proposer makes from it (:meth:`OverlappedSteps._launch_drafting`). A mixin: the methods use the
+engine's parts (runner, proposer, controller, scheduler, samplers) and its commit stages, and
+live here so that the engine's module reads as the synchronous step's stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from engine.forward_inputs import non_finite_rows
+from engine.overlap import InFlight, next_sequences, overlappable
+from engine.runner import FedChains, FedTokens
+from engine.runner.kv_cache import KVCacheFull
+from engine.sequence import Sequence
+from engine.step_records import Forwarded, Proposed, SeqStep, Verified
+from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingTensors
+from samplers.greedy import argmax_tokens
+from samplers.metadata import SpecDecodeMetadata
+from scheduler import DraftPlan
+
+
+class OverlappedSteps:
+    """:class:`~engine.llm_engine.LLMEngine`'s flights (see the module docstring)."""
+
+    def _overlaps(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
+        """The step can sample ahead (:mod:`engine.overlap`): every sequence in it samples one
+        token, without drafts, from logits that need nothing of the host."""
+        return (self.overlap and forwarded is not None and forwarded.logits is not None
+                and not proposed.asked
+                and all(item.samples and not item.drafts and overlappable(item.seq)
+                        for item in forwarded.items))
+
+    def _overlaps_drafting(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
+        """The drafting step can verify ahead and its successor draft on the device
+        (:mod:`engine.overlap`): a proposer that drafts there, every sequence decoding one token
+        plus a chain of one length ``k >= 1`` (no tree, no forced drafts, no draft
+        probabilities: the head's one-hot drafts) and needing nothing of the host to verify."""
+        if not (self.overlap and forwarded is not None and forwarded.logits is not None
+                and proposed.asked and self.proposer is not None
+                and self.proposer.drafts_on_device):
+            return False
+        k = len(forwarded.items[0].drafts)
+        return k > 0 and all(
+            item.samples and item.num_context_tokens == 1 and len(item.drafts) == k
+            and item.parents is None and not item.forced and item.draft_probs is None
+            and overlappable(item.seq) for item in forwarded.items)
+
+    def _chain_sampling(self, seqs: list[Sequence], ahead: int = 0) -> SamplingTensors:
+        """The sampling tensors of a drafting flight launched from the host (``ahead``: tokens
+        each sequence has in flight); an all-greedy batch's are made once a batch size (no copy
+        a step)."""
+        if any(s.params.temperature != 0.0 for s in seqs):
+            return self._sampling_tensors(seqs, ahead)
+        sampling = self._greedy_sampling.get(len(seqs))
+        if sampling is None:
+            sampling = self._greedy_sampling[len(seqs)] = self._sampling_tensors(seqs)
+        return sampling
+
+    def _verify_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
+                      base_hi: list[int], metadata: SpecDecodeMetadata,
+                      sampling: SamplingTensors, began: torch.cuda.Event | None = None,
+                      ahead: bool = False) -> InFlight:
+        """Verify a drafting step's chains on the device (``metadata``: their drafts; each
+        sequence's fed token at position ``base[b]``, at most ``base_hi[b]``; ``sampling``: its
+        requests' tensors, seeded ones keyed at this step's output positions), have the
+        proposer draft the next step from what they gave, and queue the tokens' copy to the
+        host: a drafting flight (its tokens ``[batch, k + 1]``)."""
+        items = forwarded.items
+        width = metadata.max_spec_len + 1
+        failed = non_finite_rows(forwarded.logits, [item.drafts for item in items])  # (CPU)
+        sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
+                   else self.sampler)
+        # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
+        # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too)
+        tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
+        accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
+        out = forwarded.output
+        features = out.aux_hidden if self.proposer.feature_layers else out.hidden
+        drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
+                                           tokens, accepted, base, base_hi, width - 1)
+        last = tokens.gather(1, accepted[:, None]).clamp_min(0)  # [batch, 1]
+        chain = (torch.cat([last, drafts], dim=1), base + accepted + 1)
+        host, copied = self._token_copies.start(tokens.reshape(-1))
+        # (the next flight's sampling: each request made accepted + 1 tokens)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
+                        width, chain, features, sampling.advanced(accepted + 1), ahead)
+
+    def _overlapped(self, start: float) -> list[Sequence]:
+        """Launch the step after the one in flight from its tokens on the device, when that
+        step is the same sequences decoding again; then commit the one in flight while the
+        device runs the next."""
+        flight = self._in_flight
+        self._learn()  # (the step before's outcome, while the device works, before planning)
+        self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
+        if self._in_flight is not None:  # (a proposer keeping state of the text sees it)
+            self._observe(self._in_flight.forwarded.items,
+                          Proposed(self._in_flight.chain is not None))
+        return self._commit_flight(flight, start)
+
+    def _launch_next(self, flight: InFlight) -> InFlight | None:
+        """The next step launched before ``flight``'s tokens are read, each sequence's input
+        its flight token on the device (None: it cannot be; see
+        :func:`engine.overlap.next_sequences`)."""
+        seqs = next_sequences(flight, self.scheduler.running, bool(self.scheduler.waiting),
+                              self.runner.num_free_tokens, self.max_model_len)
+        if seqs is None:
+            return None
+        # (the controller plans the step: plain, or not launched ahead)
+        plan = self.controller.plan(self.scheduler.running, False)
+        if flight.chain is not None:
+            return self._launch_chained(flight, seqs, plan)
+        if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):
+            if self._drafts_after_plain(flight, seqs, plan):
+                return self._launch_drafting(flight, seqs, plan)
+            self._planned = plan  # (the step's plan: _schedule takes it)
+            return None
+        self._proposed_last_step = False
+        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        # (built before the forward is queued: its host-to-device copies then wait for nothing)
+        sampling = self._flight_sampling(seqs, 1)
+        # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
+        # the flight commits, and this step's token for it is dropped)
+        fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
+        started = time.perf_counter()
+        try:
+            out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
+                                      keep_hidden=self.keep_hidden, fed=fed)
+        except BaseException:  # (rows the runner took for the step go back)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, seq.num_tokens)
+            raise
+        forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
+        return self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
+
+    def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
+                        plan: DraftPlan) -> InFlight | None:
+        """The step after drafting flight ``flight``, launched from its chains on the device
+        (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``
+        (the flight's ``k`` drafts each), a plain one (each sequence's recovered or bonus token,
+        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept for
+        the synchronous step."""
+        wanted = [plan.drafts_for(seq) > 0 for seq in seqs]
+        if any(wanted) and not all(wanted):
+            self._planned = plan
+            return None
+        plain = not any(wanted)
+        self._proposed_last_step = not plain
+        width, k = flight.width, flight.width - 1
+        tokens, base = flight.chain  # [batch, width], [batch] on the device
+        sampling = flight.sampling
+        if len(seqs) < len(flight.sequences):  # (the rows of the sequences that go on)
+            row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+            rows = [row[id(seq)] for seq in seqs]
+            index = self.runner.to_device(rows)
+            tokens, base = tokens.index_select(0, index), base.index_select(0, index)
+            sampling = sampling.select(rows, index)
+            if sampling.all_greedy:  # (the greedy tensors of this many)
+                sampling = self._greedy_sampling.get(len(seqs)) or sampling
+        # (the flight's fed token sits at num_tokens - 1, and it advances at most width)
+        base_hi = [seq.num_tokens - 1 + width for seq in seqs]
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
+        started = time.perf_counter()
+        fed = FedChains(tokens[:, :1] if plain else tokens, base, base_hi)
+        try:
+            out = self.runner.forward_chains([seq.slot for seq in seqs], fed, keep_hidden=True)
+        except KVCacheFull:  # (nothing taken: the step runs from the host after the commit)
+            return None
+        except BaseException:  # (rows the runner took go back to the flight's)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, min(self.runner.seq_len(seq.slot),
+                                                   seq.num_tokens - 1 + width))
+            raise
+        if plain:  # (a plain flight: its features go to the head when it commits)
+            forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits,
+                                  started)
+            return replace(self._sample_ahead(forwarded, plan.step,
+                                              None if sampling.all_greedy else sampling, began,
+                                              True), reserved=True)
+        items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
+        forwarded = Forwarded(items, out, out.logits, started)
+        return self._verify_ahead(forwarded, plan.step, base, base_hi,
+                                  SpecDecodeMetadata.uniform(tokens[:, 1:]), sampling, began,
+                                  ahead=True)
+
+    def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
+                            plan: DraftPlan) -> bool:
+        """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
+        proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
+        return (self.proposer.drafts_on_device and flight.forwarded.output.hidden is not None
+                and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
+                and all(plan.drafts_ahead(seq, 1) > 0 and overlappable(seq)
+                        and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
+                        for seq in seqs))
+
+    def _launch_drafting(self, flight: InFlight, seqs: list[Sequence],
+                         plan: DraftPlan) -> InFlight | None:
+        """The drafting step after plain flight ``flight``, launched before its tokens are
+        read: the proposer drafts on the device from the flight's token and features (each
+        sequence's fed token at ``num_tokens - 1``, its sampled one next), and the step feeds
+        that token and the drafts (:class:`FedChains`, positions known here). None when the
+        KV cache cannot hold the drafts (the step then runs from the host)."""
+        self._proposed_last_step = True
+        k = max(plan.drafts_ahead(seq, 1) for seq in seqs)  # (the flight's token: one)
+        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        rows = [row[id(seq)] for seq in seqs]
+        out = flight.forwarded.output
+        features = out.aux_hidden if self.proposer.feature_layers else out.hidden  # [n, width]
+        fed = [seq.num_tokens - 1 for seq in seqs]  # (the flight's fed tokens' positions)
+        # (one copy: the rows of the sequences that go on, then those positions)
+        index = self.runner.to_device(rows + fed)
+        rows_t, fed_t = index[:len(rows)], index[len(rows):]
+        sampled = flight.tokens.index_select(0, rows_t).clamp_min(0)[:, None]  # [batch, 1]
+        # (built before anything is queued: its copies then wait for nothing)
+        sampling = self._chain_sampling(seqs, ahead=1)
+        ids = [seq.seq_id for seq in seqs]
+        self.proposer.flush(ids)
+        drafts = self.proposer.draft_after(ids, features.index_select(0, rows_t), sampled,
+                                           torch.zeros_like(fed_t), fed_t, fed, k)
+        base_hi = [p + 1 for p in fed]
+        base = fed_t + 1
+        began = None
+        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
+            began = torch.cuda.Event(enable_timing=True)
+            began.record(torch.cuda.current_stream(self.device))
+        started = time.perf_counter()
+        tokens = torch.cat([sampled, drafts], dim=1)  # [batch, k + 1]
+        try:
+            out = self.runner.forward_chains([seq.slot for seq in seqs],
+                                             FedChains(tokens, base, base_hi), keep_hidden=True)
+        except KVCacheFull:  # (nothing taken; the flushed pairs stay the head's)
+            self._planned = plan
+            return None
+        except BaseException:  # (rows the runner took go back to the flight's)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, min(self.runner.seq_len(seq.slot),
+                                                   seq.num_tokens))
+            raise
+        items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
+        forwarded = Forwarded(items, out, out.logits, started)
+        return self._verify_ahead(forwarded, plan.step, base, base_hi,
+                                  SpecDecodeMetadata.uniform(drafts), sampling, began, True)
+
+    def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
+        """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight
+        before it); None when all are greedy (one argmax samples them)."""
+        if all(s.params.temperature == 0.0 for s in seqs):
+            return None
+        return self._sampling_tensors(seqs, ahead)
+
+    def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
+                      sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
+                      ahead: bool = False) -> InFlight:
+        """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
+        argmax, two kernels) and queue their copy to the host; ``ahead``: launched before the
+        step before it was committed; ``began``: recorded before its forward (CUDA)."""
+        items = forwarded.items
+        failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
+        if sampling is None:
+            tokens = argmax_tokens(forwarded.logits)
+        else:  # (no drafts: metadata made on the device, nothing copied from the host)
+            nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
+            tokens = self.sampler.verify(forwarded.logits, SpecDecodeMetadata.uniform(nothing),
+                                         sampling, None).view(-1)
+        host, copied = self._token_copies.start(tokens)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began)
+
+    def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
+        """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
+        sequences the next flight feeds keep the row it writes for their newest token. A
+        sequence finished while in flight (aborted) gets nothing."""
+        verified = []
+        width = flight.width
+        for j, (item, row) in enumerate(zip(flight.forwarded.items, flight.token_rows(),
+                                            strict=True)):
+            if not item.seq.is_finished:
+                tokens = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
+                verified.append(Verified(item, tokens, len(tokens) - 1, item.seq.num_tokens,
+                                         j * width, j in flight.failed
+                                         or tokens[0] == INVALID_TOKEN_ID))
+        nxt = self._in_flight
+        # (a flight fed from chains keeps its width's rows; one fed plainly holds just its own)
+        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
+                                        for s in nxt.sequences}
+        updated = self._commit(flight.forwarded, verified, ahead, flight.chain is None)
+        if flight.chain is not None:  # (its drafts' pairs were written on the device)
+            for result in verified:
+                seq = result.item.seq
+                if not seq.is_finished:
+                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, flight.features,
+                                          result.first_row + result.num_accepted,
+                                          result.tokens[-1])
+        forwarded, seconds = flight.forwarded, flight.device_seconds()
+        if seconds is None and not (flight.ahead and self._in_flight is not None):
+            # (a plain step's cost for the controller is what it costs when steps overlap:
+            # its device time on CUDA, else the pipeline's period, a call that commits a step
+            # launched ahead and launches the next; another call's duration holds part of a
+            # synchronous step, or leaves out the flight's own forward)
+            forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
+        self._forget_finished_flight()  # (every one of them stopped)
+        # (a drafting flight's drafts were made on the device: no proposal time of their own)
+        proposed = Proposed() if flight.chain is None else Proposed(True, draft_steps=width - 1)
+        self._record(forwarded, proposed, verified, updated, start, flight.plan_step, seconds)
+        return updated
