@@ -218,8 +218,11 @@ class OverlappedSteps:
         sequence's fed token at ``num_tokens - 1``, its sampled one next), and the step feeds
         that token and the drafts (:class:`FedChains`, positions known here). None when the
         KV cache cannot hold the drafts (the step then runs from the host)."""
-        self._proposed_last_step = True
         k = max(plan.drafts_ahead(seq, 1) for seq in seqs)  # (the flight's token: one)
+        if any(seq.num_tokens + k >= self.max_model_len for seq in seqs):  # (one width for all:
+            self._planned = plan  # a short cap elsewhere may not bring it past the context)
+            return None
+        self._proposed_last_step = True
         row = {id(seq): j for j, seq in enumerate(flight.sequences)}
         rows = [row[id(seq)] for seq in seqs]
         out = flight.forwarded.output

@@ -268,3 +268,30 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
     assert len(plain_after_chains) >= 3 and engine.metrics.num_accepted > 0
     assert sum(drafting_after_plain) >= 3  # (plain -> drafting without the host, too)
     assert_engine_empty(llm)
+
+
+def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monkeypatch):
+    """A request near ``max_model_len`` beside one with room, plans that switch: the width a
+    drafting step after a plain flight takes (the most drafts any sequence may ask for) must
+    not bring the other past the context; output equals plain decoding's."""
+    from scheduler import DraftPlan
+
+    batch = [(prompts(1, seed=3)[0] * 10)[:41], prompts(1, seed=4)[0]]  # (7 tokens of room)
+    params = [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * 2
+    expected = outputs(LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), max_model_len=48,
+                           async_scheduling=False), batch, params)
+    greedy = greedy_continuations(target, batch, "cpu")
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=True,
+              max_num_seqs=8, max_model_len=48,
+              speculative_config={"method": "eagle", "model": str(head_dir),
+                                  "num_speculative_tokens": K, "adaptive_k": False})
+    llm.llm_engine.proposer = Oracle(greedy)
+    plan = llm.llm_engine.controller.plan
+
+    def scripted(running, waiting):
+        planned = plan(running, waiting)
+        return DraftPlan(K if planned.step % 2 else 0, planned.step)
+
+    monkeypatch.setattr(llm.llm_engine.controller, "plan", scripted)
+    assert outputs(llm, batch, params) == expected
+    assert_engine_empty(llm)
