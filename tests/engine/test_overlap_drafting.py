@@ -295,3 +295,38 @@ def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monke
     monkeypatch.setattr(llm.llm_engine.controller, "plan", scripted)
     assert outputs(llm, batch, params) == expected
     assert_engine_empty(llm)
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-bucket"])
+def test_fed_chains_score_like_the_same_chains_from_the_host(target, graphs):
+    """``ModelRunner.forward_chains``: each slot's chain at positions ``base[b] ...`` computed on
+    the device (rows reserved up to ``base_hi[b]``, some sequences behind it) scores as the same
+    tokens given from the host after the same context, padded to a graph bucket's layout or
+    not; and the KV rows it wrote are the host forward's (the next step agrees too)."""
+    from engine.runner import FedChains
+    from engine.runner.model_runner import ModelRunner
+
+    contexts = prompts(3, seed=9)
+    chains = [[5, 17, 40], [8, 1, 2], [30, 31, 32]]
+    runners = [ModelRunner(target.to("cpu"), 4, 256, 64) for _ in range(2)]
+    if graphs:
+        for runner in runners:
+            runner.use_graph_buckets(4, capture=False)
+    for runner in runners:
+        slots = [runner.allocate_slot() for _ in contexts]
+        runner.forward(slots, contexts)
+    host = runners[0].forward([0, 1, 2], chains).logits  # [9, vocab]
+    base = [len(c) for c in contexts]
+    hi = [b + 2 for b in base]  # (the most base could have been: rows reserved past the chain)
+    fed = runners[1].forward_chains([0, 1, 2], FedChains(torch.tensor(chains),
+                                                         torch.tensor(base), hi))
+    torch.testing.assert_close(fed.logits, host)
+    assert [runners[1].seq_len(s) for s in range(3)] == [h + 3 for h in hi]
+    for s, b in enumerate(base):  # (back to the chain's own rows, as a commit does)
+        runners[1].truncate(s, b + 3)
+    nxt = [[7], [9], [11]]
+    torch.testing.assert_close(runners[1].forward([0, 1, 2], nxt).logits,
+                               runners[0].forward([0, 1, 2], nxt).logits)
+    with pytest.raises(ValueError, match="max_model_len"):
+        runners[1].forward_chains([0], FedChains(torch.tensor([[1, 2]]), torch.tensor([62]),
+                                                 [63]))
