@@ -36,6 +36,7 @@ from engine import LLM, SamplingParams
 COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
 PREFILL_CHUNK = 2048  # EngineConfig.max_num_batched_tokens: the prefill's tokens per step
 PROFILE_STEPS = 8  # steps under the profiler after the timed ones (CUDA)
+SPEC_K = 4  # drafts a step with --methods
 
 
 def output_tokens(batch: int, context: int, steps: int) -> int:
@@ -105,11 +106,14 @@ def kernel_seconds(prof: torch.profiler.profile) -> tuple[float, int]:
 
 
 def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.device,
-                 profile_steps: int) -> tuple[float, int, tuple[float, float] | None]:
+                 profile_steps: int, per_step: int = 1
+                 ) -> tuple[float, int, tuple[float, float] | None]:
     """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds and
-    kernels per step under the profiler or None) for ``prompts`` run together."""
+    kernels per step under the profiler or None) for ``prompts`` run together; ``per_step``:
+    the most tokens a step may give a sequence (speculation: k + 1), so that every sequence is
+    still decoding in the profiled steps."""
     engine = llm.engine
-    total = output_tokens(len(prompts), len(prompts[0]), steps)
+    total = output_tokens(len(prompts), len(prompts[0]), steps) * per_step
     params = SamplingParams(temperature=0.0, max_tokens=total, ignore_eos=True)
     seqs = [s for i, p in enumerate(prompts)
             for s in engine.add_request(f"d{i}", None, p, params, together=True)]
@@ -146,7 +150,8 @@ def run(args: argparse.Namespace) -> Result:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
     wanted = [int(c) for c in args.contexts.split(",")]
-    most_out = output_tokens(max(batches), max(wanted), args.steps)
+    most_out = output_tokens(max(batches), max(wanted), args.steps) * (
+        SPEC_K + 1 if any(m for m in args.methods.split(",")) else 1)
     if args.model in models.RANDOM_LLAMAS:  # (random weights: any context the shape allows)
         model.config.max_position_embeddings = max(wanted) + most_out + 8
     limit_len = model.config.max_position_embeddings
@@ -163,7 +168,8 @@ def run(args: argparse.Namespace) -> Result:
     for method, backend, overlap in runs:
         max_len = max(contexts) + most_out + 8
         llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
-                  speculative_config=speculative_config(method, 4), max_num_seqs=max(batches),
+                  speculative_config=speculative_config(method, SPEC_K),
+                  max_num_seqs=max(batches),
                   max_model_len=max_len, kv_cache_tokens=max(batches) * max_len,
                   max_num_batched_tokens=PREFILL_CHUNK,
                   attention_backend=backend, async_scheduling=overlaps[overlap])
@@ -172,7 +178,8 @@ def run(args: argparse.Namespace) -> Result:
             for b in batches:
                 prompts = [[rng.randrange(2, vocab) for _ in range(context)] for _ in range(b)]
                 seconds, made, profiled = decode_steps(
-                    llm, prompts, args.steps, device, PROFILE_STEPS if device.type == "cuda" else 0)
+                    llm, prompts, args.steps, device, PROFILE_STEPS if device.type == "cuda" else 0,
+                    1 if method == "none" else SPEC_K + 1)
                 busy, kernels = (None, None) if profiled is None else profiled
                 step_s = seconds / args.steps
                 row = {"method": method, "attention_backend": backend,
