@@ -387,8 +387,10 @@ class EngineConfig:
     device runs it (:mod:`engine.overlap`); the output is the synchronous step's. It applies to
     steps where every sequence decodes one token without a grammar, logprobs, penalties, bias,
     bad words or min-tokens; other steps run synchronously. With speculation, the steps the
-    controller plans without drafts (a backed-off batch, requests that never draft) overlap;
-    drafting steps are synchronous. None (the default): on for a CUDA engine; True also on CPU
+    controller plans without drafts (a backed-off batch, requests that never draft) overlap,
+    and so do a draft head's chain steps (the head drafts the next step on the device from the
+    verified tokens); drafting steps whose drafts come from the host (n-gram, a draft model,
+    trees) are synchronous. None (the default): on for a CUDA engine; True also on CPU
     (where the forward runs in the call, so nothing overlaps: for tests);
     ``tensor_parallel_size > 1`` does not overlap yet.
     """
