@@ -57,12 +57,11 @@ class OverlappedSteps:
             and item.parents is None and not item.forced and item.draft_probs is None
             and overlappable(item.seq) for item in forwarded.items)
 
-    def _chain_sampling(self, seqs: list[Sequence], ahead: int = 0) -> SamplingTensors:
-        """The sampling tensors of a drafting flight launched from the host (``ahead``: tokens
-        each sequence has in flight); an all-greedy batch's are made once a batch size (no copy
-        a step)."""
+    def _chain_sampling(self, seqs: list[Sequence]) -> SamplingTensors:
+        """The sampling tensors of a drafting flight launched from the host (nothing in
+        flight); an all-greedy batch's are made once a batch size (no copy a step)."""
         if any(s.params.temperature != 0.0 for s in seqs):
-            return self._sampling_tensors(seqs, ahead)
+            return self._sampling_tensors(seqs)
         sampling = self._greedy_sampling.get(len(seqs))
         if sampling is None:
             sampling = self._greedy_sampling[len(seqs)] = self._sampling_tensors(seqs)
@@ -128,8 +127,7 @@ class OverlappedSteps:
             return None
         self._proposed_last_step = False
         row = {id(seq): j for j, seq in enumerate(flight.sequences)}
-        # (built before the forward is queued: its host-to-device copies then wait for nothing)
-        sampling = self._flight_sampling(seqs, 1)
+        sampling = self._next_sampling(flight, seqs)
         # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
         # the flight commits, and this step's token for it is dropped)
         fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
@@ -232,8 +230,7 @@ class OverlappedSteps:
         index = self.runner.to_device(rows + fed)
         rows_t, fed_t = index[:len(rows)], index[len(rows):]
         sampled = flight.tokens.index_select(0, rows_t).clamp_min(0)[:, None]  # [batch, 1]
-        # (built before anything is queued: its copies then wait for nothing)
-        sampling = self._chain_sampling(seqs, ahead=1)
+        sampling = self._next_sampling(flight, seqs) or self._chain_sampling(seqs)
         ids = [seq.seq_id for seq in seqs]
         self.proposer.flush(ids)
         drafts = self.proposer.draft_after(ids, features.index_select(0, rows_t), sampled,
@@ -262,12 +259,25 @@ class OverlappedSteps:
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
                                   SpecDecodeMetadata.uniform(drafts), sampling, began, True)
 
-    def _flight_sampling(self, seqs: list[Sequence], ahead: int) -> SamplingTensors | None:
-        """The sampling tensors of a flight of ``seqs`` (``ahead``: tokens each has in flight
-        before it); None when all are greedy (one argmax samples them)."""
+    def _next_sampling(self, flight: InFlight, seqs: list[Sequence]) -> SamplingTensors | None:
+        """The sampling tensors of the step after plain flight ``flight`` for ``seqs`` (its
+        sequences that go on): the flight's own, their keyed positions already moved on on the
+        device (none when all are greedy). Nothing is copied from the host: a copy from pageable
+        memory would wait for the flight."""
+        sampling = flight.sampling
+        if sampling is None or len(seqs) == len(flight.sequences):
+            return sampling
+        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
+        rows = [row[id(seq)] for seq in seqs]
+        sampling = sampling.select(rows, self.runner.to_device(rows))
+        return None if sampling.all_greedy else sampling
+
+    def _flight_sampling(self, seqs: list[Sequence]) -> SamplingTensors | None:
+        """The sampling tensors of a flight of ``seqs`` launched from the host (nothing in
+        flight); None when all are greedy (one argmax samples them)."""
         if all(s.params.temperature == 0.0 for s in seqs):
             return None
-        return self._sampling_tensors(seqs, ahead)
+        return self._sampling_tensors(seqs)
 
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
                       sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
@@ -284,7 +294,9 @@ class OverlappedSteps:
             tokens = self.sampler.verify(forwarded.logits, SpecDecodeMetadata.uniform(nothing),
                                          sampling, None).view(-1)
         host, copied = self._token_copies.start(tokens)
-        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began)
+        # (the next flight's sampling: one token on, keyed positions moved on on the device)
+        return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
+                        sampling=None if sampling is None else sampling.advanced(1))
 
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the

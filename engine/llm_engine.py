@@ -257,7 +257,7 @@ class LLMEngine(OverlappedSteps):
         self._learn()  # (the last step's outcome, in the forward's shadow on a GPU)
         if self._overlaps(forwarded, proposed):
             self._in_flight = self._sample_ahead(
-                forwarded, plan_step, self._flight_sampling([i.seq for i in forwarded.items], 0))
+                forwarded, plan_step, self._flight_sampling([i.seq for i in forwarded.items]))
             return self._overlapped(start)
         if self._overlaps_drafting(forwarded, proposed):
             seqs = [item.seq for item in forwarded.items]

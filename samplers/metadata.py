@@ -53,36 +53,50 @@ def host_to_device(values: list, dtype: torch.dtype,
 
 
 class PinnedStaging:
-    """Long index arrays to ``device`` without waiting for the GPU stream: through one
-    persistent pinned buffer and a non-blocking copy (page-locking a fresh tensor every step
-    costs more than the copy, and a copy from pageable memory may wait for the queued work:
-    the draft head's writes in a forward's shadow waited for the whole forward). Off CUDA a
-    plain copy."""
+    """Long index arrays to ``device`` without waiting for the GPU stream: through persistent
+    pinned buffers and non-blocking copies (page-locking a fresh tensor every step costs more
+    than the copy, and a copy from pageable memory may wait for the queued work: the draft
+    head's writes in a forward's shadow waited for the whole forward). A buffer is reused once
+    its last copy has left it (its event); when none has, another is made (up to
+    ``MAX_BUFFERS``, then the oldest is waited for): an overlapped step queues its copies
+    behind the step in flight, and a copy must not wait for those. Off CUDA a plain copy."""
+
+    MAX_BUFFERS = 8
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         self._pinned = self.device.type == "cuda"
-        # two buffers in turn ([capacity] pinned, on CUDA only), each with its last copy's end:
-        # a copy waits for the one two calls back, not for the last, which an overlapped step
-        # queues behind the step in flight
-        self._buffers = [torch.empty(0, dtype=torch.long) for _ in range(2)]
-        self._copied = [torch.cuda.Event() for _ in range(2)] if self._pinned else None
-        self._turn = 0
+        self._buffers: list[torch.Tensor] = []  # each [capacity] pinned (CUDA only)
+        self._copied: list[torch.cuda.Event] = []  # each buffer's last copy's end
+        self._turn = 0  # the buffer to wait for when every one is busy
+
+    def _free_buffer(self) -> int:
+        """A buffer whose last copy has finished: one that has, else a new one, else the
+        oldest in turn, waited for."""
+        for i, event in enumerate(self._copied):
+            if event.query():
+                return i
+        if len(self._buffers) < self.MAX_BUFFERS:
+            self._buffers.append(torch.empty(0, dtype=torch.long))
+            self._copied.append(torch.cuda.Event())
+            return len(self._buffers) - 1
+        i, self._turn = self._turn, (self._turn + 1) % self.MAX_BUFFERS
+        self._copied[i].synchronize()
+        return i
 
     def __call__(self, values: np.ndarray) -> torch.Tensor:
         """``values`` (int64, any shape) on the device."""
         host = torch.from_numpy(values)
         if not self._pinned:
             return host.to(self.device)
-        turn, self._turn = self._turn, self._turn ^ 1
-        self._copied[turn].synchronize()  # (that buffer's last copy has left it)
-        if self._buffers[turn].numel() < host.numel():
+        i = self._free_buffer()
+        if self._buffers[i].numel() < host.numel():
             with torch.inference_mode(False):  # (written in and out of inference mode)
-                self._buffers[turn] = torch.empty(max(2 * host.numel(), 1024),
-                                                  dtype=torch.long).pin_memory()
-        staged = self._buffers[turn][:host.numel()].view(host.shape).copy_(host)
+                self._buffers[i] = torch.empty(max(2 * host.numel(), 1024),
+                                               dtype=torch.long).pin_memory()
+        staged = self._buffers[i][:host.numel()].view(host.shape).copy_(host)
         out = staged.to(self.device, non_blocking=True)
-        self._copied[turn].record(torch.cuda.current_stream(self.device))  # (its device's)
+        self._copied[i].record(torch.cuda.current_stream(self.device))  # (its device's stream)
         return out
 
 
