@@ -75,8 +75,9 @@ class TokenCopies:
 
 @dataclass
 class InFlight:
-    """A launched step whose tokens are on their way to the host: its forward (items: every
-    sequence samples one token, no drafts), ``tokens [len(items)]`` on the device, their host
+    """A launched step whose tokens are on their way to the host: its forward (a plain
+    flight's items sample one token each; a drafting flight's verify ``width - 1`` drafts
+    each), its tokens on the device (``[len(items)]``, or ``[len(items), width]``), their host
     copy and its event (None: already there), the rows found unusable on the host (CPU only:
     on CUDA the kernels mark them ``INVALID_TOKEN_ID``), the controller's step number,
     whether it was launched ahead (by the call before the one that commits it), and an event
@@ -96,7 +97,8 @@ class InFlight:
     width: int = 1
     chain: tuple[torch.Tensor, torch.Tensor] | None = None
     features: torch.Tensor | None = None
-    sampling: SamplingTensors | None = None  # (the next flight's: keyed positions moved on)
+    # the next flight's sampling tensors (keyed positions moved on; None: all greedy)
+    sampling: SamplingTensors | None = None
     # launched from chains (``FedChains``): its rows were reserved for the most the flight
     # before it could advance, and go back past its own when that flight commits
     reserved: bool = False
