@@ -126,11 +126,10 @@ class OverlappedSteps:
             self._planned = plan  # (the step's plan: _schedule takes it)
             return None
         self._proposed_last_step = False
-        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
         sampling = self._next_sampling(flight, seqs)
         # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
         # the flight commits, and this step's token for it is dropped)
-        fed = FedTokens(flight.tokens.clamp_min(0), [row[id(seq)] for seq in seqs])
+        fed = FedTokens(flight.tokens.clamp_min(0), flight.rows_of(seqs))
         began = None
         if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
             began = torch.cuda.Event(enable_timing=True)
@@ -163,8 +162,7 @@ class OverlappedSteps:
         tokens, base = flight.chain  # [batch, width], [batch] on the device
         sampling = flight.sampling
         if len(seqs) < len(flight.sequences):  # (the rows of the sequences that go on)
-            row = {id(seq): j for j, seq in enumerate(flight.sequences)}
-            rows = [row[id(seq)] for seq in seqs]
+            rows = flight.rows_of(seqs)
             index = self.runner.to_device(rows)
             tokens, base = tokens.index_select(0, index), base.index_select(0, index)
             sampling = sampling.select(rows, index)
@@ -221,8 +219,7 @@ class OverlappedSteps:
             self._planned = plan  # a short cap elsewhere may not bring it past the context)
             return None
         self._proposed_last_step = True
-        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
-        rows = [row[id(seq)] for seq in seqs]
+        rows = flight.rows_of(seqs)
         out = flight.forwarded.output
         features = out.aux_hidden if self.proposer.feature_layers else out.hidden  # [n, width]
         fed = [seq.num_tokens - 1 for seq in seqs]  # (the flight's fed tokens' positions)
@@ -267,8 +264,7 @@ class OverlappedSteps:
         sampling = flight.sampling
         if sampling is None or len(seqs) == len(flight.sequences):
             return sampling
-        row = {id(seq): j for j, seq in enumerate(flight.sequences)}
-        rows = [row[id(seq)] for seq in seqs]
+        rows = flight.rows_of(seqs)
         sampling = sampling.select(rows, self.runner.to_device(rows))
         return None if sampling.all_greedy else sampling
 

@@ -122,6 +122,11 @@ class InFlight:
         flat = self.token_ids()
         return [flat[i:i + self.width] for i in range(0, len(flat), self.width)]
 
+    def rows_of(self, seqs: list[Sequence]) -> list[int]:
+        """Each of ``seqs``' row in the flight (its index among the flight's sequences)."""
+        row = {id(seq): j for j, seq in enumerate(self.sequences)}
+        return [row[id(seq)] for seq in seqs]
+
     @property
     def sequences(self) -> list[Sequence]:
         return [item.seq for item in self.forwarded.items]
