@@ -28,7 +28,10 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   of what speculation gains. Larger prefills run eager;
 - ``kv_len``: rounded up to a multiple of ``max(128, next_power_of_two(kv_len) / 4)`` (at most
   a quarter more key columns, about four graphs per doubling of the context), capped at the
-  slot table's width. Columns past a sequence's length are masked, as in an eager step.
+  slot table's width. Columns past a sequence's length are masked, as in an eager step. Paged
+  attention reads each row's own length on the device, so its key length only picks the split
+  count: the executor passes ``paged_attention.split_bucket`` as ``kv_rounding`` (five key
+  lengths in all, none past 4,096 columns).
 
 Every graph reads its inputs from one static long tensor laid out as the runner's host plan
 (input ids, positions, pool rows, slot-table cells, mask limits, tree ancestors, slots) and
@@ -157,7 +160,8 @@ class CudaGraphs:
     def __init__(self, body: Body, scratch_inputs: Callable[[int, int], list[int]],
                  max_batch_size: int, max_num_new: int, max_kv_len: int,
                  device: torch.device, capture: bool = True,
-                 twin_width: Callable[[int], int] | None = None) -> None:
+                 twin_width: Callable[[int], int] | None = None,
+                 kv_rounding: Callable[[int, int], int] = kv_bucket) -> None:
         self.max_batch_size = batch_bucket(max_batch_size)
         self.max_num_new = max_num_new
         # twin_width(batch bucket): the widest verification of that batch (a decode bucket's
@@ -169,6 +173,8 @@ class CudaGraphs:
         # come, and the twin would hold max_num_new times the rows)
         self.twin_max_batch = self.max_batch_size
         self.max_kv_len = max_kv_len
+        # kv_rounding(kv_len, max_kv_len): a bucket's key length (module docstring)
+        self._kv_rounding = kv_rounding
         self._body = body
         self._scratch_inputs = scratch_inputs
         self._device = device
@@ -242,12 +248,11 @@ class CudaGraphs:
         if batch_size > self.max_batch_size:
             return None
         batch, num_new = batch_bucket(batch_size), new_bucket(num_new, self.max_num_new)
-        kv = kv_bucket(kv_len, self.max_kv_len)
         if num_new > self.max_num_new and (
                 batch > PREFILL_MAX_BATCH or batch * num_new > PREFILL_MAX_TOKENS
-                or batch * num_new * kv > PREFILL_MAX_CELLS):
+                or batch * num_new * kv_bucket(kv_len, self.max_kv_len) > PREFILL_MAX_CELLS):
             return None  # a large prefill: eager
-        return batch, num_new, kv
+        return batch, num_new, self._kv_rounding(kv_len, self.max_kv_len)
 
     def dictate(self, decision: Decision) -> None:
         """The next step runs in ``decision``'s bucket and captures its buckets first, whatever

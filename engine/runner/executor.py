@@ -67,13 +67,13 @@ from engine.runner.attention_backend import (
 from engine.runner.attention_support import check_model_supported
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
-from engine.runner.cuda_graphs import CudaGraphs, Key
+from engine.runner.cuda_graphs import CudaGraphs, Key, kv_bucket
 from engine.runner.forward_output import FedChains
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.fused_projections import install_fused_projections, remove_fused_projections
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
-from engine.runner.paged_attention import split_count
+from engine.runner.paged_attention import split_bucket, split_count
 from engine.runner.paged_attention import warm_up as warm_up_paged
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
@@ -302,7 +302,8 @@ class Executor:
         bucket layout eagerly, to check it off-GPU)."""
         self.graphs = CudaGraphs(self.hidden, partial(scratch_inputs, self.scratch),
                                  max_batch_size, max_num_new, self.max_model_len + 1,
-                                 self.device, capture, twin_width)
+                                 self.device, capture, twin_width,
+                                 split_bucket if self.paged else kv_bucket)
         self.graphs.twin_max_batch = twin_max_batch
 
     def warm_up(self) -> None:

@@ -67,14 +67,15 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_attention", "paged_attention_reference", "split_count", "visible_columns",
-           "warm_up"]
+__all__ = ["paged_attention", "paged_attention_reference", "split_bucket", "split_count",
+           "visible_columns", "warm_up"]
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 ANCESTOR_BITS = 64  # a token's tree-ancestor set: the bits of one int64
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 SPLIT_MIN_BLOCKS = 4  # a split share gets at least this many key blocks
+SPLIT_COLUMNS = SPLIT_MIN_BLOCKS * 64  # key columns per split share at least (default block_n)
 
 
 @triton.jit
@@ -355,6 +356,21 @@ def split_count(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int
     by_length = kv_len // (SPLIT_MIN_BLOCKS * block_n)
     wanted = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs), by_length))
     return 1 << (wanted.bit_length() - 1)
+
+
+def split_bucket(kv_len: int, limit: int) -> int:
+    """The key length of the CUDA graph that serves a paged step of ``kv_len`` key columns (at
+    most ``limit``, the slot table's width). The kernel finds each row's last visible column on
+    the device, so a graph replays for any length up to the table's width, and the key length
+    picks only the split count (:func:`split_count`), which moves where ``kv_len //
+    SPLIT_COLUMNS`` passes a power of two and not past ``MAX_SPLITS``: ``kv_len`` rounds up to
+    ``SPLIT_COLUMNS`` times a power of two, or to ``limit`` past ``SPLIT_COLUMNS * MAX_SPLITS``.
+    Five graphs per batch and width then serve every context, where rounding for the gather
+    path's copies (:func:`engine.runner.cuda_graphs.kv_bucket`) captures about four per
+    doubling of the context, each one an eager step and a capture in the middle of a request."""
+    if kv_len > SPLIT_COLUMNS * MAX_SPLITS:
+        return limit
+    return min(limit, SPLIT_COLUMNS << ((kv_len - 1) // SPLIT_COLUMNS).bit_length())
 
 
 # ---- the PyTorch reference ----------------------------------------------------------------------

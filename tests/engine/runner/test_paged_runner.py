@@ -120,3 +120,23 @@ def test_cuda_graphs_match_the_gather_backend(dtype):
                                  for r, s in zip((runner, gather), slots, strict=True))
         torch.testing.assert_close(paged_out, gather_out, atol=5e-2, rtol=5e-2)
     assert runner.graphs.num_replays > 4
+
+
+def test_paged_graphs_are_keyed_by_the_split_count_only():
+    """The paged kernel reads each row's length on the device, so a graph's key length only
+    picks the split count: six key lengths serve every context of an 8,192-token table (each
+    one at least the step's own, never past the table), where the gather runner's rounding
+    (a copy of that many columns a layer) keeps 13."""
+    from engine.runner.cuda_graphs import kv_bucket
+
+    limit = 8193
+    buckets = {n: paged_attention.split_bucket(n, limit) for n in range(1, limit + 1)}
+    assert all(n <= b <= limit for n, b in buckets.items())
+    assert sorted(set(buckets.values())) == [256, 512, 1024, 2048, 4096, limit]
+    assert len({kv_bucket(n, limit) for n in range(1, limit + 1)}) == 13
+    model = tiny_model("llama", vocab_size=96, seed=2)
+    for backend, expected in (("paged", 512), ("gather", kv_bucket(300, 601))):
+        runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=600,
+                             attention_backend=backend)
+        runner.use_graph_buckets(3, capture=False)
+        assert runner.graphs.bucket(1, 1, 300) == (1, 1, expected)
