@@ -189,7 +189,10 @@ def proposer_context(config: EngineConfig, model: nn.Module, tokenizer: Any, voc
                            config.max_num_seqs, max_model_len, load, make_runner, generator,
                            cuda_graphs=device.type == "cuda" and graph_max_new(config) > 0,
                            input_embeddings=input_embeddings,
-                           output_embeddings=output_embeddings)
+                           output_embeddings=output_embeddings,
+                           overlapped=config.tensor_parallel_size == 1 and (
+                               config.async_scheduling if config.async_scheduling is not None
+                               else device.type == "cuda"))
 
 
 def graph_max_new(config: EngineConfig) -> int:

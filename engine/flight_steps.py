@@ -21,7 +21,7 @@ import torch
 
 from engine.forward_inputs import non_finite_rows
 from engine.overlap import InFlight, next_sequences, overlappable
-from engine.runner import FedChains, FedTokens
+from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.step_records import Forwarded, Proposed, SeqStep, Verified
@@ -85,8 +85,7 @@ class OverlappedSteps:
         # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too)
         tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
         accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
-        out = forwarded.output
-        features = out.aux_hidden if self.proposer.feature_layers else out.hidden
+        features = self._features(forwarded.output)
         drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
                                            tokens, accepted, base, base_hi, width - 1)
         last = tokens.gather(1, accepted[:, None]).clamp_min(0)  # [batch, 1]
@@ -177,7 +176,8 @@ class OverlappedSteps:
         started = time.perf_counter()
         fed = FedChains(tokens[:, :1] if plain else tokens, base, base_hi)
         try:
-            out = self.runner.forward_chains([seq.slot for seq in seqs], fed, keep_hidden=True)
+            out = self.runner.forward_chains([seq.slot for seq in seqs], fed,
+                                             keep_hidden=self.keep_hidden)
         except KVCacheFull:  # (nothing taken: the step runs from the host after the commit)
             return None
         except BaseException:  # (rows the runner took go back to the flight's)
@@ -201,7 +201,8 @@ class OverlappedSteps:
                             plan: DraftPlan) -> bool:
         """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
         proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
-        return (self.proposer.drafts_on_device and flight.forwarded.output.hidden is not None
+        return (self.proposer.drafts_on_device
+                and (flight.forwarded.output.hidden is not None or not self.keep_hidden)
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
                 and all(plan.drafts_ahead(seq, 1) > 0 and overlappable(seq)
                         and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
@@ -220,8 +221,7 @@ class OverlappedSteps:
             return None
         self._proposed_last_step = True
         rows = flight.rows_of(seqs)
-        out = flight.forwarded.output
-        features = out.aux_hidden if self.proposer.feature_layers else out.hidden  # [n, width]
+        features = self._features(flight.forwarded.output)  # [n, width] (None: not needed)
         fed = [seq.num_tokens - 1 for seq in seqs]  # (the flight's fed tokens' positions)
         # (one copy: the rows of the sequences that go on, then those positions)
         index = self.runner.to_device(rows + fed)
@@ -229,8 +229,9 @@ class OverlappedSteps:
         sampled = flight.tokens.index_select(0, rows_t).clamp_min(0)[:, None]  # [batch, 1]
         sampling = self._next_sampling(flight, seqs) or self._chain_sampling(seqs)
         ids = [seq.seq_id for seq in seqs]
-        self.proposer.flush(ids)
-        drafts = self.proposer.draft_after(ids, features.index_select(0, rows_t), sampled,
+        self.proposer.flush(ids, [seq.all_token_ids for seq in seqs])
+        drafts = self.proposer.draft_after(ids, None if features is None
+                                           else features.index_select(0, rows_t), sampled,
                                            torch.zeros_like(fed_t), fed_t, fed, k)
         base_hi = [p + 1 for p in fed]
         base = fed_t + 1
@@ -242,7 +243,8 @@ class OverlappedSteps:
         tokens = torch.cat([sampled, drafts], dim=1)  # [batch, k + 1]
         try:
             out = self.runner.forward_chains([seq.slot for seq in seqs],
-                                             FedChains(tokens, base, base_hi), keep_hidden=True)
+                                             FedChains(tokens, base, base_hi),
+                                             keep_hidden=self.keep_hidden)
         except KVCacheFull:  # (nothing taken; the flushed pairs stay the head's)
             self._planned = plan
             return None
@@ -255,6 +257,14 @@ class OverlappedSteps:
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
                                   SpecDecodeMetadata.uniform(drafts), sampling, began, True)
+
+    def _features(self, out: ForwardOutput) -> torch.Tensor | None:
+        """The target features a proposer that drafts on the device reads (its
+        ``feature_layers``' inputs, else the final hidden states; None when it reads none:
+        n-gram)."""
+        if not self.keep_hidden:
+            return None
+        return out.aux_hidden if self.proposer.feature_layers else out.hidden
 
     def _next_sampling(self, flight: InFlight, seqs: list[Sequence]) -> SamplingTensors | None:
         """The sampling tensors of the step after plain flight ``flight`` for ``seqs`` (its

@@ -165,9 +165,10 @@ class Proposer(ABC):
         from a step that fed that token."""
         return False
 
-    def flush(self, req_ids: Sequence[str | int]) -> None:
+    def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
         """Only with ``drafts_on_device``: before :meth:`draft_after` drafts from a step the
-        requests were not proposed for, bring in what is pending of their context."""
+        requests were not proposed for, bring in what is pending of their ``contexts`` (each
+        request's tokens on the host: all but the step's)."""
         raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
@@ -249,6 +250,9 @@ class ProposerContext:
     # ranks and their forwards are collectives, so the engine hands rank 0 whole copies)
     input_embeddings: nn.Module | None = None
     output_embeddings: nn.Module | None = None
+    # the engine launches steps before it reads the ones in flight (``async_scheduling``): a
+    # proposer that can draft on the device (``drafts_on_device``) should
+    overlapped: bool = False
 
     def embeddings(self) -> tuple[nn.Module, nn.Module]:
         """The target's input embedding and output head for a proposer's own use (see

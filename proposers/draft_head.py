@@ -439,8 +439,9 @@ class DraftHeadProposer(Proposer):
         """:meth:`Proposer.ready_on_device`: its features reach the newest host token."""
         return self.branching is None and self._ready(req_id, num_tokens)
 
-    def flush(self, req_ids: Sequence[str | int]) -> None:
-        """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache."""
+    def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
+        """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache (the
+        pairs hold the contexts' tokens already)."""
         self._write_now(list(req_ids), keep_newest=False)
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,

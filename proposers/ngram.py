@@ -53,8 +53,10 @@ from operator import getitem
 from typing import Any
 
 import numpy as np
+import torch
 
 from proposers.base import Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.ngram_device import DeviceNgramIndex
 from proposers.ngram_table import MAX_N, MAX_VALUE, NgramTable, life_salt, ngram_keys
 from proposers.registry import register_proposer
 
@@ -92,7 +94,11 @@ class NgramProposer(Proposer):
     observes = True
 
     def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
-                 table_capacity: int = 1 << 16) -> None:
+                 table_capacity: int = 1 << 16, device: torch.device | None = None,
+                 max_len: int = 0) -> None:
+        """``device`` and ``max_len`` (the longest context): also draft on that device, from
+        verification steps still there (:mod:`proposers.ngram_device`; None: on the host
+        only)."""
         for name, value in (("prompt_lookup_min", prompt_lookup_min),
                             ("prompt_lookup_max", prompt_lookup_max)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -121,12 +127,23 @@ class NgramProposer(Proposer):
         self._offsets = np.zeros((0, 1), dtype=np.int64)  # [max_k, 1]: 0 .. max_k - 1
         self._count = np.arange(1024)  # 0, 1, 2, .. (a view of its start is 0 .. n - 1)
         self._grow(16)
+        self._device = (None if device is None else DeviceNgramIndex(
+            prompt_lookup_min, prompt_lookup_max, max_len, device))
+        # contexts proposed for on the host since the device index last read them (their
+        # tokens go to the device only if a step then drafts there: draft_after)
+        self._unsynced: dict[str | int, Sequence[int]] = {}
+
+    @property
+    def drafts_on_device(self) -> bool:
+        return self._device is not None
 
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
         if not requests:
             return Proposal([], None)
         num_requests, max_n = len(requests), self.prompt_lookup_max
         contexts = [request.token_ids for request in requests]
+        if self._device is not None:
+            self._unsynced.update(zip([r.req_id for r in requests], contexts, strict=True))
         batch = self._batch_of(requests, contexts)
         length = np.fromiter(map(len, contexts), np.int64, num_requests)  # [batch_size]
         end = batch.base + length  # [batch_size]: the copy index after each context
@@ -186,13 +203,19 @@ class NgramProposer(Proposer):
         at = self._offsets % period  # [max_k, batch_size]: d[j] = t[f + j mod P]
         at += match
         drafts = self._copy_next.take(at).T.tolist()
-        if np.count_nonzero(match) < num_requests:
-            for i in (match == 0).nonzero()[0].tolist():
-                drafts[i] = []
+        unmatched = (match == 0).nonzero()[0].tolist()
+        # (an engine drafting on the device verifies one width for all: where others matched,
+        # an unmatched request's row drafts its newest token, which no match backs)
+        fill = self._device is not None and len(unmatched) < num_requests
+        for i in unmatched:
+            drafts[i] = [contexts[i][-1]] * self._max_k if fill else []
         if self._min_k < self._max_k:
             for i, k in enumerate(ks):
                 del drafts[i][k:]
-        return Proposal(drafts, None, list(map(min, map(len, drafts), matched.tolist())))
+        backed = list(map(min, map(len, drafts), matched.tolist()))
+        for i in unmatched:
+            backed[i] = 0
+        return Proposal(drafts, None, backed)
 
     def observe(self, requests: Sequence[ProposeRequest]) -> None:
         """Index the contexts (a proposal of no drafts: the same reads and table update)."""
@@ -318,7 +341,45 @@ class NgramProposer(Proposer):
         for i in np.flatnonzero(which).tolist():
             self._reset(slots[i], contexts[i][0])
 
+    # ---- drafts on the device (overlapped drafting steps) ---------------------------------------
+
+    def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor | None,
+                    tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int], steps: int) -> torch.Tensor:
+        """:meth:`Proposer.draft_after`: the contexts last proposed for on the host go to the
+        device first (the step's fed tokens are their last), then the step's tokens, and the
+        lookup runs there (:class:`~proposers.ngram_device.DeviceNgramIndex`)."""
+        assert self._device is not None, "built without a device"
+        pending = [(r, self._unsynced.pop(r)) for r in req_ids if r in self._unsynced]
+        if pending:
+            self._device.sync([r for r, _ in pending], [c for _, c in pending])
+        return self._device.draft_after(req_ids, tokens, accepted, base, steps)
+
+    def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
+        """:meth:`Proposer.ready_on_device`: always (:meth:`flush` writes what is missing)."""
+        return self._device is not None
+
+    def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
+        """:meth:`Proposer.flush`: the contexts' tokens the device does not hold yet."""
+        assert self._device is not None, "built without a device"
+        for req_id in req_ids:
+            self._unsynced.pop(req_id, None)
+        self._device.sync(req_ids, contexts)
+
+    def advance(self, req_id: str | int, length: int, features: torch.Tensor | None, row: int,
+                token: int) -> None:
+        """:meth:`Proposer.advance`: the device holds the context of ``length + 1`` tokens."""
+        if self._device is not None:
+            self._device.advance(req_id, length + 1)
+
+    def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
+        if self._device is not None:
+            self._device.truncate(req_id, num_tokens)
+
     def remove(self, req_id: str | int) -> None:
+        if self._device is not None:
+            self._device.remove(req_id)
+            self._unsynced.pop(req_id, None)
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
             self._flush()
@@ -328,5 +389,8 @@ class NgramProposer(Proposer):
 
 @register_proposer("ngram")
 def build_ngram(config: Any, ctx: ProposerContext) -> NgramProposer:
-    """``SpeculativeConfig.prompt_lookup_min`` / ``prompt_lookup_max``."""
-    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    """``SpeculativeConfig.prompt_lookup_min`` / ``prompt_lookup_max``; drafting on the device
+    too where the engine's steps overlap."""
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max,
+                         device=ctx.device if ctx is not None and ctx.overlapped else None,
+                         max_len=0 if ctx is None else ctx.max_model_len)

@@ -278,9 +278,21 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
     # between: the measured controller's plans follow the clock): the drafts it verified and
     # their acceptance must equal the synchronous engine's (the proposer saw the same text, a
     # head the same features, through the overlapped steps; a head drafts the steps after
-    # plain flights on the device)
+    # plain flights on the device, and so does n-gram, which drafts the newest token where
+    # nothing matched, a step the host would have made plain)
     lone = [batch[1]], [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)]
     proposed = []
+    unmatched = []  # (n-gram: device lookups that found nothing, and drafted the newest token)
+    if method == "ngram":
+        import proposers.ngram_device as ngram_device
+
+        def counted(*args, _lookup=ngram_device.lookup_ngrams):
+            drafts, found = _lookup(*args)
+            unmatched.extend(d for d, f in zip(drafts.tolist(), found.tolist(), strict=True)
+                             if not f)
+            return drafts, found
+
+        monkeypatch.setattr(ngram_device, "lookup_ngrams", counted)
     for overlap in (False, True):
         engine = make_llm(target, overlap, speculative_config={**spec, "adaptive_k": False},
                           max_num_seqs=8).llm_engine
@@ -302,6 +314,18 @@ def test_a_speculative_engine_overlaps_its_plain_steps_and_keeps_exact_output(
             monkeypatch.setattr(sampler, "verify", logged)
         outputs(LLMOf(engine), *lone)
         proposed.append((drafts, engine.metrics.num_accepted))
+    if unmatched:  # (the host drafts nothing there: a plain step)
+        rest, wanted = [], iter(proposed[0][0])
+        nxt = next(wanted, None)
+        for d in proposed[1][0]:  # (the host's drafts in order; the others unmatched lookups')
+            if d == nxt:
+                nxt = next(wanted, None)
+            else:
+                rest.append(d)
+                assert d in unmatched
+                unmatched.remove(d)
+        assert nxt is None and len(rest) < len(proposed[0][0])
+        proposed[1] = (proposed[0][0], proposed[1][1])
     assert proposed[0] == proposed[1] and proposed[0][0]
 
 

@@ -82,7 +82,7 @@ class Oracle(Proposer):
     def ready_on_device(self, req_id, num_tokens):
         return req_id in self.full  # (proposed for once: its continuation is known)
 
-    def flush(self, req_ids):
+    def flush(self, req_ids, contexts):
         pass
 
     def advance(self, req_id, length, features, row, token):

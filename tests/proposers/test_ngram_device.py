@@ -1,0 +1,72 @@
+"""The device n-gram lookup (``proposers.ngram_device``): the host proposer's rule, on random
+contexts of small vocabularies (many matches, loops, overlapping occurrences), and the index's
+rows written from the host and given back."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine import SamplingParams
+from proposers.base import ProposeRequest
+from proposers.ngram import NgramProposer
+from proposers.ngram_device import PAD, DeviceNgramIndex, lookup_ngrams
+
+
+@pytest.mark.parametrize("sizes", [(1, 4), (2, 3), (1, 1), (3, 5)])
+def test_the_lookup_is_the_host_rule(sizes):
+    rng = random.Random(sizes[0] * 10 + sizes[1])
+    params = SamplingParams(temperature=0.0)
+    matched = unmatched = 0
+    for _ in range(60):
+        k = rng.randint(1, 7)
+        contexts = [[rng.randrange(rng.choice([2, 3, 5, 20])) for _ in range(rng.randint(1, 40))]
+                    for _ in range(6)]
+        host = NgramProposer(*sizes).propose(
+            [ProposeRequest(i, c, k, params) for i, c in enumerate(contexts)]).draft_token_ids
+        history = torch.full((6, 48), PAD, dtype=torch.long)
+        for i, c in enumerate(contexts):
+            history[i, :len(c)] = torch.tensor(c)
+        lengths = torch.tensor([len(c) for c in contexts])
+        drafts, found = lookup_ngrams(history, lengths, *sizes, k)
+        for i, c in enumerate(contexts):
+            assert bool(found[i]) == bool(host[i])
+            assert drafts[i].tolist() == (host[i] or [c[-1]] * k)
+            matched += bool(host[i])
+            unmatched += not host[i]
+    assert matched > 20 and unmatched > 10  # (both cases met)
+
+
+def test_the_worked_example_of_the_host_module():
+    """proposers/ngram.py's docstring: 5 7 9 2 7 9 4 7 9, n = 1..3: [4, 7], then the period-3
+    repetition for k = 5."""
+    history = torch.tensor([[5, 7, 9, 2, 7, 9, 4, 7, 9, PAD, PAD]])
+    for k, expected in ((2, [4, 7]), (5, [4, 7, 9, 4, 7])):
+        drafts, found = lookup_ngrams(history, torch.tensor([9]), 1, 3, k)
+        assert found.tolist() == [True] and drafts.tolist() == [expected]
+
+
+def test_rows_are_written_from_the_host_once_and_given_back():
+    index = DeviceNgramIndex(1, 3, max_len=30, device=torch.device("cpu"))
+    contexts = {f"r{i}": [i + 1] * (i + 2) for i in range(10)}  # (past the first 8 rows)
+    index.sync(list(contexts), list(contexts.values()))
+    for req_id, context in contexts.items():
+        row = index._row_of[req_id]
+        assert index.history[row, :len(context)].tolist() == context
+        assert index.holds(req_id) == len(context)
+    contexts["r0"] = contexts["r0"] + [9, 9]
+    index.history[index._row_of["r0"], 0] = 77  # (a held token is not written again)
+    index.sync(["r0"], [contexts["r0"]])
+    assert index.history[index._row_of["r0"], :4].tolist() == [77, 1, 9, 9]
+    # a step: tokens after positions 3, 4, 5 (one accepted draft, then the bonus)
+    drafts = index.draft_after(["r0"], torch.tensor([[1, 9, -1]]), torch.tensor([1]),
+                               torch.tensor([3]), 2)
+    assert index.history[index._row_of["r0"], :6].tolist() == [77, 1, 9, 9, 1, 9]
+    assert drafts.tolist() == [[9, 1]]  # ("9" last seen at 3, followed by 9, then period 2)
+    row = index._row_of["r3"]
+    index.remove("r3")
+    assert index.holds("r3") == 0 and "r3" not in index._row_of
+    index.sync(["new"], [[4, 4]])
+    assert index._row_of["new"] == row  # (its row reused, written from position 0)
