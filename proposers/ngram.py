@@ -95,10 +95,10 @@ class NgramProposer(Proposer):
 
     def __init__(self, prompt_lookup_min: int = 1, prompt_lookup_max: int = 4,
                  table_capacity: int = 1 << 16, device: torch.device | None = None,
-                 max_len: int = 0) -> None:
-        """``device`` and ``max_len`` (the longest context): also draft on that device, from
-        verification steps still there (:mod:`proposers.ngram_device`; None: on the host
-        only)."""
+                 max_len: int = 0, max_rows: int = 8, graphs: bool = False) -> None:
+        """``device``, ``max_len`` (the longest context), ``max_rows`` (the requests at once)
+        and ``graphs`` (CUDA graphs): also draft on that device, from verification steps still
+        there (:mod:`proposers.ngram_device`; None: on the host only)."""
         for name, value in (("prompt_lookup_min", prompt_lookup_min),
                             ("prompt_lookup_max", prompt_lookup_max)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -128,7 +128,7 @@ class NgramProposer(Proposer):
         self._count = np.arange(1024)  # 0, 1, 2, .. (a view of its start is 0 .. n - 1)
         self._grow(16)
         self._device = (None if device is None else DeviceNgramIndex(
-            prompt_lookup_min, prompt_lookup_max, max_len, device))
+            prompt_lookup_min, prompt_lookup_max, max_len, device, max_rows, graphs))
         # contexts proposed for on the host since the device index last read them (their
         # tokens go to the device only if a step then drafts there: draft_after)
         self._unsynced: dict[str | int, Sequence[int]] = {}
@@ -393,4 +393,6 @@ def build_ngram(config: Any, ctx: ProposerContext) -> NgramProposer:
     too where the engine's steps overlap."""
     return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max,
                          device=ctx.device if ctx is not None and ctx.overlapped else None,
-                         max_len=0 if ctx is None else ctx.max_model_len)
+                         max_len=0 if ctx is None else ctx.max_model_len,
+                         max_rows=8 if ctx is None else ctx.max_num_seqs,
+                         graphs=ctx is not None and ctx.cuda_graphs)

@@ -70,3 +70,32 @@ def test_rows_are_written_from_the_host_once_and_given_back():
     assert index.holds("r3") == 0 and "r3" not in index._row_of
     index.sync(["new"], [[4, 4]])
     assert index._row_of["new"] == row  # (its row reused, written from position 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_graph_replays_write_and_draft_what_eager_steps_do():
+    """Steps of 3 requests (padded to 4 rows, the padding on the scratch row), the first eager,
+    the second captured, the rest replayed: the drafts and every row as the eager index's."""
+    device = torch.device("cuda")
+    rng = random.Random(5)
+    contexts = {f"r{i}": [rng.randrange(4) for _ in range(rng.randint(3, 12))] for i in range(3)}
+    indexes = [DeviceNgramIndex(1, 4, max_len=80, device=device, max_rows=4, graphs=g)
+               for g in (True, False)]
+    for index in indexes:
+        index.sync(list(contexts), list(contexts.values()))
+    for _ in range(6):
+        ids = list(contexts)
+        tokens = torch.tensor([[rng.randrange(4) for _ in range(4)] for _ in ids], device=device)
+        accepted = torch.tensor([rng.randrange(4) for _ in ids], device=device)
+        base = torch.tensor([len(contexts[r]) - 1 for r in ids], device=device)
+        drafts = [index.draft_after(ids, tokens, accepted, base, 3).tolist()
+                  for index in indexes]
+        assert drafts[0] == drafts[1]
+        for b, r in enumerate(ids):
+            contexts[r] += tokens[b, :int(accepted[b]) + 1].tolist()
+            for index in indexes:
+                index.advance(r, len(contexts[r]))
+    assert indexes[0]._graphs and not indexes[1]._graphs
+    for r, context in contexts.items():
+        rows = [index.history[index._row_of[r], :len(context)].tolist() for index in indexes]
+        assert rows[0] == rows[1] == context
