@@ -76,7 +76,7 @@ def policy_step_seconds(batch_size: int, k: int, number: int, seed: int = 0,
                             max(item.num_spec_tokens for item in items), 0.0002, None, None, kv)
         state["outcome"] = StepOutcome(seqs, kept, accepted[i],
                                        [min(b, g) for b, g in zip(backed[i], kept, strict=True)],
-                                       None, timing)
+                                       None, timing, step=plan.step)
         if not defer:
             learn()
         state["drafted"] += kept[0] > 0
