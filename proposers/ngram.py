@@ -390,9 +390,12 @@ class NgramProposer(Proposer):
 @register_proposer("ngram")
 def build_ngram(config: Any, ctx: ProposerContext) -> NgramProposer:
     """``SpeculativeConfig.prompt_lookup_min`` / ``prompt_lookup_max``; drafting on the device
-    too where the engine's steps overlap."""
+    too where the engine's steps overlap, on CUDA only with CUDA graphs (launched op by op, a
+    lookup costs the host more than the synchronous step it replaces: docs/history.md)."""
+    on_device = ctx is not None and ctx.overlapped and (
+        ctx.cuda_graphs or ctx.device.type != "cuda")
     return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max,
-                         device=ctx.device if ctx is not None and ctx.overlapped else None,
+                         device=ctx.device if on_device else None,
                          max_len=0 if ctx is None else ctx.max_model_len,
                          max_rows=8 if ctx is None else ctx.max_num_seqs,
                          graphs=ctx is not None and ctx.cuda_graphs)

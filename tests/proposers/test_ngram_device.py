@@ -99,3 +99,21 @@ def test_graph_replays_write_and_draft_what_eager_steps_do():
     for r, context in contexts.items():
         rows = [index.history[index._row_of[r], :len(context)].tolist() for index in indexes]
         assert rows[0] == rows[1] == context
+
+
+def test_the_device_index_is_built_where_an_engine_overlaps_with_graphs():
+    """Built for an overlapping engine (on CUDA only with CUDA graphs: op by op a lookup costs
+    the host more than the synchronous step), with a row for each of its sequences."""
+    from dataclasses import replace
+
+    from tests.conftest import tiny_model
+    from tests.proposers.proposer_helpers import build, make_context
+
+    ctx = make_context(tiny_model("llama", vocab_size=48, seed=1), 4, 64)
+    assert not build("ngram", ctx).drafts_on_device
+    overlapped = replace(ctx, overlapped=True)
+    proposer = build("ngram", overlapped)
+    assert proposer.drafts_on_device and proposer._device.width == 66
+    assert proposer._device.history.shape[0] == 5  # (4 requests and the scratch row)
+    cuda = replace(overlapped, device=torch.device("cuda"))
+    assert not build("ngram", cuda).drafts_on_device  # (no graphs: nothing touches the GPU)
