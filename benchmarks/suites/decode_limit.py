@@ -10,7 +10,8 @@ cached keys and values, at the bandwidth a device-to-device copy of ``COPY_BYTES
 (read plus write). On CUDA a few more steps run under PyTorch's profiler: the kernels' time per
 step is the GPU's busy time, and the rest of the step's wall time is *host time on the critical
 path* (the GPU waiting for the host: scheduling, launches, sampling, bookkeeping). With
-``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts);
+``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts;
+``--fixed-k``: every step asks for k drafts, no controller);
 with ``--attention-backends gather,paged`` each cell runs once per attention backend (the
 KV cache gathered for SDPA, or read in place by the paged kernel).
 
@@ -55,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per cell")
     p.add_argument("--methods", default="", help="comma list: also with these speculation "
                                                  "methods (e.g. ngram), k = 4")
+    p.add_argument("--fixed-k", action="store_true",
+                   help="with --methods: every step asks for k drafts (no controller), so that "
+                        "the host time is a drafting step's own, not its mix with plain steps "
+                        "and probes")
     p.add_argument("--attention-backends", default="auto",
                    help="comma list of EngineConfig.attention_backend values to run each cell "
                         "with (auto: the engine's default; gather, paged)")
@@ -169,7 +174,8 @@ def run(args: argparse.Namespace) -> Result:
     for method, backend, overlap in runs:
         max_len = max(contexts) + most_out + 8
         llm = LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
-                  speculative_config=speculative_config(method, SPEC_K),
+                  speculative_config=speculative_config(method, SPEC_K,
+                                                        adaptive=not args.fixed_k),
                   max_num_seqs=max(batches),
                   max_model_len=max_len, kv_cache_tokens=max(batches) * max_len,
                   max_num_batched_tokens=PREFILL_CHUNK,
@@ -187,7 +193,7 @@ def run(args: argparse.Namespace) -> Result:
                     1 if method == "none" else SPEC_K + 1)
                 busy, kernels = (None, None) if profiled is None else profiled
                 step_s = seconds / args.steps
-                row = {"method": method, "attention_backend": backend,
+                row = {"method": method, "fixed_k": args.fixed_k, "attention_backend": backend,
                        "async_scheduling": llm.engine.overlap, "batch_size": b,
                        "context": context,
                        "tokens_per_s": made / seconds, "ms_per_step": 1e3 * step_s,

@@ -22,6 +22,18 @@ def test_every_cell_runs_and_plain_decoding_makes_a_token_per_sequence_per_step(
         # no GPU: neither the bandwidth limit nor the profiler's busy time
         assert r["gpu_busy_ms_per_step"] is None and "limit_ms_per_step" not in r
     assert record.summary["copy_bandwidth_bytes_per_s"] is None
+    assert not any(r["fixed_k"] for r in record.rows)
+
+
+def test_fixed_k_runs_without_a_controller():
+    """``--fixed-k``: the rows say so, and n-gram, asking for k = 4 drafts at every step, gets
+    some accepted on the tiny model's greedy output (more than a token a sequence a step in
+    some cell)."""
+    record = run_suite("decode_limit", "--device", "cpu", "--model", "random-llama-tiny",
+                       "--quick", "--methods", "ngram", "--fixed-k")
+    spec = [r for r in record.rows if r["method"] == "ngram"]
+    assert spec and all(r["fixed_k"] for r in record.rows)
+    assert any(r["tokens_per_s"] * r["ms_per_step"] / 1e3 > r["batch_size"] + 0.5 for r in spec)
 
 
 def test_the_bytes_a_step_reads_counted_by_hand():
