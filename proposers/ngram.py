@@ -353,7 +353,7 @@ class NgramProposer(Proposer):
         pending = [(r, self._unsynced.pop(r)) for r in req_ids if r in self._unsynced]
         if pending:
             self._device.sync([r for r, _ in pending], [c for _, c in pending])
-        return self._device.draft_after(req_ids, tokens, accepted, base, steps)
+        return self._device.draft_after(req_ids, tokens, accepted, base, steps, max(base_hi))
 
     def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
         """:meth:`Proposer.ready_on_device`: always (:meth:`flush` writes what is missing)."""

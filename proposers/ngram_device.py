@@ -25,7 +25,9 @@ host an overlapped n-gram step took 2.2 ms against a synchronous one's 1.7), so 
 writes and lookup are one CUDA graph per padded batch size, width and ``k`` (captured the second
 time a layout is met; the padding rows write and read the scratch row 0). The history is int32
 and holds ``max_rows`` rows from the start, so that the graphs' addresses never move (more rows:
-the history grows and the graphs are captured again).
+the history grows and the graphs are captured again). A step reads only the history's first
+``span`` columns, a power of two past the batch's longest context (a graph per span): its cost
+follows the contexts, not ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -113,8 +115,9 @@ class DeviceNgramIndex:
         self._held: dict[str | int, int] = {}  # tokens of each context its row holds
         self._free = list(range(max_rows, 0, -1))
         self._to_device = PinnedStaging(device)
-        self._graphs: dict[tuple[int, int, int], _StepGraph] = {}
-        self._met: Counter[tuple[int, int, int]] = Counter()
+        # (padded batch, width, k, span) -> its captured step
+        self._graphs: dict[tuple[int, int, int, int], _StepGraph] = {}
+        self._met: Counter[tuple[int, int, int, int]] = Counter()
         self._capture = graphs and device.type == "cuda"
         self._pool = None
 
@@ -137,28 +140,32 @@ class DeviceNgramIndex:
             self.history.view(-1).index_copy_(0, flat[0], flat[1].to(self.history.dtype))
 
     def draft_after(self, req_ids: Sequence[str | int], tokens: torch.Tensor,
-                    accepted: torch.Tensor, base: torch.Tensor, k: int) -> torch.Tensor:
+                    accepted: torch.Tensor, base: torch.Tensor, k: int,
+                    base_hi: int) -> torch.Tensor:
         """Drafts ``[batch, k]`` (int64) of each request's next step after a verification step
         on the device: ``tokens [batch, width]``: the token verification gave after each
         position ``base[b], base[b] + 1, ...`` (the accepted drafts, then the recovered or bonus
-        token, then placeholders), ``accepted [batch]``. Each row must hold the context up to
-        ``base[b]`` (:meth:`sync`, or the step before's writes). The tokens past the bonus are
-        written too, past the context, where nothing reads them. On CUDA the result is a
-        graph's static output: valid until the next call."""
+        token, then placeholders), ``accepted [batch]``, ``base_hi``: the most any ``base[b]``
+        can be. Each row must hold the context up to ``base[b]`` (:meth:`sync`, or the step
+        before's writes). The tokens past the bonus are written too, past the context, where
+        nothing reads them; a negative token (a row the verifier marked invalid, whose request
+        fails at its commit) is written and drafted as 0. On CUDA the result is a graph's
+        static output: valid until the next call."""
         rows = [self._row(r) for r in req_ids]  # (before a layout: the history may grow)
         batch, width = tokens.shape
+        span = min(1 << (base_hi + width).bit_length(), self.width)  # (> every position read)
         if not self._capture:
             rows_t = self._to_device(np.array(rows, dtype=np.int64))
-            return self._step(rows_t, tokens, accepted, base, k)
+            return self._step(rows_t, tokens, accepted, base, k, span)
         padded = 1 << (batch - 1).bit_length()
         rows_t = self._to_device(np.array(rows + [0] * (padded - batch), dtype=np.int64))
-        key = (padded, width, k)
+        key = (padded, width, k, span)
         graph = self._graphs.get(key)
         if graph is None:
             self._met[key] += 1
             if self._met[key] < 2:  # (a layout's first step runs eager)
-                return self._step(rows_t[:batch], tokens, accepted, base, k)
-            graph = self._graphs[key] = self._capture_step(padded, width, k)
+                return self._step(rows_t[:batch], tokens, accepted, base, k, span)
+            graph = self._graphs[key] = self._capture_step(padded, width, k, span)
         # (padding rows keep stale inputs: they write and read the scratch row only)
         graph.rows.copy_(rows_t)
         graph.tokens[:batch].copy_(tokens)
@@ -168,32 +175,33 @@ class DeviceNgramIndex:
         return graph.drafts[:batch]
 
     def _step(self, rows: torch.Tensor, tokens: torch.Tensor, accepted: torch.Tensor,
-              base: torch.Tensor, k: int) -> torch.Tensor:
-        """The step's writes and lookup (every argument on the device; ``rows [batch]``)."""
+              base: torch.Tensor, k: int, span: int) -> torch.Tensor:
+        """The step's writes and lookup over the first ``span`` columns (every argument on the
+        device; ``rows [batch]``)."""
         width = tokens.shape[1]
         positions = (base[:, None] + 1 + torch.arange(width, device=tokens.device)).clamp_max(
             self.width - 1)  # [batch, width]
         self.history.view(-1).index_copy_(0, (rows[:, None] * self.width + positions).view(-1),
-                                          tokens.reshape(-1).to(self.history.dtype))
+                                          tokens.reshape(-1).clamp_min(0).to(self.history.dtype))
         lengths = base + accepted + 2  # [batch]: the context now ends with the bonus token
-        drafts, _ = lookup_ngrams(self.history.index_select(0, rows), lengths, self.min_n,
-                                  self.max_n, k)
+        drafts, _ = lookup_ngrams(self.history[:, :span].index_select(0, rows), lengths,
+                                  self.min_n, self.max_n, k)
         return drafts.long()
 
-    def _capture_step(self, padded: int, width: int, k: int) -> _StepGraph:
+    def _capture_step(self, padded: int, width: int, k: int, span: int) -> _StepGraph:
         zeros = torch.zeros(padded, dtype=torch.long, device=self.device)
         rows, accepted, base = zeros.clone(), zeros.clone(), zeros.clone()  # (scratch row 0)
         tokens = torch.zeros((padded, width), dtype=torch.long, device=self.device)
         side = torch.cuda.Stream(self.device)  # (warm-up off the capture, as CUDA graphs want)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._step(rows, tokens, accepted, base, k)
+            self._step(rows, tokens, accepted, base, k, span)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with gc_paused(), torch.cuda.graph(graph, pool=self._pool):
-            drafts = self._step(rows, tokens, accepted, base, k)
+            drafts = self._step(rows, tokens, accepted, base, k, span)
         return _StepGraph(graph, rows, tokens, accepted, base, drafts)
 
     def advance(self, req_id: str | int, length: int) -> None:

@@ -101,8 +101,8 @@ def test_device_drafts_are_the_host_rule_on_the_verified_context(target):  # noq
     device, seen = proposer._device, []
     lookup = device.draft_after
 
-    def logged(req_ids, tokens, accepted, base, k):
-        drafts = lookup(req_ids, tokens, accepted, base, k)
+    def logged(req_ids, tokens, accepted, base, k, base_hi):
+        drafts = lookup(req_ids, tokens, accepted, base, k, base_hi)
         for b, req_id in enumerate(req_ids):
             length = int(base[b] + accepted[b]) + 2
             row = device._row_of[req_id]

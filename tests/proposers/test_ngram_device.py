@@ -62,7 +62,7 @@ def test_rows_are_written_from_the_host_once_and_given_back():
     assert index.history[index._row_of["r0"], :4].tolist() == [77, 1, 9, 9]
     # a step: tokens after positions 3, 4, 5 (one accepted draft, then the bonus)
     drafts = index.draft_after(["r0"], torch.tensor([[1, 9, -1]]), torch.tensor([1]),
-                               torch.tensor([3]), 2)
+                               torch.tensor([3]), 2, base_hi=3)
     assert index.history[index._row_of["r0"], :6].tolist() == [77, 1, 9, 9, 1, 9]
     assert drafts.tolist() == [[9, 1]]  # ("9" last seen at 3, followed by 9, then period 2)
     row = index._row_of["r3"]
@@ -88,7 +88,8 @@ def test_graph_replays_write_and_draft_what_eager_steps_do():
         tokens = torch.tensor([[rng.randrange(4) for _ in range(4)] for _ in ids], device=device)
         accepted = torch.tensor([rng.randrange(4) for _ in ids], device=device)
         base = torch.tensor([len(contexts[r]) - 1 for r in ids], device=device)
-        drafts = [index.draft_after(ids, tokens, accepted, base, 3).tolist()
+        drafts = [index.draft_after(ids, tokens, accepted, base, 3,
+                                    max(len(c) for c in contexts.values())).tolist()
                   for index in indexes]
         assert drafts[0] == drafts[1]
         for b, r in enumerate(ids):
@@ -117,3 +118,45 @@ def test_the_device_index_is_built_where_an_engine_overlaps_with_graphs():
     assert proposer._device.history.shape[0] == 5  # (4 requests and the scratch row)
     cuda = replace(overlapped, device=torch.device("cuda"))
     assert not build("ngram", cuda).drafts_on_device  # (no graphs: nothing touches the GPU)
+
+
+def test_a_step_reads_only_a_span_past_the_longest_context():
+    """A long table (max_model_len 4,096): a step of short contexts looks at the first span
+    columns only (a power of two past base_hi + width), with the drafts a lookup of the
+    context itself gives."""
+    index = DeviceNgramIndex(1, 4, max_len=4096, device=torch.device("cpu"))
+    context = [3, 4, 5, 6, 3, 4]
+    index.sync(["r"], [context])
+    row = index._row_of["r"]
+    looked: list[int] = []
+    lookup = lookup_ngrams
+
+    def spy(history, *args):
+        looked.append(history.shape[1])
+        return lookup(history, *args)
+
+    import proposers.ngram_device as module
+    module.lookup_ngrams, original = spy, module.lookup_ngrams
+    try:
+        drafts = index.draft_after(["r"], torch.tensor([[5, 6]]), torch.tensor([1]),
+                                   torch.tensor([5]), 3, base_hi=5)
+    finally:
+        module.lookup_ngrams = original
+    assert looked == [8]  # (5 + 2 = 7: the next power of two)
+    full, _ = lookup_ngrams(index.history[row:row + 1, :8], torch.tensor([8]), 1, 4, 3)
+    assert drafts.tolist() == full.tolist() == [[3, 4, 5]]  # (after "5 6" at 2-3)
+
+
+def test_a_row_the_verifier_marked_invalid_drafts_valid_ids():
+    """On CUDA a row with non-finite logits comes back as INVALID_TOKEN_ID (-2) everywhere;
+    its request fails at the commit, but the next step is launched from these drafts before
+    that, and must embed valid ids: the history gets 0s, the drafts are ids >= 0."""
+    from samplers import INVALID_TOKEN_ID
+
+    index = DeviceNgramIndex(1, 3, max_len=40, device=torch.device("cpu"))
+    index.sync(["ok", "bad"], [[1, 2, 1, 2], [7, 8, 7]])
+    tokens = torch.tensor([[1, 2, -1], [INVALID_TOKEN_ID] * 3])
+    drafts = index.draft_after(["ok", "bad"], tokens, torch.tensor([1, 2]),
+                               torch.tensor([3, 2]), 3, base_hi=3)
+    assert drafts.tolist()[0] == [1, 2, 1] and min(drafts.tolist()[1]) >= 0
+    assert index.history[index._row_of["bad"], :6].tolist() == [7, 8, 7, 0, 0, 0]
