@@ -105,25 +105,22 @@ class LLMEngine(OverlappedSteps):
         self.max_grammar_drafts = max_k or config.structured_forced_tokens
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = MetricsCollector(max_k)
-        # overlapped plain steps (engine.overlap): on by default where the forward runs behind
-        # the host (CUDA); the runner must take tokens on the device (not tensor parallel)
-        self.overlap = (config.async_scheduling if config.async_scheduling is not None
-                        else self.forward_is_async)
-        self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
         self.controller = make_controller(
             spec, max_k, self.max_model_len,
             drafts_are_free=bool(self.proposer and self.proposer.drafts_are_free),
             measured_draft_cost=lambda: self.metrics.draft_cost_ratio,
             batch_bucket=batch_bucket,  # (steps of one graph bucket cost the same)
-            packed_rows=self.runner.packed_rows,
-            # (a drafting flight's measured time holds its successor's drafting: flight_steps)
-            proposals_in_step=bool(self.overlap and self.proposer
-                                   and self.proposer.drafts_on_device))
+            packed_rows=self.runner.packed_rows)
         self.requests: dict[str, list[Sequence]] = {}
         self._finished_outside_step: list[Sequence] = []
         self._outcome: StepOutcome | None = None  # a step's outcome the controller has not seen
         self._proposed_last_step = False  # (a proposal after a gap catches up: not timed)
         self._unobserved = 0  # steps since the proposer last saw the contexts (_observe)
+        # overlapped plain steps (engine.overlap): on by default where the forward runs behind
+        # the host (CUDA); the runner must take tokens on the device (not tensor parallel)
+        self.overlap = (config.async_scheduling if config.async_scheduling is not None
+                        else self.forward_is_async)
+        self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
         # (a drafting flight copies max_k + 1 tokens a sequence)
         self._token_copies = (TokenCopies(self.device, config.max_num_seqs * (max_k + 1))
                               if self.overlap else None)

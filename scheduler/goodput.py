@@ -175,18 +175,13 @@ class GoodputController:
     """The decisions of one engine (see the module docstring). ``max_wait``: the longest wait
     between probes; ``verify_cost`` / ``draft_cost``: fixed relative costs instead of the
     measured ones (None: measured); ``packed_rows``: the runner's rule for packing a step of
-    unequal rows (None: every step is padded to its longest sequence); ``proposals_in_step``:
-    a drafting step's measured cost holds the next step's proposal (the engine's drafting
-    flights, where the proposer drafts on the device inside the step: ``engine.overlap``), so a
-    proposal costs nothing on top of it (counted again, a drafting step looks dearer than it
-    is, and the controller backs off to plain steps where drafts pay)."""
+    unequal rows (None: every step is padded to its longest sequence)."""
 
     def __init__(self, max_k: int, drafts_are_free: bool, max_wait: int,
                  verify_cost: float | None = None, draft_cost: float | None = None,
                  batch_bucket: Callable[[int], int] = int,
-                 packed_rows: PackedRows | None = None, proposals_in_step: bool = False) -> None:
+                 packed_rows: PackedRows | None = None) -> None:
         self.max_k = max_k
-        self.proposals_in_step = proposals_in_step
         self.packed_rows = packed_rows
         self.free = drafts_are_free
         self.max_wait = max_wait
@@ -338,7 +333,7 @@ class GoodputController:
 
     def propose_cost(self, batch_size: int, k: int, measured_draft_cost: float) -> float:
         """A proposal of ``k`` drafts over a plain step (0 for ``k = 0``)."""
-        if k == 0 or self.proposals_in_step:
+        if k == 0:
             return 0.0
         if self.draft_cost is not None:
             return self.draft_cost * k

@@ -53,20 +53,19 @@ class GoodputPolicy:
     ``max_k``: the configured k; ``drafts_are_free``: the proposer's drafts cost next to nothing
     (n-gram); ``measured_draft_cost()``: the measured draft/target step-cost ratio, the prior of
     a costly proposer's cost until its proposals are timed; ``packed_rows``: the runner's rule
-    for packing a step of unequal rows (``ModelRunner.packed_rows``; None: never);
-    ``proposals_in_step``: :class:`~scheduler.goodput.GoodputController`'s."""
+    for packing a step of unequal rows (``ModelRunner.packed_rows``; None: never)."""
 
     def __init__(self, spec: SpeculationOptions, max_k: int, max_model_len: int,
                  drafts_are_free: bool, measured_draft_cost: Callable[[], float],
                  batch_bucket: Callable[[int], int] = int,
-                 packed_rows: PackedRows | None = None, proposals_in_step: bool = False) -> None:
+                 packed_rows: PackedRows | None = None) -> None:
         self.max_k = max_k
         self.max_model_len = max_model_len
         self.measured_draft_cost = measured_draft_cost
         self.free = drafts_are_free
         self.controller = GoodputController(
             max_k, drafts_are_free, spec.adaptive_probe_interval, spec.verify_cost_per_token,
-            spec.draft_cost_ratio, batch_bucket, packed_rows, proposals_in_step)
+            spec.draft_cost_ratio, batch_bucket, packed_rows)
         # (the guard judges measured costs only: fixed ones asked for the model's answer)
         self.guard = (PayoffGuard(self.controller.costs)
                       if spec.adaptive_guard and spec.verify_cost_per_token is None else None)

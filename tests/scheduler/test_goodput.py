@@ -435,26 +435,6 @@ def test_a_costly_proposer_gets_k_before_proposing_with_its_measured_cost():
     assert ctl.plan([acc], [0], 0) == 0  # capped at 0: nothing
 
 
-def test_proposals_inside_the_measured_step_cost_nothing_on_top_of_it():
-    """Drafting flights: a drafting step's measured time holds its successor's proposal (the
-    head drafts inside it), so the proposals timed on the host are not counted again: at
-    acceptance 0.5 two drafts pay (1.75 tokens for 1.0 step) where, counted twice, one does."""
-    plans = []
-    for inside in (False, True):
-        ctl = GoodputController(4, drafts_are_free=False, max_wait=16, proposals_in_step=inside)
-        for w in range(1, 6):
-            for _ in range(4):
-                ctl.costs.record("step", 1, w, 0.01)
-        for k in range(1, 5):
-            for _ in range(4):
-                ctl.costs.record("propose", 1, k, 0.004 * k)
-        acc = ctl.acceptance.new_request()
-        feed(ctl, [acc], 30, accepted=1, drafted=2)  # about 0.5
-        assert ctl.propose_cost(1, 3, 0.0) == (0.0 if inside else pytest.approx(1.2))
-        plans.append(ctl.plan([acc], [4], 0))
-    assert plans[0] == 1 and plans[1] >= 2
-
-
 def test_a_batch_size_without_plain_steps_measures_some_before_trusting_its_costs():
     ctl = GoodputController(4, drafts_are_free=True, max_wait=16)
     for _ in range(4):
