@@ -52,7 +52,7 @@ from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
-from engine.overlap import InFlight, TokenCopies
+from engine.overlap import InFlight, TokenCopies, overlappable
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
@@ -332,12 +332,18 @@ class LLMEngine(OverlappedSteps):
                 and tree_ok(items[i].seq, spec) for i in wanted]
         if any(tree) and not self.controller.allows_tree(len(items)):
             tree = [False] * len(wanted)
+        # (the step may verify ahead: flight_steps.OverlappedSteps._overlaps_drafting)
+        uniform = (self.overlap and self.proposer.drafts_on_device and not forced
+                   and not any(tree) and len(wanted) == len(items)
+                   and all(item.num_context_tokens == 1 and overlappable(item.seq)
+                           for item in items))
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids + forced[i] if i in forced
                            else seq.all_token_ids, items[i].num_spec_tokens, seq.params,
                            seq.adjuster.adjust_prefix if seq.adjuster.active else None,
                            tree=t, seed=seq.seed,
-                           position=seq.num_output_tokens + len(forced.get(i, ())))
+                           position=seq.num_output_tokens + len(forced.get(i, ())),
+                           uniform=uniform)
             for i, t in zip(wanted, tree, strict=True) for seq in [items[i].seq]])
         parents = proposal.parents or [None] * len(wanted)
         # (a tree counts as its levels: the controller chooses how deep it goes)

@@ -50,6 +50,10 @@ class ProposeRequest:
     tree: bool = False
     seed: int | None = None
     position: int = 0  # the output position of this request's first draft
+    # every request of the step decodes one token and may verify ahead on the device (the
+    # engine may launch a drafting flight from the step if all draft one width): a proposer
+    # that drafts on the device gives each request its drafts, whatever it found
+    uniform: bool = False
 
     def __post_init__(self) -> None:
         k = self.num_spec_tokens

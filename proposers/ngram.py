@@ -204,9 +204,10 @@ class NgramProposer(Proposer):
         at += match
         drafts = self._copy_next.take(at).T.tolist()
         unmatched = (match == 0).nonzero()[0].tolist()
-        # (an engine drafting on the device verifies one width for all: where others matched,
-        # an unmatched request's row drafts its newest token, which no match backs)
-        fill = self._device is not None and len(unmatched) < num_requests
+        # (a step that may start a drafting flight verifies one width for all: where others
+        # matched, an unmatched request's row drafts its newest token, which no match backs)
+        fill = (self._device is not None and len(unmatched) < num_requests
+                and all(request.uniform for request in requests))
         for i in unmatched:
             drafts[i] = [contexts[i][-1]] * self._max_k if fill else []
         if self._min_k < self._max_k:
