@@ -25,12 +25,22 @@ def test_every_cell_runs_and_plain_decoding_makes_a_token_per_sequence_per_step(
     assert not any(r["fixed_k"] for r in record.rows)
 
 
-def test_fixed_k_runs_without_a_controller():
-    """``--fixed-k``: the rows say so, and n-gram, asking for k = 4 drafts at every step, gets
-    some accepted on the tiny model's greedy output (more than a token a sequence a step in
-    some cell)."""
+def test_fixed_k_runs_without_a_controller(monkeypatch):
+    """``--fixed-k``: the engines are built without the controller (``adaptive_k`` False), the
+    rows say so, and n-gram, asking for k = 4 drafts at every step, gets some accepted on the
+    tiny model's greedy output (more than a token a sequence a step in some cell)."""
+    import benchmarks.suites.decode_limit as suite
+
+    specs = []
+
+    def recorded(method, k, *args, _make=suite.speculative_config, **kwargs):
+        specs.append(_make(method, k, *args, **kwargs))
+        return specs[-1]
+
+    monkeypatch.setattr(suite, "speculative_config", recorded)
     record = run_suite("decode_limit", "--device", "cpu", "--model", "random-llama-tiny",
                        "--quick", "--methods", "ngram", "--fixed-k")
+    assert [s and s["adaptive_k"] for s in specs] == [None, False]
     spec = [r for r in record.rows if r["method"] == "ngram"]
     assert spec and all(r["fixed_k"] for r in record.rows)
     assert any(r["tokens_per_s"] * r["ms_per_step"] / 1e3 > r["batch_size"] + 0.5 for r in spec)
