@@ -74,22 +74,32 @@ def test_rows_are_written_from_the_host_once_and_given_back():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_graph_replays_write_and_draft_what_eager_steps_do():
-    """Steps of 3 requests (padded to 4 rows, the padding on the scratch row), the first eager,
-    the second captured, the rest replayed: the drafts and every row as the eager index's."""
+    """Steps of 3 requests (padded to 4 rows, the padding on the scratch row), then of 2 of them
+    (stale padding rows), widths 4 and 2 in turn, spans growing with the contexts, and more
+    requests than rows (the history grows and the graphs are captured anew): the drafts and
+    every row as the eager index's."""
     device = torch.device("cuda")
     rng = random.Random(5)
     contexts = {f"r{i}": [rng.randrange(4) for _ in range(rng.randint(3, 12))] for i in range(3)}
-    indexes = [DeviceNgramIndex(1, 4, max_len=80, device=device, max_rows=4, graphs=g)
+    indexes = [DeviceNgramIndex(1, 4, max_len=200, device=device, max_rows=2, graphs=g)
                for g in (True, False)]
     for index in indexes:
         index.sync(list(contexts), list(contexts.values()))
-    for _ in range(6):
-        ids = list(contexts)
-        tokens = torch.tensor([[rng.randrange(4) for _ in range(4)] for _ in ids], device=device)
-        accepted = torch.tensor([rng.randrange(4) for _ in ids], device=device)
+    for step in range(20):
+        if step == 12:  # (three more requests: the history grows, its graphs go)
+            new = {f"n{i}": [rng.randrange(4) for _ in range(5)] for i in range(3)}
+            contexts.update(new)
+            for index in indexes:
+                index.sync(list(new), list(new.values()))
+            assert not indexes[0]._graphs
+        ids = list(contexts) if not 8 <= step < 12 else list(contexts)[:2]
+        width = 4 if step % 2 else 2
+        tokens = torch.tensor([[rng.randrange(4) for _ in range(width)] for _ in ids],
+                              device=device)
+        accepted = torch.tensor([rng.randrange(width) for _ in ids], device=device)
         base = torch.tensor([len(contexts[r]) - 1 for r in ids], device=device)
-        drafts = [index.draft_after(ids, tokens, accepted, base, 3,
-                                    max(len(c) for c in contexts.values())).tolist()
+        base_hi = max(len(contexts[r]) for r in ids)
+        drafts = [index.draft_after(ids, tokens, accepted, base, 3, base_hi).tolist()
                   for index in indexes]
         assert drafts[0] == drafts[1]
         for b, r in enumerate(ids):
@@ -97,6 +107,7 @@ def test_graph_replays_write_and_draft_what_eager_steps_do():
             for index in indexes:
                 index.advance(r, len(contexts[r]))
     assert indexes[0]._graphs and not indexes[1]._graphs
+    assert indexes[0].history.shape[0] == 12  # (3 rows, 6, then 12)
     for r, context in contexts.items():
         rows = [index.history[index._row_of[r], :len(context)].tolist() for index in indexes]
         assert rows[0] == rows[1] == context
