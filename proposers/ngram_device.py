@@ -20,10 +20,10 @@ Cost. The lookup compares every row's ``width`` positions with its suffix once p
 length: ``prompt_lookup_max`` comparisons of ``[batch, width]`` and about twenty other kernels,
 no host synchronisation and no shape that depends on the lengths. The hash table of the host
 proposer is not needed here: a GPU compares a batch's whole contexts in microseconds. Launched
-one by one, those kernels cost the host more than the host proposer's whole step (on the H200's
-host an overlapped n-gram step took 2.2 ms against a synchronous one's 1.7), so on CUDA a step's
-writes and lookup are one CUDA graph per padded batch size, width and ``k`` (captured the second
-time a layout is met; the padding rows write and read the scratch row 0). The history is int32
+one by one, those kernels cost the host more than the host proposer's whole step
+(docs/history.md, "N-gram flights"), so on CUDA a step's writes and lookup are one CUDA graph
+per padded batch size, width, ``k`` and span (captured the second time a layout is met; the
+padding rows write and read the scratch row 0). The history is int32
 and holds ``max_rows`` rows from the start, so that the graphs' addresses never move (more rows:
 the history grows and the graphs are captured again). A step reads only the history's first
 ``span`` columns, a power of two past the batch's longest context (a graph per span): its cost
