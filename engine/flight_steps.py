@@ -100,7 +100,9 @@ class OverlappedSteps:
         step is the same sequences decoding again; then commit the one in flight while the
         device runs the next."""
         flight = self._in_flight
-        self._learn()  # (the step before's outcome, while the device works, before planning)
+        # (the step before's outcome, before planning: with the next few, as host time here
+        # delays the next launch)
+        self._learn(defer=True)
         self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
         if self._in_flight is not None:  # (a proposer keeping state of the text sees it)
             self._observe(self._in_flight.forwarded.items,

@@ -642,9 +642,10 @@ class LLMEngine(OverlappedSteps):
         if not self.forward_is_async or not self.scheduler.has_unfinished:
             self._learn()
 
-    def _learn(self) -> None:
-        """The controller learns the outcome it has not seen yet (see :meth:`_run_step`)."""
+    def _learn(self, defer: bool = False) -> None:
+        """The controller learns the outcome it has not seen yet (see :meth:`_run_step`);
+        ``defer``: steps overlap, and it may learn it with the next few."""
         if self._outcome is not None:
             outcome, self._outcome = self._outcome, None
-            self.controller.learn(outcome)
+            self.controller.learn(outcome, defer)
 

@@ -36,7 +36,9 @@ verified step adds is looked up in a table by its (found, drafted, accepted, bac
 
 from __future__ import annotations
 
+import math
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -69,6 +71,21 @@ class RequestAcceptance:
         self.row = row
 
 
+class StepUpdate(NamedTuple):
+    """One engine step for :meth:`AcceptanceModel.update_steps`: :meth:`AcceptanceModel.update`'s
+    arguments, the proposals recorded before it (``(reqs, found)`` for
+    :meth:`AcceptanceModel.record_proposals`; None: none) and the engine step (``clock``) it
+    is learnt at."""
+
+    reqs: list[RequestAcceptance]
+    drafted: list[int]
+    accepted: list[int]
+    backed: list[int | None]
+    private: list[bool] | None
+    proposals: tuple[list[RequestAcceptance], list[int]] | None
+    clock: int
+
+
 class AcceptanceModel:
     """The engine's counts and every live request's, in rows of shared arrays (see the module
     docstring)."""
@@ -81,7 +98,7 @@ class AcceptanceModel:
         self.clock = 0  # engine steps (tick)
         self.stamp = 0  # the engine step of the engine counts' last update with drafts
         self.version = 0  # bumped by every change of the counts
-        self.engine_rates = self._engine_rates()  # [max_k + 2] (kept with the counts)
+        self._engine_rates: np.ndarray | None = None  # engine_rates, until the counts change
         self._estimated: tuple[tuple[int, ...], int, np.ndarray, np.ndarray] | None = None
         # the last estimates: (rows, version, values, the first column's standard errors)
         self._raised: tuple[np.ndarray, float, np.ndarray] | None = None  # the last
@@ -151,10 +168,19 @@ class AcceptanceModel:
         """``[len(reqs)]`` the requests' rows."""
         return np.fromiter(map(_row, reqs), dtype=np.int64, count=len(reqs))
 
-    def _engine_rates(self) -> np.ndarray:
+    @property
+    def engine_rates(self) -> np.ndarray:
         """``[max_k + 2]`` the engine's current rates (columns as the counts'); each backed
         position past the first is shrunk toward the position before it by
-        ``POSITION_PRIOR`` tries (see the module docstring)."""
+        ``POSITION_PRIOR`` tries (see the module docstring). Read only; worked out when first
+        read after the counts changed (an overlapped engine learns a few steps before it
+        estimates)."""
+        if self._engine_rates is None:
+            self._engine_rates = self._rates_of_engine()
+        return self._engine_rates
+
+    def _rates_of_engine(self) -> np.ndarray:
+        """:attr:`engine_rates`, worked out."""
         rates = ((self.engine[HITS] + EPSILON * START_ACCEPTANCE)
                  / (self.engine[TRIES] + EPSILON))  # [max_k + 2]
         hits, tries = self.engine[HITS], self.engine[TRIES]
@@ -234,6 +260,24 @@ class AcceptanceModel:
     def _record_proposals(self, reqs: list[RequestAcceptance], found: list[int]) -> None:
         self.found[self._rows(reqs)] = np.asarray(found) > 0
 
+    def _live_rows(self, reqs: list[RequestAcceptance]) -> np.ndarray:
+        """``[len(reqs)]`` the rows of requests to update (a released one's raises)."""
+        rows = self._rows(reqs)
+        if len(rows) and rows.min() < 0:
+            raise ValueError("AcceptanceModel.update: a request whose row was released (it "
+                             "left the engine) cannot be updated")
+        return rows
+
+    def _codes(self, num_drafted: list[int], num_accepted: list[int],
+               num_backed: list[int | None]) -> np.ndarray:
+        """``[n]`` each verified step's code in ``_add`` before its proposal's (``found``)
+        part: ``(d * K1 + a) * K1 + b`` (see :meth:`_tables`)."""
+        k1 = self.max_k + 1
+        return np.fromiter(((d * k1 + min(a, d)) * k1 + (d if b is None else min(b, d))
+                            for d, a, b in zip(num_drafted, num_accepted, num_backed,
+                                               strict=True)), dtype=np.int64,
+                           count=len(num_drafted))
+
     def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
                num_accepted: list[int], num_backed: list[int | None],
                private: list[bool] | None = None) -> None:
@@ -250,13 +294,8 @@ class AcceptanceModel:
                 num_accepted: list[int], num_backed: list[int | None],
                 private: list[bool] | None) -> None:
         n, k1 = len(reqs), self.max_k + 1
-        rows = self._rows(reqs)
-        if n and rows.min() < 0:
-            raise ValueError("AcceptanceModel.update: a request whose row was released (it "
-                             "left the engine) cannot be updated")
-        codes = np.fromiter(((d * k1 + min(a, d)) * k1 + (d if b is None else min(b, d))
-                             for d, a, b in zip(num_drafted, num_accepted, num_backed,
-                                                strict=True)), dtype=np.int64, count=n)
+        rows = self._live_rows(reqs)
+        codes = self._codes(num_drafted, num_accepted, num_backed)
         codes += (self.found[rows] + 1) * self._found_stride
         self.found[rows] = -1
         drafted, asked = self._drafted[codes], self._asked[codes]  # [n] each
@@ -285,4 +324,103 @@ class AcceptanceModel:
             self.stamp = self.clock
         engine_mult[k1] = ENGINE_DECAY ** num_asked
         self.engine = self.engine * engine_mult + add.sum(0)
-        self.engine_rates = self._engine_rates()
+        self._engine_rates = None
+
+    def update_steps(self, steps: list[StepUpdate]) -> None:
+        """Several engine steps' updates at once, in order, each with the proposals
+        recorded before it and at the engine step it was learnt at (``StepUpdate``): what
+        calling :meth:`record_proposals` and :meth:`update` for each in turn at those clocks
+        gives (tested), in a fixed number of array operations (an overlapped engine learns a
+        few steps together: host time there is on the critical path).
+
+        Closed form: a request's counts go ``c <- c * m_t + add_t`` at each of its steps
+        (``m_t``: its decay then, by column), so after them ``c * prod(m) + sum_t add_t *
+        prod(m after t)``, the products read as sums of logarithms over each request's entries
+        in step order; the engine's counts likewise, one step at a time (a few steps)."""
+        sizes = [len(step.reqs) for step in steps]
+        if not any(sizes):  # (only proposals: counted with their requests' next updates)
+            for step in steps:
+                if step.proposals is not None:
+                    self._record_proposals(*step.proposals)
+            return
+        k1 = self.max_k + 1
+        rows = np.concatenate([self._live_rows(step.reqs) for step in steps])  # [E]
+        codes = np.concatenate([self._codes(step.drafted, step.accepted, step.backed)
+                                for step in steps])  # [E]
+        if any(step.proposals is not None for step in steps) or (self.found >= 0).any():
+            found = np.empty(len(rows), dtype=np.int64)  # [E] (proposals: in step order)
+            at = 0
+            for step, size in zip(steps, sizes, strict=True):
+                if step.proposals is not None:
+                    self._record_proposals(*step.proposals)
+                found[at:at + size] = self.found[rows[at:at + size]]
+                self.found[rows[at:at + size]] = -1
+                at += size
+            codes += (found + 1) * self._found_stride
+        drafted, asked = self._drafted[codes], self._asked[codes]  # [E] each
+        if not drafted.any() and not asked.any():
+            return
+        self.version += 1
+        clocks = np.repeat([step.clock for step in steps], sizes)  # [E]
+        add = self._add[codes]  # [E, 2, max_k + 2]
+        self._update_rows(rows, clocks, drafted, asked, add)
+        steps, sizes = zip(*[(step, size) for step, size in zip(steps, sizes, strict=True)
+                             if size], strict=True)  # (the engine learns from these)
+        shared = np.concatenate([np.ones(size, bool) if step.private is None
+                                 else ~np.asarray(step.private, bool)
+                                 for step, size in zip(steps, sizes, strict=True)])  # [E]
+        starts = np.cumsum([0, *sizes[:-1]])  # [steps] each step's first entry
+        per_step = np.add.reduceat(add * shared[:, None, None], starts)  # [steps, 2, max_k + 2]
+        num_drafting = np.add.reduceat((drafted & shared).astype(np.int64), starts).tolist()
+        num_asked = np.add.reduceat((asked & shared).astype(np.int64), starts).tolist()
+        engine = self.engine
+        for step, adds, d, a in zip(steps, per_step, num_drafting, num_asked, strict=True):
+            engine_mult = np.ones(k1 + 1)  # [max_k + 2]
+            if d:
+                engine_age = DECAY ** (max(step.clock - self.stamp - 1, 0) / IDLE_STEPS)
+                engine_mult[:k1] = ENGINE_DECAY ** d * engine_age
+                self.stamp = step.clock
+            engine_mult[k1] = ENGINE_DECAY ** a
+            engine = engine * engine_mult + adds
+        self.engine = engine
+        self._engine_rates = None
+
+    def _update_rows(self, rows: np.ndarray, clocks: np.ndarray, drafted: np.ndarray,
+                     asked: np.ndarray, add: np.ndarray) -> None:
+        """The requests' counts after the entries ``[E]`` of several steps (in step order): for
+        each, its row, the engine step it was learnt at, whether it verified drafts and
+        whether it was asked for a proposal, and what it adds ``[E, 2, max_k + 2]``."""
+        k1 = self.max_k + 1
+        order = np.argsort(rows, kind="stable")  # (each request's entries stay in step order)
+        rows, clocks, drafted, asked = rows[order], clocks[order], drafted[order], asked[order]
+        add = add[order]
+        n = len(rows)
+        first = np.empty(n, bool)  # [E] a request's first entry
+        first[0] = True
+        np.not_equal(rows[1:], rows[:-1], out=first[1:])
+        starts = np.flatnonzero(first)  # [G] each request's first entry
+        group = np.cumsum(first) - 1  # [E] its request's index in starts
+        # The engine step of each entry's request's last drafting step before it: the
+        # running maximum within the request (offset by request, so it restarts at each)
+        offset = group * (int(clocks.max()) + 2)  # [E]
+        marked = np.where(drafted, clocks, -1) + offset  # [E]
+        before = np.maximum.accumulate(marked) - offset  # [E] including the entry itself
+        stamp = np.empty(n, dtype=np.int64)  # [E] excluding it
+        stamp[0] = -1
+        stamp[1:] = np.where(first[1:], -1, before[:-1])
+        stamp = np.maximum(stamp, self.stamps[rows])
+        age = DECAY ** (np.maximum(clocks - stamp - 1, 0) / IDLE_STEPS)  # [E]
+        log_mult = np.zeros((n, k1 + 1))  # [E, max_k + 2] log of each entry's decay
+        log_mult[:, :k1] = np.where(drafted, math.log(DECAY) + np.log(age), 0.0)[:, None]
+        log_mult[:, k1] = np.where(asked, math.log(DECAY), 0.0)
+        # suffix sums within each request: the decay its later entries apply to an entry's
+        suffix = np.cumsum(log_mult[::-1], axis=0)[::-1]  # [E, max_k + 2] to the array's end
+        ends = np.append(starts[1:], n)  # [G] one past each request's last entry
+        after_group = np.vstack([suffix, np.zeros((1, k1 + 1))])[ends]  # [G, max_k + 2]
+        later = np.exp(suffix - log_mult - after_group[group])  # [E, max_k + 2]
+        whole = np.exp(suffix[starts] - after_group)  # [G, max_k + 2]
+        unique = rows[starts]  # [G]
+        self.counts[unique] = (self.counts[unique] * whole[:, None, :]
+                               + np.add.reduceat(add * later[:, None, :], starts))
+        last = np.maximum.reduceat(np.where(drafted, clocks, -1), starts)  # [G]
+        self.stamps[unique] = np.maximum(self.stamps[unique], last)

@@ -438,6 +438,13 @@ class GoodputController:
         self._new_step()
         return self._idle_or_probe(self._probe_overhead)
 
+    def plan_again(self, batch_size: int, width: int) -> int:
+        """:meth:`plan` for the same sequences as the last decision, which drafted ``width``
+        (its answer), with nothing learnt since (the caller knows): the same, unless the batch
+        size's plain step is due to be measured (:meth:`wants_plain_step`)."""
+        self._new_step()
+        return 0 if self.wants_plain_step(batch_size) else width
+
     def _new_step(self) -> None:
         self.clock += 1
         self.acceptance.tick()
@@ -485,9 +492,11 @@ class GoodputController:
         key = self._choice_key(accs, avail, backed, min_width, b, packing)
         decided = self._decided
         if decided is not None and decided[0] == key:
-            w, self._keep_asking = decided[1]  # (prepared while the last forward ran)
+            w, self._keep_asking = decided[1]  # (prepared, or the same inputs' last answer)
         else:
-            w, self._keep_asking = self._decide(accs, avail, backed, min_width, b, packing)
+            answer = self._decide(accs, avail, backed, min_width, b, packing)
+            self._decided = (key, answer)  # (kept: steps learnt together ask it again)
+            w, self._keep_asking = answer
         self._set_drafting(w > 0 and not self.probing)
         if self.probing:
             w = max(w, max(avail) if backed is None else max(backed, default=0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from scheduler.acceptance import StepUpdate
 from scheduler.goodput import GoodputController, PackedRows
 from scheduler.payoff_guard import PayoffGuard
 from scheduler.scheduler import ScheduledSequence
@@ -36,6 +37,7 @@ from scheduler.speculation import (
 )
 from scheduler.tree_gate import TreeGate
 
+LEARN_EVERY = 4  # steps whose outcomes an overlapped engine's controller learns together
 
 class SpeculationOptions(Protocol):
     """The knobs of ``engine.config.SpeculativeConfig`` that the controller reads."""
@@ -84,6 +86,10 @@ class GoodputPolicy:
         # its plan, and the batch's sequences: the payoff guard's measure of the call's progress
         # (drafting steps only)
         self._fronts: dict[int, tuple[int, list[SpeculatingSequence]]] = {}
+        self._pending: list[StepOutcome] = []  # outcomes deferred to be learnt together
+        self._steady: tuple | None = None  # the last full decision's running sequences,
+        # waiting flag, acceptance and cost versions and width, when it drafted (and every
+        # sequence decoded, none left out of a closed batch's count)
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False) -> RequestSpeculation:
         limit, end = request_bounds(seq, self.max_k, self.max_model_len)
@@ -139,6 +145,14 @@ class GoodputPolicy:
             if width:
                 self._idle = None
             return width
+        steady = self._steady
+        if (steady is not None and self.controller.drafting and running == steady[0]
+                and (waiting, self.controller.acceptance.version,
+                     self.controller.costs.version) == steady[1:4]):
+            # The same sequences as the last full decision, which drafted, and nothing learnt
+            # since (an overlapped engine learns every LEARN_EVERY steps): the same width
+            # (each cap is taken fresh by ``DraftPlan.drafts_for``).
+            return self.controller.plan_again(len(running), steady[4])
         steered: list[RequestSpeculation] = []
         caps: list[int] = []
         step, closed = self._step, not waiting
@@ -158,7 +172,11 @@ class GoodputPolicy:
         layout = (n, longest, n) if longest == 1 else None
         width = self.controller.plan(steered, caps, 0, self.measured_draft_cost(), critical, n,
                                      layout)
-        self._idle = None
+        self._idle = self._steady = None
+        if (width and self.controller.drafting and critical is None
+                and all(seq.num_uncached_tokens == 1 for seq in running)):
+            self._steady = (list(running), waiting, self.controller.acceptance.version,
+                            self.controller.costs.version, width)
         if (self.controller.settled
                 and all(seq.num_uncached_tokens == 1 for seq in running)):
             self._idle = (list(running), waiting, self.controller.acceptance.version)
@@ -226,26 +244,52 @@ class GoodputPolicy:
         self._gated_steps.add(self._step)  # (only such steps are the gate's evidence)
         return self.trees.allows(batch_size)
 
-    def learn(self, outcome: StepOutcome) -> None:
+    def learn(self, outcome: StepOutcome, defer: bool = False) -> None:
         """The step's acceptance (all verified sequences at once; a tree's step counts for its
-        own sequence only: ``AcceptanceModel.update``), a steady decode step's cost, the rows of
-        the sequences that left in the step freed, and the next decision prepared
+        own sequence only: ``AcceptanceModel.update_steps``), a steady decode step's cost, the
+        rows of the sequences that left in the step freed, and the next decision prepared
         (``GoodputController.prepare``). A GPU engine calls it while the next step's forward
-        runs (host time the GPU does not wait for): a sequence aborted since is skipped."""
+        runs: a sequence aborted since is skipped. ``defer``: the engine overlaps its steps, so
+        the host time here is on the critical path; while drafting, the outcome is kept and
+        learnt with the others every ``LEARN_EVERY`` steps (or when a sequence left), and the
+        decisions in between repeat the last one (``_width``): a decision then lags a few
+        steps, which costs less than the planning it saves (docs/design.md, "The speculation
+        controller"). Not while drafting stopped: a probe's outcome is learnt at once (a
+        drift back to text that pays is seen as soon as without deferring)."""
+        self._pending.append((outcome, self.controller.acceptance.clock))
+        if (defer and self.controller.drafting and len(self._pending) < LEARN_EVERY
+                and not outcome.finished):
+            return
+        pending, self._pending = self._pending, []
+        # (the acceptance of every pending step in one update, then their costs; a sequence
+        # leaves only at the last one: its row is still its own in the update)
+        self.controller.acceptance.update_steps([self._acceptance_step(outcome, clock)
+                                                 for outcome, clock in pending])
+        for outcome, _ in pending:
+            self._learn_costs(outcome)
+        self.controller.prepare(self._batch_size)
+
+    def _acceptance_step(self, outcome: StepOutcome, clock: int) -> StepUpdate:
+        """What ``outcome`` teaches the acceptance model, learnt at engine step ``clock``: its
+        live sequences' drafts and the proposal recorded for its step (an aborted sequence's
+        row was released: it is skipped)."""
         proposals = self._proposals.pop(outcome.step, None)
         for step in [s for s in self._proposals if s < outcome.step]:  # (steps never learnt)
             del self._proposals[step]
         if proposals is not None:
             accs, found = proposals
             kept = [i for i, acc in enumerate(accs) if acc.row >= 0]
-            self.controller.acceptance.record_proposals([accs[i] for i in kept],
-                                                        [found[i] for i in kept])
+            proposals = ([accs[i] for i in kept], [found[i] for i in kept])
         live = [i for i, seq in enumerate(outcome.seqs) if seq.speculation.row >= 0]
-        if live:
-            self.controller.acceptance.update(
-                [outcome.seqs[i].speculation for i in live], [outcome.drafted[i] for i in live],
-                [outcome.accepted[i] for i in live], [outcome.backed[i] for i in live],
-                None if outcome.private is None else [outcome.private[i] for i in live])
+        return StepUpdate([outcome.seqs[i].speculation for i in live],
+                          [outcome.drafted[i] for i in live],
+                          [outcome.accepted[i] for i in live], [outcome.backed[i] for i in live],
+                          None if outcome.private is None else [outcome.private[i] for i in live],
+                          proposals, clock)
+
+    def _learn_costs(self, outcome: StepOutcome) -> None:
+        """The rest of :meth:`learn` for one outcome: the payoff guard's, the tree gate's and the
+        step costs' samples; the sequences that left in it are released."""
         timing = outcome.timing
         front = self._fronts.pop(outcome.step, None)
         for step in [s for s in self._fronts if s < outcome.step]:  # (steps never learnt)
@@ -268,7 +312,6 @@ class GoodputPolicy:
                                    timing.kv_len)
         for seq in outcome.finished:
             self.release(seq)
-        self.controller.prepare(self._batch_size)
 
 
 def closed_front(running: list[SpeculatingSequence]) -> int | None:

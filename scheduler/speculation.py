@@ -10,7 +10,7 @@ the caps, and the engine consults it at most three times a step:
 2. :meth:`SpeculationController.trim` after a *free* proposer (n-gram) answered, with its
    evidence: how many of each sequence's drafts to verify;
 3. :meth:`SpeculationController.learn` with the step's :class:`StepOutcome` (acceptance, and a
-   steady decode step's cost).
+   steady decode step's cost; an overlapped engine lets it learn a few steps' together).
 
 :class:`FixedK` verifies every cap (``adaptive_k=False``); ``scheduler.spec_policy.GoodputPolicy``
 chooses the drafts that maximise expected tokens per second. Seeded samples are steered like
@@ -169,8 +169,9 @@ class SpeculationController(Protocol):
         """While proposing a step of ``batch_size`` sequences that may draft trees: whether it
         does (else chains)."""
 
-    def learn(self, outcome: StepOutcome) -> None:
-        """The step's outcome."""
+    def learn(self, outcome: StepOutcome, defer: bool = False) -> None:
+        """The step's outcome; ``defer``: the engine's steps overlap, and it may be learnt
+        with the next few (host time saved on the critical path)."""
 
 
 def within_spare(counts: list[int], spare: int | None) -> list[int]:
@@ -229,7 +230,7 @@ class FixedK:
     def allows_tree(self, batch_size: int) -> bool:
         return True
 
-    def learn(self, outcome: StepOutcome) -> None:
+    def learn(self, outcome: StepOutcome, defer: bool = False) -> None:
         pass
 
 

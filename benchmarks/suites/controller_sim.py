@@ -52,7 +52,8 @@ class SimEngine:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, adaptive_k=adaptive)
         self.controller = make_controller(spec, k, 1 << 20, drafts_are_free=True,
                                           measured_draft_cost=lambda: 0.0)
-        self.defer = defer  # (as on a GPU: a step's outcome is learnt during the next forward)
+        self.defer = defer  # (as an overlapped engine: a step's outcome is learnt after the next
+        # plan, a few together: scheduler.spec_policy.GoodputPolicy.learn)
         self.outcome: StepOutcome | None = None  # the last step's, not learnt yet
         self.verify_cost, self.spec_overhead, self.noise = verify_cost, spec_overhead, noise
         self.rng = np.random.default_rng(seed)
@@ -143,7 +144,7 @@ class SimEngine:
         """The controller learns the outcome it has not seen yet."""
         if self.outcome is not None:
             outcome, self.outcome = self.outcome, None
-            self.controller.learn(outcome)
+            self.controller.learn(outcome, self.defer)
 
 
 def timed(engine: SimEngine, size: int, alpha: float, args: argparse.Namespace) -> float:
@@ -215,7 +216,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, default=5, help="simulations per cell (mean reported)")
     p.add_argument("--drift", action="store_true")
     p.add_argument("--no-defer", dest="defer", action="store_false",
-                   help="learn each step at once (a CPU engine) instead of one step late (GPU)")
+                   help="learn each step at once (a CPU engine), not late and a few together")
 
 
 def run(args: argparse.Namespace) -> Result:

@@ -81,7 +81,7 @@ class StepClock:
                                    "cost": float(cost[width])})
         return width
 
-    def _on_learn(self, outcome) -> None:
+    def _on_learn(self, outcome, defer: bool = False) -> None:
         """A step's outcome: this step's once its ``_record`` began, else the last step's."""
         step = (self._now if "_record" in self._started else
                 self.steps[-1] if self.steps else None)
@@ -92,7 +92,7 @@ class StepClock:
             n = len(outcome.seqs)
             kept = sum(min(a, d) for a, d in zip(outcome.accepted, outcome.drafted, strict=True))
             last["real"] = (n + kept) / max(n, 1)
-        return self._learn(outcome)
+        return self._learn(outcome, defer)
 
     def _info(self) -> dict:
         """The step's values: what decides whether the controller times it."""

@@ -110,10 +110,10 @@ def test_steps_of_unequal_drafts_are_packed_and_keep_greedy_output(target, monke
         packed.append(out.packed_rows)
         return out
 
-    def recording(outcome):
+    def recording(outcome, defer=False):
         if outcome.timing is not None:
             recorded.append(outcome.timing.packed_rows)
-        return learn(outcome)
+        return learn(outcome, defer)
 
     runner.forward, policy.learn = counted, recording
     params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
@@ -143,11 +143,11 @@ def test_a_proposal_that_is_not_steady_teaches_the_controller_no_cost(target):
 
     learn = engine.controller.learn
 
-    def learning(outcome):  # (on CPU the step's own outcome, at its end)
+    def learning(outcome, defer=False):  # (on CPU the step's own outcome, at its end)
         if outcome.timing is not None:
             seen.append((calls.pop() if calls else False, outcome.timing.propose_s))
         calls.clear()
-        return learn(outcome)
+        return learn(outcome, defer)
 
     proposer.propose = propose
     engine.controller.learn = learning
