@@ -83,7 +83,11 @@ class OverlappedSteps:
                    else self.sampler)
         # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
         # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too)
-        tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
+        if sampler is self.greedy_sampler and self._greedy_chains is not None:
+            tokens = self._greedy_chains.verify(
+                forwarded.logits, metadata.draft_token_ids.view(len(items), width - 1), sampling)
+        else:
+            tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
         accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
         features = self._features(forwarded.output)
         drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,

@@ -62,6 +62,8 @@ from engine.step_records import Forwarded, Proposed, SeqStep, Verified, step_out
 from engine.stop_checker import append_until_stop
 from proposers import ProposeRequest
 from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingParams, SamplingTensors
+from samplers.greedy import GreedyChains
+from samplers.keyed_graphs import KeyedGraphs
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from samplers.structured import Grammars, GrammarState
@@ -128,6 +130,12 @@ class LLMEngine(OverlappedSteps):
         self._planned: DraftPlan | None = None  # the next step's plan, made while in flight
         # batch size -> the sampling tensors of that many greedy requests (drafting flights)
         self._greedy_sampling: dict[int, SamplingTensors] = {}
+        # a drafting flight's greedy verification as one launch of a CUDA graph (its three
+        # kernels' host time is on the critical path of an overlapped step: samplers.greedy)
+        self._greedy_chains = (
+            GreedyChains(self.greedy_sampler, KeyedGraphs(self.device))
+            if self.overlap and self.greedy_sampler is not None and self.device.type == "cuda"
+            and self.runner.graphs is not None else None)
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:

@@ -25,7 +25,7 @@ choices").
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
-1`` per request, every key of the cache read (:mod:`proposers.head_graphs`), and always
+1`` per request, every key of the cache read (:mod:`samplers.keyed_graphs`), and always
 ``num_speculative_tokens`` drafts (or tree levels), of which each request keeps the ones it asked
 for. A layout per number of drafts as well would make new layouts in the last steps of a batch
 (each request's cap shrinks as it nears ``max_tokens``), and a layout met for the first time
@@ -52,9 +52,9 @@ from torch import nn
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.head_cache import HeadKVCache
 from proposers.head_drafting import DraftTree, draft_chain, draft_tree
-from proposers.head_graphs import HeadGraphs
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
+from samplers.keyed_graphs import KeyedGraphs
 from samplers.metadata import PinnedStaging
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent / "heads" / "smollm2-135m"
@@ -183,7 +183,7 @@ class DraftHeadProposer(Proposer):
         self._pending: dict[str | int, _Pending] = {}
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
-        self.graphs = HeadGraphs(weight.device, capture) if graphs else None
+        self.graphs = KeyedGraphs(weight.device, capture) if graphs else None
         self._to_device = PinnedStaging(weight.device)  # index columns, without waiting
         # replayed from CUDA graphs a proposal of k drafts costs a small share of a target step
         # (docs/performance.md, "Draft head"): the controller then asks for every sequence's
@@ -488,7 +488,7 @@ class DraftHeadProposer(Proposer):
         """``body`` (:func:`~proposers.head_drafting.draft_chain` or
         :func:`~proposers.head_drafting.draft_tree`) on ``feats [len(tokens), hidden_size]``
         (the pending rows, in order) padded to its layout's static shapes,
-        through :class:`HeadGraphs`: padding rows write into the scratch slot and query its
+        through :class:`KeyedGraphs`: padding rows write into the scratch slot and query its
         position 0."""
         batch = _pow2(len(slots))
         rows = batch * self.max_pending  # the layout's pending rows

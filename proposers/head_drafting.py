@@ -5,7 +5,7 @@ One proposal of :class:`proposers.draft_head.DraftHeadProposer` is one call of
 written into the head's KV cache (:mod:`proposers.head_cache`), then each request's newest pair
 queries the head, and every predicted feature is read out into a draft and fed back, one
 position further. The functions take tensors only (no host lists, no syncs), so that the same
-code runs eagerly and as the body of a CUDA graph (:mod:`proposers.head_graphs`); the proposer
+code runs eagerly and as the body of a CUDA graph (:mod:`samplers.keyed_graphs`); the proposer
 owns the bookkeeping around them (which pairs are pending, the layouts, the padding).
 
 The drafts' own keys and values go into a copy of the requests' cached keys and values, made

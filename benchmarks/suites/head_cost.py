@@ -47,7 +47,7 @@ FORWARD_CYCLES = 4_000_000
 
 
 class _TimedGraphs:
-    """CUDA events around each replay of the proposer's graphs (``HeadGraphs.run``)."""
+    """CUDA events around each replay of the proposer's graphs (``KeyedGraphs.run``)."""
 
     def __init__(self, graphs) -> None:
         self.graphs, self._run = graphs, graphs.run

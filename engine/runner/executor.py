@@ -78,6 +78,7 @@ from engine.runner.paged_attention import warm_up as warm_up_paged
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
+from samplers.keyed_graphs import KeyedGraphs
 from samplers.metadata import PinnedStaging
 
 
@@ -270,6 +271,8 @@ class Executor:
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
+        # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
+        self._chain_graphs: KeyedGraphs | None = None
         # decoder layers whose inputs every forward also returns (an EAGLE-3 head's features)
         self.aux_layers: tuple[int, ...] = ()
         self.hidden_size: int = config.hidden_size
@@ -305,6 +308,7 @@ class Executor:
                                  self.device, capture, twin_width,
                                  split_bucket if self.paged else kv_bucket)
         self.graphs.twin_max_batch = twin_max_batch
+        self._chain_graphs = KeyedGraphs(self.device, capture and self.device.type == "cuda")
 
     def warm_up(self) -> None:
         """Compile the paged kernel's variants before the first request waits for them (paged
@@ -370,16 +374,17 @@ class Executor:
             sources_t = meta[end + num_fed:end + 2 * num_fed]
             meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
                                          feed[0].index_select(0, sources_t))
+        layout = meta[:len(host)]
         if chains is not None:
-            self._write_chains(meta[:len(host)], inputs.batch_size, inputs.num_new, chains)
+            layout = self._chain_layout(layout, inputs.batch_size, inputs.num_new, chains)
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
         steady = True
         if bucket is not None:
-            hidden = self.graphs.replay(bucket, meta[:len(host)])
+            hidden = self.graphs.replay(bucket, layout)
             steady = self.graphs.steady
         else:
-            hidden = self.hidden(meta[:len(host)], inputs.batch_size, inputs.num_new, kv_len,
+            hidden = self.hidden(layout, inputs.batch_size, inputs.num_new, kv_len,
                                  query_offset, uniform, run)
         # (device_map="auto" may leave the last layer and the head on other devices than the
         # embeddings: hidden states and logits come back to the runner's device)
@@ -396,6 +401,23 @@ class Executor:
         with self._invariant_products():
             logits = self._lm_head(hidden)  # [num_logits, vocab_size]
         return logits.float().to(self.device), features, aux, steady
+
+    def _chain_layout(self, layout: torch.Tensor, batch_size: int, num_new: int,
+                      chains: FedChains) -> torch.Tensor:
+        """``layout`` with the chains' rows written (:meth:`_write_chains`): in place, or, with
+        CUDA graphs, into a graph's copy of it, replayed (its dozen small kernels' host time is
+        on an overlapped step's critical path), which the forward reads next."""
+        if self._chain_graphs is None:
+            self._write_chains(layout, batch_size, num_new, chains)
+            return layout
+
+        def body(lay: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+            out = lay.clone()
+            self._write_chains(out, batch_size, num_new, FedChains(tokens, base, chains.base_hi))
+            return out
+
+        key = (layout.numel(), batch_size, num_new, *chains.tokens.shape)
+        return self._chain_graphs.run(key, body, [layout, chains.tokens, chains.base])
 
     def _write_chains(self, layout: torch.Tensor, batch_size: int, num_new: int,
                       chains: FedChains) -> None:

@@ -324,6 +324,14 @@ def test_fed_chains_score_like_the_same_chains_from_the_host(target, graphs):
     assert [runners[1].seq_len(s) for s in range(3)] == [h + 3 for h in hi]
     for s, b in enumerate(base):  # (back to the chain's own rows, as a commit does)
         runners[1].truncate(s, b + 3)
+    if graphs:  # the same layout again: the chains are written through the static copy of
+        # the layout's graph (its second meet), and score the same
+        again = runners[1].forward_chains([0, 1, 2], FedChains(torch.tensor(chains),
+                                                               torch.tensor(base), hi))
+        torch.testing.assert_close(again.logits, host)
+        assert runners[1]._executor._chain_graphs.num_replays == 1
+        for s, b in enumerate(base):
+            runners[1].truncate(s, b + 3)
     nxt = [[7], [9], [11]]
     torch.testing.assert_close(runners[1].forward([0, 1, 2], nxt).logits,
                                runners[0].forward([0, 1, 2], nxt).logits)

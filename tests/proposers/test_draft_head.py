@@ -706,9 +706,9 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
 def test_head_graphs_capture_again_after_they_were_cleared():
     """The head's cache grew (its graphs read the old tensors): they are dropped, and the next
     capture goes into a fresh memory pool (the old one is released with its last graph)."""
-    from proposers.head_graphs import HeadGraphs
+    from samplers.keyed_graphs import KeyedGraphs
 
-    graphs = HeadGraphs(torch.device("cuda"))
+    graphs = KeyedGraphs(torch.device("cuda"))
     x = torch.arange(4.0, device="cuda")
     for _ in range(2):
         for _ in range(3):  # (eager, then captured, then replayed)

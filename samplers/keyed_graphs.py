@@ -1,13 +1,14 @@
-"""CUDA graphs of the draft head's proposal, one per static layout (batch bucket, drafts, keys).
+"""CUDA graphs of small device work, one per static layout (a key the caller chooses).
 
-A proposal of the head (:mod:`proposers.draft_head`) is a few dozen small kernels: writing the
-verified pairs' keys and values, then per draft a query over the head's cache, the layer, the
-target's output head and an argmax. On a GPU every launch costs host time, and a step of a small
-target is mostly host time, so the whole proposal is captured once per layout and replayed as one
-launch. The caller pads its inputs to the layout (``key``) and hands them in a fixed order; a
-layout runs eager the first time it is met (a shape's first run initialises cuBLAS and the
-caching allocator) and is captured the second time. :meth:`clear` drops every graph (the head's
-cache moved).
+Some of a step's work is many small launches whose host time, on a GPU, is most of a small
+target's step: the draft head's proposal (:mod:`proposers.draft_head`: writing the verified
+pairs' keys and values, then per draft a query over the head's cache, the layer, the target's
+output head and an argmax) and a drafting flight's greedy verification (the three verification
+kernels and their workspaces: ``engine.flight_steps``). Each is captured once per layout and
+replayed as one launch. The caller pads its inputs to the layout (``key``) and hands them in a
+fixed order; a layout runs eager the first time it is met (a shape's first run initialises
+cuBLAS and the caching allocator, and compiles Triton kernels) and is captured the second time.
+:meth:`clear` drops every graph (what they read moved: the head's cache).
 
 The reference is the body itself: what runs on CPU and with ``enforce_eager``, and what the graph
 captures unchanged. ``capture=False`` runs each layout eagerly through the same static buffers,
@@ -35,7 +36,7 @@ class _Captured:
     out: torch.Tensor  # static output
 
 
-class HeadGraphs:
+class KeyedGraphs:
     """Replays ``body(*inputs)`` from CUDA graphs by layout; see the module docstring."""
 
     def __init__(self, device: torch.device, capture: bool = True) -> None:
