@@ -336,11 +336,15 @@ class OverlappedSteps:
                                           result.first_row + result.num_accepted,
                                           result.tokens[-1])
         forwarded, seconds = flight.forwarded, flight.device_seconds()
-        if seconds is None and not (flight.ahead and self._in_flight is not None):
-            # (a plain step's cost for the controller is what it costs when steps overlap:
-            # its device time on CUDA, else the pipeline's period, a call that commits a step
-            # launched ahead and launches the next; another call's duration holds part of a
-            # synchronous step, or leaves out the flight's own forward)
+        # (a flight's cost for the controller is what it costs when steps overlap: the
+        # pipeline's period, a call that commits a step launched ahead and launches the next,
+        # and at least the flight's device time on CUDA; another call's duration holds part of
+        # a synchronous step, or leaves out the flight's own forward, so there only the device
+        # time counts. The device time alone priced a host-bound step at its kernels, below
+        # its period: plain steps then looked cheaper next to drafting ones than they were)
+        if flight.ahead and self._in_flight is not None:
+            seconds = max(seconds or 0.0, time.perf_counter() - start)
+        elif seconds is None:
             forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
         self._forget_finished_flight()  # (every one of them stopped)
         # (a drafting flight's drafts were made on the device: no proposal time of their own)

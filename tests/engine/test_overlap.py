@@ -368,3 +368,44 @@ def test_a_proposer_keeping_text_sees_overlapped_steps(target):
         context = len(prompt) + len(out.outputs[0].token_ids)
         assert held[-1] >= context - engine.proposer.observe_every
     assert held[1] >= held[0] - 1
+
+
+def test_a_flight_costs_the_controller_its_period_not_only_its_kernels(target, monkeypatch):
+    """A flight launched ahead is priced at the pipeline's period (the call that commits it and
+    launches the next), at least its device time: where the host is the bottleneck, its kernels'
+    time alone made plain steps look cheaper next to drafting ones than they were. Here the
+    device's clock is made to say that every flight's kernels took a nanosecond."""
+    from engine.overlap import InFlight
+
+    monkeypatch.setattr(InFlight, "device_seconds", lambda self: 1e-9)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "adaptive_k": True}
+    llm = make_llm(target, True, speculative_config=spec, max_num_seqs=4)
+    engine = llm.llm_engine
+    launches = Launches(monkeypatch, engine)
+    costs = []
+    learn = engine.controller.learn
+
+    def recording(outcome, defer=False):
+        if outcome.timing is not None:
+            costs.append(outcome.timing.step_s)
+        return learn(outcome, defer)
+
+    monkeypatch.setattr(engine.controller, "learn", recording)
+    steady = []  # per committed flight: launched ahead, committed while the next one flies
+    commit = engine._commit_flight
+
+    def committing(flight, start):
+        steady.append(flight.ahead and engine._in_flight is not None)
+        return commit(flight, start)
+
+    monkeypatch.setattr(engine, "_commit_flight", committing)
+    batch = prompts(3, seed=4)
+    batch[0] = batch[0] * 3  # (repeated text: n-gram drafts it)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    assert launches.count > 5 and steady.count(True) > 5
+    # only a flight that was not in a steady pipeline reads the device's time alone (a CPU
+    # step takes far longer than the nanosecond)
+    assert sum(c <= 1e-6 for c in costs) <= steady.count(False)
+    assert sum(c > 1e-6 for c in costs) >= 5
+    assert_engine_empty(llm)
