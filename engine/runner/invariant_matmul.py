@@ -29,12 +29,12 @@ The price is speed where cuBLAS would have split ``K``: at a few rows the only p
 over ``N`` (``cdiv(N, BLOCK_N)`` programs), which is why ``BLOCK_N`` shrinks for narrower maps.
 
 Where else it runs. Under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors: the tests)
-bf16 tiles are upcast to float32 before ``tl.dot`` (this Triton's interpreter multiplies bf16
-tiles as raw bits; bf16 products are exact in float32, so nothing else changes) and the result is
-rounded to bf16 by its bits (the interpreter truncates a cast to bf16; the GPU rounds to
-nearest). There a tile's product is summed elementwise over ``K`` instead of ``tl.dot``: the
+a tile's product is float32 products summed over ``K`` row by row instead of ``tl.dot``: the
 interpreter's ``tl.dot`` is numpy's BLAS, whose result for a row depends on where the row sits in
-the tile on some CPUs (OpenBLAS's Zen kernels: a row of 17 differed from the row alone).
+the tile on some CPUs (OpenBLAS's Zen kernels: a row of 17 differed from the row alone), and it
+multiplies bf16 tiles as raw bits (16-bit products are exact in float32, so nothing else
+changes). A bf16 result is rounded to bf16 by its bits there (the interpreter truncates a cast
+to bf16; the GPU rounds to nearest).
 :func:`invariant_linear_reference` is the PyTorch version, invariant on any device by
 construction. :class:`InvariantLinears` routes a model's ``nn.Linear`` maps through either
 inside a block.
@@ -89,7 +89,7 @@ def _invariant_linear_kernel(
         M, N, K, sw_n, sw_k,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr, ROUND_BF16: tl.constexpr, DOT_SUM: tl.constexpr):
+        ROUND_BF16: tl.constexpr, DOT_SUM: tl.constexpr):
     # which (row block, column block): GROUP_M row blocks share a band of columns in turn (the
     # order programs run in; no effect on any value)
     pid = tl.program_id(0)
@@ -115,8 +115,6 @@ def _invariant_linear_kernel(
                     other=0.0)  # [BLOCK_M, BLOCK_K]
         b = tl.load(w_cols + k[:, None] * sw_k, mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)  # [BLOCK_K, BLOCK_N]
-        if DOT_F32:
-            a, b = a.to(tl.float32), b.to(tl.float32)
         if DOT_SUM:  # (the interpreter: float32 products, exact for 16-bit tiles, summed
             # over the tile's K row by row)
             acc += tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
@@ -188,8 +186,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor,
                 HAS_BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, GROUP_M=GROUP_M,
                 # (tf32 is ignored for 16-bit tiles; float32 tiles stay IEEE)
                 PRECISION="ieee" if x.dtype == torch.float32 or _INTERPRETED else "tf32",
-                DOT_F32=_INTERPRETED and bf16, ROUND_BF16=_INTERPRETED and bf16,
-                DOT_SUM=_INTERPRETED, **config)
+                ROUND_BF16=_INTERPRETED and bf16, DOT_SUM=_INTERPRETED, **config)
     return out.view(*x.shape[:-1], n)
 
 
