@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from engine.step_records import SeqStep, Verified
 from proposers import FeatureUpdate
 
 
-def feature_updates(items: list[SeqStep], verified: list[Verified], hidden: torch.Tensor
-                    ) -> tuple[list[FeatureUpdate], torch.Tensor]:
+def feature_updates(items: list[SeqStep], verified: list[Verified], hidden: torch.Tensor,
+                    written: Collection[int] = ()) -> tuple[list[FeatureUpdate], torch.Tensor]:
     """Each running sequence's final hidden states at the positions the forward verified: a
     prefill chunk's, or the fed token's and its accepted drafts' (rows of the forward's token
     layout, :func:`engine.forward_inputs.forward_inputs`; with trees, the accepted branch's,
-    gathered). ``hidden``: ``[total_new_tokens, hidden_size]``; returns the updates and the
-    rows they name."""
+    gathered), but the sequences' ``written`` (ids) on the device already. ``hidden``:
+    ``[total_new_tokens, hidden_size]``; returns the updates and the rows they name."""
     results = {id(r.item): r for r in verified}
     any_tree = any(r.path is not None or r.item.parents is not None for r in verified)
     updates, offset = [], 0
@@ -22,7 +24,7 @@ def feature_updates(items: list[SeqStep], verified: list[Verified], hidden: torc
     for item in items:
         seq, start = item.seq, offset
         offset += item.num_new_tokens
-        if seq.is_finished:
+        if seq.is_finished or id(seq) in written:
             continue
         result = results.get(id(item))
         count = item.num_context_tokens + (result.num_accepted if result else 0)

@@ -148,7 +148,31 @@ class OverlappedSteps:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        return self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
+        nxt = self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
+        if not self._writes_pairs(flight, seqs):
+            return nxt
+        # (behind the step's forward and its tokens' copy: the flight's pairs into the draft
+        # head's cache on the device; it learns of them when the flight commits)
+        rows = flight.rows_of(seqs)
+        features, tokens = self._features(flight.forwarded.output), flight.tokens
+        if len(seqs) < len(flight.sequences):
+            index = self.runner.to_device(rows)
+            features, tokens = features.index_select(0, index), tokens.index_select(0, index)
+        self.proposer.write_after([seq.seq_id for seq in seqs], features, tokens,
+                                  [seq.num_tokens - 1 for seq in seqs])
+        return replace(nxt, pairs_written=True)
+
+    def _writes_pairs(self, flight: InFlight, seqs: list[Sequence]) -> bool:
+        """The step after plain flight ``flight`` writes the flight's pairs into the draft
+        head's cache on the device (``Proposer.write_after``), instead of the host handing it
+        the flight's features when the flight commits: a head that takes them there, the
+        flight's features kept (one row a sequence), and every one of ``seqs`` covered up to
+        the flight's fed token."""
+        return (self.proposer is not None and self.proposer.pairs_on_device
+                and self.keep_hidden and flight.forwarded.output.hidden is not None
+                and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
+                and all(self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
+                        for seq in seqs))
 
     def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
                         plan: DraftPlan) -> InFlight | None:
@@ -327,12 +351,18 @@ class OverlappedSteps:
         # (a flight fed from chains keeps its width's rows; one fed plainly holds just its own)
         ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
                                         for s in nxt.sequences}
-        updated = self._commit(flight.forwarded, verified, ahead, flight.chain is None)
-        if flight.chain is not None:  # (its drafts' pairs were written on the device)
+        # the sequences whose pairs of this flight are in the draft head's cache: all of a
+        # drafting flight's (its drafts were made there), or those the next flight wrote
+        written = (None if flight.chain is not None
+                   else set(ahead) if nxt is not None and nxt.pairs_written else set())
+        updated = self._commit(flight.forwarded, verified, ahead, written)
+        if written is None or written:
+            features = (flight.features if flight.chain is not None
+                        else self._features(flight.forwarded.output))
             for result in verified:
                 seq = result.item.seq
-                if not seq.is_finished:
-                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, flight.features,
+                if not seq.is_finished and (written is None or id(seq) in written):
+                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, features,
                                           result.first_row + result.num_accepted,
                                           result.tokens[-1])
         forwarded, seconds = flight.forwarded, flight.device_seconds()

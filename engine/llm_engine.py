@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 
 import torch
 
@@ -538,14 +539,15 @@ class LLMEngine(OverlappedSteps):
                                            [s.num_output_tokens + ahead for s in seqs])
 
     def _commit(self, forwarded: Forwarded | None, verified: list[Verified],
-                ahead: dict[int, int] | None = None, features: bool = True) -> list[Sequence]:
+                ahead: dict[int, int] | None = None,
+                written: Collection[int] | None = ()) -> list[Sequence]:
         """5. Append each verified sequence's tokens with stop checks, cut every running
         sequence's cache back to its kept context (the newest token stays uncached: it is fed
         next step, or, for the sequences ``ahead`` (id -> the flight's width), it is being fed
         by the step in flight, whose rows are kept), tell the proposer what was kept and hand a
-        draft head its features (unless ``features`` is False: it drafted on the device);
-        finished sequences leave (the controller releases them once it has learnt the
-        step)."""
+        draft head its features but those of the sequences ``written`` (ids; None: all of
+        them) on the device; finished sequences leave (the controller releases them once it
+        has learnt the step)."""
         updated = []
         for result in verified:
             seq = result.item.seq
@@ -564,8 +566,8 @@ class LLMEngine(OverlappedSteps):
             updated.append(seq)
         if forwarded is not None:
             self._rollback(forwarded, verified, ahead or {})
-            if features:
-                self._hand_features(forwarded, verified)
+            if written is not None:
+                self._hand_features(forwarded, verified, written)
         for seq in updated:
             if seq.is_finished:
                 self._release(seq, controller=False)
@@ -605,17 +607,18 @@ class LLMEngine(OverlappedSteps):
                 self.proposer.on_accepted(
                     seq.seq_id, result.num_tokens_before + min(result.num_accepted, result.kept))
 
-    def _hand_features(self, forwarded: Forwarded, verified: list[Verified]) -> None:
+    def _hand_features(self, forwarded: Forwarded, verified: list[Verified],
+                       written: Collection[int] = ()) -> None:
         """A proposer that drafts from the target's features (a draft head) gets each running
         sequence's final hidden states (or its ``feature_layers``' inputs) at the positions
-        this forward verified."""
+        this forward verified, but those of the sequences ``written`` (ids: it has them)."""
         if not self.keep_hidden:
             return
         out = forwarded.output
         # [total_new_tokens, hidden_size] (with feature layers: [.., layers * hidden_size]) or None
         hidden = out.aux_hidden if self.proposer.feature_layers else out.hidden
         if hidden is not None:
-            updates, hidden = feature_updates(forwarded.items, verified, hidden)
+            updates, hidden = feature_updates(forwarded.items, verified, hidden, written)
             if updates:
                 self.proposer.on_features(updates, hidden)
 

@@ -102,6 +102,9 @@ class InFlight:
     # launched from chains (``FedChains``): its rows were reserved for the most the flight
     # before it could advance, and go back past its own when that flight commits
     reserved: bool = False
+    # a plain step launched from a plain flight: its launch wrote that flight's pairs into the
+    # draft head's cache on the device, for this step's sequences (``Proposer.write_after``)
+    pairs_written: bool = False
 
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy

@@ -123,6 +123,9 @@ class Proposer(ABC):
     # ``drafts_on_device``: :meth:`draft_after` drafts a step's next drafts on the device from
     # its verification there (overlapped drafting steps), :meth:`advance` tells it the outcome
     drafts_on_device: bool = False
+    # ``pairs_on_device``: :meth:`write_after` takes a plain step's features and sampled tokens
+    # on the device (overlapped plain steps), :meth:`advance` tells it they were committed
+    pairs_on_device: bool = False
 
     @abstractmethod
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
@@ -163,6 +166,16 @@ class Proposer(ABC):
         how many drafts it accepted. Nothing may wait for the device."""
         raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
 
+    def write_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                    tokens: torch.Tensor, positions: Sequence[int]) -> None:
+        """Only with ``pairs_on_device``: a plain step still on the device fed request ``b``'s
+        token at position ``positions[b]``; ``features [batch, hidden]`` are its target
+        features there and ``tokens [batch]`` what it sampled after. Bring them in on the
+        device (what is pending of the request on the host first), for requests that
+        :meth:`ready_on_device` covers up to that position; :meth:`advance` follows when the
+        step is committed. Nothing may wait for the device."""
+        raise NotImplementedError(f"{type(self).__name__} takes features on the host only")
+
     def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
         """Only with ``drafts_on_device``: whether the request's state covers its context of
         ``num_tokens`` tokens but the newest (the host's), so that :meth:`draft_after` may draft
@@ -177,9 +190,10 @@ class Proposer(ABC):
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
                 token: int) -> None:
-        """Only with ``drafts_on_device``: a step drafted by :meth:`draft_after` was committed;
-        the request's context is now ``length + 1`` tokens, the newest ``token``, and
-        ``features[row]`` is the target's feature at position ``length - 1``."""
+        """Only with ``drafts_on_device``: a step drafted by :meth:`draft_after` (or one whose
+        pairs :meth:`write_after` took) was committed; the request's context is now ``length +
+        1`` tokens, the newest ``token``, and ``features[row]`` is the target's feature at
+        position ``length - 1``."""
         raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
 
 

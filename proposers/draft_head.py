@@ -51,7 +51,7 @@ from torch import nn
 
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.head_cache import HeadKVCache
-from proposers.head_drafting import DraftTree, draft_chain, draft_tree
+from proposers.head_drafting import DraftTree, draft_chain, draft_tree, write_pairs
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
 from samplers.keyed_graphs import KeyedGraphs
@@ -102,9 +102,12 @@ class _Pending:
     steps' feature tensors (no view is cut per request and step: :func:`gather_rows` joins them
     when they are written or queried), and the token after each position."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_cache: bool = False) -> None:
         self.features: list[Chunk] = []
         self.tokens: list[int] = []
+        # the pairs are in the cache already (written on the device: they stay pending for a
+        # proposal from the host to query, where writing them again is the same write)
+        self.in_cache = in_cache
 
 
 def gather_rows(chunks: list[Chunk], copy: bool = False) -> torch.Tensor:
@@ -215,6 +218,7 @@ class DraftHeadProposer(Proposer):
                 continue
             pending.features.append((features, first, u.count))
             pending.tokens.extend(u.token_ids[u.start + 1:u.start + 1 + u.count])
+            pending.in_cache = False
             if len(pending.tokens) > self.max_lazy:
                 flush.append(u.req_id)
         if flush:
@@ -387,6 +391,42 @@ class DraftHeadProposer(Proposer):
         (no tree)."""
         return self.branching is None
 
+    @property
+    def pairs_on_device(self) -> bool:
+        """A plain step's pairs written on the device (:meth:`write_after`): with chains."""
+        return self.branching is None
+
+    @torch.inference_mode()
+    def write_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                    tokens: torch.Tensor, positions: Sequence[int]) -> None:
+        """:meth:`Proposer.write_after`: the step's pairs (``features [batch, hidden_size]``,
+        each with the token sampled after it, ``tokens [batch]``) written at ``positions`` on
+        the device, in one graph a batch bucket; pairs still pending on the host (a step
+        whose features came to :meth:`on_features`) are written first, from the host. Each
+        request's pair stays its newest until :meth:`advance` (a plain step without this
+        cost a host write of every request's pairs every ``max_pending`` steps)."""
+        behind = [r for r in req_ids if self._pending[r].tokens and not self._pending[r].in_cache]
+        if behind:
+            self._write_now(behind, keep_newest=False)
+        self._ensure(max(positions) + 1)
+        slots = [self.cache.slot_of[r] for r in req_ids]
+        batch = len(req_ids)
+        tok = tokens.clamp_min(0)  # (a row the kernels marked invalid: its request fails)
+        feats = features.to(self.cache.dtype)
+        body = partial(write_pairs, self.head, self.cache, self.embed)
+        if self.graphs is None:
+            index = self._to_device(np.array(slots + list(positions), dtype=np.int64))
+            body(feats, tok, index[:batch], index[batch:])
+            return
+        padded = _pow2(batch)  # (padding rows write the scratch slot's position 0)
+        pad = padded - batch
+        index = self._to_device(np.array(slots + [self.cache.scratch] * pad + list(positions)
+                                         + [0] * pad, dtype=np.int64))  # slots, positions
+        if pad:
+            feats, tok = nn.functional.pad(feats, (0, 0, 0, pad)), nn.functional.pad(tok, (0, pad))
+        self.graphs.run(("pairs", padded), lambda f, t, i: body(f, t, i[:padded], i[padded:]),
+                        [feats, tok, index])
+
     @torch.inference_mode()
     def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
                     tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
@@ -441,19 +481,29 @@ class DraftHeadProposer(Proposer):
 
     def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
         """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache (the
-        pairs hold the contexts' tokens already)."""
-        self._write_now(list(req_ids), keep_newest=False)
+        pairs hold the contexts' tokens already); pairs written on the device are only
+        counted."""
+        behind = []
+        for req_id in req_ids:
+            pending = self._pending[req_id]
+            if pending.in_cache:
+                self.cache.length[req_id] += len(pending.tokens)
+                self._pending[req_id] = _Pending()
+            else:
+                behind.append(req_id)
+        if behind:
+            self._write_now(behind, keep_newest=False)
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor, row: int,
                 token: int) -> None:
-        """:meth:`Proposer.advance`: the pairs before position ``length - 1`` are in the cache
-        (written by :meth:`draft_after`); the newest stays pending, with its feature row and
-        token, so that a proposal from the host queries it (rewriting it there is the same
-        write)."""
+        """:meth:`Proposer.advance`: the pairs up to position ``length - 1`` are in the cache
+        (written by :meth:`draft_after` or :meth:`write_after`); the newest stays pending,
+        with its feature row and token, so that a proposal from the host queries it (rewriting
+        it there is the same write)."""
         if req_id not in self.cache.slot_of or req_id in self._broken:
             return
         self.cache.length[req_id] = length - 1
-        pending = self._pending[req_id] = _Pending()
+        pending = self._pending[req_id] = _Pending(in_cache=True)
         pending.features.append((features, row, 1))
         pending.tokens.append(token)
 

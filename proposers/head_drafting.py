@@ -60,6 +60,17 @@ class DraftTree:
         self.levels = [torch.tensor(nodes, device=device) for nodes in levels]
 
 
+def write_pairs(head: DraftHead, cache: HeadKVCache, embed: nn.Module, features: torch.Tensor,
+                tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
+                ) -> torch.Tensor:
+    """Write the pairs (``features [rows, hidden_size]``, each with the token after it,
+    ``tokens [rows]``) into the cache at (``slots``, ``positions [rows]``); returns the head's
+    inputs of the pairs ``[rows, hidden_size]``."""
+    x = head.inputs(features, embed(tokens))  # [rows, hidden_size]
+    cache.write(slots, positions, *head.keys_values(x, positions))
+    return x
+
+
 def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: Readout,
                 features: torch.Tensor, tokens: torch.Tensor, row_slots: torch.Tensor,
                 row_pos: torch.Tensor, last_rows: torch.Tensor, slots: torch.Tensor,
@@ -68,8 +79,7 @@ def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: 
     ``row_pos [rows]``) into the cache, then draft ``steps`` tokens for each request from its
     newest pair (``last_rows``, ``slots``, ``last_pos [batch]``), reading keys
     ``0 .. num_keys - 1``: ``[batch, steps]``."""
-    x = head.inputs(features, embed(tokens))  # [rows, hidden_size]
-    cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
+    x = write_pairs(head, cache, embed, features, tokens, row_slots, row_pos)
     x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
     key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
     # each [batch, num_keys, kv_heads, head_dim]: the requests' keys and values, copied
@@ -100,8 +110,7 @@ def draft_tree(head: DraftHead, cache: HeadKVCache, embed: nn.Module, candidates
     ancestors) and its children are its likeliest drafts. Node ``j``'s key is written at
     column ``last_pos + 1 + j`` of the proposal's copy of the keys (not the cache), rotated
     to its own position ``last_pos + depth``: ``[batch, num_nodes]`` tokens in level order."""
-    x = head.inputs(features, embed(tokens))  # [rows, hidden_size]
-    cache.write(row_slots, row_pos, *head.keys_values(x, row_pos))
+    x = write_pairs(head, cache, embed, features, tokens, row_slots, row_pos)
     batch = slots.shape[0]
     x = x[last_rows][:, None]  # [batch, 1, hidden_size]: the newest pair queries first
     key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]

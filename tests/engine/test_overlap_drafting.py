@@ -222,6 +222,63 @@ def test_a_draft_head_drafts_on_the_device_what_it_drafts_from_the_host(target, 
     assert len(sync) > 8 and overlapped[:len(sync) - 2] == sync[:-2]
 
 
+def test_plain_flights_write_the_heads_pairs_on_the_device(target, head_dir):
+    """The real head, plans of plain stretches then drafting: overlapped plain steps write
+    their pairs into the head's cache on the device (``write_after``) instead of handing it
+    their features on the host, and the drafts after them are the synchronous engine's at the
+    same positions (its head got the same pairs through ``on_features``); output equals plain
+    decoding's."""
+    from scheduler import DraftPlan
+
+    batch = [prompts(2, seed=8)[1] * 3, prompts(3, seed=2)[2]]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (50, 37)]
+    expected = outputs(LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+                           async_scheduling=False), batch, params)
+    logs, writes = [], []
+    for overlap in (False, True):
+        llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=overlap,
+                  speculative_config={"method": "eagle", "model": str(head_dir),
+                                      "num_speculative_tokens": K, "adaptive_k": False})
+        engine, log = llm.llm_engine, {}
+        plan = engine.controller.plan
+
+        def scripted(running, waiting, _plan=plan):  # (four plain steps, then drafting)
+            planned = _plan(running, waiting)
+            return DraftPlan(K if planned.step % 5 == 0 else 0, planned.step)
+
+        engine.controller.plan = scripted
+        proposer = engine.proposer
+        propose, after, write = proposer.propose, proposer.draft_after, proposer.write_after
+
+        # each step's drafts by the position of its first draft (the requests' in order)
+        def proposed(requests, _propose=propose, _log=log):
+            proposal = _propose(requests)
+            _log[tuple(len(r.token_ids) for r in requests)] = [
+                list(d) for d in proposal.draft_token_ids]
+            return proposal
+
+        def drafted(ids, features, tokens, accepted, base, *args, _after=after, _log=log):
+            out = _after(ids, features, tokens, accepted, base, *args)
+            _log[tuple((base + accepted + 2).tolist())] = out.tolist()
+            return out
+
+        def written(req_ids, *args, _write=write):
+            writes.append(len(req_ids))
+            return _write(req_ids, *args)
+
+        proposer.propose, proposer.draft_after, proposer.write_after = proposed, drafted, written
+        assert outputs(llm, batch, params) == expected
+        assert_engine_empty(llm)
+        logs.append(log)
+    sync, overlapped = logs
+    # (a drafting flight drafts every request's k: the host asks a request near its end for
+    # fewer, a prefix of those)
+    cut = {p: [d[:len(s)] for d, s in zip(overlapped[p], sync[p], strict=True)]
+           for p in sync if p in overlapped}
+    assert len(sync) >= 8 and cut == sync
+    assert len(writes) >= 20 and 2 in writes  # (both requests' pairs, most plain steps)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_dir, monkeypatch,
                                                                   device):

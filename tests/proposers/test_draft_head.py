@@ -702,6 +702,75 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
                                       contexts[r], k), r
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle(target, graphs):
+    """Plain steps that keep their pairs on the device (``write_after``, then ``advance`` when
+    the step is read), the first after pairs still pending on the host, some steps for a part
+    of the batch, one request's last pair handed on the host: chains drafted on the device
+    after them (``flush``, then ``draft_after``), and a proposal from the host, equal the
+    oracle over the whole context."""
+    head = random_head(target.config, seed=6)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    k = 3
+    contexts = {"a": [5, 6, 7, 8, 2], "b": [9, 3], "c": [4, 4, 1, 2, 7, 7, 30]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step in range(7):
+        req_ids = list(contexts) if step % 3 else ["c", "a"]  # (a part of the batch, reordered)
+        assert all(proposer.ready_on_device(r, len(contexts[r])) for r in req_ids)
+        features = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
+        sampled = [(step * 7 + len(contexts[r])) % VOCAB for r in req_ids]
+        proposer.write_after(req_ids, features, torch.tensor(sampled),
+                             [len(contexts[r]) - 1 for r in req_ids])
+        for row, (r, token) in enumerate(zip(req_ids, sampled, strict=True)):
+            contexts[r].append(token)
+            proposer.advance(r, len(contexts[r]) - 1, features, row, token)
+    # one plain step whose features come from the host for "b" (pending there, not written)
+    contexts["b"].append(17)
+    feed(proposer, target, contexts, {"b": (len(contexts["b"]) - 2, 1)})
+    # a drafting step after them, on the device (nothing accepted: each fed token's bonus)
+    req_ids = list(contexts)
+    base = [len(contexts[r]) - 1 for r in req_ids]
+    rows = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
+    bonus = [[(3 * len(contexts[r])) % VOCAB] for r in req_ids]
+    proposer.flush(req_ids, [contexts[r] for r in req_ids])
+    got = proposer.draft_after(req_ids, rows, torch.tensor(bonus), torch.zeros(3, dtype=torch.long),
+                               torch.tensor(base), base, k).tolist()
+    for r, chain, b in zip(req_ids, got, bonus, strict=True):
+        want = oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r] + b)[:-1],
+                             contexts[r] + b, k)
+        assert chain == want, r
+    # every pair's keys and values are those of the same pairs written from the host
+    written = make_proposer(target, head)
+    full = {r: contexts[r] + b for r, b in zip(req_ids, bonus, strict=True)}
+    feed(written, target, full, {r: (0, len(t) - 1) for r, t in full.items()})
+    written.flush(req_ids, list(full.values()))
+    for r in req_ids:
+        n = len(full[r]) - 1
+        for mine, theirs in ((proposer.cache.keys, written.cache.keys),
+                             (proposer.cache.values, written.cache.values)):
+            torch.testing.assert_close(mine[proposer.cache.slot_of[r], :n],
+                                       theirs[written.cache.slot_of[r], :n])
+    # and from the host, a fresh proposer state's way: every pending pair of the plain steps
+    proposer = make_proposer(target, head, graphs=graphs)
+    contexts = {"a": [5, 6, 7, 8, 2, 11, 12], "b": [9, 3, 40]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step in range(5):
+        req_ids = list(contexts)
+        features = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
+        sampled = [(step * 5 + len(contexts[r])) % VOCAB for r in req_ids]
+        proposer.write_after(req_ids, features, torch.tensor(sampled),
+                             [len(contexts[r]) - 1 for r in req_ids])
+        for row, (r, token) in enumerate(zip(req_ids, sampled, strict=True)):
+            contexts[r].append(token)
+            proposer.advance(r, len(contexts[r]) - 1, features, row, token)
+    proposal = proposer.propose([ProposeRequest(r, t, k, SamplingParams(temperature=0))
+                                 for r, t in contexts.items()]).draft_token_ids
+    for r, chain in zip(contexts, proposal, strict=True):
+        assert chain == oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
+                                      contexts[r], k), r
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_head_graphs_capture_again_after_they_were_cleared():
     """The head's cache grew (its graphs read the old tensors): they are dropped, and the next
