@@ -107,10 +107,11 @@ class OverlappedSteps:
         # (the step before's outcome, before planning: with the next few, as host time here
         # delays the next launch)
         self._learn(defer=True)
-        self._in_flight = self._launch_next(flight)  # (a raise leaves the flight to commit)
-        if self._in_flight is not None:  # (a proposer keeping state of the text sees it)
-            self._observe(self._in_flight.forwarded.items,
-                          Proposed(self._in_flight.chain is not None))
+        self._in_flight = nxt = self._launch_next(flight)  # (a raise leaves it to commit)
+        if nxt is not None and nxt.pairs_written:  # (the head has the flight's pairs)
+            self._proposed_last_step = True
+        elif nxt is not None:  # (a proposer keeping state of the text sees it)
+            self._observe(nxt.forwarded.items, Proposed(nxt.chain is not None))
         return self._commit_flight(flight, start)
 
     def _launch_next(self, flight: InFlight) -> InFlight | None:

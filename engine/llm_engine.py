@@ -612,7 +612,7 @@ class LLMEngine(OverlappedSteps):
         """A proposer that drafts from the target's features (a draft head) gets each running
         sequence's final hidden states (or its ``feature_layers``' inputs) at the positions
         this forward verified, but those of the sequences ``written`` (ids: it has them)."""
-        if not self.keep_hidden:
+        if not self.keep_hidden or len(written) == len(forwarded.items):
             return
         out = forwarded.output
         # [total_new_tokens, hidden_size] (with feature layers: [.., layers * hidden_size]) or None

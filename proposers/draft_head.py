@@ -411,21 +411,25 @@ class DraftHeadProposer(Proposer):
         self._ensure(max(positions) + 1)
         slots = [self.cache.slot_of[r] for r in req_ids]
         batch = len(req_ids)
-        tok = tokens.clamp_min(0)  # (a row the kernels marked invalid: its request fails)
         feats = features.to(self.cache.dtype)
-        body = partial(write_pairs, self.head, self.cache, self.embed)
+
+        def body(f: torch.Tensor, t: torch.Tensor, s: torch.Tensor, p: torch.Tensor
+                 ) -> torch.Tensor:  # (a row marked invalid is any token: its request fails)
+            return write_pairs(self.head, self.cache, self.embed, f, t.clamp_min(0), s, p)
+
         if self.graphs is None:
             index = self._to_device(np.array(slots + list(positions), dtype=np.int64))
-            body(feats, tok, index[:batch], index[batch:])
+            body(feats, tokens, index[:batch], index[batch:])
             return
         padded = _pow2(batch)  # (padding rows write the scratch slot's position 0)
         pad = padded - batch
         index = self._to_device(np.array(slots + [self.cache.scratch] * pad + list(positions)
                                          + [0] * pad, dtype=np.int64))  # slots, positions
         if pad:
-            feats, tok = nn.functional.pad(feats, (0, 0, 0, pad)), nn.functional.pad(tok, (0, pad))
+            feats = nn.functional.pad(feats, (0, 0, 0, pad))
+            tokens = nn.functional.pad(tokens, (0, pad))
         self.graphs.run(("pairs", padded), lambda f, t, i: body(f, t, i[:padded], i[padded:]),
-                        [feats, tok, index])
+                        [feats, tokens, index])
 
     @torch.inference_mode()
     def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,

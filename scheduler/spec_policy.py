@@ -254,11 +254,12 @@ class GoodputPolicy:
         learnt with the others every ``LEARN_EVERY`` steps (or when a sequence left), and the
         decisions in between repeat the last one (``_width``): a decision then lags a few
         steps, which costs less than the planning it saves (docs/design.md, "The speculation
-        controller"). Not while drafting stopped: a probe's outcome is learnt at once (a
-        drift back to text that pays is seen as soon as without deferring)."""
+        controller"). While drafting stopped, plain steps' outcomes wait too (their costs),
+        but a probe's is learnt at once, with them (a drift back to text that pays is seen as
+        soon as without deferring)."""
         self._pending.append((outcome, self.controller.acceptance.clock))
-        if (defer and self.controller.drafting and len(self._pending) < LEARN_EVERY
-                and not outcome.finished):
+        probe = not self.controller.drafting and any(outcome.drafted)
+        if defer and not probe and len(self._pending) < LEARN_EVERY and not outcome.finished:
             return
         pending, self._pending = self._pending, []
         # (the acceptance of every pending step in one update, then their costs; a sequence

@@ -7,7 +7,7 @@ import numpy as np
 from engine.config import SpeculativeConfig
 from engine.sequence import Sequence
 from samplers import SamplingParams
-from scheduler import StepOutcome, StepTiming, make_controller
+from scheduler import DraftPlan, StepOutcome, StepTiming, make_controller
 from scheduler.spec_policy import LEARN_EVERY
 
 PARAMS = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
@@ -117,3 +117,27 @@ def test_a_controller_that_stopped_drafting_learns_a_probe_at_once():
     version = policy.controller.acceptance.version
     policy.learn(_outcome(seqs, plan, [4], 100), defer=True)
     assert not policy._pending and policy.controller.acceptance.version > version
+
+
+def test_plain_outcomes_wait_while_drafting_stopped_and_a_probe_learns_them_all():
+    """Drafting stopped: plain steps' outcomes (their costs) wait for the batch as drafting
+    ones do, and a probe's is learnt at once with them."""
+    policy = _policy()
+    seqs = _decoding(policy, 2)
+    for width in (1, 5):  # (drafting loses: plain 2 ms, four drafts 20 ms)
+        for _ in range(12):
+            policy.controller.record(2, width, 0.002 if width == 1 else 0.02, 4, 0.0002)
+    plain = policy.plan(seqs, False)
+    assert plain.width == 0 and not policy.controller.drafting
+    samples = policy.controller.costs.version
+    for _ in range(LEARN_EVERY - 1):
+        policy.learn(_outcome(seqs, plain, [0, 0], 100), defer=True)
+    assert len(policy._pending) == LEARN_EVERY - 1
+    assert policy.controller.costs.version == samples  # (nothing learnt yet)
+    probe = DraftPlan(4, policy.plan(seqs, False).step)
+    version = policy.controller.acceptance.version
+    policy.learn(_outcome(seqs, probe, [3, 1], 100), defer=True)
+    assert not policy._pending and policy.controller.acceptance.version > version
+    # learnt immediately (not deferred): each plain outcome at once
+    policy.learn(_outcome(seqs, plain, [0, 0], 100), defer=False)
+    assert not policy._pending
