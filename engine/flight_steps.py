@@ -135,11 +135,8 @@ class OverlappedSteps:
         sampling = self._next_sampling(flight, seqs)
         # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
         # the flight commits, and this step's token for it is dropped)
-        fed = FedTokens(flight.tokens.clamp_min(0), flight.rows_of(seqs))
-        began = None
-        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
-            began = torch.cuda.Event(enable_timing=True)
-            began.record(torch.cuda.current_stream(self.device))
+        fed = FedTokens(flight.tokens, flight.rows_of(seqs))
+        began = self._flight_start()
         started = time.perf_counter()
         try:
             out = self.runner.forward([seq.slot for seq in seqs], [[0]] * len(seqs),
@@ -200,10 +197,7 @@ class OverlappedSteps:
                 sampling = self._greedy_sampling.get(len(seqs)) or sampling
         # (the flight's fed token sits at num_tokens - 1, and it advances at most width)
         base_hi = [seq.num_tokens - 1 + width for seq in seqs]
-        began = None
-        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
-            began = torch.cuda.Event(enable_timing=True)
-            began.record(torch.cuda.current_stream(self.device))
+        began = self._flight_start()
         started = time.perf_counter()
         fed = FedChains(tokens[:, :1] if plain else tokens, base, base_hi)
         try:
@@ -266,10 +260,7 @@ class OverlappedSteps:
                                            torch.zeros_like(fed_t), fed_t, fed, k)
         base_hi = [p + 1 for p in fed]
         base = fed_t + 1
-        began = None
-        if self.device.type == "cuda":  # (the flight's device time: engine.overlap)
-            began = torch.cuda.Event(enable_timing=True)
-            began.record(torch.cuda.current_stream(self.device))
+        began = self._flight_start()
         started = time.perf_counter()
         tokens = torch.cat([sampled, drafts], dim=1)  # [batch, k + 1]
         try:
@@ -288,6 +279,16 @@ class OverlappedSteps:
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
                                   SpecDecodeMetadata.uniform(drafts), sampling, began, True)
+
+    def _flight_start(self) -> torch.cuda.Event | None:
+        """An event recorded before a flight's forward is queued, for its device time
+        (:meth:`InFlight.device_seconds`, what the controller prices a flight at); None off
+        CUDA, or for a controller that learns nothing (each record is host time a step)."""
+        if self.device.type != "cuda" or not self.controller.learns:
+            return None
+        began = torch.cuda.Event(enable_timing=True)
+        began.record(torch.cuda.current_stream(self.device))
+        return began
 
     def _features(self, out: ForwardOutput) -> torch.Tensor | None:
         """The target features a proposer that drafts on the device reads (its

@@ -57,6 +57,8 @@ class GoodputPolicy:
     a costly proposer's cost until its proposals are timed; ``packed_rows``: the runner's rule
     for packing a step of unequal rows (``ModelRunner.packed_rows``; None: never)."""
 
+    learns = True
+
     def __init__(self, spec: SpeculationOptions, max_k: int, max_model_len: int,
                  drafts_are_free: bool, measured_draft_cost: Callable[[], float],
                  batch_bucket: Callable[[int], int] = int,

@@ -147,6 +147,9 @@ class SpeculationController(Protocol):
     """What the engine calls (see the module docstring); plus a sequence's lifecycle."""
 
     max_k: int
+    # ``learns``: :meth:`learn` reads the outcomes' costs (the engine times its steps on the
+    # device for it only then)
+    learns: bool
 
     def new_tracker(self, seq: SpeculatingSequence, together: bool = False
                     ) -> RequestSpeculation:
@@ -200,6 +203,8 @@ def request_bounds(seq: SpeculatingSequence, max_k: int, max_model_len: int) -> 
 
 class FixedK:
     """Every sequence verifies its cap, every step (``adaptive_k=False``): nothing is learnt."""
+
+    learns = False
 
     def __init__(self, max_k: int, max_model_len: int) -> None:
         self.max_k = max_k

@@ -370,10 +370,14 @@ class Executor:
             self.cache.slot_table.view(-1).index_copy_(0, changes[:len(cells)],
                                                        changes[len(cells):])
         rows_t = meta[len(host) + num_all:end]  # [num_logits] padded index of each kept row
-        if num_fed:  # (the layout's input ids are its first part)
+        if num_fed and at == sources == list(range(num_fed)) and len(feed[0]) == num_fed:
+            # (every value in order into the first ids: one kernel; a negative value, a row
+            # the kernels marked invalid, is fed as id 0: its sequence fails at the commit)
+            torch.clamp_min(feed[0], 0, out=meta[:num_fed])
+        elif num_fed:  # (the layout's input ids are its first part)
             sources_t = meta[end + num_fed:end + 2 * num_fed]
             meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
-                                         feed[0].index_select(0, sources_t))
+                                         feed[0].index_select(0, sources_t).clamp_min(0))
         layout = meta[:len(host)]
         if chains is not None:
             layout = self._chain_layout(layout, inputs.batch_size, inputs.num_new, chains)
@@ -397,7 +401,10 @@ class Executor:
                 features, aux = features[:, :size], features[:, size:]
         if self.aux_layers:
             hidden = hidden[:, :size]
-        hidden = hidden.index_select(0, rows_t.to(hidden.device))  # [num_logits, hidden_size]
+        if not on_device and kept == list(range(len(kept))):  # (the first rows: a view)
+            hidden = hidden[:len(kept)]  # [num_logits, hidden_size]
+        else:
+            hidden = hidden.index_select(0, rows_t.to(hidden.device))
         with self._invariant_products():
             logits = self._lm_head(hidden)  # [num_logits, vocab_size]
         return logits.float().to(self.device), features, aux, steady

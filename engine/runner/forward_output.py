@@ -36,7 +36,8 @@ class FedTokens:
     """New tokens that are still on the device when a forward is launched (overlapped steps: the
     tokens the step before sampled): slot ``b``'s first new token is ``values[sources[b]]``
     instead of the stand-in its ``token_ids`` hold; ``sources[b] < 0``: none (its ids as given).
-    ``values``: int64 ``[n]`` on the runner's device."""
+    ``values``: int64 ``[n]`` on the runner's device; a negative one (a row the sampling kernels
+    marked invalid) is fed as id 0."""
 
     values: torch.Tensor
     sources: list[int]
