@@ -133,6 +133,11 @@ class OverlappedSteps:
             return None
         self._proposed_last_step = False
         sampling = self._next_sampling(flight, seqs)
+        # (the flight's pairs into the draft head's cache on the device, first: a raise here
+        # leaves nothing taken; the head learns of them when the flight commits)
+        written = self._writes_pairs(flight, seqs)
+        if written:
+            self._write_pairs(flight, seqs)
         # (a row the kernels marked INVALID_TOKEN_ID is fed as id 0: its sequence fails when
         # the flight commits, and this step's token for it is dropped)
         fed = FedTokens(flight.tokens, flight.rows_of(seqs))
@@ -147,18 +152,7 @@ class OverlappedSteps:
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
         nxt = self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
-        if not self._writes_pairs(flight, seqs):
-            return nxt
-        # (behind the step's forward and its tokens' copy: the flight's pairs into the draft
-        # head's cache on the device; it learns of them when the flight commits)
-        rows = flight.rows_of(seqs)
-        features, tokens = self._features(flight.forwarded.output), flight.tokens
-        if len(seqs) < len(flight.sequences):
-            index = self.runner.to_device(rows)
-            features, tokens = features.index_select(0, index), tokens.index_select(0, index)
-        self.proposer.write_after([seq.seq_id for seq in seqs], features, tokens,
-                                  [seq.num_tokens - 1 for seq in seqs])
-        return replace(nxt, pairs_written=True)
+        return replace(nxt, pairs_written=True) if written else nxt
 
     def _writes_pairs(self, flight: InFlight, seqs: list[Sequence]) -> bool:
         """The step after plain flight ``flight`` writes the flight's pairs into the draft
@@ -171,6 +165,17 @@ class OverlappedSteps:
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
                 and all(self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
                         for seq in seqs))
+
+    def _write_pairs(self, flight: InFlight, seqs: list[Sequence]) -> None:
+        """Plain flight ``flight``'s pairs of ``seqs`` (each one's feature at its fed token,
+        ``num_tokens - 1``, with the token the flight sampled) into the draft head's cache on
+        the device (``Proposer.write_after``)."""
+        features, tokens = self._features(flight.forwarded.output), flight.tokens
+        if len(seqs) < len(flight.sequences):
+            index = self.runner.to_device(flight.rows_of(seqs))
+            features, tokens = features.index_select(0, index), tokens.index_select(0, index)
+        self.proposer.write_after([seq.seq_id for seq in seqs], features, tokens,
+                                  [seq.num_tokens - 1 for seq in seqs])
 
     def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
                         plan: DraftPlan) -> InFlight | None:

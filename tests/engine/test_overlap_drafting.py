@@ -279,6 +279,46 @@ def test_plain_flights_write_the_heads_pairs_on_the_device(target, head_dir):
     assert len(writes) >= 20 and 2 in writes  # (both requests' pairs, most plain steps)
 
 
+def test_a_failed_write_of_a_plain_flights_pairs_takes_nothing(target, head_dir):
+    """``write_after`` raising when the step after a plain flight is launched: the step raises
+    with nothing taken for the next step, the flight is committed by the next call, and the
+    requests end as plain decoding's with the engine empty."""
+    from scheduler import DraftPlan
+
+    batch = prompts(3, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    greedy = greedy_continuations(target, batch, "cpu")
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=True,
+              speculative_config={"method": "eagle", "model": str(head_dir),
+                                  "num_speculative_tokens": K, "adaptive_k": False})
+    engine = llm.llm_engine
+    plan = engine.controller.plan
+    engine.controller.plan = lambda running, waiting: DraftPlan(0, plan(running, waiting).step)
+    write = engine.proposer.write_after
+    calls = []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return write(*args)
+
+    engine.proposer.write_after = failing
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", None, p, params)
+    raised = 0
+    while engine.has_work():
+        try:
+            engine.step()
+        except RuntimeError:
+            raised += 1
+    assert raised == 1 and len(calls) > 5
+    for i in range(3):
+        seq = engine.pop_request(f"r{i}")[0]
+        assert seq.output_token_ids == greedy[i][len(batch[i]):][:30]
+    assert_engine_empty(llm)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_dir, monkeypatch,
                                                                   device):

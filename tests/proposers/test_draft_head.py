@@ -702,6 +702,19 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
                                       contexts[r], k), r
 
 
+def plain_step_on_device(proposer, target, contexts: dict, req_ids: list, salt: int) -> None:
+    """An overlapped plain step of ``req_ids``: each fed its newest token and sampled another
+    (a token from ``salt``); the pairs go in on the device (``write_after``), then the step is
+    read (``advance``) and the tokens join ``contexts``."""
+    features = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
+    sampled = [(salt + len(contexts[r])) % VOCAB for r in req_ids]
+    proposer.write_after(req_ids, features, torch.tensor(sampled),
+                         [len(contexts[r]) - 1 for r in req_ids])
+    for row, (r, token) in enumerate(zip(req_ids, sampled, strict=True)):
+        contexts[r].append(token)
+        proposer.advance(r, len(contexts[r]) - 1, features, row, token)
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
 def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle(target, graphs):
     """Plain steps that keep their pairs on the device (``write_after``, then ``advance`` when
@@ -718,13 +731,7 @@ def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle
     for step in range(7):
         req_ids = list(contexts) if step % 3 else ["c", "a"]  # (a part of the batch, reordered)
         assert all(proposer.ready_on_device(r, len(contexts[r])) for r in req_ids)
-        features = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
-        sampled = [(step * 7 + len(contexts[r])) % VOCAB for r in req_ids]
-        proposer.write_after(req_ids, features, torch.tensor(sampled),
-                             [len(contexts[r]) - 1 for r in req_ids])
-        for row, (r, token) in enumerate(zip(req_ids, sampled, strict=True)):
-            contexts[r].append(token)
-            proposer.advance(r, len(contexts[r]) - 1, features, row, token)
+        plain_step_on_device(proposer, target, contexts, req_ids, step * 7)
     # one plain step whose features come from the host for "b" (pending there, not written)
     contexts["b"].append(17)
     feed(proposer, target, contexts, {"b": (len(contexts["b"]) - 2, 1)})
@@ -756,14 +763,7 @@ def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle
     contexts = {"a": [5, 6, 7, 8, 2, 11, 12], "b": [9, 3, 40]}
     feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
     for step in range(5):
-        req_ids = list(contexts)
-        features = torch.cat([hidden_of(target, contexts[r])[-1:] for r in req_ids])
-        sampled = [(step * 5 + len(contexts[r])) % VOCAB for r in req_ids]
-        proposer.write_after(req_ids, features, torch.tensor(sampled),
-                             [len(contexts[r]) - 1 for r in req_ids])
-        for row, (r, token) in enumerate(zip(req_ids, sampled, strict=True)):
-            contexts[r].append(token)
-            proposer.advance(r, len(contexts[r]) - 1, features, row, token)
+        plain_step_on_device(proposer, target, contexts, list(contexts), step * 5)
     proposal = proposer.propose([ProposeRequest(r, t, k, SamplingParams(temperature=0))
                                  for r, t in contexts.items()]).draft_token_ids
     for r, chain in zip(contexts, proposal, strict=True):
