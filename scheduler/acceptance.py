@@ -337,6 +337,9 @@ class AcceptanceModel:
         (``m_t``: its decay then, by column), so after them ``c * prod(m) + sum_t add_t *
         prod(m after t)``, the products read as sums of logarithms over each request's entries
         in step order; the engine's counts likewise, one step at a time (a few steps)."""
+        if (all(step.proposals is None and not any(step.drafted) for step in steps)
+                and not (self.found >= 0).any()):
+            return  # (plain steps and no proposal waiting: nothing to count)
         sizes = [len(step.reqs) for step in steps]
         if not any(sizes):  # (only proposals: counted with their requests' next updates)
             for step in steps:

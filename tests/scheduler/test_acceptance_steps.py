@@ -89,3 +89,28 @@ def test_a_released_request_cannot_be_learnt_with_others():
     with pytest.raises(ValueError, match="released"):
         model.update_steps([StepUpdate([kept, gone], [2, 2], [1, 1], [None, None], None, None,
                                        1)])
+
+
+@pytest.mark.parametrize("waiting", [False, True], ids=["plain", "a-proposal-waiting"])
+def test_plain_steps_learnt_together_equal_one_at_a_time(waiting):
+    """Steps without drafts (a plain stretch) change nothing, learnt together or one at a time,
+    unless a proposal recorded before them waits to be counted with a request's next update
+    (then they count it, as one at a time does)."""
+    k = 3
+    alone, together = AcceptanceModel(k), AcceptanceModel(k)
+    reqs = _new_requests([alone, together], 3)
+    history = _random_steps(np.random.default_rng(7), reqs, 0, k, 4)
+    _one_at_a_time(alone, history)
+    _one_at_a_time(together, history)
+    if waiting:
+        for model in (alone, together):
+            model.record_proposals(reqs[:2], [2, 0])
+    clock = history[-1].clock
+    plain = [StepUpdate(reqs, [0] * 3, [0] * 3, [None] * 3, None, None, clock + i)
+             for i in range(1, 5)]
+    version = together.version
+    _one_at_a_time(alone, plain)
+    together.update_steps(plain)
+    for a, b in zip(_state(alone), _state(together), strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+    assert (together.version > version) == waiting
