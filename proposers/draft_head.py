@@ -405,9 +405,7 @@ class DraftHeadProposer(Proposer):
         whose features came to :meth:`on_features`) are written first, from the host. Each
         request's pair stays its newest until :meth:`advance` (a plain step without this
         cost a host write of every request's pairs every ``max_pending`` steps)."""
-        behind = [r for r in req_ids if self._pending[r].tokens and not self._pending[r].in_cache]
-        if behind:
-            self._write_now(behind, keep_newest=False)
+        self._write_behind(req_ids)
         self._ensure(max(positions) + 1)
         slots = [self.cache.slot_of[r] for r in req_ids]
         batch = len(req_ids)
@@ -487,14 +485,17 @@ class DraftHeadProposer(Proposer):
         """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache (the
         pairs hold the contexts' tokens already); pairs written on the device are only
         counted."""
-        behind = []
+        self._write_behind(req_ids)
         for req_id in req_ids:
             pending = self._pending[req_id]
-            if pending.in_cache:
+            if pending.tokens:  # (in the cache: written on the device)
                 self.cache.length[req_id] += len(pending.tokens)
                 self._pending[req_id] = _Pending()
-            else:
-                behind.append(req_id)
+
+    def _write_behind(self, req_ids: Sequence[str | int]) -> None:
+        """Every pending pair of those of ``req_ids`` whose pairs are not in the cache yet
+        (handed on the host, :meth:`on_features`) written from the host, the newest too."""
+        behind = [r for r in req_ids if self._pending[r].tokens and not self._pending[r].in_cache]
         if behind:
             self._write_now(behind, keep_newest=False)
 
