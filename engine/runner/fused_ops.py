@@ -49,14 +49,16 @@ import triton.language as tl
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-__all__ = ["fused_forward", "install_fused_ops", "projections_active", "rms_norm",
-           "rms_norm_reference", "rotary", "rotary_reference", "runs_here", "silu_mul",
-           "silu_mul_reference"]
+__all__ = ["PRECOMPUTED", "fused_active", "fused_forward", "install_fused_ops",
+           "projections_active", "rms_norm", "rms_norm_reference", "rotary", "rotary_reference",
+           "runs_here", "silu_mul", "silu_mul_reference"]
 
 _ACTIVE: ContextVar[bool] = ContextVar("specdec_fused_ops", default=False)
 # (engine/runner/fused_projections.py: stacked products, not batch-invariant, so a separate flag)
 _PROJECTIONS: ContextVar[bool] = ContextVar("specdec_fused_projections", default=False)
 _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps its function here
+# a fused norm's result computed ahead, (input, output): engine/runner/fused_layers.py
+PRECOMPUTED = "_specdec_precomputed"
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
 
@@ -65,6 +67,11 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU ten
 # runner's choices"), so fp16 models keep transformers' code on a GPU. Through the interpreter
 # (the CPU tests) fp16 matches bit for bit.
 _COMPILED_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def fused_active() -> bool:
+    """Inside a runner's forward with the fused kernels on (:func:`fused_forward`)."""
+    return _ACTIVE.get()
 
 
 def runs_here(*tensors: torch.Tensor) -> bool:
@@ -167,6 +174,10 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 
 def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    # (a fused layer before it computed this norm with its residual add: that very input only)
+    ahead = self.__dict__.pop(PRECOMPUTED, None)
+    if ahead is not None and ahead[0] is hidden_states:
+        return ahead[1]
     if _ACTIVE.get() and runs_here(hidden_states, self.weight):
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
     return type(self).forward(self, hidden_states)
