@@ -549,6 +549,7 @@ class LLMEngine(OverlappedSteps):
         them) on the device; finished sequences leave (the controller releases them once it
         has learnt the step)."""
         updated = []
+        now = time.perf_counter()  # (the step's tokens arrived together)
         for result in verified:
             seq = result.item.seq
             if result.failed:
@@ -562,7 +563,7 @@ class LLMEngine(OverlappedSteps):
                 if result.logprob_rows is not None:
                     seq.add_logprobs(result.logprob_rows[:result.kept],
                                      result.tokens[:result.kept])
-                self._account(seq, result)
+                self._account(seq, result, now)
             updated.append(seq)
         if forwarded is not None:
             self._rollback(forwarded, verified, ahead or {})
@@ -622,8 +623,7 @@ class LLMEngine(OverlappedSteps):
             if updates:
                 self.proposer.on_features(updates, hidden)
 
-    def _account(self, seq: Sequence, result: Verified) -> None:
-        now = time.perf_counter()
+    def _account(self, seq: Sequence, result: Verified, now: float) -> None:
         m = seq.metrics
         # (a tree: its levels, the most it can accept; forced drafts count as drafts)
         drafted = result.item.depth + result.item.forced

@@ -387,8 +387,11 @@ class ModelRunner:
             self.before_launch(NO_DECISION if graphs is None else graphs.decision)
         # a bucket pads with scratch sequences, and each sequence with scratch tokens
         rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
-        pool_rows = [self._slots.take(slot, len(ids))
-                     for slot, ids in zip(slots, token_ids, strict=True)]
+        if num_new == 1:  # (one token a slot: its rows in one cut of the free list)
+            pool_rows = [[row] for row in self._slots.take_each(slots)]
+        else:
+            pool_rows = [self._slots.take(slot, len(ids))
+                         for slot, ids in zip(slots, token_ids, strict=True)]
         inputs = lay_out(slots, token_ids, starts, pool_rows, trees, rows_batch, rows_new,
                          self._executor.scratch)
         # one length and one number of new tokens for all: transformers' causal mask is exact
@@ -411,6 +414,13 @@ class ModelRunner:
                              f"{len(slots)} and {len(token_ids)}")
         if len(set(slots)) != len(slots):
             raise ValueError(f"slots must be distinct, got {list(slots)}")
+        if all(len(ids) == 1 for ids in token_ids):  # (a decode step: checked whole, below
+            # row by row only to name what fails)
+            starts = [len(self._slots.rows(slot)) for slot in slots]
+            flat = [ids[0] for ids in token_ids]
+            if (max(starts) < self.max_model_len and min(flat) >= 0
+                    and max(flat) < self.vocab_size):
+                return starts
         starts = []
         for slot, ids in zip(slots, token_ids, strict=True):
             start = len(self._slots.rows(slot))

@@ -132,6 +132,28 @@ class SlotRows:
         held.extend(rows)
         return rows
 
+    def take_each(self, slots: Sequence[int]) -> list[int]:
+        """One free row appended to each of ``slots`` (the caller checked that they are free),
+        what :meth:`take` of one row a slot, in order, gives; returns them (a decode step's
+        rows in one cut of the free list)."""
+        if len(slots) > self.num_free_tokens:  # (before any change)
+            raise RuntimeError(f"no free pool rows for {len(slots)} slots: "
+                               f"{self.num_free_tokens} free")
+        rows: list[int] = []
+        while len(rows) < len(slots):
+            if not self._free_rows:  # (as take evicts when the free rows run out)
+                evicted = self.cache.evict(max(1, self.max_num_tokens // EVICT_FRACTION))
+                self._free_rows.extend(sorted(evicted, reverse=True))
+            k = min(len(slots) - len(rows), len(self._free_rows))
+            rows += self._free_rows[-k:][::-1]
+            del self._free_rows[-k:]
+        for slot, row in zip(slots, rows, strict=True):
+            held = self._rows[slot]
+            if held and held[-1] + 1 != row:
+                self._ascending[slot] = False
+            held.append(row)
+        return rows
+
     def run_start(self, slot: int) -> int | None:
         """The slot's first pool row when its rows are one ascending run, else None."""
         return self._rows[slot][0] if self._ascending[slot] and self._rows[slot] else None

@@ -3,10 +3,13 @@ No model."""
 
 from __future__ import annotations
 
+import random
+
 from engine.runner.step_inputs import (
     LAYOUT_ROWS,
     Scratch,
     StepInputs,
+    _lay_out_rows,
     lay_out,
     scratch_inputs,
     tree_columns,
@@ -37,6 +40,34 @@ def test_chains_padded_to_a_bucket():
               0, 1, 2],  # slots
         token_rows=[0, 2, 3], batch_size=3, num_new=2)
     assert len(got.host) == LAYOUT_ROWS * 3 * 2 + 3
+
+
+def test_a_decode_step_padded_to_a_bucket():
+    """Slots 3 and 0 decode one token each after 4 and 2 cached ones; padded to 4 rows."""
+    got = lay_out([3, 0], [[7], [8]], [4, 2], [[11], [5]], [None, None], 4, 1, SCRATCH)
+    assert got == StepInputs(
+        host=[7, 8, 0, 0,  # input ids
+              4, 2, 0, 0,  # positions
+              11, 5, 9, 9,  # pool rows
+              28, 2, 23, 23,  # slot-table cells
+              4, 2, 0, 0,  # mask limits
+              0, 0, 0, 0,  # ancestor bits
+              3, 0, 2, 2],  # slots
+        token_rows=[0, 1], batch_size=4, num_new=1)
+
+
+def test_decode_layouts_built_whole_equal_the_row_by_row_layout():
+    rng = random.Random(4)
+    scratch = Scratch(slot=40, row=999, table_width=300)
+    for _ in range(50):
+        n = rng.randint(1, 33)
+        slots = rng.sample(range(40), n)
+        starts = [rng.randrange(299) for _ in slots]
+        ids = [[rng.randrange(5000)] for _ in slots]
+        rows = [[rng.randrange(999)] for _ in slots]
+        bucket = n + rng.choice([0, 0, 1, 7])
+        assert lay_out(slots, ids, starts, rows, [None] * n, bucket, 1, scratch) == _lay_out_rows(
+            slots, ids, starts, rows, [None] * n, bucket, 1, scratch)
 
 
 def test_tree_nodes_sit_past_their_parents_and_see_their_ancestors():
