@@ -21,6 +21,7 @@ from engine.runner.fused_ops import (
 )
 from engine.runner.model_runner import ModelRunner
 from tests.conftest import DEVICE, INTERPRETED, needs_triton, tiny_model
+from tests.engine.runner.test_fused_ops import counting
 from tests.engine.runner.test_model_runner import random_schedule
 
 pytestmark = needs_triton
@@ -92,15 +93,8 @@ def test_each_add_runs_in_a_norms_kernel(monkeypatch):
                          fused_ops=True)
     assert runner.fused["layers"] == 2
     calls = {"norm": 0, "add_norm": 0}
-
-    def counted(name, real):
-        def wrapped(*args):
-            calls[name] += 1
-            return real(*args)
-        return wrapped
-
-    monkeypatch.setattr(fused_layers, "add_rms_norm", counted("add_norm", add_rms_norm))
-    monkeypatch.setattr(fused_ops, "rms_norm", counted("norm", rms_norm))
+    monkeypatch.setattr(fused_layers, "add_rms_norm", counting(calls, "add_norm", add_rms_norm))
+    monkeypatch.setattr(fused_ops, "rms_norm", counting(calls, "norm", rms_norm))
     slot = runner.allocate_slot()
     runner.forward([slot], [[3, 4, 5]])
     # the first layer's input norm alone runs on its own; two adds a layer, each with a norm

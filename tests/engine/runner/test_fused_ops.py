@@ -186,20 +186,20 @@ def test_install_takes_llama_norms_and_rotary_and_leaves_the_rest():
                                        atol=1e-5)
 
 
+def counting(calls: dict[str, int], name: str, real):
+    """``real`` that adds one to ``calls[name]`` per call."""
+    def wrapped(*args):
+        calls[name] += 1
+        return real(*args)
+    return wrapped
+
+
 @pytest.mark.skipif(not INTERPRETED, reason="a CPU model: Triton's interpreter")
 def test_the_fused_kernels_run_inside_the_runner_only(monkeypatch):
     model = tiny_model("llama", num_layers=1)
     calls = {"norm": 0, "rotary": 0}
-    real_norm, real_rotary = fused_ops.rms_norm, fused_ops.rotary
-
-    def count(name, real):
-        def wrapped(*args):
-            calls[name] += 1
-            return real(*args)
-        return wrapped
-
-    monkeypatch.setattr(fused_ops, "rms_norm", count("norm", real_norm))
-    monkeypatch.setattr(fused_ops, "rotary", count("rotary", real_rotary))
+    monkeypatch.setattr(fused_ops, "rms_norm", counting(calls, "norm", fused_ops.rms_norm))
+    monkeypatch.setattr(fused_ops, "rotary", counting(calls, "rotary", fused_ops.rotary))
     runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=40, max_model_len=20,
                          fused_ops=True)
     checks = dict(calls)  # (the install's own checks call them too)
