@@ -3,7 +3,8 @@
 Why. A decode step of a small batch is bound by its number of kernels (:mod:`engine.runner.
 fused_ops`): after the fused norms, rotary and SiLU-and-multiply, a layer of the default model
 still launched two residual adds of its own (``residual + hidden_states`` after attention and
-after the MLP), 60 of a step's ~410 kernels. Each add is followed by an RMSNorm of its result
+after the MLP; their share of a step: docs/design.md, "Measured reasons behind the runner's
+choices"). Each add is followed by an RMSNorm of its result
 (the layer's post-attention norm; the next layer's input norm, or the model's final norm after
 the last layer), so one kernel can do both: :func:`add_rms_norm` writes the sum and its norm.
 
@@ -13,11 +14,12 @@ that rounded sum, in the same launch shape: a fused layer gives the same bits as
 after a separate add.
 
 How the add after the MLP reaches the next norm. Transformers' model loop passes each layer's
-output to the next layer, which calls its input norm first; the fused layer (:func:`_layer_forward`)
-computes that norm with the sum and leaves ``(sum, normed)`` on the norm module it belongs to
-(``_PRECOMPUTED``). The fused norm's forward returns the stored result when it is called with that
-very tensor (an identity check), and computes it otherwise (a caller that runs a part of the
-layers, a tensor changed in between): the stored pair never stands in for another input.
+output to the next layer, which calls its input norm first; the fused layer
+(:func:`_layer_forward`) computes that norm with the sum and leaves ``(sum, normed)`` on the norm
+module it belongs to (``fused_ops.PRECOMPUTED``). The fused norm's forward returns the stored
+result when it is called with that very tensor (an identity check), and computes it otherwise (a
+caller that runs a part of the layers, a tensor changed in between): the stored pair never
+stands in for another input.
 
 Where (:func:`install_fused_layers`, after :func:`engine.runner.fused_ops.install_fused_ops`): the
 layers of a model's ``layers`` list whose forward is transformers' ``LlamaDecoderLayer.forward``

@@ -119,17 +119,23 @@ class SlotRows:
     def take(self, slot: int, n: int) -> list[int]:
         """Append ``n`` free rows to the slot (the caller checked that they are free); returns
         them, ascending while the pool is unfragmented."""
-        if n > len(self._free_rows):  # (the caller counted the cache's evictable rows as free)
+        rows = self._cut(n)
+        held = self._rows[slot]
+        self._ascending[slot] = self._ascending[slot] and rows == list(
+            range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
+        held.extend(rows)
+        return rows
+
+    def _cut(self, n: int) -> list[int]:
+        """The ``n`` lowest free rows, off the free list; when the free rows run short, rows the
+        prefix cache holds unlocked are evicted first (the caller counted them as free)."""
+        if n > len(self._free_rows):
             # (in batches of a 64th of the pool at least: an eviction walks the whole tree)
             evicted = self.cache.evict(max(n - len(self._free_rows),
                                            self.max_num_tokens // EVICT_FRACTION))
             self._free_rows.extend(sorted(evicted, reverse=True))
         rows = self._free_rows[-n:][::-1]
         del self._free_rows[-n:]
-        held = self._rows[slot]
-        self._ascending[slot] = self._ascending[slot] and rows == list(
-            range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
-        held.extend(rows)
         return rows
 
     def take_each(self, slots: Sequence[int]) -> list[int]:
@@ -140,13 +146,8 @@ class SlotRows:
             raise RuntimeError(f"no free pool rows for {len(slots)} slots: "
                                f"{self.num_free_tokens} free")
         rows: list[int] = []
-        while len(rows) < len(slots):
-            if not self._free_rows:  # (as take evicts when the free rows run out)
-                evicted = self.cache.evict(max(1, self.max_num_tokens // EVICT_FRACTION))
-                self._free_rows.extend(sorted(evicted, reverse=True))
-            k = min(len(slots) - len(rows), len(self._free_rows))
-            rows += self._free_rows[-k:][::-1]
-            del self._free_rows[-k:]
+        while len(rows) < len(slots):  # (the free rows, then evictions as take makes them)
+            rows += self._cut(min(len(slots) - len(rows), len(self._free_rows)) or 1)
         for slot, row in zip(slots, rows, strict=True):
             held = self._rows[slot]
             if held and held[-1] + 1 != row:

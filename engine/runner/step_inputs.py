@@ -96,7 +96,7 @@ def _lay_out_tokens(slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                     starts: Sequence[int], pool_rows: Sequence[Sequence[int]], batch_size: int,
                     scratch: Scratch) -> StepInputs:
     """:func:`lay_out` of one new token a row (a decode step): each part built whole, not row
-    by row (a batch-32 step's layout was about 80 us of host time on its critical path)."""
+    by row (its host time is on an overlapped step's critical path: docs/design.md)."""
     pad = batch_size - len(slots)
     width = scratch.table_width
     positions = [*starts, *[0] * pad]  # (a chain token's mask limit is its own position)
