@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from samplers.argmax_kernel import argmax_reference, argmax_rows
 from samplers.base import VerificationSampler
 from samplers.keyed_graphs import KeyedGraphs
 from samplers.limits import INVALID_TOKEN_ID
@@ -15,11 +16,13 @@ from samplers.sampling_tensors import SamplingTensors
 def argmax_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Greedy sampling without drafts: each row's argmax (the first of equal maxima, as the
     verification kernels pick), ``INVALID_TOKEN_ID`` for a row with a NaN or +inf or only -inf
-    (as they mark it); int64 ``[num_rows]`` from ``logits [num_rows, vocab_size]``. Two
-    kernels and no host work: a plain decode step's sampling (the verification path builds
-    sampling tensors and launches its chunked kernels for the same answer)."""
-    best, index = logits.max(dim=-1)
-    return torch.where(torch.isfinite(best), index, INVALID_TOKEN_ID)
+    (as they mark it); int64 ``[num_rows]`` from ``logits [num_rows, vocab_size]``. No host
+    work: a plain decode step's sampling (the verification path builds sampling tensors and
+    launches its chunked kernels for the same answer). On CUDA two Triton launches
+    (:mod:`samplers.argmax_kernel`), elsewhere its PyTorch reference."""
+    if logits.is_cuda and logits.dim() == 2 and logits.stride(-1) == 1:
+        return argmax_rows(logits, INVALID_TOKEN_ID)
+    return argmax_reference(logits, INVALID_TOKEN_ID)
 
 
 @register_sampler("greedy")

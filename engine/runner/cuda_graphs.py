@@ -30,8 +30,8 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
   a quarter more key columns, about four graphs per doubling of the context), capped at the
   slot table's width. Columns past a sequence's length are masked, as in an eager step. Paged
   attention reads each row's own length on the device, so its key length only picks the split
-  count: the executor passes ``paged_attention.split_bucket`` as ``kv_rounding`` (five key
-  lengths in all, none past 4,096 columns).
+  count: the executor passes ``paged_attention.split_bucket`` as ``kv_rounding`` (six key
+  lengths up to 8,192 columns, then the table's width).
 
 Every graph reads its inputs from one static long tensor laid out as the runner's host plan
 (input ids, positions, pool rows, slot-table cells, mask limits, tree ancestors, slots) and

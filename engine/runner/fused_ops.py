@@ -60,6 +60,8 @@ _ORIGINAL = "_specdec_original_rotary"  # a patched transformers module keeps it
 # a fused norm's result computed ahead, (input, output): engine/runner/fused_layers.py
 PRECOMPUTED = "_specdec_precomputed"
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
+ROTARY_ROWS = 16  # rows (a head of a token) a rotary program takes at most ...
+ROTARY_ELEMENTS = 512  # ... and half-rows' elements
 
 
 # Compiled, the kernels take bf16 and float32 tensors only: in float16 the compiled rotary does
@@ -186,44 +188,48 @@ def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.T
 # ---- rotary embedding ---------------------------------------------------------------------------
 
 @triton.jit
-def _rotate_row(x_ptr, out_ptr, pid, heads, seq, xs_b, xs_h, xs_s, os_b, os_h, os_s,
-                cos_ptr, sin_ptr, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """Row ``pid`` = (batch, head, position) of ``x`` rotated into ``out``."""
-    s = pid % seq
-    h = (pid // seq) % heads
-    b = pid // (seq * heads)
+def _rotate_rows(x_ptr, out_ptr, block, count, heads, seq, xs_b, xs_h, xs_s, os_b, os_h, os_s,
+                 cos_ptr, sin_ptr, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Rows ``block * ROWS ...`` (of ``count``; a row is a (batch, head, position)) of ``x``
+    rotated into ``out``."""
+    r = block * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    s = r % seq
+    h = (r // seq) % heads
+    b = r // (seq * heads)
     i = tl.arange(0, BLOCK)
-    live = i < HALF
-    x_row = x_ptr + b * xs_b + h * xs_h + s * xs_s
-    c_row = cos_ptr + b * cs_b + s * cs_s
-    s_row = sin_ptr + b * cs_b + s * cs_s
-    x1 = tl.load(x_row + i, mask=live, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + HALF + i, mask=live, other=0.0).to(tl.float32)
-    c1 = tl.load(c_row + i, mask=live, other=0.0).to(tl.float32)
-    c2 = tl.load(c_row + HALF + i, mask=live, other=0.0).to(tl.float32)
-    s1 = tl.load(s_row + i, mask=live, other=0.0).to(tl.float32)
-    s2 = tl.load(s_row + HALF + i, mask=live, other=0.0).to(tl.float32)
+    live = (r < count)[:, None] & (i < HALF)[None, :]  # [ROWS, BLOCK]
+    x_row = (x_ptr + b * xs_b + h * xs_h + s * xs_s)[:, None] + i[None, :]
+    c_row = (cos_ptr + b * cs_b + s * cs_s)[:, None] + i[None, :]
+    s_row = (sin_ptr + b * cs_b + s * cs_s)[:, None] + i[None, :]
+    x1 = tl.load(x_row, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + HALF, mask=live, other=0.0).to(tl.float32)
+    c1 = tl.load(c_row, mask=live, other=0.0).to(tl.float32)
+    c2 = tl.load(c_row + HALF, mask=live, other=0.0).to(tl.float32)
+    s1 = tl.load(s_row, mask=live, other=0.0).to(tl.float32)
+    s2 = tl.load(s_row + HALF, mask=live, other=0.0).to(tl.float32)
     # (each product rounded to the dtype, then the sum: PyTorch's x * cos + rotate_half(x) * sin)
     first = _rounded(_rounded(x1 * c1, TO) + _rounded(-x2 * s1, TO), TO)
     second = _rounded(_rounded(x2 * c2, TO) + _rounded(x1 * s2, TO), TO)
-    o_row = out_ptr + b * os_b + h * os_h + s * os_s
+    o_row = (out_ptr + b * os_b + h * os_h + s * os_s)[:, None] + i[None, :]
     ty = out_ptr.dtype.element_ty
-    tl.store(o_row + i, first.to(ty), mask=live)
-    tl.store(o_row + HALF + i, second.to(ty), mask=live)
+    tl.store(o_row, first.to(ty), mask=live)
+    tl.store(o_row + HALF, second.to(ty), mask=live)
 
 
 @triton.jit
-def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_rows, q_heads, k_heads, seq,
-                   qs_b, qs_h, qs_s, ks_b, ks_h, ks_s, qos_b, qos_h, qos_s, kos_b, kos_h, kos_s,
-                   cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)  # the queries' rows, then the keys'
-    if pid < q_rows:
-        _rotate_row(q_ptr, qo_ptr, pid, q_heads, seq, qs_b, qs_h, qs_s, qos_b, qos_h, qos_s,
-                    cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK)
+def _rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_rows, k_rows, q_heads,
+                   k_heads, seq, qs_b, qs_h, qs_s, ks_b, ks_h, ks_s, qos_b, qos_h, qos_s, kos_b,
+                   kos_h, kos_s, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    pid = tl.program_id(0)  # the queries' row blocks, then the keys'
+    q_blocks = tl.cdiv(q_rows, ROWS)
+    if pid < q_blocks:
+        _rotate_rows(q_ptr, qo_ptr, pid, q_rows, q_heads, seq, qs_b, qs_h, qs_s, qos_b, qos_h,
+                     qos_s, cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK, ROWS)
     else:
-        _rotate_row(k_ptr, ko_ptr, pid - q_rows, k_heads, seq, ks_b, ks_h, ks_s, kos_b, kos_h,
-                    kos_s, cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK)
+        _rotate_rows(k_ptr, ko_ptr, pid - q_blocks, k_rows, k_heads, seq, ks_b, ks_h, ks_s,
+                     kos_b, kos_h, kos_s, cos_ptr, sin_ptr, cs_b, cs_s, TO, HALF, BLOCK, ROWS)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -236,16 +242,19 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     batch, q_heads, seq, dim = q.shape
     k_heads = k.shape[1]
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    q_rows = batch * q_heads * seq
-    rows = q_rows + batch * k_heads * seq
-    if rows:
+    q_rows, k_rows = batch * q_heads * seq, batch * k_heads * seq
+    if q_rows + k_rows:
+        # (rows a program: a program a row left most of its threads idle, and a batch-32
+        # step of the 1B launched 1,280 of them)
+        half = triton.next_power_of_2(dim // 2)
+        rows = max(1, min(ROTARY_ROWS, ROTARY_ELEMENTS // half))
         cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
         with _on(q):
-            _rotary_kernel[(rows,)](
-                q, k, q_out, k_out, cos, sin, q_rows, q_heads, k_heads, seq,
+            _rotary_kernel[(triton.cdiv(q_rows, rows) + triton.cdiv(k_rows, rows),)](
+                q, k, q_out, k_out, cos, sin, q_rows, k_rows, q_heads, k_heads, seq,
                 *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
-                cos_b, cos.stride(1), TO=_rounding(q.dtype), HALF=dim // 2,
-                BLOCK=triton.next_power_of_2(dim // 2))
+                cos_b, cos.stride(1), TO=_rounding(q.dtype), HALF=dim // 2, BLOCK=half,
+                ROWS=rows)
     return q_out, k_out
 
 

@@ -30,11 +30,13 @@ to the table's width. Each block's pool rows come from the slot table; the softm
 (running max and sum, base 2) in float32.
 
 Split-K (flash-decoding). A decode step of a small batch has ``batch * kv_heads`` programs, too
-few to fill a GPU of ~132 SMs at long contexts. With ``num_splits > 1`` each program takes one
-of ``num_splits`` equal shares of its key blocks and writes a normalised partial output and its
-log-sum-exp (base 2; ``-inf`` for a share with no visible column); a second kernel combines the
-shares. The count is chosen on the host (:func:`split_count`) from the step's sizes, which are
-static per CUDA-graph bucket.
+few to fill a GPU of ~132 SMs, and each walks its whole key range one block after another, a
+chain of dependent loads even at a few hundred keys (docs/design.md, "Measured reasons behind
+the runner's choices"). With ``num_splits > 1`` each program takes one of ``num_splits`` equal
+shares of its key blocks and writes a normalised partial output and its log-sum-exp (base 2;
+``-inf`` for a share with no visible column); a second kernel combines the shares. The count is
+chosen on the host (:func:`split_count`) from the step's sizes, which are static per CUDA-graph
+bucket. With one split, the loop loads each block's pool rows a block ahead (``PREFETCH``).
 
 Chain order (deterministic mode). A token's result depends on where its visible keys sit among
 the column blocks: the products and sums of a block run over its columns in a fixed tree, and
@@ -74,8 +76,11 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU ten
 ANCESTOR_BITS = 64  # a token's tree-ancestor set: the bits of one int64
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
-SPLIT_MIN_BLOCKS = 4  # a split share gets at least this many key blocks
-SPLIT_COLUMNS = SPLIT_MIN_BLOCKS * 64  # key columns per split share at least (default block_n)
+BLOCK_N = 64  # key columns a block (the launcher's default)
+SPLIT_PROGRAMS_PER_SM = 4  # split_count: programs a step may have per SM ...
+SPLIT_BUSY_BLOCKS = 8  # ... and key blocks a share takes at least once they are many
+SPLIT_COLUMNS = 4 * BLOCK_N  # split_bucket: the shortest graph key length ...
+MAX_SPLIT_COLUMNS = MAX_SPLITS * SPLIT_BUSY_BLOCKS * BLOCK_N  # ... and past this, the table's
 
 
 @triton.jit
@@ -106,6 +111,18 @@ def _chain_columns(cols, limit, anc):
     return tl.where(rank >= 0, limit + 1 + pos, cols), limit + 1 + seen
 
 
+@triton.jit
+def _pool_rows(table_ptr, row_start, cols, hi, limit_t, anc_t, CHAIN_ORDER: tl.constexpr):
+    """The pool rows of key columns ``cols [BLOCK_N]`` (int64; 0 past ``hi``) from a slot's
+    table row at ``row_start``; in chain order, a tree node's columns after its limit are read
+    through :func:`_chain_columns`."""
+    read = cols.to(tl.int64)
+    if CHAIN_ORDER:
+        if anc_t != 0:
+            read = _chain_columns(read, limit_t, anc_t)[0]
+    return tl.load(table_ptr + row_start + read, mask=cols < hi, other=0).to(tl.int64)
+
+
 @triton.jit(do_not_specialize=["sq_b", "sq_h", "sq_t", "s_table", "sl_b", "sa_b", "so_b", "so_t",
                                "batch", "num_new", "table_width"],
             # (views into the step's one index tensor, read a value at a time: docstring)
@@ -122,7 +139,7 @@ def _paged_attention_kernel(
         batch, kv_heads, num_new, head_dim, table_width, scale_log2,
         GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr, CHAIN_ORDER: tl.constexpr):
+        DOT_F32: tl.constexpr, CHAIN_ORDER: tl.constexpr, PREFETCH: tl.constexpr):
     pid_bh, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, kv_head = pid_bh // kv_heads, pid_bh % kv_heads
     num_rows = GROUPS * num_new
@@ -148,6 +165,8 @@ def _paged_attention_kernel(
     # last visible column of each row: its limit, or its highest tree bit's column
     last = tl.where(anc != 0, limit + _bit_length(anc), limit)
     kv_end = tl.minimum(tl.max(tl.where(row_ok, last, 0), axis=0) + 1, table_width)
+    limit_t = kv_end * 0  # (chain order's scalars: the token's limit and tree bits)
+    anc_t = kv_end * 0
     if CHAIN_ORDER:  # (the token's limit and bits as scalars; its visible keys, counted)
         limit_t = tl.load(limits_ptr + b * sl_b + pid_m * sl_t).to(tl.int64)
         anc_t = tl.load(anc_ptr + b * sa_b + pid_m * sa_t).to(tl.int64)
@@ -162,17 +181,27 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # With one split (PREFETCH) a program walks its row's whole key range, and the loop's time
+    # was its chain of dependent loads (table, then keys, then values): each block's pool rows
+    # are then loaded one block ahead and its values with its keys. With several, the programs
+    # are many and the extra live registers cost more resident programs than they save
+    # (docs/design.md, "Measured reasons behind the runner's choices").
+    if PREFETCH:
+        pool_rows = _pool_rows(table_ptr, slot * s_table, lo + tl.arange(0, BLOCK_N), hi,
+                               limit_t, anc_t, CHAIN_ORDER)
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key columns (positions)
         col_ok = cols < hi
-        read = cols.to(tl.int64)
-        if CHAIN_ORDER:
-            if anc_t != 0:
-                read = _chain_columns(read, limit_t, anc_t)[0]
-        pool_rows = tl.load(table_ptr + slot * s_table + read, mask=col_ok, other=0).to(tl.int64)
-        kv_mask = col_ok[None, :] & d_ok[:, None]
+        if not PREFETCH:
+            pool_rows = _pool_rows(table_ptr, slot * s_table, cols, hi, limit_t, anc_t,
+                                   CHAIN_ORDER)
         k = tl.load(k_ptr + kv_base * sk_h + pool_rows[None, :] * sk_r + d[:, None] * sk_d,
-                    mask=kv_mask, other=0.0)  # [BLOCK_D, BLOCK_N]
+                    mask=col_ok[None, :] & d_ok[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        if PREFETCH:
+            v = tl.load(v_ptr + kv_base * sv_h + pool_rows[:, None] * sv_r + d[None, :] * sv_d,
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            pool_rows = _pool_rows(table_ptr, slot * s_table, cols + BLOCK_N, hi, limit_t,
+                                   anc_t, CHAIN_ORDER)  # (the next block's)
         if DOT_F32:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
@@ -191,8 +220,9 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_base * sv_h + pool_rows[:, None] * sv_r + d[None, :] * sv_d,
-                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        if not PREFETCH:
+            v = tl.load(v_ptr + kv_base * sv_h + pool_rows[:, None] * sv_r + d[None, :] * sv_d,
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
         p = p.to(v.dtype)  # (P V in the values' dtype, as flash attention does)
         if DOT_F32:
             p, v = p.to(tl.float32), v.to(tl.float32)
@@ -256,7 +286,7 @@ def _block_m(num_rows: int) -> int:
 def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     slot_table: torch.Tensor, slots: torch.Tensor, limits: torch.Tensor,
                     ancestors: torch.Tensor, scale: float, num_splits: int = 1,
-                    block_n: int = 64, chain_order: bool = False) -> torch.Tensor:
+                    block_n: int = BLOCK_N, chain_order: bool = False) -> torch.Tensor:
     """The kernel's launcher (see the module docstring): ``query [batch, heads, num_new,
     head_dim]``, ``keys``/``values [kv_heads, num_rows, head_dim]``, ``slot_table [num_slots,
     table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]`` (integer
@@ -318,7 +348,7 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
             batch, kv_heads, num_new, head_dim, slot_table.shape[1], scale * _LOG2E,
             GROUPS=groups, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             NUM_SPLITS=num_splits, PRECISION=precision, DOT_F32=dot_f32,
-            CHAIN_ORDER=chain_order, num_warps=4)
+            CHAIN_ORDER=chain_order, PREFETCH=num_splits == 1, num_warps=4)
         if num_splits > 1:
             _combine_splits_kernel[grid[:2]](
                 part_o, part_lse, out, *out.stride(), batch, kv_heads, num_new, head_dim,
@@ -340,21 +370,23 @@ def _sm_count(device: torch.device) -> int:
 
 
 def split_count(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int,
-                device: torch.device, block_n: int = 64) -> int:
+                device: torch.device, block_n: int = BLOCK_N) -> int:
     """Shares of the key range for a step of these sizes (``kv_len``: the longest row's key
-    columns, static per CUDA-graph bucket): 1 when the programs already fill the GPU's SMs or
-    the keys are short, else enough programs to fill the SMs twice, each share at least
-    ``SPLIT_MIN_BLOCKS`` key blocks, at most ``MAX_SPLITS``, rounded down to a power of two
-    (each count is a kernel compiled on first use: 5 of them, not 16). 1 off CUDA."""
+    columns, static per CUDA-graph bucket): 1 off CUDA; else as many as keep the programs
+    within ``SPLIT_PROGRAMS_PER_SM`` per SM, each share at least one key block while the
+    programs are fewer than half the SMs and ``SPLIT_BUSY_BLOCKS`` blocks once they are more
+    (then a split only shortens each program's walk and pays the combining launch), at most
+    ``MAX_SPLITS``, rounded down to a power of two (each count is a kernel compiled on first
+    use). The thresholds are the measured best counts of docs/design.md ("Measured reasons
+    behind the runner's choices")."""
     if device.type != "cuda":
         return 1
     rows = heads // kv_heads * num_new
     programs = batch * kv_heads * triton.cdiv(rows, _block_m(rows))
     sms = _sm_count(device)
-    if programs >= sms:
-        return 1
-    by_length = kv_len // (SPLIT_MIN_BLOCKS * block_n)
-    wanted = max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs), by_length))
+    share = 1 if 2 * programs < sms else SPLIT_BUSY_BLOCKS  # key blocks a share at least
+    wanted = max(1, min(MAX_SPLITS, kv_len // block_n // share,
+                        SPLIT_PROGRAMS_PER_SM * sms // programs))
     return 1 << (wanted.bit_length() - 1)
 
 
@@ -362,13 +394,14 @@ def split_bucket(kv_len: int, limit: int) -> int:
     """The key length of the CUDA graph that serves a paged step of ``kv_len`` key columns (at
     most ``limit``, the slot table's width). The kernel finds each row's last visible column on
     the device, so a graph replays for any length up to the table's width, and the key length
-    picks only the split count (:func:`split_count`), which moves where ``kv_len //
-    SPLIT_COLUMNS`` passes a power of two and not past ``MAX_SPLITS``: ``kv_len`` rounds up to
-    ``SPLIT_COLUMNS`` times a power of two, or to ``limit`` past ``SPLIT_COLUMNS * MAX_SPLITS``.
-    Five graphs per batch and width then serve every context, where rounding for the gather
-    path's copies (:func:`engine.runner.cuda_graphs.kv_bucket`) captures about four per
-    doubling of the context, each one an eager step and a capture in the middle of a request."""
-    if kv_len > SPLIT_COLUMNS * MAX_SPLITS:
+    picks only the split count (:func:`split_count`), which moves where ``kv_len // BLOCK_N``
+    passes a power of two: ``kv_len`` rounds up to ``SPLIT_COLUMNS`` times a power of two (at
+    least ``SPLIT_COLUMNS``), or to ``limit`` past ``MAX_SPLIT_COLUMNS``, where every count has
+    reached its most. Seven graphs per batch and width then serve every context, where rounding
+    for the gather path's copies (:func:`engine.runner.cuda_graphs.kv_bucket`) captures about
+    four per doubling of the context, each one an eager step and a capture in the middle of a
+    request."""
+    if kv_len > MAX_SPLIT_COLUMNS:
         return limit
     return min(limit, SPLIT_COLUMNS << ((kv_len - 1) // SPLIT_COLUMNS).bit_length())
 
@@ -406,7 +439,7 @@ def paged_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: t
 
 
 def warm_up(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-            chain_order: bool = False, block_n: int = 64) -> int:
+            chain_order: bool = False, block_n: int = BLOCK_N) -> int:
     """Compile, before any request, every variant of the kernel (each tile height with every
     split count; chain order: its one tile and one split) by running it on a few rows. Returns
     how many variants ran. No-op (0) off CUDA."""

@@ -246,16 +246,25 @@ def test_the_launcher_refuses_bad_arguments():
 def test_split_count_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
     monkeypatch.setattr(pa, "_sm_count", lambda device: 132)
     cuda = torch.device("cuda")
-    # 1B shape (32 heads over 8): batch 1 has 8 programs; 8192 keys allow 32 shares of 256,
-    # filling 132 SMs twice needs 33: capped at MAX_SPLITS
-    assert split_count(1, 32, 8, 1, 8192, cuda) == pa.MAX_SPLITS
-    assert split_count(1, 32, 8, 1, 1024, cuda) == 4  # 4 shares of 256 keys
-    assert split_count(1, 32, 8, 1, 256, cuda) == 1  # too short to split
-    assert split_count(32, 32, 8, 1, 8192, cuda) == 1  # 256 programs: the SMs are full
-    # default model: 24 programs -> 264 / 24 = 11, rounded down to a power of two (fewer
-    # kernel variants to compile)
-    assert split_count(8, 9, 3, 1, 8192, cuda) == 8
-    assert split_count(1, 32, 8, 1, 1536, cuda) == 4  # 6 shares of 256 keys -> 4
+    # 1B shape (32 heads over 8), batch 1: 8 programs (fewer than 66, half the SMs), so a
+    # share takes one 64-key block at least; up to 4 * 132 / 8 = 66 programs each
+    assert split_count(1, 32, 8, 1, 8192, cuda) == pa.MAX_SPLITS  # 128 blocks: capped
+    assert split_count(1, 32, 8, 1, 512, cuda) == 8  # 8 blocks
+    assert split_count(1, 32, 8, 1, 256, cuda) == 4
+    assert split_count(1, 32, 8, 1, 64, cuda) == 1  # one block: nothing to split
+    assert split_count(1, 32, 8, 1, 384, cuda) == 4  # 6 blocks -> a power of two
+    # batch 32: 256 programs (more than 66): shares of 8 blocks at least, at most 528 / 256
+    # = 2 shares
+    assert split_count(32, 32, 8, 1, 256, cuda) == 1  # 4 blocks: less than a share
+    assert split_count(32, 32, 8, 1, 2048, cuda) == 2
+    assert split_count(32, 32, 8, 1, 8192, cuda) == 2
+    # default model (9 heads over 3): batch 32 has 96 programs -> 528 / 96 = 5 -> 4 shares
+    assert split_count(32, 9, 3, 1, 2048, cuda) == 4  # 32 blocks: 4 shares of 8
+    assert split_count(32, 9, 3, 1, 512, cuda) == 1  # 8 blocks: one share
+    # batch 8: 24 programs (few): up to 22 shares of one block -> 16
+    assert split_count(8, 9, 3, 1, 8192, cuda) == 16
+    # a verification of 4 tokens a row at batch 1: 9 * 4 = 36 rows in one 64-row tile
+    assert split_count(1, 36, 4, 4, 512, cuda) == 8
     assert split_count(1, 32, 8, 1, 8192, torch.device("cpu")) == 1
 
 

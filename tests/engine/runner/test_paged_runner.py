@@ -124,16 +124,16 @@ def test_cuda_graphs_match_the_gather_backend(dtype):
 
 def test_paged_graphs_are_keyed_by_the_split_count_only():
     """The paged kernel reads each row's length on the device, so a graph's key length only
-    picks the split count: six key lengths serve every context of an 8,192-token table (each
+    picks the split count: seven key lengths serve every context of a 16,384-token table (each
     one at least the step's own, never past the table), where the gather runner's rounding
-    (a copy of that many columns a layer) keeps 13."""
+    (a copy of that many columns a layer) keeps 15."""
     from engine.runner.cuda_graphs import kv_bucket
 
-    limit = 8193
+    limit = 16385
     buckets = {n: paged_attention.split_bucket(n, limit) for n in range(1, limit + 1)}
     assert all(n <= b <= limit for n, b in buckets.items())
-    assert sorted(set(buckets.values())) == [256, 512, 1024, 2048, 4096, limit]
-    assert len({kv_bucket(n, limit) for n in range(1, limit + 1)}) == 13
+    assert sorted(set(buckets.values())) == [256, 512, 1024, 2048, 4096, 8192, limit]
+    assert len({kv_bucket(n, limit) for n in range(1, limit + 1)}) == 15
     model = tiny_model("llama", vocab_size=96, seed=2)
     for backend, expected in (("paged", 512), ("gather", kv_bucket(300, 601))):
         runner = ModelRunner(model, max_num_seqs=2, max_num_tokens=64, max_model_len=600,
