@@ -2,7 +2,7 @@
 sampling on CUDA.
 
 Why. PyTorch's ``max(dim=-1)`` of a few rows over a large vocabulary was one of the step's
-slowest launches, and the finite check after it took five more kernels (docs/design.md,
+slowest launches, and the finite check after it took six more kernels (docs/design.md,
 "Measured reasons behind the runner's choices"). Here the first launch splits every row into
 chunks of ``CHUNK`` logits, one program each (many SMs take part at batch 1), and the second
 combines each row's chunks.
