@@ -69,7 +69,7 @@ from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key, kv_bucket
 from engine.runner.forward_output import FedChains
-from engine.runner.fused_layers import install_fused_layers
+from engine.runner.fused_layers import install_fused_attention, install_fused_layers
 from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.fused_projections import install_fused_projections, remove_fused_projections
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
@@ -237,12 +237,13 @@ class Executor:
         self.dtype = next(model.parameters()).dtype
         if fused_ops is not None and not isinstance(fused_ops, bool):
             raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
-        # {"norms": n, "rotary_modules": m, "layers": l, "qkv": q, "gate_up": g}: what the
-        # fused kernels replaced (empty: none)
+        # {"norms": n, "rotary_modules": m, "layers": l, "attention": a, "qkv": q,
+        # "gate_up": g}: what the fused kernels replaced (empty: none)
         self.fused: dict[str, int] = {}
         if fused_ops or deterministic or (fused_ops is None and self.device.type == "cuda"):
             taken = install_fused_ops(model, self.device)
             taken["layers"] = install_fused_layers(model)
+            taken["attention"] = install_fused_attention(model)
             if stack:
                 taken.update(install_fused_projections(model))
             self.fused = taken if any(taken.values()) else {}

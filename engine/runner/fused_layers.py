@@ -26,20 +26,28 @@ layers of a model's ``layers`` list whose forward is transformers' ``LlamaDecode
 (the same code: Mistral's, Qwen2's and Qwen3's are generated from it), whose two norms and
 successor norm took the fused kernel, and that have no forward of their own (accelerate's hooks).
 Only inside the runner's forwards (``fused_forward``); anywhere else transformers' code runs.
+
+Attention (:func:`install_fused_attention`). A LLaMA-form attention module (transformers'
+``LlamaAttention.forward``, its module's rotary in the fused kernel) hands its rotary embedding
+and the cache's write to the cache in one call, ``update_rotated``
+(:mod:`engine.runner.rotary_write`: one launch instead of the rotary's and the write's), where
+the cache takes it (the paged runner's steps); otherwise it runs transformers' two steps.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 
 import torch
 import triton
 import triton.language as tl
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaDecoderLayer
 
 from engine.runner.fused_ops import (
+    _ORIGINAL,
     PRECOMPUTED,
     _fused_norm_forward,
     _on,
@@ -49,7 +57,8 @@ from engine.runner.fused_ops import (
     runs_here,
 )
 
-__all__ = ["add_rms_norm", "add_rms_norm_reference", "install_fused_layers"]
+__all__ = ["add_rms_norm", "add_rms_norm_reference", "install_fused_attention",
+           "install_fused_layers"]
 
 _NEXT_NORM = "_specdec_next_norm"  # a fused layer's successor norm (its __dict__, not a submodule)
 
@@ -166,5 +175,68 @@ def install_fused_layers(model: nn.Module) -> int:
         if _is_llama_layer(layer) and _takes_fused_norm(after):
             layer.__dict__[_NEXT_NORM] = after  # (not a submodule: the state dict stays)
             layer.forward = types.MethodType(_layer_forward, layer)
+            taken += 1
+    return taken
+
+
+def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, *args,
+                       **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``LlamaAttention.forward`` with the rotary embedding and the cache's write in one launch
+    where the cache takes them (``PagedKVCache.update_rotated``: the paged runner's steps);
+    transformers' own forward outside the runner's forwards, for a cache without that method or
+    a call with more positional arguments."""
+    # (newer transformers name the cache argument "cache", older ones "past_key_values")
+    name = "cache" if "cache" in kwargs else "past_key_values"
+    cache = kwargs.get(name)
+    rotated_update = getattr(cache, "update_rotated", None)
+    if args or rotated_update is None or not fused_active() or "position_embeddings" not in kwargs:
+        return type(self).forward(self, hidden_states, *args, **kwargs)
+    source = sys.modules[type(self).__module__]  # (its rotary, attention functions)
+    position_embeddings = kwargs.pop("position_embeddings")
+    attention_mask = kwargs.pop("attention_mask", None)
+    del kwargs[name]
+    kwargs.pop("cache_position", None)  # (a cache argument, not the attention function's)
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    # each [batch_size, heads, num_new, head_dim] (stacked products: views of one)
+    query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    value = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    done = rotated_update(query, key, value, cos, sin, self.layer_idx)
+    if done is None:  # (transformers' two steps: the fused rotary, then the cache's write)
+        query, key = source.apply_rotary_pos_emb(query, key, cos, sin)
+        key, value = cache.update(key, value, self.layer_idx)
+    else:
+        query, key, value = done
+    interface = source.ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                             source.eager_attention_forward)
+    attended, weights = interface(self, query, key, value, attention_mask,
+                                  dropout=0.0 if not self.training else self.attention_dropout,
+                                  scaling=self.scaling, **kwargs)
+    attended = attended.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(attended), weights
+
+
+def _is_llama_attention(module: nn.Module) -> bool:
+    """Transformers' LLaMA attention code, whose module's rotary took the fused kernel, with no
+    forward of the instance's own."""
+    return ("forward" not in module.__dict__
+            and getattr(sys.modules.get(type(module).__module__), _ORIGINAL, None) is not None
+            and _code(type(module).forward) == _code(LlamaAttention.forward))
+
+
+def install_fused_attention(model: nn.Module) -> int:
+    """Run the rotary embedding and the KV cache's write of ``model``'s LLaMA-form attention
+    modules in one launch where the cache takes it (:func:`_attention_forward`); returns how
+    many modules take it (after :func:`engine.runner.fused_ops.install_fused_ops`, whose
+    rotary they need)."""
+    taken = 0
+    for module in model.modules():
+        own = module.__dict__.get("forward")
+        if getattr(own, "__func__", None) is _attention_forward:  # (an earlier runner's)
+            taken += 1
+        elif isinstance(module, nn.Module) and _is_llama_attention(module):
+            module.forward = types.MethodType(_attention_forward, module)
             taken += 1
     return taken

@@ -42,6 +42,7 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
+from typing import NamedTuple
 
 import torch
 import triton
@@ -49,7 +50,7 @@ import triton.language as tl
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-__all__ = ["PRECOMPUTED", "fused_active", "fused_forward", "install_fused_ops",
+__all__ = ["PRECOMPUTED", "fits_rotary", "fused_active", "fused_forward", "install_fused_ops",
            "projections_active", "rms_norm", "rms_norm_reference", "rotary", "rotary_reference",
            "runs_here", "silu_mul", "silu_mul_reference"]
 
@@ -188,17 +189,16 @@ def _fused_norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.T
 # ---- rotary embedding ---------------------------------------------------------------------------
 
 @triton.jit
-def _rotate_rows(x_ptr, out_ptr, block, count, heads, seq, xs_b, xs_h, xs_s, os_b, os_h, os_s,
-                 cos_ptr, sin_ptr, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK: tl.constexpr, ROWS: tl.constexpr):
-    """Rows ``block * ROWS ...`` (of ``count``; a row is a (batch, head, position)) of ``x``
-    rotated into ``out``."""
-    r = block * ROWS + tl.arange(0, ROWS)  # [ROWS]
-    s = r % seq
-    h = (r // seq) % heads
-    b = r // (seq * heads)
+def _rotated(x_ptr, xs_b, xs_h, xs_s, cos_ptr, sin_ptr, cs_b, cs_s, block, count, heads, seq,
+             TO: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Rows ``block * ROWS ...`` of ``count`` of ``x`` (a row is a (batch, head, position), the
+    position fastest) rotated: their batch, head and position ``[ROWS]``, the column offsets
+    ``[BLOCK]``, the live elements ``[ROWS, BLOCK]`` of a half row, and the rotated first and
+    second halves ``[ROWS, BLOCK]`` (float32, each rounded to the dtype)."""
+    r = block * ROWS + tl.arange(0, ROWS)
+    b, h, s = r // (seq * heads), (r // seq) % heads, r % seq
     i = tl.arange(0, BLOCK)
-    live = (r < count)[:, None] & (i < HALF)[None, :]  # [ROWS, BLOCK]
+    live = (r < count)[:, None] & (i < HALF)[None, :]
     x_row = (x_ptr + b * xs_b + h * xs_h + s * xs_s)[:, None] + i[None, :]
     c_row = (cos_ptr + b * cs_b + s * cs_s)[:, None] + i[None, :]
     s_row = (sin_ptr + b * cs_b + s * cs_s)[:, None] + i[None, :]
@@ -211,6 +211,18 @@ def _rotate_rows(x_ptr, out_ptr, block, count, heads, seq, xs_b, xs_h, xs_s, os_
     # (each product rounded to the dtype, then the sum: PyTorch's x * cos + rotate_half(x) * sin)
     first = _rounded(_rounded(x1 * c1, TO) + _rounded(-x2 * s1, TO), TO)
     second = _rounded(_rounded(x2 * c2, TO) + _rounded(x1 * s2, TO), TO)
+    return b, h, s, i, live, first, second
+
+
+@triton.jit
+def _rotate_rows(x_ptr, out_ptr, block, count, heads, seq, xs_b, xs_h, xs_s, os_b, os_h, os_s,
+                 cos_ptr, sin_ptr, cs_b, cs_s, TO: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Rows ``block * ROWS ...`` (of ``count``; a row is a (batch, head, position)) of ``x``
+    rotated into ``out``."""
+    b, h, s, i, live, first, second = _rotated(x_ptr, xs_b, xs_h, xs_s, cos_ptr, sin_ptr, cs_b,
+                                               cs_s, block, count, heads, seq, TO, HALF, BLOCK,
+                                               ROWS)
     o_row = (out_ptr + b * os_b + h * os_h + s * os_s)[:, None] + i[None, :]
     ty = out_ptr.dtype.element_ty
     tl.store(o_row, first.to(ty), mask=live)
@@ -239,23 +251,40 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     ``apply_rotary_pos_emb`` with ``unsqueeze_dim=1``); every last dimension contiguous. One
     launch for both (each output in its input's memory layout, as PyTorch's elementwise
     results)."""
-    batch, q_heads, seq, dim = q.shape
-    k_heads = k.shape[1]
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    q_rows, k_rows = batch * q_heads * seq, batch * k_heads * seq
-    if q_rows + k_rows:
-        # (rows a program: a program a row left most of its threads idle, and a batch-32
-        # step of the 1B launched 1,280 of them)
-        half = triton.next_power_of_2(dim // 2)
-        rows = max(1, min(ROTARY_ROWS, ROTARY_ELEMENTS // half))
-        cos_b = cos.stride(0) if cos.shape[0] > 1 else 0
+    launch = RotaryLaunch.of(q, k, cos)
+    if launch.grid[0]:
         with _on(q):
-            _rotary_kernel[(triton.cdiv(q_rows, rows) + triton.cdiv(k_rows, rows),)](
-                q, k, q_out, k_out, cos, sin, q_rows, k_rows, q_heads, k_heads, seq,
-                *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3], *k_out.stride()[:3],
-                cos_b, cos.stride(1), TO=_rounding(q.dtype), HALF=dim // 2, BLOCK=half,
-                ROWS=rows)
+            _rotary_kernel[launch.grid](
+                q, k, q_out, k_out, cos, sin, launch.q_rows, launch.k_rows, q.shape[1],
+                k.shape[1], q.shape[2], *q.stride()[:3], *k.stride()[:3], *q_out.stride()[:3],
+                *k_out.stride()[:3], launch.cos_b, cos.stride(1), TO=_rounding(q.dtype),
+                HALF=q.shape[3] // 2, BLOCK=launch.block, ROWS=launch.rows)
     return q_out, k_out
+
+
+class RotaryLaunch(NamedTuple):
+    """The sizes of a rotary launch (:func:`rotary`, ``rotary_write.rotary_write``): the
+    queries' and keys' rows, rows a program (a program a row left most of its threads idle,
+    and a batch-32 step of the 1B launched 1,280 of them), the half-row tile, the tables' batch
+    stride (0: shared) and the grid."""
+
+    q_rows: int
+    k_rows: int
+    rows: int
+    block: int
+    cos_b: int
+    grid: tuple[int]
+
+    @staticmethod
+    def of(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> RotaryLaunch:
+        batch, q_heads, seq, dim = q.shape
+        q_rows, k_rows = batch * q_heads * seq, batch * k.shape[1] * seq
+        block = triton.next_power_of_2(dim // 2)
+        rows = max(1, min(ROTARY_ROWS, ROTARY_ELEMENTS // block))
+        return RotaryLaunch(q_rows, k_rows, rows, block,
+                            cos.stride(0) if cos.shape[0] > 1 else 0,
+                            (triton.cdiv(q_rows, rows) + triton.cdiv(k_rows, rows),))
 
 
 def rotary_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -270,7 +299,7 @@ def rotary_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def _fits(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+def fits_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
     """Whether :func:`rotary` computes this call: full rotary, LLaMA's layout."""
     if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or sin.shape != cos.shape:
         return False
@@ -290,7 +319,7 @@ def _fused_rotary(original: Callable) -> Callable:
         plain = len(args) == 4 and kwargs.keys() <= {"unsqueeze_dim"} and kwargs.get(
             "unsqueeze_dim", 1) == 1
         if (_ACTIVE.get() and plain and all(isinstance(a, torch.Tensor) for a in args)
-                and _fits(*args) and runs_here(*args)):
+                and fits_rotary(*args) and runs_here(*args)):
             return rotary(*args)
         return original(*args, **kwargs)
 

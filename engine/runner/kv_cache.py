@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.runner.fused_ops import fits_rotary, runs_here
 from engine.runner.kv_write import can_write, write_kv, write_kv_reference
+from engine.runner.rotary_write import rotary_write
 
 # How attention reads the cache: "gather" (each sequence's rows copied out, padded, then SDPA
 # with a 4-D mask) or "paged" (read in place; engine.config.ATTENTION_BACKENDS lists the same)
@@ -178,6 +180,31 @@ class PagedKVCache:
             2, num_heads, batch_size, kv_len, head_dim)
         # -> [batch_size, heads, kv_len, head_dim]
         return cached[0].transpose(0, 1), cached[1].transpose(0, 1)
+
+    def update_rotated(self, query_states: torch.Tensor, key_states: torch.Tensor,
+                       value_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Transformers' LLaMA rotary embedding of the queries and keys (``[batch_size, heads,
+        num_new, head_dim]``, by ``cos``/``sin [batch_size or 1, num_new, head_dim]``) and
+        :meth:`update` of the rotated keys and the values, in one launch
+        (:mod:`engine.runner.rotary_write`): ``(rotated queries, keys, values)`` as
+        :meth:`update` returns them. Only where attention reads the pools in place and the
+        launch takes the tensors (one CUDA device, or Triton's interpreter; the fused rotary's
+        dtypes; one dtype; each last dimension contiguous; a lone sequence's slices go through
+        :meth:`update`); None otherwise, with nothing done."""
+        kv = self._kv.get(layer_idx)
+        if not self.read_in_place or self._run is not None or kv is None:
+            return None
+        pool = self.pools[layer_idx]
+        if not (fits_rotary(query_states, key_states, cos, sin) and pool.is_contiguous()
+                and runs_here(query_states, key_states, value_states, cos, sin, pool)
+                and value_states.shape == key_states.shape and value_states.stride(-1) == 1
+                and query_states.dtype == value_states.dtype == pool.dtype
+                and key_states.shape[1] == pool.shape[2] and key_states.shape[3] == pool.shape[4]):
+            return None
+        rotated = rotary_write(query_states, key_states, value_states, cos, sin, pool,
+                               self._write_rows[pool.device])
+        return rotated, kv[0], kv[1]
 
     def get_query_offset(self, layer_idx: int = 0) -> int:
         """Position of the step's first new token (steps without a runner mask only)."""
