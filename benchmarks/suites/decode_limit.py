@@ -8,8 +8,11 @@ machine's measured memory bandwidth: the weights (the output head's matrix inclu
 embedding left out unless tied: a decode step reads a few of its rows) and every sequence's
 cached keys and values, at the bandwidth a device-to-device copy of ``COPY_BYTES`` measures
 (read plus write). On CUDA a few more steps run under PyTorch's profiler: the kernels' time per
-step is the GPU's busy time, and the rest of the step's wall time is *host time on the critical
-path* (the GPU waiting for the host: scheduling, launches, sampling, bookkeeping). With
+step is the GPU's busy time, and the rest of the step's wall time its *idle* time
+(``host_critical_ms_per_step``), split into the gaps under ``SHORT_GAP_US`` between one kernel
+and the next (a CUDA graph's launch gaps: at batch 1 most of the idle time) and the rest, the
+*host on the critical path* (``host_wait_ms_per_step``: the GPU waiting for the host's
+scheduling, launches, sampling, bookkeeping). With
 ``--methods`` the same is measured with speculation on (tokens/s then counts accepted drafts;
 ``--fixed-k``: every step asks for k drafts, no controller);
 with ``--attention-backends gather,paged`` each cell runs once per attention backend (the
@@ -38,6 +41,9 @@ from engine import LLM, SamplingParams
 COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
 PREFILL_CHUNK = 2048  # EngineConfig.max_num_batched_tokens: the prefill's tokens per step
 PROFILE_STEPS = 8  # steps under the profiler after the timed ones (CUDA)
+# Gaps between device activities shorter than this are launch gaps (a CUDA graph's kernels
+# follow each other 0.3-0.7 µs apart on an H200: docs/performance.md), not the host.
+SHORT_GAP_US = 1.0
 SPEC_K = 4  # drafts a step with --methods
 
 
@@ -111,11 +117,30 @@ def kernel_seconds(prof: torch.profiler.profile) -> tuple[float, int]:
     return sum(e.self_device_time_total for e in events) / 1e6, sum(e.count for e in events)
 
 
+def short_gaps(spans: list[tuple[float, float]]) -> float:
+    """Seconds of the gaps under ``SHORT_GAP_US`` between device activities ``spans`` ((start,
+    end) in µs, any order; overlapping ones leave no gap): what back-to-back kernels leave
+    between them, a CUDA graph's launch to launch, not the device waiting for the host."""
+    total, end = 0.0, None
+    for start, stop in sorted(spans):
+        if end is not None and 0.0 < start - end < SHORT_GAP_US:
+            total += start - end
+        end = stop if end is None else max(end, stop)
+    return total / 1e6
+
+
+def device_spans(prof: torch.profiler.profile) -> list[tuple[float, float]]:
+    """(start, end) in µs of every device activity in a profile."""
+    return [(e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.device,
                  profile_steps: int, per_step: int = 1
-                 ) -> tuple[float, int, tuple[float, float] | None]:
-    """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds and
-    kernels per step under the profiler or None) for ``prompts`` run together; ``per_step``:
+                 ) -> tuple[float, int, tuple[float, float, float] | None]:
+    """(seconds of ``steps`` timed decode steps, tokens they produced, kernel seconds, kernels
+    and seconds of short gaps between them per step under the profiler or None) for
+    ``prompts`` run together; ``per_step``:
     the most tokens a step may give a sequence (speculation: k + 1), so that every sequence is
     still decoding in the profiled steps."""
     engine = llm.engine
@@ -142,7 +167,8 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, device: torch.d
                 engine.step()
             sync(device)
         seconds_busy, kernels = kernel_seconds(prof)
-        busy = (seconds_busy / profile_steps, kernels / profile_steps)
+        busy = (seconds_busy / profile_steps, kernels / profile_steps,
+                short_gaps(device_spans(prof)) / profile_steps)
     for i in range(len(prompts)):
         engine.discard_request(f"d{i}")
     return seconds, made, busy
@@ -191,7 +217,7 @@ def run(args: argparse.Namespace) -> Result:
                 seconds, made, profiled = decode_steps(
                     llm, prompts, args.steps, device, PROFILE_STEPS if device.type == "cuda" else 0,
                     1 if method == "none" else SPEC_K + 1)
-                busy, kernels = (None, None) if profiled is None else profiled
+                busy, kernels, gaps = (None, None, None) if profiled is None else profiled
                 step_s = seconds / args.steps
                 row = {"method": method, "fixed_k": args.fixed_k, "attention_backend": backend,
                        "async_scheduling": llm.engine.overlap, "batch_size": b,
@@ -201,7 +227,12 @@ def run(args: argparse.Namespace) -> Result:
                        "gpu_busy_ms_per_step": None if busy is None else 1e3 * busy,
                        "kernels_per_step": kernels,
                        "host_critical_ms_per_step": None if busy is None
-                       else 1e3 * max(step_s - busy, 0.0)}
+                       else 1e3 * max(step_s - busy, 0.0),
+                       # (of which the gaps between back-to-back kernels; the rest is the
+                       # device waiting for the host)
+                       "kernel_gaps_ms_per_step": None if gaps is None else 1e3 * gaps,
+                       "host_wait_ms_per_step": None if busy is None
+                       else 1e3 * max(step_s - busy - gaps, 0.0)}
                 if bandwidth is not None:
                     read = weights + b * (context + args.steps) * per_token
                     limit_step = read / bandwidth
@@ -226,5 +257,6 @@ def print_row(r: dict) -> None:
           f"{r['tokens_per_s']:9.1f} tok/s  {r['ms_per_step']:7.3f} ms/step  "
           f"limit {f('limit_ms_per_step', '.3f')} ms ({f('of_limit', '.0%')} of it)  "
           f"GPU busy {f('gpu_busy_ms_per_step', '.3f')} ms ({f('kernels_per_step', '.0f')} "
-          f"kernels)  host on the critical path "
-          f"{f('host_critical_ms_per_step', '.3f')} ms", flush=True)
+          f"kernels)  GPU idle {f('host_critical_ms_per_step', '.3f')} ms (gaps between "
+          f"kernels {f('kernel_gaps_ms_per_step', '.3f')}, waiting for the host "
+          f"{f('host_wait_ms_per_step', '.3f')})", flush=True)

@@ -58,3 +58,17 @@ def test_the_bytes_a_step_reads_counted_by_hand():
     tied.get_output_embeddings().weight = tied.get_input_embeddings().weight
     # tied: the one matrix is the output head, read every step (counted once, not left out)
     assert weight_bytes(tied) == 106_816 * 4
+
+
+def test_short_gaps_count_launch_gaps_not_the_host():
+    """Device activities in µs, out of order: kernels 0.4 apart, a copy overlapping one and a
+    kernel inside another's span (no gap: the end so far is the latest), the next kernel 0.4
+    after the copy's end, the device idle 27.6 µs (waiting for the host), a last kernel 0.9
+    after the one before: short gaps 0.4 + 0.4 + 0.9 µs; the wait is not counted."""
+    from benchmarks.suites.decode_limit import SHORT_GAP_US, short_gaps
+
+    spans = [(10.0, 12.0), (0.0, 5.0), (5.4, 9.0), (8.0, 9.6), (6.0, 7.5), (39.6, 41.0),
+             (41.9, 43.0)]
+    assert SHORT_GAP_US == 1.0
+    assert abs(short_gaps(spans) - (0.4 + 0.4 + 0.9) / 1e6) < 1e-12
+    assert short_gaps([]) == 0.0 and short_gaps([(0.0, 1.0)]) == 0.0
