@@ -42,7 +42,7 @@ COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
 PREFILL_CHUNK = 2048  # EngineConfig.max_num_batched_tokens: the prefill's tokens per step
 PROFILE_STEPS = 8  # steps under the profiler after the timed ones (CUDA)
 # Gaps between device activities shorter than this are launch gaps (a CUDA graph's kernels
-# follow each other 0.3-0.7 µs apart on an H200: docs/performance.md), not the host.
+# follow each other well under a microsecond apart: docs/performance.md), not the host.
 SHORT_GAP_US = 1.0
 SPEC_K = 4  # drafts a step with --methods
 
