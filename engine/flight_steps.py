@@ -21,6 +21,7 @@ import torch
 
 from engine.forward_inputs import non_finite_rows
 from engine.overlap import InFlight, next_sequences, overlappable
+from engine.plain_commit import commit_plain
 from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -344,7 +345,11 @@ class OverlappedSteps:
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
         sequences the next flight feeds keep the row it writes for their newest token. A
-        sequence finished while in flight (aborted) gets nothing."""
+        sequence finished while in flight (aborted) gets nothing. A plain flight of an engine
+        that hands no features to its proposer commits in one pass
+        (:func:`engine.plain_commit.commit_plain`)."""
+        if flight.chain is None and not self.keep_hidden:
+            return self._commit_plain_flight(flight, start)
         verified = []
         width = flight.width
         for j, (item, row) in enumerate(zip(flight.forwarded.items, flight.token_rows(),
@@ -372,6 +377,32 @@ class OverlappedSteps:
                     self.proposer.advance(seq.seq_id, seq.num_tokens - 1, features,
                                           result.first_row + result.num_accepted,
                                           result.tokens[-1])
+        # (a drafting flight's drafts were made on the device: no proposal time of their own)
+        proposed = Proposed() if flight.chain is None else Proposed(True, draft_steps=width - 1)
+        self._record_flight(flight, start, proposed, verified, updated)
+        return updated
+
+    def _commit_plain_flight(self, flight: InFlight, start: float) -> list[Sequence]:
+        """:meth:`_commit_flight` for a plain flight whose features nobody reads: the same
+        effects, the stop checks batched."""
+        nxt = self._in_flight
+        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
+                                        for s in nxt.sequences}
+        done = commit_plain(flight.sequences, flight.token_ids(), flight.failed,
+                            self.eos_token_ids, self.max_model_len, time.perf_counter(), ahead)
+        for slot, num_rows in done.truncations:
+            self.runner.truncate(slot, num_rows)
+        for seq in done.finished:
+            self._release(seq, controller=False)
+        self.metrics.record_appended(done.num_kept)
+        # (nothing proposed, nothing verified for the controller: it learns the step's cost
+        # and who left)
+        self._record_flight(flight, start, Proposed(), [], done.finished)
+        return done.updated
+
+    def _record_flight(self, flight: InFlight, start: float, proposed: Proposed,
+                       verified: list[Verified], updated: list[Sequence]) -> None:
+        """6 for a committed flight: its step's record, at the flight's cost."""
         forwarded, seconds = flight.forwarded, flight.device_seconds()
         # (a flight's cost for the controller is what it costs when steps overlap: the
         # pipeline's period, a call that commits a step launched ahead and launches the next,
@@ -384,7 +415,4 @@ class OverlappedSteps:
         elif seconds is None:
             forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
         self._forget_finished_flight()  # (every one of them stopped)
-        # (a drafting flight's drafts were made on the device: no proposal time of their own)
-        proposed = Proposed() if flight.chain is None else Proposed(True, draft_steps=width - 1)
         self._record(forwarded, proposed, verified, updated, start, flight.plan_step, seconds)
-        return updated

@@ -54,6 +54,7 @@ from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_f
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.overlap import InFlight, TokenCopies, overlappable
+from engine.plain_commit import FAILED_ROW
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
@@ -553,8 +554,7 @@ class LLMEngine(OverlappedSteps):
         for result in verified:
             seq = result.item.seq
             if result.failed:
-                seq.finish("error", error="non-finite target logits (NaN/inf) or a draft id "
-                           "outside the vocabulary at verification")
+                seq.finish("error", error=FAILED_ROW)
             else:
                 result.kept = append_until_stop(seq, result.tokens, self.eos_token_ids,
                                                 self.max_model_len)

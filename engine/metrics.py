@@ -65,6 +65,11 @@ class MetricsCollector:
             if pos < num_accepted:
                 self.accepted_at[pos] += 1
 
+    def record_appended(self, num_appended: int) -> None:
+        """Requests' steps without drafts (a plain flight's: engine.plain_commit), together:
+        ``num_appended`` tokens kept."""
+        self.num_generated += num_appended
+
     def record_step(self, elapsed_s: float, propose_s: float, target_s: float,
                     num_draft_steps: int) -> None:
         """One engine step: total time, proposer time, target forward + verify time, and the

@@ -11,6 +11,7 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
+from engine.stop_checker import token_stop_facts
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
 from samplers.structured import GrammarState
@@ -42,6 +43,8 @@ class Sequence:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
+        # what decides a one-token stop when the batched check can (engine.stop_checker)
+        self.stop_facts = token_stop_facts(params)
         self.seed = None if params.seed is None else (
             params.seed if index == 0 else derive_seed(params.seed, index))
         self.status = SequenceStatus.WAITING

@@ -95,10 +95,11 @@ def step_outcome(forwarded: Forwarded | None, proposed: Proposed, verified: list
                  updated: list[Sequence], step_s: float, step: int) -> StepOutcome:
     """What a step teaches the speculation controller: every verified sequence's acceptance
     when drafts were proposed, a steady decode step's cost (``ForwardOutput.steady``: not a
-    graph bucket's eager first step or capture), and the sequences that left."""
+    graph bucket's eager first step or capture), and the sequences that left (those of
+    ``updated`` that finished)."""
     done = [r for r in verified if not r.failed] if proposed.asked else []
     timing = None
-    if (verified and forwarded.output.steady
+    if (forwarded is not None and forwarded.items and forwarded.output.steady
             and all(item.samples and item.num_context_tokens == 1 for item in forwarded.items)):
         items = forwarded.items
         timed = proposed.typical or proposed.after_idle
