@@ -11,7 +11,6 @@ import torch
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logprobs import PositionLogprobs, position_entries
 from engine.outputs import CompletionOutput, RequestMetrics, StreamDelta
-from engine.stop_checker import token_stop_facts
 from samplers.logits_adjust import LogitsAdjuster
 from samplers.sampling_params import SamplingParams
 from samplers.structured import GrammarState
@@ -22,6 +21,20 @@ def derive_seed(*parts: int | str) -> int:
     """A 63-bit seed derived deterministically from ``parts`` (stable across runs and machines)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+NO_LIMIT = 1 << 62  # (stop_facts: no max_tokens)
+
+
+def stop_facts(params: SamplingParams) -> tuple[int, int, bool] | None:
+    """``(min_tokens, max_tokens or NO_LIMIT, EOS stops it)``: all that decides whether one new
+    token stops a sample when it has no stop strings or stop token ids
+    (``engine.stop_checker.fact_stop``); None when it has (those are checked a token at a time,
+    ``engine.stop_checker.append_until_stop``)."""
+    if params.stop or params.stop_token_ids:
+        return None
+    return (params.min_tokens, NO_LIMIT if params.max_tokens is None else params.max_tokens,
+            not params.ignore_eos)
 
 
 class Sequence:
@@ -43,8 +56,7 @@ class Sequence:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
-        # what decides a one-token stop when the batched check can (engine.stop_checker)
-        self.stop_facts = token_stop_facts(params)
+        self.stop_facts = stop_facts(params)
         self.seed = None if params.seed is None else (
             params.seed if index == 0 else derive_seed(params.seed, index))
         self.status = SequenceStatus.WAITING

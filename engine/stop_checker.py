@@ -15,21 +15,17 @@ Order of the checks for a new token (vLLM's):
 The caller drops every token after the one that stopped the sample.
 
 A sample without stop strings or stop token ids that gets one token (the overlapped path's plain
-steps) is checked from facts :func:`token_stop_facts` takes from its parameters once
-(:func:`fact_stop`).
+steps) is checked from the facts it took from its parameters once (``Sequence.stop_facts``:
+:func:`fact_stop`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from engine.sequence import Sequence
 from samplers.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from engine.sequence import Sequence
-
-NO_LIMIT = 1 << 62  # (no max_tokens)
 EOS_STOP, LENGTH_STOP = 1, 2  # (fact_stop's answers)
 
 
@@ -85,19 +81,9 @@ def check_token_stop(params: SamplingParams, token_id: int, num_output_tokens: i
     return None
 
 
-def token_stop_facts(params: SamplingParams) -> tuple[int, int, bool] | None:
-    """``(min_tokens, max_tokens or NO_LIMIT, EOS stops it)``: all that decides whether one new
-    token stops a sample when it has no stop strings or stop token ids; None when it has
-    (those take :func:`check_token_stop` / :func:`check_stop`, a token at a time)."""
-    if params.stop or params.stop_token_ids:
-        return None
-    return (params.min_tokens, NO_LIMIT if params.max_tokens is None else params.max_tokens,
-            not params.ignore_eos)
-
-
 def fact_stop(facts: tuple[int, int, bool], token_id: int, num_output_tokens: int,
               num_total_tokens: int, eos_token_ids: frozenset[int], max_model_len: int) -> int:
-    """:func:`check_token_stop` from a sample's :func:`token_stop_facts` (the counts include
+    """:func:`check_token_stop` from a sample's ``Sequence.stop_facts`` (the counts include
     the token): 0 it goes on, ``EOS_STOP`` EOS stops it (``stop``: its text dropped unless
     ``include_stop_str_in_output``), ``LENGTH_STOP`` its length does (``length``)."""
     if num_output_tokens < facts[0]:
