@@ -36,6 +36,13 @@ class _Captured:
     out: torch.Tensor  # static output
 
 
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``rows`` (itself when it has them)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
 class KeyedGraphs:
     """Replays ``body(*inputs)`` from CUDA graphs by layout; see the module docstring."""
 
@@ -67,18 +74,25 @@ class KeyedGraphs:
         if key not in self._graphs:
             self._graphs[key] = self._capture(body, inputs)
 
-    def run(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def run(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor],
+            rows: Sequence[int] | None = None) -> torch.Tensor:
         """``body(*inputs)``, replayed from the graph of ``key`` once it has one. Every call
-        with one ``key`` must pass inputs of the same shapes and dtypes."""
+        with one ``key`` must pass inputs of the same shapes and dtypes, but for ``rows``:
+        input ``i``'s static buffer has ``rows[i]`` rows (its first dimension), the input
+        fills its first ones and the rest keep what they held (zeros at first: rows the
+        body's output holds answers for that the caller drops). A key then serves every
+        smaller input; its first run, eager, pads them too."""
         captured = self._graphs.get(key)
         self.last_steady = captured is not None
         if captured is None:
             self._met[key] += 1
+            padded = inputs if rows is None else [_padded(x, n) for x, n in zip(inputs, rows,
+                                                                                strict=True)]
             if self._met[key] < CAPTURE_AT:
-                return body(*inputs)
-            captured = self._graphs[key] = self._capture(body, inputs)
+                return body(*padded)
+            captured = self._graphs[key] = self._capture(body, padded)
         for static, value in zip(captured.inputs, inputs, strict=True):
-            static.copy_(value)
+            (static if static.shape[0] == value.shape[0] else static[:value.shape[0]]).copy_(value)
         if captured.graph is None:  # (capture=False: the static layout, eagerly)
             captured.out.copy_(body(*captured.inputs))
         else:

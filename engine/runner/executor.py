@@ -276,6 +276,7 @@ class Executor:
         self.graphs: CudaGraphs | None = None
         # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
         self._chain_graphs: KeyedGraphs | None = None
+        self._chain_counts: dict[int, torch.Tensor] = {}  # (_chain_layout's device scalars)
         # decoder layers whose inputs every forward also returns (an EAGLE-3 head's features)
         self.aux_layers: tuple[int, ...] = ()
         self.hidden_size: int = config.hidden_size
@@ -416,37 +417,58 @@ class Executor:
                       chains: FedChains) -> torch.Tensor:
         """``layout`` with the chains' rows written (:meth:`_write_chains`): in place, or, with
         CUDA graphs, into a graph's copy of it, replayed (its dozen small kernels' host time is
-        on an overlapped step's critical path), which the forward reads next."""
+        on an overlapped step's critical path), which the forward reads next. A graph serves
+        every number of chains up to the layout's ``batch_size``: the chains are padded to it
+        in its static buffers, and the rows past their count (a device scalar of the graph's
+        inputs) keep the host's layout. Keyed by the exact count, a batch shrinking one request
+        at a time met an eager run and a capture at every size (docs/design.md, "Speculation
+        at batch 32")."""
         if self._chain_graphs is None:
-            self._write_chains(layout, batch_size, num_new, chains)
+            self._write_chains(layout, batch_size, num_new, chains.tokens, chains.base)
             return layout
 
-        def body(lay: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        def body(lay: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor,
+                 count: torch.Tensor) -> torch.Tensor:
             out = lay.clone()
-            self._write_chains(out, batch_size, num_new, FedChains(tokens, base, chains.base_hi))
+            self._write_chains(out, batch_size, num_new, tokens, base, count)
             return out
 
-        key = (layout.numel(), batch_size, num_new, *chains.tokens.shape)
-        return self._chain_graphs.run(key, body, [layout, chains.tokens, chains.base])
+        n, width = chains.tokens.shape
+        count = self._chain_counts.get(n)
+        if count is None:  # (one device scalar a count, made once)
+            count = self._chain_counts[n] = torch.full((1,), n, dtype=torch.long,
+                                                       device=self.device)
+        key = (layout.numel(), batch_size, num_new, width)
+        return self._chain_graphs.run(key, body, [layout, chains.tokens, chains.base, count],
+                                      rows=[layout.numel(), batch_size, batch_size, 1])
 
     def _write_chains(self, layout: torch.Tensor, batch_size: int, num_new: int,
-                      chains: FedChains) -> None:
+                      tokens: torch.Tensor, base: torch.Tensor,
+                      count: torch.Tensor | None = None) -> None:
         """Fill the layout (:mod:`engine.runner.step_inputs`, ``[batch_size, num_new]`` parts)
-        of the rows ``b < len(chains.base)`` from the device: input ids ``chains.tokens``,
+        of the rows ``b < len(base)`` from the device: input ids ``tokens [rows, width]``,
         positions ``base[b] + t`` (padding columns repeat the last), the slot-table cells of
         those positions and the pool rows they point at (the runner reserved them), mask
-        limits equal to the positions. Padding rows keep the host's scratch layout."""
-        n, width = chains.tokens.shape
+        limits equal to the positions. Padding rows keep the host's scratch layout, and so do
+        the rows from ``count`` on (int64 ``[1]`` on the device; None: every row is a
+        chain)."""
+        n, width = tokens.shape
         parts = layout[:LAYOUT_ROWS * batch_size * num_new].view(LAYOUT_ROWS, batch_size,
                                                                   num_new)
         slots = layout[LAYOUT_ROWS * batch_size * num_new:][:n]  # [n]
-        positions = chains.base[:, None] + self._positions[:num_new].clamp_max(width - 1)
+        positions = base[:, None] + self._positions[:num_new].clamp_max(width - 1)
+        chain = None if count is None else (self._positions[:n] < count)[:, None]  # [n, 1]
+
+        def put(dst: torch.Tensor, value: torch.Tensor) -> None:
+            dst.copy_(value if chain is None else torch.where(chain, value, dst))
+
+        put(parts[1, :n], positions)  # (then the cells read the positions kept)
+        positions = parts[1, :n]
         cells = slots[:, None] * self.scratch.table_width + positions  # [n, num_new]
-        parts[0, :n, :width] = chains.tokens
-        parts[1, :n] = positions
-        parts[4, :n] = positions
-        parts[3, :n, :width] = cells[:, :width]  # (padding columns: the scratch column)
-        parts[2, :n, :width] = self.cache.slot_table.view(-1)[cells[:, :width]]
+        put(parts[0, :n, :width], tokens)
+        put(parts[4, :n], positions)
+        put(parts[3, :n, :width], cells[:, :width])  # (padding columns: the scratch column)
+        put(parts[2, :n, :width], self.cache.slot_table.view(-1)[cells[:, :width]])
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                query_offset: int = 0, uniform: bool = False,
