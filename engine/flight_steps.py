@@ -19,9 +19,9 @@ from dataclasses import replace
 
 import torch
 
+from engine.flight_commit import FlightCommit, commit_chains, commit_plain
 from engine.forward_inputs import non_finite_rows
 from engine.overlap import InFlight, next_sequences, overlappable
-from engine.plain_commit import commit_plain
 from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -347,9 +347,11 @@ class OverlappedSteps:
         sequences the next flight feeds keep the row it writes for their newest token. A
         sequence finished while in flight (aborted) gets nothing. A plain flight of an engine
         that hands no features to its proposer commits in one pass
-        (:func:`engine.plain_commit.commit_plain`)."""
+        (:func:`engine.flight_commit.commit_plain`)."""
         if flight.chain is None and not self.keep_hidden:
             return self._commit_plain_flight(flight, start)
+        if flight.chain is not None:
+            return self._commit_chain_flight(flight, start)
         verified = []
         width = flight.width
         for j, (item, row) in enumerate(zip(flight.forwarded.items, flight.token_rows(),
@@ -389,16 +391,47 @@ class OverlappedSteps:
         ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
                                         for s in nxt.sequences}
         done = commit_plain(flight.sequences, flight.token_ids(), flight.failed,
-                            self.eos_token_ids, self.max_model_len, time.perf_counter(), ahead)
-        for slot, num_rows in done.truncations:
-            self.runner.truncate(slot, num_rows)
-        for seq in done.finished:
-            self._release(seq, controller=False)
-        self.metrics.record_appended(done.num_kept)
+                            self.eos_token_ids, self.max_model_len, time.perf_counter(), ahead,
+                            self.metrics)
+        self._leave_flight(done)
         # (nothing proposed, nothing verified for the controller: it learns the step's cost
         # and who left)
         self._record_flight(flight, start, Proposed(), [], done.finished)
         return done.updated
+
+    def _commit_chain_flight(self, flight: InFlight, start: float) -> list[Sequence]:
+        """:meth:`_commit_flight` for a drafting flight: the same effects in one pass
+        (:func:`engine.flight_commit.commit_chains`); the proposer learns where each running
+        sequence got (its drafts were made on the device, from the flight's features)."""
+        nxt = self._in_flight
+        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
+                                        for s in nxt.sequences}
+        items, width = flight.forwarded.items, flight.width
+        rows = flight.token_rows()
+        done = commit_chains(
+            [item.seq for item in items], rows, width - 1, flight.failed, self.eos_token_ids,
+            self.max_model_len, time.perf_counter(), ahead, self.metrics,
+            self.proposer.on_accepted if self.proposer is not None else None)
+        self._leave_flight(done)
+        verified = []
+        for j, accepted in done.verified:
+            item = items[j]
+            verified.append(Verified(item, rows[j][:accepted + 1], accepted, 0, j * width))
+            seq = item.seq
+            if not seq.is_finished:
+                self.proposer.advance(seq.seq_id, seq.num_tokens - 1, flight.features,
+                                      j * width + accepted, rows[j][accepted])
+        # (its drafts were made on the device: no proposal time of their own)
+        self._record_flight(flight, start, Proposed(True, draft_steps=width - 1), verified,
+                            done.finished)
+        return done.updated
+
+    def _leave_flight(self, done: FlightCommit) -> None:
+        """A committed flight's cache rows back, and its finished sequences out."""
+        for slot, num_rows in done.truncations:
+            self.runner.truncate(slot, num_rows)
+        for seq in done.finished:
+            self._release(seq, controller=False)
 
     def _record_flight(self, flight: InFlight, start: float, proposed: Proposed,
                        verified: list[Verified], updated: list[Sequence]) -> None:

@@ -48,13 +48,13 @@ from engine.builder import EngineComponents, build_components
 from engine.config import EngineConfig
 from engine.draft_features import feature_updates
 from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, verify_trees
+from engine.flight_commit import FAILED_ROW
 from engine.flight_steps import OverlappedSteps
 from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
 from engine.overlap import InFlight, TokenCopies, overlappable
-from engine.plain_commit import FAILED_ROW
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket

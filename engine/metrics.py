@@ -66,7 +66,7 @@ class MetricsCollector:
                 self.accepted_at[pos] += 1
 
     def record_appended(self, num_appended: int) -> None:
-        """Requests' steps without drafts (a plain flight's: engine.plain_commit), together:
+        """Requests' steps without drafts (a plain flight's: engine.flight_commit), together:
         ``num_appended`` tokens kept."""
         self.num_generated += num_appended
 
