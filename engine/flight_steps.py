@@ -26,7 +26,7 @@ from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.step_records import Forwarded, Proposed, SeqStep, Verified
-from samplers import INVALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingTensors
+from samplers import PLACEHOLDER_TOKEN_ID, SamplingTensors
 from samplers.greedy import argmax_tokens
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import DraftPlan
@@ -345,55 +345,44 @@ class OverlappedSteps:
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
         sequences the next flight feeds keep the row it writes for their newest token. A
-        sequence finished while in flight (aborted) gets nothing. A plain flight of an engine
-        that hands no features to its proposer commits in one pass
-        (:func:`engine.flight_commit.commit_plain`)."""
-        if flight.chain is None and not self.keep_hidden:
+        sequence finished while in flight (aborted) gets nothing. In one pass
+        (:mod:`engine.flight_commit`)."""
+        if flight.chain is None:
             return self._commit_plain_flight(flight, start)
-        if flight.chain is not None:
-            return self._commit_chain_flight(flight, start)
-        verified = []
-        width = flight.width
-        for j, (item, row) in enumerate(zip(flight.forwarded.items, flight.token_rows(),
-                                            strict=True)):
-            if not item.seq.is_finished:
-                tokens = [t for t in row if t != PLACEHOLDER_TOKEN_ID]
-                verified.append(Verified(item, tokens, len(tokens) - 1, item.seq.num_tokens,
-                                         j * width, j in flight.failed
-                                         or tokens[0] == INVALID_TOKEN_ID))
+        return self._commit_chain_flight(flight, start)
+
+    def _ahead(self) -> dict[int, int]:
+        """The sequences the flight in flight feeds (id -> its width when it reserved rows past
+        their newest token, fed from chains; 0 when fed plainly, holding just its own)."""
         nxt = self._in_flight
-        # (a flight fed from chains keeps its width's rows; one fed plainly holds just its own)
-        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
-                                        for s in nxt.sequences}
-        # the sequences whose pairs of this flight are in the draft head's cache: all of a
-        # drafting flight's (its drafts were made there), or those the next flight wrote
-        written = (None if flight.chain is not None
-                   else set(ahead) if nxt is not None and nxt.pairs_written else set())
-        updated = self._commit(flight.forwarded, verified, ahead, written)
-        if written is None or written:
-            features = (flight.features if flight.chain is not None
-                        else self._features(flight.forwarded.output))
-            for result in verified:
-                seq = result.item.seq
-                if not seq.is_finished and (written is None or id(seq) in written):
-                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, features,
-                                          result.first_row + result.num_accepted,
-                                          result.tokens[-1])
-        # (a drafting flight's drafts were made on the device: no proposal time of their own)
-        proposed = Proposed() if flight.chain is None else Proposed(True, draft_steps=width - 1)
-        self._record_flight(flight, start, proposed, verified, updated)
-        return updated
+        return {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
+                                       for s in nxt.sequences}
 
     def _commit_plain_flight(self, flight: InFlight, start: float) -> list[Sequence]:
-        """:meth:`_commit_flight` for a plain flight whose features nobody reads: the same
-        effects, the stop checks batched."""
-        nxt = self._in_flight
-        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
-                                        for s in nxt.sequences}
-        done = commit_plain(flight.sequences, flight.token_ids(), flight.failed,
-                            self.eos_token_ids, self.max_model_len, time.perf_counter(), ahead,
-                            self.metrics)
+        """:meth:`_commit_flight` for a plain flight (:func:`engine.flight_commit.commit_plain`).
+        A draft head learns of each running sequence's pair: where the next flight wrote it on
+        the device (``Proposer.advance``), else from the flight's features on the host
+        (``_hand_features``)."""
+        ahead, nxt = self._ahead(), self._in_flight
+        tokens = flight.token_ids()
+        done = commit_plain(flight.sequences, tokens, flight.failed, self.eos_token_ids,
+                            self.max_model_len, time.perf_counter(), ahead, self.metrics)
         self._leave_flight(done)
+        if self.keep_hidden:
+            written = ahead if nxt is not None and nxt.pairs_written else {}
+            features = self._features(flight.forwarded.output)
+            handed = []  # (the running sequences whose pair the head takes from the host)
+            for j, item in enumerate(flight.forwarded.items):
+                seq = item.seq
+                if seq.is_finished:
+                    continue
+                if id(seq) in written:
+                    self.proposer.advance(seq.seq_id, seq.num_tokens - 1, features, j,
+                                          tokens[j])
+                else:
+                    handed.append(Verified(item, [tokens[j]], 0, seq.num_tokens - 1, j))
+            if handed:
+                self._hand_features(flight.forwarded, handed, written)
         # (nothing proposed, nothing verified for the controller: it learns the step's cost
         # and who left)
         self._record_flight(flight, start, Proposed(), [], done.finished)
@@ -403,9 +392,7 @@ class OverlappedSteps:
         """:meth:`_commit_flight` for a drafting flight: the same effects in one pass
         (:func:`engine.flight_commit.commit_chains`); the proposer learns where each running
         sequence got (its drafts were made on the device, from the flight's features)."""
-        nxt = self._in_flight
-        ahead = {} if nxt is None else {id(s): nxt.width if nxt.reserved else 0
-                                        for s in nxt.sequences}
+        ahead = self._ahead()
         items, width = flight.forwarded.items, flight.width
         rows = flight.token_rows()
         done = commit_chains(

@@ -100,7 +100,7 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)  # (prompt + output: a hot read, one len)
 
     @property
     def num_uncached_tokens(self) -> int:
