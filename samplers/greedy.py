@@ -59,7 +59,7 @@ class GreedyChains:
 
     Why padded: a graph per exact batch size cost a closed batch of 32 `eagle` requests an
     eager run and a capture at every size it shrank through, 2-5 ms a step more each time
-    (H200, docs/design.md, "Speculation at batch 32")."""
+    (docs/design.md, "Speculation at batch 32")."""
 
     def __init__(self, sampler: VerificationSampler, graphs: KeyedGraphs) -> None:
         if not sampler.all_greedy:
