@@ -400,7 +400,8 @@ class OverlappedSteps:
             self.max_model_len, time.perf_counter(), ahead, self.metrics,
             self.proposer.on_accepted if self.proposer is not None else None)
         self._leave_flight(done)
-        verified = []
+        verified = []  # (what the controller learns: each verified row's item and drafts kept;
+        # its tokens before the step are not read there, the commit settled its cache)
         for j, accepted in done.verified:
             item = items[j]
             verified.append(Verified(item, rows[j][:accepted + 1], accepted, 0, j * width))
