@@ -222,12 +222,15 @@ def test_a_draft_head_drafts_on_the_device_what_it_drafts_from_the_host(target, 
     assert len(sync) > 8 and overlapped[:len(sync) - 2] == sync[:-2]
 
 
-def test_plain_flights_write_the_heads_pairs_on_the_device(target, head_dir):
+@pytest.mark.parametrize("drafts_from", ["device", "host"])
+def test_plain_flights_write_the_heads_pairs_on_the_device(target, head_dir, drafts_from):
     """The real head, plans of plain stretches then drafting: overlapped plain steps write
     their pairs into the head's cache on the device (``write_after``) instead of handing it
     their features on the host, and the drafts after them are the synchronous engine's at the
     same positions (its head got the same pairs through ``on_features``); output equals plain
-    decoding's."""
+    decoding's. ``host``: the drafting steps after plain flights are proposed from the host,
+    whose head rewrites each sequence's newest pair from the feature row the flight's commit
+    named (``Proposer.advance``)."""
     from scheduler import DraftPlan
 
     batch = [prompts(2, seed=8)[1] * 3, prompts(3, seed=2)[2]]
@@ -247,6 +250,8 @@ def test_plain_flights_write_the_heads_pairs_on_the_device(target, head_dir):
             return DraftPlan(K if planned.step % 5 == 0 else 0, planned.step)
 
         engine.controller.plan = scripted
+        if drafts_from == "host":
+            engine._drafts_after_plain = lambda *args: False
         proposer = engine.proposer
         propose, after, write = proposer.propose, proposer.draft_after, proposer.write_after
 
