@@ -92,7 +92,7 @@ def commit_plain(seqs: list[Sequence], token_ids: list[int], failed: set[int],
         else:
             kept = append_tokens(seq, [token], eos_token_ids, max_model_len)
             done.num_kept += kept
-            _account(seq, 0, 0, kept, now)
+            account(seq, 0, 0, kept, now)
         _keep_rows(seq, before, 0, ahead, done)
     metrics.record_appended(done.num_kept)
     return done
@@ -120,7 +120,7 @@ def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: s
             kept = append_tokens(seq, tokens, eos_token_ids, max_model_len)
             done.num_kept += kept
             done.verified.append((j, accepted))
-            _account(seq, k, accepted, kept, now)
+            account(seq, k, accepted, kept, now)
             metrics.record_request_step(k, accepted, kept)
         _keep_rows(seq, before, min(accepted, kept), ahead, done)
         if (on_accepted is not None and seq.status is not FINISHED
@@ -129,8 +129,10 @@ def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: s
     return done
 
 
-def _account(seq: Sequence, drafted: int, accepted: int, kept: int, now: float) -> None:
-    """The sequence's counters for one verified step (``LLMEngine._account``'s)."""
+def account(seq: Sequence, drafted: int, accepted: int, kept: int, now: float) -> None:
+    """A sequence's counters for one verified step: ``drafted`` drafts (a tree's levels and
+    forced drafts count), ``accepted`` of them, ``kept`` tokens after the stop checks, at
+    ``now``. Every commit (a flight's, ``LLMEngine._commit``) counts through this."""
     m = seq.metrics
     m.num_drafted += drafted
     m.num_accepted += accepted

@@ -48,7 +48,7 @@ from engine.builder import EngineComponents, build_components
 from engine.config import EngineConfig
 from engine.draft_features import feature_updates
 from engine.draft_trees import TREE_MAX_SEQS, keep_trees, tree_depth, tree_ok, verify_trees
-from engine.flight_commit import FAILED_ROW
+from engine.flight_commit import FAILED_ROW, account
 from engine.flight_steps import OverlappedSteps
 from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
@@ -624,17 +624,9 @@ class LLMEngine(OverlappedSteps):
                 self.proposer.on_features(updates, hidden)
 
     def _account(self, seq: Sequence, result: Verified, now: float) -> None:
-        m = seq.metrics
         # (a tree: its levels, the most it can accept; forced drafts count as drafts)
         drafted = result.item.depth + result.item.forced
-        m.num_drafted += drafted
-        m.num_accepted += result.num_accepted
-        m.num_steps += 1
-        m.num_generated += result.kept
-        if m.first_token_time is None:
-            m.first_token_time = now
-        if seq.is_finished:
-            m.finished_time = now
+        account(seq, drafted, result.num_accepted, result.kept, now)
         self.metrics.record_request_step(drafted, result.num_accepted, result.kept)
 
     def _record(self, forwarded: Forwarded | None, proposed: Proposed,
