@@ -372,6 +372,100 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
     assert_engine_empty(llm)
 
 
+def left_out(seq, step: int) -> bool:
+    """A scripted plan leaves this sequence out at this step (about a third, changing)."""
+    return (sum(map(ord, str(seq.seq_id))) + step) % 3 == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_drafting_for_some_drafts_for_all_in_flight(target, head_dir, monkeypatch,
+                                                            device):
+    """Plans that draft for some sequences and not the others (a closed batch's shorter
+    requests, a request's last tokens) continue in flight, every sequence drafting (its step
+    padded to the longest anyway): after drafting flights and after plain ones, through stops
+    and length limits; output equals plain decoding's. A request that never speculates
+    (``num_speculative_tokens=0``) keeps such plans for the host."""
+    from scheduler import DraftPlan
+
+    class Partial(DraftPlan):
+        def drafts_for(self, seq):
+            return 0 if left_out(seq, self.step) else super().drafts_for(seq)
+
+    batch = prompts(6, seed=17)
+    params = GREEDY
+    greedy = greedy_continuations(target, batch, device, params)
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    engine = llm.llm_engine
+    plan = engine.controller.plan
+
+    def scripted(running, waiting):  # (every fifth plan plain for all)
+        planned = plan(running, waiting)
+        return Partial(0 if planned.step % 5 == 4 else K, planned.step)
+
+    monkeypatch.setattr(engine.controller, "plan", scripted)
+    mixed = {"chained": 0, "after plain": 0}
+    launch_chained, after_plain = engine._launch_chained, engine._drafts_after_plain
+
+    def is_mixed(seqs, planned):
+        wanted = [planned.drafts_for(seq) > 0 for seq in seqs]
+        return any(wanted) and not all(wanted)
+
+    def chained(flight, seqs, planned):
+        nxt = launch_chained(flight, seqs, planned)
+        mixed["chained"] += is_mixed(seqs, planned) and nxt is not None and nxt.width == K + 1
+        return nxt
+
+    def drafts_after_plain(flight, seqs, planned):
+        taken = after_plain(flight, seqs, planned)
+        mixed["after plain"] += is_mixed(seqs, planned) and taken
+        return taken
+
+    monkeypatch.setattr(engine, "_launch_chained", chained)
+    monkeypatch.setattr(engine, "_drafts_after_plain", drafts_after_plain)
+    assert outputs(llm, batch, params) == expected
+    assert mixed["chained"] >= 2 and mixed["after plain"] >= 1, mixed
+    assert 0 < engine.metrics.num_accepted < engine.metrics.num_drafted
+    assert_engine_empty(llm)
+    # a request that never speculates: no drafting flight takes it, output the same
+    params = [*params[:5], replace(params[5], num_speculative_tokens=0, max_tokens=30)]
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params)
+    llm, oracle = oracle_llm(target, head_dir, greedy, device)
+    engine = llm.llm_engine
+    plan = engine.controller.plan
+
+    def alternating(running, waiting):  # (plain flights, then plans drafting for some)
+        planned = plan(running, waiting)
+        return Partial(0 if planned.step % 2 else K, planned.step)
+
+    monkeypatch.setattr(engine.controller, "plan", alternating)
+
+    def flush(req_ids, contexts):  # (an oracle ready for every request, proposed for or not)
+        for req_id, context in zip(req_ids, contexts, strict=True):
+            oracle.full.setdefault(req_id, next(g for g in greedy
+                                                if g[:len(context)] == list(context)))
+
+    monkeypatch.setattr(oracle, "ready_on_device", lambda req_id, num_tokens: True)
+    monkeypatch.setattr(oracle, "flush", flush)
+    asked, taken = [], []
+    after_plain = engine._drafts_after_plain
+
+    def never_drafting(flight, seqs, planned):
+        launched = after_plain(flight, seqs, planned)
+        never = any(seq.params.num_speculative_tokens == 0 for seq in seqs)
+        if never and any(planned.drafts_for(seq) for seq in seqs):
+            asked.append(True)
+            taken.append(launched)
+        return launched
+
+    monkeypatch.setattr(engine, "_drafts_after_plain", never_drafting)
+    assert outputs(llm, batch, params) == expected
+    assert len(asked) >= 3 and not any(taken)
+    assert_engine_empty(llm)
+
+
 def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monkeypatch):
     """A request near ``max_model_len`` beside one with room, plans that switch: the width a
     drafting step after a plain flight takes (the most drafts any sequence may ask for) must
