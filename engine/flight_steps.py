@@ -251,14 +251,16 @@ class OverlappedSteps:
         launched as ``k`` drafts for every one of them when that costs no more than the step it
         plans: the runner pads that step's sequences to its longest (it packs none of fewer
         than ``PACK_MIN_BATCH``), so the others' drafts ride in rows it computes anyway; and
-        every one of them may speculate (its request's cap is not 0). Without this a plan that
-        leaves some sequences out (a closed batch's shorter requests near its end, a request's
+        every one of them may speculate (its request's cap is not 0); and at least half of them
+        ask for drafts (a plan for a few, such as a probe, is not made a drafting step for all:
+        the controller weighs a step by the sequences it drafts for). Without this a plan that
+        leaves a few sequences out (a closed batch's shorter requests near its end, a request's
         last tokens) waited for the host: synchronous steps (docs/design.md, "Speculation at
         batch 32"). Exact whatever is drafted: tokens past ``max_tokens`` are dropped by the
         stop checks, and positions stay within the context (``next_sequences``, the launch's
         own check)."""
         planned = len(seqs) + k * sum(wanted)  # (the new tokens of the step the plan asks)
-        return (k > 0 and any(wanted)
+        return (k > 0 and 2 * sum(wanted) >= len(seqs)
                 and all(seq.speculation is not None and seq.speculation.limit > 0
                         for seq in seqs)
                 and self.runner.packed_rows(len(seqs), k + 1, planned) is None)

@@ -6,7 +6,7 @@ that cannot overlap; the KV rows reserved for the most a sequence can advance al
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -372,27 +372,25 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
     assert_engine_empty(llm)
 
 
-def left_out(seq, step: int) -> bool:
-    """A scripted plan leaves this sequence out at this step (about a third, changing)."""
-    return (sum(map(ord, str(seq.seq_id))) + step) % 3 == 0
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_drafting_for_some_drafts_for_all_in_flight(target, head_dir, monkeypatch,
                                                             device):
-    """Plans that draft for some sequences and not the others (a closed batch's shorter
+    """Plans that draft for most sequences and not the others (a closed batch's shorter
     requests, a request's last tokens) continue in flight, every sequence drafting (its step
     padded to the longest anyway): after drafting flights and after plain ones, through stops
-    and length limits; output equals plain decoding's. A request that never speculates
-    (``num_speculative_tokens=0``) keeps such plans for the host."""
+    and length limits; output equals plain decoding's. A plan for fewer than half of them, or
+    beside a request that never speculates (``num_speculative_tokens=0``), waits for the host."""
     from scheduler import DraftPlan
 
+    @dataclass(frozen=True)
     class Partial(DraftPlan):
-        def drafts_for(self, seq):
-            return 0 if left_out(seq, self.step) else super().drafts_for(seq)
+        left_out: frozenset = frozenset()
 
-    batch = prompts(6, seed=17)
-    params = GREEDY
+        def drafts_for(self, seq):
+            return 0 if seq.seq_id in self.left_out else super().drafts_for(seq)
+
+    batch = prompts(8, seed=17)
+    params = [*GREEDY, *[SamplingParams(temperature=0.0, max_tokens=45, ignore_eos=True)] * 2]
     greedy = greedy_continuations(target, batch, device, params)
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, params)
@@ -400,43 +398,53 @@ def test_a_plan_drafting_for_some_drafts_for_all_in_flight(target, head_dir, mon
     engine = llm.llm_engine
     plan = engine.controller.plan
 
-    def scripted(running, waiting):  # (every fifth plan plain for all)
+    def scripted(running, waiting):
+        """Every fifth plan plain for all; every third one drafts for the first sequence only,
+        the others for all but the last."""
         planned = plan(running, waiting)
-        return Partial(0 if planned.step % 5 == 4 else K, planned.step)
+        ids = [seq.seq_id for seq in running]
+        out = ids[1:] if planned.step % 3 == 0 else ids[-1:] if len(ids) > 2 else []
+        return Partial(0 if planned.step % 5 == 4 else K, planned.step, frozenset(out))
 
     monkeypatch.setattr(engine.controller, "plan", scripted)
-    mixed = {"chained": 0, "after plain": 0}
+    mixed = {"chained": 0, "after plain": 0, "for a few": 0, "asked for a few": 0}
     launch_chained, after_plain = engine._launch_chained, engine._drafts_after_plain
 
-    def is_mixed(seqs, planned):
-        wanted = [planned.drafts_for(seq) > 0 for seq in seqs]
-        return any(wanted) and not all(wanted)
+    def count(seqs, planned, drafting: bool, key: str) -> None:
+        wanted = sum(planned.drafts_for(seq) > 0 for seq in seqs)
+        if 0 < wanted < len(seqs):
+            few = 2 * wanted < len(seqs)
+            mixed["asked for a few"] += few
+            if drafting:
+                mixed["for a few" if few else key] += 1
 
     def chained(flight, seqs, planned):
         nxt = launch_chained(flight, seqs, planned)
-        mixed["chained"] += is_mixed(seqs, planned) and nxt is not None and nxt.width == K + 1
+        count(seqs, planned, nxt is not None and nxt.width == K + 1, "chained")
         return nxt
 
     def drafts_after_plain(flight, seqs, planned):
         taken = after_plain(flight, seqs, planned)
-        mixed["after plain"] += is_mixed(seqs, planned) and taken
+        count(seqs, planned, taken, "after plain")
         return taken
 
     monkeypatch.setattr(engine, "_launch_chained", chained)
     monkeypatch.setattr(engine, "_drafts_after_plain", drafts_after_plain)
     assert outputs(llm, batch, params) == expected
     assert mixed["chained"] >= 2 and mixed["after plain"] >= 1, mixed
+    # (a plan for fewer than half stays the host's)
+    assert mixed["for a few"] == 0 and mixed["asked for a few"] >= 2
     assert 0 < engine.metrics.num_accepted < engine.metrics.num_drafted
     assert_engine_empty(llm)
     # a request that never speculates: no drafting flight takes it, output the same
-    params = [*params[:5], replace(params[5], num_speculative_tokens=0, max_tokens=30)]
+    params = [*params[:7], replace(params[7], num_speculative_tokens=0)]
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, params)
     llm, oracle = oracle_llm(target, head_dir, greedy, device)
     engine = llm.llm_engine
     plan = engine.controller.plan
 
-    def alternating(running, waiting):  # (plain flights, then plans drafting for some)
+    def alternating(running, waiting):  # (plain flights, then plans drafting for all)
         planned = plan(running, waiting)
         return Partial(0 if planned.step % 2 else K, planned.step)
 
