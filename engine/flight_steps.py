@@ -182,13 +182,11 @@ class OverlappedSteps:
                         plan: DraftPlan) -> InFlight | None:
         """The step after drafting flight ``flight``, launched from its chains on the device
         (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``
-        (the flight's ``k`` drafts each), or for some where drafting for all costs no more
-        (:meth:`_drafts_for_all`); a plain one (each sequence's recovered or bonus token, its
-        sample taken ahead) when it drafts for none of them; otherwise the plan is kept for the
-        synchronous step."""
+        (the flight's ``k`` drafts each), a plain one (each sequence's recovered or bonus token,
+        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept for
+        the synchronous step."""
         wanted = [plan.drafts_for(seq) > 0 for seq in seqs]
-        if any(wanted) and not all(wanted) and not self._drafts_for_all(seqs, wanted,
-                                                                          flight.width - 1):
+        if any(wanted) and not all(wanted):
             self._planned = plan
             return None
         plain = not any(wanted)
@@ -232,38 +230,14 @@ class OverlappedSteps:
 
     def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
                             plan: DraftPlan) -> bool:
-        """The plan drafts for every one of ``seqs`` after plain flight ``flight`` (or for some,
-        where drafting for all costs no more: :meth:`_drafts_for_all`), and the proposer can
-        draft from the flight on the device (:meth:`_launch_drafting`)."""
-        if not (self.proposer.drafts_on_device
+        """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
+        proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
+        return (self.proposer.drafts_on_device
                 and (flight.forwarded.output.hidden is not None or not self.keep_hidden)
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
-                and all(overlappable(seq)
+                and all(plan.drafts_ahead(seq, 1) > 0 and overlappable(seq)
                         and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
-                        for seq in seqs)):
-            return False
-        drafts = [plan.drafts_ahead(seq, 1) for seq in seqs]
-        wanted = [k > 0 for k in drafts]
-        return all(wanted) or self._drafts_for_all(seqs, wanted, max(drafts))
-
-    def _drafts_for_all(self, seqs: list[Sequence], wanted: list[bool], k: int) -> bool:
-        """A plan that drafts ``k`` for some of ``seqs`` (``wanted``) and none for the others is
-        launched as ``k`` drafts for every one of them when that costs no more than the step it
-        plans: the runner pads that step's sequences to its longest (it packs none of fewer
-        than ``PACK_MIN_BATCH``), so the others' drafts ride in rows it computes anyway; and
-        every one of them may speculate (its request's cap is not 0); and at least half of them
-        ask for drafts (a plan for a few, such as a probe, is not made a drafting step for all:
-        the controller weighs a step by the sequences it drafts for). Without this a plan that
-        leaves a few sequences out (a closed batch's shorter requests near its end, a request's
-        last tokens) waited for the host: synchronous steps (docs/design.md, "Speculation at
-        batch 32"). Exact whatever is drafted: tokens past ``max_tokens`` are dropped by the
-        stop checks, and positions stay within the context (``next_sequences``, the launch's
-        own check)."""
-        planned = len(seqs) + k * sum(wanted)  # (the new tokens of the step the plan asks)
-        return (k > 0 and 2 * sum(wanted) >= len(seqs)
-                and all(seq.speculation is not None and seq.speculation.limit > 0
-                        for seq in seqs)
-                and self.runner.packed_rows(len(seqs), k + 1, planned) is None)
+                        for seq in seqs))
 
     def _launch_drafting(self, flight: InFlight, seqs: list[Sequence],
                          plan: DraftPlan) -> InFlight | None:

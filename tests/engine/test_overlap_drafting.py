@@ -6,7 +6,7 @@ that cannot overlap; the KV rows reserved for the most a sequence can advance al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 import torch
@@ -369,108 +369,6 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
     assert outputs(llm, batch, params) == expected
     assert len(plain_after_chains) >= 3 and engine.metrics.num_accepted > 0
     assert sum(drafting_after_plain) >= 3  # (plain -> drafting without the host, too)
-    assert_engine_empty(llm)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_plan_drafting_for_some_drafts_for_all_in_flight(target, head_dir, monkeypatch,
-                                                            device):
-    """Plans that draft for most sequences and not the others (a closed batch's shorter
-    requests, a request's last tokens) continue in flight, every sequence drafting (its step
-    padded to the longest anyway): after drafting flights and after plain ones, through stops
-    and length limits; output equals plain decoding's. A plan for fewer than half of them, or
-    beside a request that never speculates (``num_speculative_tokens=0``), waits for the host."""
-    from scheduler import DraftPlan
-
-    @dataclass(frozen=True)
-    class Partial(DraftPlan):
-        left_out: frozenset = frozenset()
-
-        def drafts_for(self, seq):
-            return 0 if seq.seq_id in self.left_out else super().drafts_for(seq)
-
-    batch = prompts(8, seed=17)
-    params = [*GREEDY, *[SamplingParams(temperature=0.0, max_tokens=45, ignore_eos=True)] * 2]
-    greedy = greedy_continuations(target, batch, device, params)
-    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
-                           device=device, async_scheduling=False), batch, params)
-    llm, oracle = oracle_llm(target, head_dir, greedy, device)
-    engine = llm.llm_engine
-    plan = engine.controller.plan
-
-    def scripted(running, waiting):
-        """Every fifth plan plain for all; every third one drafts for the first sequence only,
-        the others for all but the last."""
-        planned = plan(running, waiting)
-        ids = [seq.seq_id for seq in running]
-        out = ids[1:] if planned.step % 3 == 0 else ids[-1:] if len(ids) > 2 else []
-        return Partial(0 if planned.step % 5 == 4 else K, planned.step, frozenset(out))
-
-    monkeypatch.setattr(engine.controller, "plan", scripted)
-    mixed = {"chained": 0, "after plain": 0, "for a few": 0, "asked for a few": 0}
-    launch_chained, after_plain = engine._launch_chained, engine._drafts_after_plain
-
-    def count(seqs, planned, drafting: bool, key: str) -> None:
-        wanted = sum(planned.drafts_for(seq) > 0 for seq in seqs)
-        if 0 < wanted < len(seqs):
-            few = 2 * wanted < len(seqs)
-            mixed["asked for a few"] += few
-            if drafting:
-                mixed["for a few" if few else key] += 1
-
-    def chained(flight, seqs, planned):
-        nxt = launch_chained(flight, seqs, planned)
-        count(seqs, planned, nxt is not None and nxt.width == K + 1, "chained")
-        return nxt
-
-    def drafts_after_plain(flight, seqs, planned):
-        taken = after_plain(flight, seqs, planned)
-        count(seqs, planned, taken, "after plain")
-        return taken
-
-    monkeypatch.setattr(engine, "_launch_chained", chained)
-    monkeypatch.setattr(engine, "_drafts_after_plain", drafts_after_plain)
-    assert outputs(llm, batch, params) == expected
-    assert mixed["chained"] >= 2 and mixed["after plain"] >= 1, mixed
-    # (a plan for fewer than half stays the host's)
-    assert mixed["for a few"] == 0 and mixed["asked for a few"] >= 2
-    assert 0 < engine.metrics.num_accepted < engine.metrics.num_drafted
-    assert_engine_empty(llm)
-    # a request that never speculates: no drafting flight takes it, output the same
-    params = [*params[:7], replace(params[7], num_speculative_tokens=0)]
-    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
-                           device=device, async_scheduling=False), batch, params)
-    llm, oracle = oracle_llm(target, head_dir, greedy, device)
-    engine = llm.llm_engine
-    plan = engine.controller.plan
-
-    def alternating(running, waiting):  # (plain flights, then plans drafting for all)
-        planned = plan(running, waiting)
-        return Partial(0 if planned.step % 2 else K, planned.step)
-
-    monkeypatch.setattr(engine.controller, "plan", alternating)
-
-    def flush(req_ids, contexts):  # (an oracle ready for every request, proposed for or not)
-        for req_id, context in zip(req_ids, contexts, strict=True):
-            oracle.full.setdefault(req_id, next(g for g in greedy
-                                                if g[:len(context)] == list(context)))
-
-    monkeypatch.setattr(oracle, "ready_on_device", lambda req_id, num_tokens: True)
-    monkeypatch.setattr(oracle, "flush", flush)
-    asked, taken = [], []
-    after_plain = engine._drafts_after_plain
-
-    def never_drafting(flight, seqs, planned):
-        launched = after_plain(flight, seqs, planned)
-        never = any(seq.params.num_speculative_tokens == 0 for seq in seqs)
-        if never and any(planned.drafts_for(seq) for seq in seqs):
-            asked.append(True)
-            taken.append(launched)
-        return launched
-
-    monkeypatch.setattr(engine, "_drafts_after_plain", never_drafting)
-    assert outputs(llm, batch, params) == expected
-    assert len(asked) >= 3 and not any(taken)
     assert_engine_empty(llm)
 
 
