@@ -331,7 +331,10 @@ class OverlappedSteps:
         step before it was committed; ``began``: recorded before its forward (CUDA)."""
         items = forwarded.items
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
-        if sampling is None:
+        argmax = forwarded.output.argmax  # (a decode graph's own, where it computed one)
+        if sampling is None and argmax is not None:  # (the rows of forwarded.logits: the first)
+            tokens = argmax[:len(items)]
+        elif sampling is None:
             tokens = argmax_tokens(forwarded.logits)
         else:  # (no drafts: metadata made on the device, nothing copied from the host)
             nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)

@@ -35,8 +35,10 @@ Static shapes. A graph replays fixed shapes at fixed addresses, so each one is c
 
 Every graph reads its inputs from one static long tensor laid out as the runner's host plan
 (input ids, positions, pool rows, slot-table cells, mask limits, tree ancestors, slots) and
-writes the last hidden states ``[batch_size * num_new, hidden_size]`` into a static output;
-``lm_head`` runs after the replay on the rows asked for only. All graphs share one memory
+writes the last hidden states ``[batch_size * num_new, hidden_size]`` into a static output; a
+decode bucket's body also runs the output head and the greedy argmax on every row (the
+executor's ``_graph_body``), other buckets' ``lm_head`` runs after the replay on the rows asked
+for only. All graphs share one memory
 pool; replays run in stream order, so sharing is safe, and each graph's output stays alive as
 long as the graph.
 
@@ -89,6 +91,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -141,11 +144,11 @@ NO_DECISION: Decision = (None, ())
 class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: torch.Tensor  # [6 * batch_size * num_new + batch_size] long: the host plan's layout
-    hidden: torch.Tensor  # [batch_size * num_new, hidden_size]
+    output: Any  # the body's static output (the executor's: hidden states, logits, argmax)
 
 
-# body(inputs, batch_size, num_new, kv_len) -> hidden [batch_size * num_new, hidden_size]
-Body = Callable[[torch.Tensor, int, int, int], torch.Tensor]
+# body(inputs, batch_size, num_new, kv_len) -> its output (tensors, or a tuple of them and None)
+Body = Callable[[torch.Tensor, int, int, int], Any]
 
 
 class CudaGraphs:
@@ -338,11 +341,12 @@ class CudaGraphs:
         self._room = torch.cuda.mem_get_info(self._device)[0] >= COVERED_GRAPH_RESERVE
         return self._room
 
-    def replay(self, key: Key, inputs: torch.Tensor) -> torch.Tensor:
+    def replay(self, key: Key, inputs: torch.Tensor) -> Any:
         """Run bucket ``key`` (:meth:`bucket`'s answer) on ``inputs`` (its layout, on the
-        device); returns the static hidden states ``[batch_size * num_new, hidden_size]``,
-        valid until the next replay. Sets :attr:`steady`: whether this step timed like every
-        later step of its bucket."""
+        device); returns the body's static output (the executor's: the hidden states
+        ``[batch_size * num_new, hidden_size]``, a decode bucket's logits and argmax), valid
+        until the next replay of that graph. Sets :attr:`steady`: whether this step timed like
+        every later step of its bucket."""
         self.num_replays += 1
         graph, captured = self._graph(key) if self._capture_graphs else (None, False)
         # an eager first step and a capture time like no other step (a padded replay does:
@@ -352,7 +356,7 @@ class CudaGraphs:
             return self._body(inputs, *key)
         graph.inputs.copy_(inputs)
         graph.graph.replay()
-        return graph.hidden
+        return graph.output
 
     def _graph(self, key: Key) -> tuple[_Graph | None, bool]:
         """The bucket's graph, and whether this call captured it; None the first time a bucket
@@ -412,5 +416,5 @@ class CudaGraphs:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with gc_paused(), torch.cuda.graph(graph, pool=self._pool):
-            hidden = self._body(inputs, batch_size, num_new, kv_len)
-        return _Graph(graph, inputs, hidden)
+            output = self._body(inputs, batch_size, num_new, kv_len)
+        return _Graph(graph, inputs, output)

@@ -79,6 +79,7 @@ from engine.runner.paged_attention import warm_up as warm_up_paged
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
+from samplers.greedy import argmax_tokens
 from samplers.keyed_graphs import KeyedGraphs
 from samplers.metadata import PinnedStaging
 
@@ -211,7 +212,7 @@ class Executor:
         self.max_model_len = max_model_len
         self._cache_arg = cache_argument(model.base_model)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        tp = tensor_parallel_size
+        tp = self._tp = tensor_parallel_size
         # oneDNN-packed on CPU in float32; a tensor-parallel head gathers the logits, from its
         # local rows where that is what the plan's head computes (engine/runner/tp_head.py)
         head = model.get_output_embeddings()
@@ -274,6 +275,7 @@ class Executor:
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
+        self._head_in_graph = False  # decode buckets' graphs run the head (use_graph_buckets)
         # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
         self._chain_graphs: KeyedGraphs | None = None
         self._chain_counts: dict[int, torch.Tensor] = {}  # (_chain_layout's device scalars)
@@ -307,7 +309,9 @@ class Executor:
         """Run forwards of at most ``max_num_new`` tokens a row and ``max_batch_size`` rows
         through :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded
         bucket layout eagerly, to check it off-GPU)."""
-        self.graphs = CudaGraphs(self.hidden, partial(scratch_inputs, self.scratch),
+        # (a tensor-parallel head gathers across ranks: it stays after the replay)
+        self._head_in_graph = self._tp == 1 and self.cache.single_device
+        self.graphs = CudaGraphs(self._graph_body, partial(scratch_inputs, self.scratch),
                                  max_batch_size, max_num_new, self.max_model_len + 1,
                                  self.device, capture, twin_width,
                                  split_bucket if self.paged else kv_bucket)
@@ -344,14 +348,18 @@ class Executor:
             feed: tuple[torch.Tensor, list[int], list[int]] | None = None,
             chains: FedChains | None = None,
             point: tuple[list[int], list[int]] | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                       torch.Tensor | None, bool]:
         """One forward of ``inputs``: in graph bucket ``bucket`` (``CudaGraphs.bucket``'s
         answer) or eagerly (None, then ``query_offset``, ``uniform`` and ``run``: see
         :meth:`hidden`). Returns float32 logits ``[num_logits, vocab_size]`` of the new tokens
-        ``logits_indices`` (None: all), their final hidden states ``[num_tokens, hidden_size]``
-        and the inputs of the aux layers ``[num_tokens, len(aux_layers) * hidden_size]`` (None
-        without aux layers) when ``keep_hidden`` (else None), and whether the forward timed
-        like the steps after it (not a bucket's eager first step or capture).
+        ``logits_indices`` (None: all); their argmax ``[num_logits]`` where a decode bucket's
+        graph computed it (:meth:`_graph_body`; else None); their final hidden states
+        ``[num_tokens, hidden_size]`` and the inputs of the aux layers ``[num_tokens,
+        len(aux_layers) * hidden_size]`` (None without aux layers) when ``keep_hidden`` (else
+        None); and whether the forward timed like the steps after it (not a bucket's eager
+        first step or capture). A graph's logits and argmax are views of its static output
+        where the rows kept are its first ones: read before the next forward.
         ``feed``: ``(values, at, sources)``, input id ``at[i]`` of the layout becomes
         ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back).
         ``chains``: the first ``len(base)`` rows' ids and positions are on the device
@@ -387,9 +395,9 @@ class Executor:
             layout = self._chain_layout(layout, inputs.batch_size, inputs.num_new, chains)
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
-        steady = True
+        steady, head = True, (None, None)
         if bucket is not None:
-            hidden = self.graphs.replay(bucket, layout)
+            hidden, *head = self.graphs.replay(bucket, layout)
             steady = self.graphs.steady
         else:
             hidden = self.hidden(layout, inputs.batch_size, inputs.num_new, kv_len,
@@ -403,15 +411,41 @@ class Executor:
             features = hidden.index_select(0, all_rows).to(self.device)  # [num_tokens, width]
             if self.aux_layers:  # (the final states, then the aux layers' inputs)
                 features, aux = features[:, :size], features[:, size:]
+        first = not on_device and kept == list(range(len(kept)))  # (the first rows: views)
+        logits, argmax = head
+        if logits is not None:  # (the graph ran the head: nothing more to launch)
+            if first:
+                return logits[:len(kept)], argmax[:len(kept)], features, aux, steady
+            return (logits.index_select(0, rows_t), argmax.index_select(0, rows_t), features,
+                    aux, steady)
         if self.aux_layers:
             hidden = hidden[:, :size]
-        if not on_device and kept == list(range(len(kept))):  # (the first rows: a view)
+        if first:
             hidden = hidden[:len(kept)]  # [num_logits, hidden_size]
         else:
             hidden = hidden.index_select(0, rows_t.to(hidden.device))
         with self._invariant_products():
             logits = self._lm_head(hidden)  # [num_logits, vocab_size]
-        return logits.float().to(self.device), features, aux, steady
+        return logits.float().to(self.device), None, features, aux, steady
+
+    def _graph_body(self, inputs: torch.Tensor, batch_size: int, num_new: int,
+                    kv_len: int) -> tuple[torch.Tensor, torch.Tensor | None,
+                                          torch.Tensor | None]:
+        """What a graph bucket runs: :meth:`hidden` (``[batch_size * num_new, width]``), and
+        for a decode bucket (one new token a row; not under tensor parallelism) the output head
+        on every row, float32 ``[batch_size, vocab_size]``, and each row's argmax
+        ``[batch_size]`` (:func:`samplers.greedy.argmax_tokens`: a plain greedy step's sample),
+        so that a plain decode step launches nothing after its replay: the head, the cast and
+        the argmax were four launches of host work a step on an overlapped step's critical
+        path (docs/design.md, "Measured reasons behind the runner's choices"). Other buckets'
+        head runs after the replay on the rows asked for (their logits would hold ``num_new``
+        times the rows in every graph's memory)."""
+        hidden = self.hidden(inputs, batch_size, num_new, kv_len)
+        if num_new != 1 or not self._head_in_graph:
+            return hidden, None, None
+        with self._invariant_products():
+            logits = self._lm_head(hidden[:, :self.hidden_size]).float()
+        return hidden, logits, argmax_tokens(logits)
 
     def _chain_layout(self, layout: torch.Tensor, batch_size: int, num_new: int,
                       chains: FedChains) -> torch.Tensor:

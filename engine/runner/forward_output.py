@@ -21,7 +21,11 @@ class ForwardOutput:
     step's context, its longest sequence's tokens (new ones included). ``aux_hidden``:
     ``[total_new_tokens, len(aux_layers) * hidden_size]``, the inputs of the decoder layers
     the runner keeps (``ModelRunner.keep_aux_layers``: an EAGLE-3 head's low, middle and high
-    layers), concatenated in their order, with ``hidden``; None otherwise."""
+    layers), concatenated in their order, with ``hidden``; None otherwise. ``argmax``: int64
+    ``[num_logits]``, each logits row's greedy token as :func:`samplers.greedy.argmax_tokens`
+    gives it, where a decode step's CUDA graph computed it with the logits (else None). A
+    graph's logits and argmax may be views of its static output: read them before the runner's
+    next forward."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None
@@ -29,6 +33,7 @@ class ForwardOutput:
     packed_rows: int | None
     kv_len: int
     aux_hidden: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -327,10 +327,9 @@ class ModelRunner:
         inputs = lay_out(list(slots), [[0] * width] * len(slots), fed.base_hi,
                          [[scratch.row] * width] * len(slots), [None] * len(slots), rows_batch,
                          rows_new, scratch)
-        logits, hidden, aux, steady = self._executor.run(inputs, bucket, kv_len, None,
-                                                         keep_hidden, chains=fed,
-                                                         point=(cells, rows))
-        return ForwardOutput(logits, hidden, steady, None, kv_len, aux)
+        logits, argmax, hidden, aux, steady = self._executor.run(
+            inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=(cells, rows))
+        return ForwardOutput(logits, hidden, steady, None, kv_len, aux, argmax)
 
     def _forward(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
                  trees: list[Tree | None], logits_indices: list[int] | torch.Tensor | None,
@@ -344,9 +343,10 @@ class ModelRunner:
         if plan.width is not None:  # (each prompt chunk as rows of the step's width)
             slots, token_ids, starts, trees = cut_rows(plan.width, slots, token_ids, starts,
                                                        trees)
-        logits, hidden, aux, steady = self._run(slots, token_ids, starts, trees, plan.kv_len,
-                                                logits_indices, keep_hidden, fed)
-        return ForwardOutput(logits, hidden, steady, plan.packed_rows, plan.kv_len, aux)
+        logits, argmax, hidden, aux, steady = self._run(slots, token_ids, starts, trees,
+                                                        plan.kv_len, logits_indices, keep_hidden,
+                                                        fed)
+        return ForwardOutput(logits, hidden, steady, plan.packed_rows, plan.kv_len, aux, argmax)
 
     def _forward_split(self, plan: StepPlan, slots: list[int],
                        token_ids: Sequence[Sequence[int]], starts: list[int],
@@ -376,7 +376,8 @@ class ModelRunner:
              trees: list[Tree | None], kv_len: int,
              logits_indices: list[int] | torch.Tensor | None, keep_hidden: bool,
              fed: FedTokens | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                        torch.Tensor | None, bool]:
         """One forward of rows ``token_ids`` (one per slot entry, a slot possibly on several
         consecutive rows): its graph decision, the launch hook, pool rows, index layout, run.
         ``fed``: row ``b``'s first token comes from the device (one row per slot)."""

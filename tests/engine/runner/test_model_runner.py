@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.runner import ForwardOutput, model_runner, step_layout
 from engine.runner.model_runner import KVCacheFull, ModelRunner
+from samplers.greedy import argmax_tokens
 from tests.conftest import TINY_FAMILIES, tiny_model
 
 ATOL = 1e-5
@@ -25,11 +26,16 @@ def full_logits(model, token_ids: list[int]) -> torch.Tensor:
         return model(input_ids=ids).logits[0].float()  # [seq_len, vocab]
 
 
-def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[int]]) -> None:
-    """Run one step of ``new`` tokens per slot and compare with the oracle, row by row."""
+def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[int]]) -> bool:
+    """Run one step of ``new`` tokens per slot and compare with the oracle, row by row; a
+    decode graph's argmax with the logits' own. Whether the step brought one."""
     slots = list(new)
     starts = [len(seqs[s]) for s in slots]
-    out = runner.forward(slots, [new[s] for s in slots]).logits
+    step = runner.forward(slots, [new[s] for s in slots])
+    out = step.logits
+    if step.argmax is not None:  # (a decode bucket's graph ran the head and the argmax: a
+        # step of one token a sequence, or a folded or packed one, one token a row)
+        assert torch.equal(step.argmax, argmax_tokens(out))
     assert out.shape == (sum(len(new[s]) for s in slots), runner.vocab_size)
     assert out.dtype == torch.float32
     row = 0
@@ -40,12 +46,15 @@ def check_step(runner, model, seqs: dict[int, list[int]], new: dict[int, list[in
         torch.testing.assert_close(out[row:row + n], expected, atol=ATOL, rtol=ATOL)
         assert runner.seq_len(slot) == len(seqs[slot])
         row += n
+    return step.argmax is not None
 
 
-def random_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> None:
-    """Random joins, leaves, rollbacks, prefills and (k+1)-token appends, checked every step."""
+def random_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -> int:
+    """Random joins, leaves, rollbacks, prefills and (k+1)-token appends, checked every step;
+    how many steps brought a decode graph's argmax."""
     rng = random.Random(seed)
     seqs: dict[int, list[int]] = {}
+    argmaxes = 0
     tokens = lambda n: [rng.randrange(vocab_size) for _ in range(n)]
     for _ in range(num_steps):
         if len(seqs) < runner.max_num_seqs and (not seqs or rng.random() < 0.3):
@@ -76,8 +85,9 @@ def random_schedule(runner, model, seed: int, num_steps: int, vocab_size: int) -
             runner.free_slot(victim)
             del seqs[victim]
             continue
-        check_step(runner, model, seqs, new)
+        argmaxes += check_step(runner, model, seqs, new)
         assert runner.num_cached_tokens == sum(len(s) for s in seqs.values())
+    return argmaxes
 
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
@@ -96,7 +106,7 @@ def test_graph_bucket_layout_matches_full_forward(family):
     model = tiny_model(family, vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=160, max_model_len=40)
     runner.use_graph_buckets(3, capture=False)
-    random_schedule(runner, model, seed=14, num_steps=30, vocab_size=96)
+    assert random_schedule(runner, model, seed=14, num_steps=30, vocab_size=96) >= 3
     assert runner.graphs.num_replays > 10
     # each width has its own bucket (nothing captured here, so no wider twin stands in); the
     # key length rounds up to 128, capped at the slot table's max_model_len + 1 = 41 columns
@@ -328,11 +338,15 @@ def _eager_capture(self, batch_size: int, num_new: int, kv_len: int):
     from engine.runner.cuda_graphs import _Graph
 
     inputs = torch.tensor(self._scratch_inputs(batch_size, num_new), dtype=torch.long)
-    hidden = self._body(inputs, batch_size, num_new, kv_len).clone()
+    output = [None if t is None else t.clone()
+              for t in self._body(inputs, batch_size, num_new, kv_len)]
 
     def run() -> None:
-        hidden.copy_(self._body(inputs, batch_size, num_new, kv_len))
-    return _Graph(_EagerGraph(run), inputs, hidden)
+        for static, t in zip(output, self._body(inputs, batch_size, num_new, kv_len),
+                             strict=True):
+            if static is not None:
+                static.copy_(t)
+    return _Graph(_EagerGraph(run), inputs, output)
 
 
 def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkeypatch):
@@ -465,7 +479,7 @@ def test_cuda_graphs_match_full_forward(family, split, monkeypatch):
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=400, max_model_len=300,
                          cuda_graph_max_new=4)
     assert runner.graphs is not None
-    random_schedule(runner, model, seed=15, num_steps=40, vocab_size=96)
+    assert random_schedule(runner, model, seed=15, num_steps=40, vocab_size=96) >= 3
     assert runner.graphs.num_graphs > 0 and runner.graphs.num_replays > 10
     assert any(num_new > 4 for _, num_new, _ in runner.graphs._graphs)  # a prefill graph
 
@@ -522,6 +536,25 @@ def test_logits_indices_select_rows():
     runner.truncate(b, 2)
     out = runner.forward([a, b], [[9, 8], [7]], logits_indices=torch.tensor([2])).logits
     torch.testing.assert_close(out, expected[1:], atol=ATOL, rtol=ATOL)
+
+
+@pytest.mark.parametrize("indices", [[2, 0], torch.tensor([1])], ids=["host", "device"])
+def test_a_decode_graphs_head_gives_the_rows_asked_for(indices):
+    """A decode bucket's graph runs the head and the argmax on every row: the rows asked for,
+    in their order, are the oracle's logits, and the argmax is theirs; a verification bucket's
+    step brings no argmax."""
+    model = tiny_model("llama", vocab_size=96, seed=7)
+    runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=90, max_model_len=30)
+    runner.use_graph_buckets(3, capture=False)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    slots = [runner.allocate_slot() for _ in prompts]
+    runner.forward(slots, prompts)
+    step = runner.forward(slots, [[10], [11], [12]], logits_indices=indices)
+    rows = indices.tolist() if isinstance(indices, torch.Tensor) else indices
+    expected = torch.stack([full_logits(model, prompts[r] + [10 + r])[-1] for r in rows])
+    torch.testing.assert_close(step.logits, expected, atol=ATOL, rtol=ATOL)
+    assert torch.equal(step.argmax, expected.argmax(dim=-1))
+    assert runner.forward(slots, [[1, 2]] * 3).argmax is None
 
 
 def test_forward_output_carries_the_step_facts():

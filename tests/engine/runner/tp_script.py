@@ -41,7 +41,7 @@ class _EagerGraph:
 
     def replay(self) -> None:
         assert self.live, "a released graph was replayed"
-        self.owner.hidden = self.graphs._body(self.owner.inputs, *self.key)
+        self.owner.output = self.graphs._body(self.owner.inputs, *self.key)
 
     def reset(self) -> None:
         self.live = False
