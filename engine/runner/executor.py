@@ -16,13 +16,16 @@ Route. The model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
   mask from the cache's ``get_query_offset`` / ``get_mask_sizes``, and ``sdpa`` skips it for a
   decode step or a prefill from empty (its fused GQA kernels then run, with no ``repeat_kv``).
 
-Logits come from ``lm_head`` applied only to the rows asked for, never to padding. On CPU in
+Logits come from ``lm_head`` applied only to the rows asked for, never to padding, except in a
+decode bucket's CUDA graph, which runs the head and the greedy argmax on each of its rows
+(:meth:`Executor._graph_body`: nothing is launched after its replay). On CPU in
 float32 the head of several rows runs on a oneDNN-reordered copy of its weight
 (:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows
 through the route measured fastest for that many rows when the runner was built
 (:mod:`engine.runner.cpu_linears`). On CUDA, LLaMA-form RMSNorms and rotary embeddings run as
 Triton kernels (:mod:`engine.runner.fused_ops`), and forwards of a graph bucket's sizes replay a
-CUDA graph (:mod:`engine.runner.cuda_graphs`) whose body is :meth:`Executor.hidden` itself.
+CUDA graph (:mod:`engine.runner.cuda_graphs`) whose body is :meth:`Executor.hidden` itself (and
+the head, for one token a row: :meth:`Executor._graph_body`).
 
 Costs. A forward ships its index tensors in one host-to-device copy (through a persistent pinned
 buffer on CUDA) and never waits for the device. Per layer the gather copies the batch's cached
