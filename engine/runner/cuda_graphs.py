@@ -38,9 +38,9 @@ Every graph reads its inputs from one static long tensor laid out as the runner'
 writes the last hidden states ``[batch_size * num_new, hidden_size]`` into a static output; a
 decode bucket's body also runs the output head and the greedy argmax on every row (the
 executor's ``_graph_body``), other buckets' ``lm_head`` runs after the replay on the rows asked
-for only. All graphs share one memory
-pool; replays run in stream order, so sharing is safe, and each graph's output stays alive as
-long as the graph.
+for only. All graphs share one memory pool; replays run in stream order, so sharing is safe
+while a graph's output is read before the next replay (another graph's scratch may lie where it
+does), and each graph's output stays alive as long as the graph.
 
 When a bucket is captured. A capture (a warm-up forward plus the capture) costs about three
 eager steps, and each graph keeps memory of its own: capturing every bucket of an 8B model at
@@ -314,13 +314,15 @@ class CudaGraphs:
     def _padding(self, key: Key, cover: Key) -> float:
         """An upper bound on what replaying ``cover`` for a step of ``key`` costs over ``key``'s
         own graph: the cover's replay less the slowest captured graph inside ``key`` (smaller
-        or equal in every size), which ``key``'s own replay cannot beat. Kept until the next
+        or equal in every size, a decode graph only for a decode step: its body runs more,
+        the output head), which ``key``'s own replay cannot beat. Kept until the next
         capture."""
         bound = self._bounds.get(key)
         if bound is None:
             batch, num_new, kv_len = key
             inside = max((t for k, t in self._replay_s.items()
-                          if k[0] <= batch and k[1] <= num_new and k[2] <= kv_len), default=0.0)
+                          if k[0] <= batch and k[1] <= num_new and k[2] <= kv_len
+                          and (k[1] == 1) == (num_new == 1)), default=0.0)
             bound = self._bounds[key] = max(self._replay_s.get(cover, 0.0) - inside, 0.0)
         return bound
 
@@ -345,8 +347,9 @@ class CudaGraphs:
         """Run bucket ``key`` (:meth:`bucket`'s answer) on ``inputs`` (its layout, on the
         device); returns the body's static output (the executor's: the hidden states
         ``[batch_size * num_new, hidden_size]``, a decode bucket's logits and argmax), valid
-        until the next replay of that graph. Sets :attr:`steady`: whether this step timed like
-        every later step of its bucket."""
+        until the next replay of any of these graphs (they share one memory pool: a graph's
+        static output may lie in another's scratch). Sets :attr:`steady`: whether this step
+        timed like every later step of its bucket."""
         self.num_replays += 1
         graph, captured = self._graph(key) if self._capture_graphs else (None, False)
         # an eager first step and a capture time like no other step (a padded replay does:

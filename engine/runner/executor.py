@@ -278,7 +278,8 @@ class Executor:
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
-        self._head_in_graph = False  # decode buckets' graphs run the head (use_graph_buckets)
+        self._head_in_graph = False  # decode buckets' graphs run the head (use_graph_buckets),
+        self._head_max_batch = 0  # of at most this many rows
         # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
         self._chain_graphs: KeyedGraphs | None = None
         self._chain_counts: dict[int, torch.Tensor] = {}  # (_chain_layout's device scalars)
@@ -312,8 +313,10 @@ class Executor:
         """Run forwards of at most ``max_num_new`` tokens a row and ``max_batch_size`` rows
         through :class:`~engine.runner.cuda_graphs.CudaGraphs` (``capture=False``: their padded
         bucket layout eagerly, to check it off-GPU)."""
-        # (a tensor-parallel head gathers across ranks: it stays after the replay)
+        # (a tensor-parallel head gathers across ranks: it stays after the replay; decode
+        # buckets past the runner's sequences hold folded or packed rows: theirs too)
         self._head_in_graph = self._tp == 1 and self.cache.single_device
+        self._head_max_batch = twin_max_batch
         self.graphs = CudaGraphs(self._graph_body, partial(scratch_inputs, self.scratch),
                                  max_batch_size, max_num_new, self.max_model_len + 1,
                                  self.device, capture, twin_width,
@@ -361,8 +364,8 @@ class Executor:
         ``[num_tokens, hidden_size]`` and the inputs of the aux layers ``[num_tokens,
         len(aux_layers) * hidden_size]`` (None without aux layers) when ``keep_hidden`` (else
         None); and whether the forward timed like the steps after it (not a bucket's eager
-        first step or capture). A graph's logits and argmax are views of its static output
-        where the rows kept are its first ones: read before the next forward.
+        first step or capture). A graph's argmax is a view of its static output where the rows
+        kept are its first ones: read it before the runner's next forward.
         ``feed``: ``(values, at, sources)``, input id ``at[i]`` of the layout becomes
         ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back).
         ``chains``: the first ``len(base)`` rows' ids and positions are on the device
@@ -416,11 +419,14 @@ class Executor:
                 features, aux = features[:, :size], features[:, size:]
         first = not on_device and kept == list(range(len(kept)))  # (the first rows: views)
         logits, argmax = head
-        if logits is not None:  # (the graph ran the head: nothing more to launch)
+        if logits is not None:  # (the graph ran the head: only the float32 copy is left)
             if first:
-                return logits[:len(kept)], argmax[:len(kept)], features, aux, steady
-            return (logits.index_select(0, rows_t), argmax.index_select(0, rows_t), features,
-                    aux, steady)
+                logits, argmax = logits[:len(kept)], argmax[:len(kept)]
+            else:
+                logits, argmax = logits.index_select(0, rows_t), argmax.index_select(0, rows_t)
+            # (a copy, never a view: any replay of a graph sharing the pool may overwrite the
+            # static output, e.g. a split step's second forward before its logits are joined)
+            return (logits.to(torch.float32, copy=True), argmax, features, aux, steady)
         if self.aux_layers:
             hidden = hidden[:, :size]
         if first:
@@ -435,19 +441,21 @@ class Executor:
                     kv_len: int) -> tuple[torch.Tensor, torch.Tensor | None,
                                           torch.Tensor | None]:
         """What a graph bucket runs: :meth:`hidden` (``[batch_size * num_new, width]``), and
-        for a decode bucket (one new token a row; not under tensor parallelism) the output head
-        on every row, float32 ``[batch_size, vocab_size]``, and each row's argmax
-        ``[batch_size]`` (:func:`samplers.greedy.argmax_tokens`: a plain greedy step's sample),
-        so that a plain decode step launches nothing after its replay: the head, the cast and
+        for a decode bucket of at most the runner's sequences (one new token a row; not under
+        tensor parallelism) the output head on every row, ``[batch_size, vocab_size]`` in the
+        model's dtype, and each row's argmax ``[batch_size]``
+        (:func:`samplers.greedy.argmax_tokens`: a plain greedy step's sample; the float32 cast
+        the engine's logits get is exact, so the argmax is theirs), so that after a plain
+        greedy step's replay only the logits' float32 copy is launched: the head, the cast and
         the argmax were four launches of host work a step on an overlapped step's critical
         path (docs/design.md, "Measured reasons behind the runner's choices"). Other buckets'
         head runs after the replay on the rows asked for (their logits would hold ``num_new``
-        times the rows in every graph's memory)."""
+        times the rows, or a folded step's prompt rows, in every graph's memory)."""
         hidden = self.hidden(inputs, batch_size, num_new, kv_len)
-        if num_new != 1 or not self._head_in_graph:
+        if num_new != 1 or batch_size > self._head_max_batch or not self._head_in_graph:
             return hidden, None, None
         with self._invariant_products():
-            logits = self._lm_head(hidden[:, :self.hidden_size]).float()
+            logits = self._lm_head(hidden[:, :self.hidden_size])
         return hidden, logits, argmax_tokens(logits)
 
     def _chain_layout(self, layout: torch.Tensor, batch_size: int, num_new: int,

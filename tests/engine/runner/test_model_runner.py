@@ -354,9 +354,9 @@ def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkey
     and a graph of ``b`` sequences replays in ``b * (1 + 0.01 * (num_new - 1))`` ms. A bucket
     that a captured one covers replays it padded (steady: what its width costs until then)
     until the padding has cost a capture: batch 1 padded to batch 2 (2 ms a step, no graph
-    inside it) is captured at its second step; 2 tokens padded to the 3-token twin (at most
-    0.02 ms a step over the batch-1 decode graph inside it) never is in these steps. Every
-    step's logits stay those of a full forward."""
+    inside it) is captured at its second step; 2 tokens padded to the 3-token twin at its third
+    (1.02 ms a step: the batch-1 decode graph inside it runs the output head too, so its replay
+    bounds nothing). Every step's logits stay those of a full forward."""
     from engine.runner.cuda_graphs import CudaGraphs
 
     monkeypatch.setattr(CudaGraphs, "_capture", _eager_capture)
@@ -391,26 +391,30 @@ def test_a_covered_bucket_is_captured_once_its_padding_has_cost_a_capture(monkey
             runner.truncate(slot, len(prompts[slot]))
     # batch 2 decode: eager, captured (with its 3-token twin), replayed; batch 1 decode: padded
     # in the batch-2 graph once (2 ms paid), captured at the second (4 ms >= 2.5; with its
-    # twin), replayed; 2 tokens: padded in the batch-1 twin every time (0.02 ms a step);
-    # 3 tokens: the twin, replayed
+    # twin), replayed; 2 tokens: padded in the batch-1 twin (1.02 ms a step), captured at the
+    # third (3.06 ms >= 2.5), replayed; 3 tokens: the twin, replayed
     # (eager first steps and captures are not steady; replays are, padded or not)
-    assert steady == [False, False, True] + [True, False, True, True] + [True] * 4 + [True]
-    assert graphs == [0, 2, 2] + [2, 4, 4, 4] + [4, 4, 4, 4] + [4]
+    assert steady == [False, False, True] + [True, False, True, True] + [True, True, False,
+                                                                          True] + [True]
+    assert graphs == [0, 2, 2] + [2, 4, 4, 4] + [4, 4, 5, 5] + [5]
     kv = captured[0][2]
-    assert captured == [(2, 1, kv), (2, 3, kv), (1, 1, kv), (1, 3, kv)]
+    assert captured == [(2, 1, kv), (2, 3, kv), (1, 1, kv), (1, 3, kv), (1, 2, kv)]
 
 
 def test_the_padding_bound_and_the_capture_cost_are_the_measured_ones():
     """A covered step's padding is bounded by the cover's replay less the slowest captured
-    graph inside the bucket (none: the whole replay); the capture cost is the captures' mean."""
+    graph inside the bucket (none: the whole replay), a decode graph (whose body also runs the
+    output head) only inside a decode bucket; the capture cost is the captures' mean."""
     from engine.runner.cuda_graphs import CudaGraphs
 
     graphs = CudaGraphs(None, None, 8, 3, 256, torch.device("cpu"))
-    graphs._replay_s = {(8, 3, 256): 5e-3, (2, 1, 128): 1e-3, (4, 1, 256): 3e-3,
-                        (8, 1, 128): 4e-3}
-    assert graphs._padding((4, 2, 256), (8, 3, 256)) == pytest.approx(2e-3)  # (4, 1, 256)
-    assert graphs._padding((8, 2, 128), (8, 3, 256)) == pytest.approx(1e-3)  # (8, 1, 128)
+    graphs._replay_s = {(8, 3, 256): 5e-3, (2, 2, 128): 1e-3, (4, 2, 256): 3e-3,
+                        (8, 2, 128): 4e-3, (4, 1, 256): 4.5e-3, (8, 1, 512): 6e-3,
+                        (2, 1, 128): 0.5e-3}
+    assert graphs._padding((4, 3, 256), (8, 3, 256)) == pytest.approx(2e-3)  # (4, 2, 256)
+    assert graphs._padding((8, 2, 128), (8, 3, 256)) == pytest.approx(1e-3)  # (8, 2, 128)
     assert graphs._padding((1, 2, 256), (8, 3, 256)) == pytest.approx(5e-3)  # nothing inside
+    assert graphs._padding((4, 1, 256), (8, 1, 512)) == pytest.approx(1.5e-3)  # (4, 1, 256)
     assert graphs.capture_cost() == 0.0
     graphs.capture_seconds, graphs._num_captures = 0.12, 2  # (two captures: 0.05 and 0.07 s)
     assert graphs.capture_cost() == pytest.approx(0.06)
