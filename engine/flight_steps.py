@@ -327,8 +327,9 @@ class OverlappedSteps:
                       sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
                       ahead: bool = False) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
-        argmax, two kernels) and queue their copy to the host; ``ahead``: launched before the
-        step before it was committed; ``began``: recorded before its forward (CUDA)."""
+        argmax, which a decode step's CUDA graph computed already, else two kernels) and queue
+        their copy to the host; ``ahead``: launched before the step before it was committed;
+        ``began``: recorded before its forward (CUDA)."""
         items = forwarded.items
         failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
         argmax = forwarded.output.argmax  # (a decode graph's own, where it computed one)
