@@ -122,20 +122,49 @@ def test_graph_bucket_layout_matches_full_forward(family):
     assert graphs.bucket(2, 600, 700) is None  # (more than 1024 padded tokens)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
+def _aliased_capture(self, batch_size: int, num_new: int, kv_len: int):
+    """:func:`_eager_capture` whose replay then spoils every other captured graph's static
+    output (NaN, or -1 for integers), as a graph sharing the memory pool may: its scratch can
+    lie where another graph's output does."""
+    graph = _eager_capture(self, batch_size, num_new, kv_len)
+    run = graph.graph.replay
+    others = self.__dict__.setdefault("_aliased", [])
+
+    def replay() -> None:
+        run()
+        for output in others:
+            if output is not graph.output:
+                for t in output:
+                    if t is not None:
+                        t.fill_(float("nan") if t.is_floating_point() else -1)
+
+    graph.graph.replay = replay
+    others.append(graph.output)
+    return graph
+
+
+@pytest.mark.parametrize("graphs", ["none", "layout", "aliased"])
 def test_mixed_steps_split_in_two_forwards_stay_exact(monkeypatch, graphs):
     """A step of decoding and prefilling sequences runs as two forwards (the decodes padded
-    only among themselves); the logits, in the step's row order, are a full forward's."""
+    only among themselves); the logits, in the step's row order, are a full forward's. With
+    graphs (their bucket layouts run eagerly; ``aliased``: captured, each replay spoiling the
+    other graphs' static outputs) the first forward's logits outlive the second's replay."""
+    from engine.runner.cuda_graphs import CudaGraphs
+
     monkeypatch.setattr(step_layout, "SPLIT_MIN_SAVED", 1)
     monkeypatch.setattr(step_layout, "SPLIT_SHORT", 5)  # (the schedule's prompts: 6-12 tokens)
     splits = spy_on_splits(monkeypatch)
     model = tiny_model("llama", vocab_size=96, seed=4)
     runner = ModelRunner(model, max_num_seqs=5, max_num_tokens=200, max_model_len=40)
-    if graphs:
-        runner.use_graph_buckets(5, capture=False)
+    if graphs != "none":
+        monkeypatch.setattr(CudaGraphs, "_capture", _aliased_capture)
+        monkeypatch.setattr(CudaGraphs, "_time_replays", lambda self, graph: 1e-3)
+        runner.use_graph_buckets(5, capture=graphs == "aliased")
         runner.fold_mixed = False  # (else such steps fold: the test below)
     random_schedule(runner, model, seed=21, num_steps=40, vocab_size=96)
     assert len(splits) >= 3 and all(short and long for short, long in splits)
+    if graphs == "aliased":
+        assert runner.graphs.num_graphs >= 2 and len(runner.graphs._aliased) >= 2
 
 
 def spy_on_splits(monkeypatch) -> list[tuple[list[int], list[int]]]:
