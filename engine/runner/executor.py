@@ -18,7 +18,7 @@ Route. The model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
 
 Logits come from ``lm_head`` applied only to the rows asked for, never to padding, except in a
 decode bucket's CUDA graph, which runs the head and the greedy argmax on each of its rows
-(:meth:`Executor._graph_body`: nothing is launched after its replay). On CPU in
+(:meth:`Executor._graph_body`: only the logits' float32 copy follows its replay). On CPU in
 float32 the head of several rows runs on a oneDNN-reordered copy of its weight
 (:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows
 through the route measured fastest for that many rows when the runner was built
