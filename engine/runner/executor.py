@@ -278,8 +278,8 @@ class Executor:
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
-        self._head_in_graph = False  # decode buckets' graphs run the head (use_graph_buckets),
-        self._head_max_batch = 0  # of at most this many rows
+        self._head_max_batch = 0  # decode buckets of at most this many rows run the head in
+        # their graph (use_graph_buckets; 0: none)
         # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
         self._chain_graphs: KeyedGraphs | None = None
         self._chain_counts: dict[int, torch.Tensor] = {}  # (_chain_layout's device scalars)
@@ -315,8 +315,7 @@ class Executor:
         bucket layout eagerly, to check it off-GPU)."""
         # (a tensor-parallel head gathers across ranks: it stays after the replay; decode
         # buckets past the runner's sequences hold folded or packed rows: theirs too)
-        self._head_in_graph = self._tp == 1 and self.cache.single_device
-        self._head_max_batch = twin_max_batch
+        self._head_max_batch = twin_max_batch if self._tp == 1 else 0
         self.graphs = CudaGraphs(self._graph_body, partial(scratch_inputs, self.scratch),
                                  max_batch_size, max_num_new, self.max_model_len + 1,
                                  self.device, capture, twin_width,
@@ -452,7 +451,7 @@ class Executor:
         head runs after the replay on the rows asked for (their logits would hold ``num_new``
         times the rows, or a folded step's prompt rows, in every graph's memory)."""
         hidden = self.hidden(inputs, batch_size, num_new, kv_len)
-        if num_new != 1 or batch_size > self._head_max_batch or not self._head_in_graph:
+        if num_new != 1 or batch_size > self._head_max_batch:
             return hidden, None, None
         with self._invariant_products():
             logits = self._lm_head(hidden[:, :self.hidden_size])
