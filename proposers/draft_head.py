@@ -52,6 +52,7 @@ from torch import nn
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.head_cache import HeadKVCache
 from proposers.head_drafting import DraftTree, draft_chain, draft_tree, write_pairs
+from proposers.head_kernels import draft_argmax
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
 from samplers.keyed_graphs import KeyedGraphs
@@ -301,8 +302,8 @@ class DraftHeadProposer(Proposer):
         """The greedy draft ``[batch]`` of each ``feature [batch, hidden_size]``: through the
         target's output head, or its draft vocabulary's rows only."""
         if self._vocab is None:
-            return self.lm_head(feature)[:, :self.vocab_size].argmax(dim=-1)
-        return self._vocab[self._draft_logits(feature).argmax(dim=-1)]  # [batch]: target ids
+            return draft_argmax(self.lm_head(feature)[:, :self.vocab_size])
+        return self._vocab[draft_argmax(self._draft_logits(feature))]  # [batch]: target ids
 
     def _draft_logits(self, feature: torch.Tensor) -> torch.Tensor:
         """Logits ``[..., draft_vocab_size]`` of ``feature [..., hidden_size]`` over the draft

@@ -161,7 +161,8 @@ class Eagle3Head(nn.Module):
                values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The next states ``g' [b, q, hidden]`` (before ``norm``) of the pairs ``x [b, q, 3 *
         hidden]`` at ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads,
-        head_dim]`` where ``mask [b or 1, q, k]`` (bool) allows."""
+        head_dim]`` where ``mask [b or 1, q, k]`` (bool) allows (or a chain's limits ``[b]``:
+        :func:`~proposers.head_model.grouped_attention`)."""
         layer = self.layers[0]
         attn = layer.self_attn
         a, residual = x[..., :2 * self.hidden_size], x[..., 2 * self.hidden_size:]

@@ -81,7 +81,6 @@ def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: 
     ``0 .. num_keys - 1``: ``[batch, steps]``."""
     x = write_pairs(head, cache, embed, features, tokens, row_slots, row_pos)
     x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
-    key_pos = torch.arange(num_keys, device=x.device)  # [num_keys]
     # each [batch, num_keys, kv_heads, head_dim]: the requests' keys and values, copied
     # once; the drafts' own pairs go into the copies only (the cache would hold them past
     # its committed length, where the next verified pairs overwrite them unread)
@@ -89,9 +88,10 @@ def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: 
     rows = torch.arange(slots.shape[0], device=x.device)  # [batch]
     out = []
     for s in range(steps):
-        mask = (key_pos[None, :] <= pos[:, None])[:, None]  # [batch, 1, num_keys]
+        # (each row sees its keys up to its own position: the limits as the mask, one fused
+        # launch where it applies)
         feature = head.attend(x[:, None], pos[:, None], keys, values,
-                              mask)[:, 0]  # [batch, hidden_size]
+                              pos)[:, 0]  # [batch, hidden_size]
         token = readout(feature)  # [batch]
         out.append(token)
         if s + 1 < steps:

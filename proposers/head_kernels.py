@@ -15,6 +15,21 @@ PyTorch's in the last float32 place, so outputs are equal to the reference after
 bf16 but for rare ties (checked in ``tests/proposers/test_head_kernels.py``). It serves drafts
 only (verification decides what is kept), and only where no gradient is needed: training
 (``examples/train_draft_head.py``) goes through the reference.
+
+The same holds for the other pieces of a draft here, each one launch where PyTorch takes
+several (at batch 1 the head's chain is about a quarter of a drafting step's GPU time, some 130
+kernels of a few microseconds each: docs/performance.md, "The draft head's kernels"):
+
+- :func:`fused_rms_norm`: ``torch.nn.RMSNorm`` (normalised and scaled in float32, rounded
+  once), written where the caller says (the two norms of a pair into the halves of one row:
+  no concatenation);
+- :func:`fused_silu_mul`: ``silu(gate) * up`` of a row ``[gate ; up]``, rounded as PyTorch
+  rounds the two ops;
+- :func:`chain_attention`: the attention of one query row per request over its keys ``0 ..
+  upto``, the query heads of a key/value head together, each block of keys a program, their
+  softmaxes merged in float32 (where PyTorch built a mask, converted it and ran SDPA: six
+  launches, two here).
+
 """
 
 from __future__ import annotations
@@ -26,7 +41,11 @@ import torch
 import triton
 import triton.language as tl
 
+from samplers.argmax_kernel import argmax_rows
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
+CHAIN_BLOCK = 64  # keys a program of chain_attention reads (at least)
+MAX_SPLITS = 64  # key blocks a row's attention is split into (at most)
 
 
 @triton.jit
@@ -85,3 +104,196 @@ def fused_rotate(x: torch.Tensor, positions: torch.Tensor,
                 BLOCK=triton.next_power_of_2(dim // 2), BF16=x.dtype == torch.bfloat16)
     return out.view(x.shape)
 
+
+
+def _fused(x: torch.Tensor) -> bool:
+    """A call the fused kernels may serve: on a GPU (or under the interpreter), no gradient."""
+    return (x.is_cuda or _INTERPRETED) and not torch.is_grad_enabled()
+
+
+@triton.jit
+def _round_to(x, ty: tl.constexpr, BF16: tl.constexpr):
+    """float32 ``x`` rounded to the grid of dtype ``ty`` (kept float32)."""
+    if BF16:
+        return _to_bf16_grid(x)
+    return x.to(ty).to(tl.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, size, xs_row, os_row, eps,
+                     BLOCK: tl.constexpr, BF16: tl.constexpr):
+    row = tl.program_id(0)  # one row
+    i = tl.arange(0, BLOCK)
+    live = i < size
+    x = tl.load(x_ptr + row * xs_row + i, mask=live, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / size + eps)
+    ty = out_ptr.dtype.element_ty
+    w = tl.load(w_ptr + i, mask=live, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * os_row + i, _round_to(x * rstd * w, ty, BF16).to(ty), mask=live)
+
+
+def fused_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether :func:`fused_rms_norm` serves a norm of ``x [..., size]`` by ``weight [size]``:
+    :func:`_fused`, the last dimension contiguous, the weight of ``x``'s dtype (else PyTorch
+    promotes the product)."""
+    return (_fused(x) and weight is not None and x.dim() >= 1 and x.stride(-1) == 1
+            and weight.dtype == x.dtype and weight.device == x.device
+            and tuple(weight.shape) == (x.shape[-1],))
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x * rsqrt(mean(x ** 2) + eps) * weight`` over ``x [..., size]``'s last dimension in
+    float32, rounded once to ``x``'s dtype (``torch.nn.RMSNorm``'s numerics), one launch;
+    into ``out [rows, size]`` (its last dimension contiguous, any row stride: half of a wider
+    row) when given, else a new tensor of ``x``'s shape."""
+    size = x.shape[-1]
+    rows = x.reshape(-1, size)  # [rows, size] (a view where x allows)
+    dest = torch.empty(rows.shape, dtype=x.dtype, device=x.device) if out is None else out
+    if tuple(dest.shape) != tuple(rows.shape) or dest.stride(-1) != 1:
+        raise ValueError(f"out must be [{rows.shape[0]}, {size}] with contiguous rows, got "
+                         f"{tuple(dest.shape)} strides {dest.stride()}")
+    if rows.numel():
+        with torch.cuda.device(x.device) if x.is_cuda else nullcontext():
+            _rms_norm_kernel[(rows.shape[0],)](
+                rows, weight, dest, size, rows.stride(0), dest.stride(0), float(eps),
+                BLOCK=triton.next_power_of_2(size), BF16=x.dtype == torch.bfloat16)
+    return dest.view(x.shape) if out is None else dest
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, size, xs_row, os_row, BLOCK: tl.constexpr,
+                     BF16: tl.constexpr):
+    row, block = tl.program_id(0), tl.program_id(1)
+    i = block * BLOCK + tl.arange(0, BLOCK)
+    live = i < size
+    gate = tl.load(x_ptr + row * xs_row + i, mask=live, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * xs_row + size + i, mask=live, other=0.0).to(tl.float32)
+    ty = out_ptr.dtype.element_ty
+    silu = _round_to(gate / (1.0 + tl.exp(-gate)), ty, BF16)  # (F.silu's result, rounded)
+    tl.store(out_ptr + row * os_row + i, _round_to(silu * up, ty, BF16).to(ty), mask=live)
+
+
+def draft_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax ``[rows]`` of ``logits [rows, vocab]``: two launches where the fused
+    kernels apply (:func:`samplers.argmax_kernel.argmax_rows`: PyTorch reduces a row in one
+    program, slower than the two together), else ``argmax``. A row without a
+    finite maximum drafts token 0 there (a draft is only a guess)."""
+    if _fused(logits) and logits.dim() == 2 and logits.stride(-1) == 1:
+        return argmax_rows(logits, 0)
+    return logits.argmax(dim=-1)
+
+
+def fused_silu_mul_applies(gate_up: torch.Tensor) -> bool:
+    """Whether :func:`fused_silu_mul` serves ``gate_up [..., 2 * size]``: :func:`_fused`, its
+    last dimension contiguous and even."""
+    return (_fused(gate_up) and gate_up.dim() >= 1 and gate_up.stride(-1) == 1
+            and gate_up.shape[-1] % 2 == 0)
+
+
+def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` of ``gate_up [..., 2 * size]`` = ``[gate ; up]`` (its last
+    dimension contiguous), one launch: ``[..., size]``."""
+    size = gate_up.shape[-1] // 2
+    rows = gate_up.reshape(-1, 2 * size)  # [rows, 2 * size]
+    out = torch.empty((rows.shape[0], size), dtype=gate_up.dtype, device=gate_up.device)
+    if rows.numel():
+        block = min(1024, triton.next_power_of_2(size))
+        with torch.cuda.device(gate_up.device) if gate_up.is_cuda else nullcontext():
+            _silu_mul_kernel[(rows.shape[0], triton.cdiv(size, block))](
+                rows, out, size, rows.stride(0), out.stride(0), BLOCK=block,
+                BF16=gate_up.dtype == torch.bfloat16)
+    return out.view(*gate_up.shape[:-1], size)
+
+
+@triton.jit
+def _chain_attention_kernel(q_ptr, k_ptr, v_ptr, upto_ptr, best_ptr, total_ptr, acc_ptr,
+                            kv_heads, groups, splits, qs_row, qs_head, ks_row, ks_key, ks_head,
+                            vs_row, vs_key, vs_head, scale, D: tl.constexpr, G: tl.constexpr,
+                            BLOCK_N: tl.constexpr):
+    pid, split = tl.program_id(0), tl.program_id(1)  # (request, key/value head), key block
+    row, kv_head = pid // kv_heads, pid % kv_heads
+    g = tl.arange(0, G)
+    d = tl.arange(0, D)
+    live_g = g < groups
+    heads = kv_head * groups + g  # [G] the query heads reading this key/value head
+    q = tl.load(q_ptr + row * qs_row + heads[:, None] * qs_head + d[None, :],
+                mask=live_g[:, None], other=0.0).to(tl.float32) * scale  # [G, D]
+    n = split * BLOCK_N + tl.arange(0, BLOCK_N)
+    live_n = n <= tl.load(upto_ptr + row)  # (the last key the row sees)
+    k = tl.load(k_ptr + row * ks_row + kv_head * ks_head + n[:, None] * ks_key + d[None, :],
+                mask=live_n[:, None], other=0.0).to(tl.float32)  # [BLOCK_N, D]
+    v = tl.load(v_ptr + row * vs_row + kv_head * vs_head + n[:, None] * vs_key + d[None, :],
+                mask=live_n[:, None], other=0.0).to(tl.float32)  # [BLOCK_N, D]
+    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BLOCK_N]
+    s = tl.where(live_n[None, :], s, float("-inf"))
+    best = tl.max(s, axis=1)  # [G] (-inf for a block past the row's keys)
+    p = tl.exp(s - tl.where(best == float("-inf"), 0.0, best)[:, None])  # [G, BLOCK_N]
+    at = (pid * splits + split) * G + g  # [G] this block's partial of each query head
+    tl.store(best_ptr + at, best)
+    tl.store(total_ptr + at, tl.sum(p, axis=1))
+    tl.store(acc_ptr + at[:, None] * D + d[None, :], tl.sum(p[:, :, None] * v[None, :, :], axis=1))
+
+
+@triton.jit
+def _chain_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, kv_heads, groups, splits,
+                          os_row, D: tl.constexpr, G: tl.constexpr, S: tl.constexpr):
+    pid = tl.program_id(0)  # (request, key/value head): its key blocks' partials merged
+    row, kv_head = pid // kv_heads, pid % kv_heads
+    b = tl.arange(0, S)
+    g = tl.arange(0, G)
+    d = tl.arange(0, D)
+    live = b[:, None] < splits  # [S, 1]
+    at = (pid * splits + b[:, None]) * G + g[None, :]  # [S, G]
+    best = tl.load(best_ptr + at, mask=live, other=float("-inf"))  # [S, G]
+    top = tl.max(best, axis=0)  # [G] (finite: every row sees key 0, in block 0)
+    weight = tl.exp(best - top[None, :])  # [S, G] (0 for blocks past the row's keys)
+    total = tl.sum(tl.load(total_ptr + at, mask=live, other=0.0) * weight, axis=0)  # [G]
+    acc = tl.load(acc_ptr + at[:, :, None] * D + d[None, None, :], mask=live[:, :, None],
+                  other=0.0)  # [S, G, D]
+    out = tl.sum(acc * weight[:, :, None], axis=0) / total[:, None]  # [G, D]
+    heads = kv_head * groups + g
+    tl.store(out_ptr + row * os_row + heads[:, None] * D + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(g < groups)[:, None])
+
+
+def chain_attention_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether :func:`chain_attention` serves queries ``q [b, 1, heads, head_dim]`` over
+    ``keys [b, n, kv_heads, head_dim]``: :func:`_fused`, a power-of-two head dimension, one
+    query row per request, contiguous head dimensions."""
+    dim = q.shape[-1]
+    return (_fused(q) and q.dim() == 4 and q.shape[1] == 1 and dim & (dim - 1) == 0
+            and q.stride(-1) == 1 and keys.stride(-1) == 1)
+
+
+def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    upto: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention of ``q [b, 1, heads, head_dim]`` over ``keys``/``values
+    [b, n, kv_heads, head_dim]`` (query head ``h`` reads key/value head ``h // (heads /
+    kv_heads)``), row ``r`` seeing keys ``0 .. upto[r]`` (``upto [b]`` long, at least 0, below
+    ``n``): ``[b, 1, heads * head_dim]`` in ``q``'s dtype. Two launches: each key block of a
+    (request, key/value head) in a program of its own (a block past the row's keys reads
+    nothing), then their partial softmaxes merged (one program a request and head reading
+    every key in turn was several times slower than SDPA at batch 1: too few programs)."""
+    b, _, num_heads, dim = q.shape
+    num_keys, kv_heads = keys.shape[1], keys.shape[2]
+    groups = num_heads // kv_heads
+    out = torch.empty((b, 1, num_heads * dim), dtype=q.dtype, device=q.device)
+    if not b:
+        return out
+    # (at most MAX_SPLITS blocks: the merge holds every block's partial at once)
+    block = max(CHAIN_BLOCK, triton.next_power_of_2(triton.cdiv(num_keys, MAX_SPLITS)))
+    splits, width = triton.cdiv(num_keys, block), triton.next_power_of_2(groups)
+    best = torch.empty((b * kv_heads, splits, width), dtype=torch.float32, device=q.device)
+    total = torch.empty_like(best)  # [b * kv_heads, splits, G]
+    acc = torch.empty((b * kv_heads, splits, width, dim), dtype=torch.float32,
+                      device=q.device)  # [b * kv_heads, splits, G, head_dim]
+    with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
+        _chain_attention_kernel[(b * kv_heads, splits)](
+            q, keys, values, upto, best, total, acc, kv_heads, groups, splits, q.stride(0),
+            q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
+            values.stride(1), values.stride(2), dim ** -0.5, D=dim, G=width, BLOCK_N=block)
+        _chain_combine_kernel[(b * kv_heads,)](
+            best, total, acc, out, kv_heads, groups, splits, out.stride(0), D=dim, G=width,
+            S=triton.next_power_of_2(splits))
+    return out

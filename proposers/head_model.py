@@ -38,7 +38,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from proposers.head_kernels import fused_rotate, fused_rotate_applies
+from proposers.head_kernels import (
+    chain_attention,
+    chain_attention_applies,
+    fused_norm_applies,
+    fused_rms_norm,
+    fused_rotate,
+    fused_rotate_applies,
+    fused_silu_mul,
+    fused_silu_mul_applies,
+)
 
 CONFIG_NAME, WEIGHTS_NAME = "draft_head.json", "draft_head.safetensors"
 VOCAB_KEY = "draft_vocab"  # the draft vocabulary's tensor in the weights file
@@ -57,6 +66,19 @@ def rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) ->
     return rotate(x, positions, inv_freq)
 
 
+def norm_eps(norm: nn.RMSNorm, x: torch.Tensor) -> float:
+    """``norm``'s epsilon (PyTorch's default for ``x``'s dtype where it has none)."""
+    return torch.finfo(x.dtype).eps if norm.eps is None else norm.eps
+
+
+def normed(norm: nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, by the fused kernel where it applies (drafting on a GPU: one launch,
+    :func:`proposers.head_kernels.fused_rms_norm`)."""
+    if fused_norm_applies(x, norm.weight):
+        return fused_rms_norm(x, norm.weight, norm_eps(norm, x))
+    return norm(x)
+
+
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x [..., heads, head_dim]`` at ``positions [...]`` (LLaMA's
     half-split layout); the reference of :func:`proposers.head_kernels.fused_rotate`."""
@@ -70,7 +92,15 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       mask: torch.Tensor) -> torch.Tensor:
     """Attention of queries ``q [b, n, heads, head_dim]`` over ``keys``/``values [b, k,
     kv_heads, head_dim]`` where ``mask [b or 1, n, k]`` (bool) allows: ``[b, n, heads *
-    head_dim]``. Query head ``h`` reads key/value head ``h // (heads / kv_heads)``."""
+    head_dim]``. Query head ``h`` reads key/value head ``h // (heads / kv_heads)``.
+    ``mask`` may instead be a chain's limits ``[b]`` (int64, one query row each: row ``r``
+    sees keys ``0 .. mask[r]``): one fused launch where it applies
+    (:func:`proposers.head_kernels.chain_attention`), else that mask built here."""
+    if not mask.dtype.is_floating_point and mask.dtype != torch.bool:  # (a chain's limits)
+        if chain_attention_applies(q, keys):
+            return chain_attention(q, keys, values, mask)
+        key_pos = torch.arange(keys.shape[1], device=keys.device)  # [k]
+        mask = (key_pos[None, :] <= mask[:, None])[:, None]  # [b, 1, k]
     b, n, num_heads, d = q.shape
     kv_heads = keys.shape[2]
     groups = num_heads // kv_heads
@@ -139,8 +169,19 @@ class DraftHead(nn.Module):
 
     def inputs(self, features: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
         """``x [..., hidden]`` of pairs (``features [..., hidden]``, ``token_embeddings``)."""
-        both = torch.cat([self.feature_norm(features),
-                          self.token_norm(token_embeddings.to(features.dtype))], dim=-1)
+        embeds = token_embeddings.to(features.dtype)
+        if (fused_norm_applies(features, self.feature_norm.weight)
+                and fused_norm_applies(embeds, self.token_norm.weight)):
+            # (each norm into its half of the row: one launch each, no concatenation)
+            size = self.hidden_size
+            both = features.new_empty((*features.shape[:-1], 2 * size))
+            rows = both.view(-1, 2 * size)  # [rows, 2 * hidden]
+            fused_rms_norm(features, self.feature_norm.weight,
+                           norm_eps(self.feature_norm, features), rows[:, :size])
+            fused_rms_norm(embeds, self.token_norm.weight, norm_eps(self.token_norm, embeds),
+                           rows[:, size:])
+        else:
+            both = torch.cat([self.feature_norm(features), self.token_norm(embeds)], dim=-1)
         return self.fc(both)
 
     def chained(self, feature: torch.Tensor, token_embeddings: torch.Tensor) -> torch.Tensor:
@@ -151,18 +192,23 @@ class DraftHead(nn.Module):
     def keys_values(self, x: torch.Tensor,
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's (rotated) key and its value, ``[..., num_kv_heads, head_dim]`` each."""
-        kv = self.kv_proj(self.attn_norm(x)).unflatten(-1, (2, self.num_kv_heads, self.head_dim))
+        kv = self.kv_proj(normed(self.attn_norm, x)).unflatten(
+            -1, (2, self.num_kv_heads, self.head_dim))
         return rotated(kv[..., 0, :, :], positions, self.inv_freq), kv[..., 1, :, :]
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The predicted next features ``[b, q, hidden]`` of the pairs ``x [b, q, hidden]`` at
         ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads, head_dim]``
-        where ``mask [b or 1, q, k]`` (bool) allows; every query must allow one key."""
-        q = rotated(self.q_proj(self.attn_norm(x)).unflatten(-1, (self.num_heads, self.head_dim)),
-                    positions, self.inv_freq)  # [b, q, heads, head_dim]
+        where ``mask [b or 1, q, k]`` (bool) allows (or a chain's limits ``[b]``:
+        :func:`grouped_attention`); every query must allow one key."""
+        q = rotated(self.q_proj(normed(self.attn_norm, x)).unflatten(
+            -1, (self.num_heads, self.head_dim)), positions, self.inv_freq)  # [b, q, heads, d]
         h = x + self.o_proj(grouped_attention(q, keys, values, mask))  # [b, q, hidden]
-        gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
+        gate_up = self.gate_up(normed(self.mlp_norm, h))  # [b, q, 2 * intermediate]
+        if fused_silu_mul_applies(gate_up):
+            return h + self.down(fused_silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up)
 
     def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, embed: nn.Module,

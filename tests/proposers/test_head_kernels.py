@@ -1,6 +1,7 @@
-"""The draft head's fused rotary (Triton; on CPU through its interpreter, on a GPU compiled)
-against its PyTorch reference, when it is used, and the head's attention with grouped key/value
-heads read in place against the attention written out with the heads repeated."""
+"""The draft head's fused kernels (Triton; on CPU through its interpreter, on a GPU compiled):
+the rotary, the RMSNorm, silu times up, the chain's attention and the argmax, each against its
+PyTorch reference, and when each is used; the head's attention with grouped key/value heads read
+in place against the attention written out with the heads repeated."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from proposers.head_kernels import fused_rotate, fused_rotate_applies
-from proposers.head_model import DraftHead, rotate
+from proposers.head_kernels import (
+    chain_attention,
+    chain_attention_applies,
+    draft_argmax,
+    fused_norm_applies,
+    fused_rms_norm,
+    fused_rotate,
+    fused_rotate_applies,
+    fused_silu_mul,
+    fused_silu_mul_applies,
+)
+from proposers.head_model import DraftHead, grouped_attention, rotate
 from tests.conftest import DEVICE, INTERPRETED, needs_triton
 
 
@@ -86,3 +97,131 @@ def test_attention_reads_grouped_heads_in_place(queries):
     with torch.enable_grad():
         swapped = head.attend(x, positions, keys.flip(2), values.flip(2), mask)
     assert not torch.allclose(swapped, want, atol=1e-3)
+
+
+def ulps_apart(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Units in the last place between two bf16 tensors of one sign each, elementwise."""
+    return (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+
+
+def assert_rounded_alike(got: torch.Tensor, want: torch.Tensor) -> None:
+    """float32: close; bf16: at most one unit apart, in at most 1% of the elements (compiled
+    exp / rsqrt may differ from PyTorch's in the last float32 place before the rounding)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        apart = ulps_apart(got, want)
+        assert int(apart.max()) <= 1 and int((apart > 0).sum()) * 100 <= apart.numel()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rms_norm_is_torchs_rms_norm_and_writes_half_a_row(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 5, 96, generator=gen) * 3).to(DEVICE, dtype)  # [..., size]
+    norm = torch.nn.RMSNorm(96, eps=1e-5).to(DEVICE, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=gen))
+        assert fused_norm_applies(x, norm.weight)
+        got = fused_rms_norm(x, norm.weight, 1e-5)
+        want = norm(x)
+        assert_rounded_alike(got, want)
+        # into the right half of wider rows, the left half untouched
+        both = torch.full((20, 192), 7.0, dtype=dtype, device=DEVICE)
+        fused_rms_norm(x, norm.weight, 1e-5, both[:, 96:])
+        assert bool((both[:, :96] == 7.0).all())
+        assert_rounded_alike(both[:, 96:].view(4, 5, 96), want)
+        # (the check can fail: another epsilon gives other values)
+        assert not torch.allclose(fused_rms_norm(x, norm.weight, 10.0).float(), want.float(),
+                                  atol=1e-2)
+        with pytest.raises(ValueError, match="out must be"):
+            fused_rms_norm(x, norm.weight, 1e-5, both[:19, 96:])
+
+
+def test_the_fused_norm_and_silu_are_not_used_where_a_gradient_is_wanted_or_dtypes_differ():
+    x = torch.randn(3, 8, device=DEVICE)
+    weight = torch.ones(8, device=DEVICE)
+    with torch.enable_grad():
+        assert not fused_norm_applies(x, weight) and not fused_silu_mul_applies(x)
+    with torch.no_grad():
+        assert fused_norm_applies(x, weight) == (INTERPRETED or x.is_cuda)
+        assert fused_silu_mul_applies(x) == (INTERPRETED or x.is_cuda)
+        assert not fused_norm_applies(x, weight.double())  # (PyTorch would promote)
+        assert not fused_norm_applies(x, weight[:4])
+        assert not fused_silu_mul_applies(x[:, :7])  # (an odd width has no halves)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_silu_mul_is_silu_of_the_gate_times_up(dtype):
+    gen = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(3, 2, 2 * 1500, generator=gen) * 3).to(DEVICE, dtype)
+    with torch.no_grad():
+        got = fused_silu_mul(gate_up)  # (1500: two blocks a row)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert_rounded_alike(got, F.silu(gate) * up)
+    assert not torch.allclose(got.float(), (F.silu(up) * gate).float(), atol=1e-2)
+
+
+def masked_attention(q, keys, values, upto):
+    """The chain's attention written out: each key/value head repeated for its query heads,
+    float32, a boolean mask of the keys ``0 .. upto[r]``."""
+    groups = q.shape[2] // keys.shape[2]
+    k = keys.float().repeat_interleave(groups, dim=2).transpose(1, 2)  # [b, heads, n, d]
+    v = values.float().repeat_interleave(groups, dim=2).transpose(1, 2)
+    mask = torch.arange(keys.shape[1], device=keys.device)[None, :] <= upto[:, None]  # [b, n]
+    out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k, v,
+                                         attn_mask=mask[:, None, None])  # [b, heads, 1, d]
+    return out.transpose(1, 2).flatten(2)  # [b, 1, heads * d]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_keys", [1, 50, 300])
+def test_chain_attention_is_the_masked_attention(dtype, num_keys):
+    """Three query heads a key/value head (a group width that is not a power of two), rows
+    seeing one key, some, or all of them; 300 keys take five key blocks."""
+    gen = torch.Generator().manual_seed(num_keys)
+    b, heads, kv_heads, dim = 3, 9, 3, 32
+    q = torch.randn(b, 1, heads, dim, generator=gen).to(DEVICE, dtype)
+    keys = torch.randn(b, num_keys, kv_heads, dim, generator=gen).to(DEVICE, dtype)
+    values = torch.randn(b, num_keys, kv_heads, dim, generator=gen).to(DEVICE, dtype)
+    upto = torch.tensor([0, num_keys // 2, num_keys - 1], device=DEVICE)
+    with torch.no_grad():
+        assert chain_attention_applies(q, keys)
+        got = chain_attention(q, keys, values, upto)
+        # the head's attention takes the limits as its mask and gives the same
+        assert torch.equal(grouped_attention(q, keys, values, upto), got)
+    want = masked_attention(q, keys, values, upto)
+    assert got.shape == (b, 1, heads * dim) and got.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance)
+    if num_keys > 1:  # (the check can fail: other limits see other keys)
+        assert not torch.allclose(got.float(), masked_attention(q, keys, values, upto * 0),
+                                  atol=1e-2)
+
+
+def test_the_limits_as_a_mask_build_the_boolean_mask_where_the_kernel_does_not_apply():
+    torch.manual_seed(5)
+    q = torch.randn(2, 1, 4, 6)  # (a head dimension that is not a power of two)
+    keys, values = torch.randn(2, 7, 2, 6), torch.randn(2, 7, 2, 6)
+    upto = torch.tensor([2, 6])
+    with torch.no_grad():
+        assert not chain_attention_applies(q, keys)
+        got = grouped_attention(q, keys, values, upto)
+    mask = (torch.arange(7)[None, :] <= upto[:, None])[:, None]  # [b, 1, keys]
+    torch.testing.assert_close(got, grouped_attention(q, keys, values, mask))
+    torch.testing.assert_close(got, masked_attention(q, keys, values, upto))
+
+
+@needs_triton
+def test_draft_argmax_is_the_argmax_and_drafts_token_zero_for_a_row_without_a_maximum():
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(4, 3000, generator=gen).to(DEVICE, torch.bfloat16)
+    logits[1, 2999] = 50.0  # (the last chunk's)
+    logits[3] = float("nan")
+    with torch.no_grad():
+        got = draft_argmax(logits)
+    assert got[:3].tolist() == logits[:3].float().argmax(dim=-1).tolist()
+    assert got[1] == 2999 and got[3] == 0
