@@ -51,7 +51,13 @@ from torch import nn
 
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.head_cache import HeadKVCache
-from proposers.head_drafting import DraftTree, draft_chain, draft_tree, write_pairs
+from proposers.head_drafting import (
+    DraftTree,
+    draft_chain,
+    draft_tree,
+    write_keys_values,
+    write_pairs,
+)
 from proposers.head_kernels import draft_argmax
 from proposers.head_model import DraftHead
 from proposers.registry import register_proposer
@@ -283,7 +289,7 @@ class DraftHeadProposer(Proposer):
         index = self._to_device(np.array([tokens, slots, positions], dtype=np.int64))  # [3, rows]
         # (one concatenation of every request's rows: one per request cost a launch each)
         x = self.head.inputs(gather_rows(feats).to(self.cache.dtype), self.embed(index[0]))
-        self.cache.write(index[1], index[2], *self.head.keys_values(x, index[2]))
+        write_keys_values(self.head, x, index[2], self.cache.keys, self.cache.values, index[1])
 
     def _ensure(self, needed: int) -> None:
         self.cache.ensure(needed)

@@ -151,18 +151,22 @@ class Eagle3Head(nn.Module):
     def keys_values(self, x: torch.Tensor,
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's rotated key and its value, ``[..., num_kv_heads, head_dim]`` each."""
+        k, v = self.unrotated_keys_values(x)
+        return rotated(k, positions, self.inv_freq), v
+
+    def unrotated_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`keys_values` before the keys' rotary."""
         attn = self.layers[0].self_attn
         a = x[..., :2 * self.hidden_size]
         k = attn.k_proj(a).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = attn.v_proj(a).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        return rotated(k, positions, self.inv_freq), v
+        return k, attn.v_proj(a).unflatten(-1, (self.num_kv_heads, self.head_dim))
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The next states ``g' [b, q, hidden]`` (before ``norm``) of the pairs ``x [b, q, 3 *
         hidden]`` at ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads,
-        head_dim]`` where ``mask [b or 1, q, k]`` (bool) allows (or a chain's limits ``[b]``:
-        :func:`~proposers.head_model.grouped_attention`)."""
+        head_dim]`` where ``mask [b or 1, q, k]`` (bool) allows (or a chain's view of the whole
+        cache: :func:`~proposers.head_model.grouped_attention`)."""
         layer = self.layers[0]
         attn = layer.self_attn
         a, residual = x[..., :2 * self.hidden_size], x[..., 2 * self.hidden_size:]

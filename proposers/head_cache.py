@@ -2,9 +2,9 @@
 
 The head has one layer, so its cache is one pair of tensors ``[num_slots + 1, capacity,
 num_kv_heads, head_dim]``; the last slot is scratch, where padding rows of a batched (CUDA graph)
-step write. Only verified pairs are *committed* (``length``) and written here; a proposal writes
-its drafts' pairs into its own copy of the keys and values, so a rejected draft needs no
-rollback.
+step write. Only verified pairs are *committed* (``length``); a chain's drafts write their pairs
+past a request's newest one, where the next verified pairs overwrite them before they are read,
+so a rejected draft needs no rollback (:mod:`proposers.head_drafting`).
 Capacity starts small and doubles up to what the engine's longest sequence needs (a CPU engine
 for 64 sequences of 8k tokens would otherwise hold 0.8 GB that short prompts never touch);
 growing moves the tensors, so :attr:`generation` counts moves (CUDA graphs captured on the old
@@ -64,10 +64,3 @@ class HeadKVCache:
         if slot is not None:
             self._free.append(slot)
             del self.length[req_id]
-
-    def write(self, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor) -> None:
-        """``keys``/``values [n, num_kv_heads, head_dim]`` at (``slots [n]``, ``positions
-        [n]``)."""
-        self.keys[slots, positions] = keys
-        self.values[slots, positions] = values

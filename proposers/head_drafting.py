@@ -8,9 +8,11 @@ position further. The functions take tensors only (no host lists, no syncs), so 
 code runs eagerly and as the body of a CUDA graph (:mod:`samplers.keyed_graphs`); the proposer
 owns the bookkeeping around them (which pairs are pending, the layouts, the padding).
 
-The drafts' own keys and values go into a copy of the requests' cached keys and values, made
-once a proposal, never into the cache: the cache holds verified pairs alone, and a rejected
-draft needs no rollback.
+A chain's drafts write their own keys and values into the cache, past each request's newest
+pair: the cache's committed pairs are never touched, and the next verified pairs overwrite the
+drafts' before anything reads there, so a rejected draft needs no rollback (the engine's
+drafting flights write past the accepted pairs the same way). A tree's nodes go into a copy of
+the requests' keys and values, made once a proposal: their columns are not their positions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import torch
 from torch import nn
 
 from proposers.head_cache import HeadKVCache
-from proposers.head_model import DraftHead  # (or an Eagle3Head: the same four methods)
+from proposers.head_kernels import fused_rotate_write, rotate_write_applies
+from proposers.head_model import (  # (or an Eagle3Head: the same methods)
+    ChainView,
+    DraftHead,
+    rotated,
+)
 
 # readout(feature [batch, hidden_size]) -> the greedy draft [batch] (full token ids)
 Readout = Callable[[torch.Tensor], torch.Tensor]
@@ -67,8 +74,22 @@ def write_pairs(head: DraftHead, cache: HeadKVCache, embed: nn.Module, features:
     ``tokens [rows]``) into the cache at (``slots``, ``positions [rows]``); returns the head's
     inputs of the pairs ``[rows, hidden_size]``."""
     x = head.inputs(features, embed(tokens))  # [rows, hidden_size]
-    cache.write(slots, positions, *head.keys_values(x, positions))
+    write_keys_values(head, x, positions, cache.keys, cache.values, slots)
     return x
+
+
+def write_keys_values(head: DraftHead, x: torch.Tensor, positions: torch.Tensor,
+                      keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+    """The pairs' keys (rotated to ``positions [rows]``) and values, from their inputs ``x
+    [rows, ...]``, into ``keys``/``values [slots, capacity, kv_heads, head_dim]`` at
+    (``slots [rows]``, ``positions``): one launch where the fused kernel applies
+    (:func:`proposers.head_kernels.fused_rotate_write`)."""
+    k, v = head.unrotated_keys_values(x)  # [rows, kv_heads, head_dim] each
+    if rotate_write_applies(k, v, keys):
+        fused_rotate_write(k, v, positions, head.inv_freq, keys, values, slots)
+    else:
+        keys[slots, positions] = rotated(k, positions, head.inv_freq)
+        values[slots, positions] = v
 
 
 def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: Readout,
@@ -81,22 +102,21 @@ def draft_chain(head: DraftHead, cache: HeadKVCache, embed: nn.Module, readout: 
     ``0 .. num_keys - 1``: ``[batch, steps]``."""
     x = write_pairs(head, cache, embed, features, tokens, row_slots, row_pos)
     x, pos = x[last_rows], last_pos  # [batch, hidden_size], [batch]
-    # each [batch, num_keys, kv_heads, head_dim]: the requests' keys and values, copied
-    # once; the drafts' own pairs go into the copies only (the cache would hold them past
-    # its committed length, where the next verified pairs overwrite them unread)
-    keys, values = cache.keys[slots, :num_keys], cache.values[slots, :num_keys]
-    rows = torch.arange(slots.shape[0], device=x.device)  # [batch]
+    # The drafts' own pairs go into the cache itself, past each request's newest pair: where
+    # the next verified pairs overwrite them before anything reads there (a proposal writes
+    # its pending pairs first, and reads up to its newest); nothing is copied.
     out = []
     for s in range(steps):
-        # (each row sees its keys up to its own position: the limits as the mask, one fused
-        # launch where it applies)
-        feature = head.attend(x[:, None], pos[:, None], keys, values,
-                              pos)[:, 0]  # [batch, hidden_size]
+        # (each row sees its slot's keys up to its own position: one fused launch where it
+        # applies, the keys up to num_keys gathered otherwise)
+        view = ChainView(slots, pos)
+        feature = head.attend(x[:, None], pos[:, None], cache.keys[:, :num_keys],
+                              cache.values[:, :num_keys], view)[:, 0]  # [batch, hidden_size]
         token = readout(feature)  # [batch]
         out.append(token)
         if s + 1 < steps:
             x, pos = head.chained(feature, embed(token)), pos + 1
-            keys[rows, pos], values[rows, pos] = head.keys_values(x, pos)
+            write_keys_values(head, x, pos, cache.keys, cache.values, slots)
     return torch.stack(out, dim=1)  # [batch, steps]
 
 

@@ -25,6 +25,9 @@ kernels of a few microseconds each: docs/performance.md, "The draft head's kerne
   no concatenation);
 - :func:`fused_silu_mul`: ``silu(gate) * up`` of a row ``[gate ; up]``, rounded as PyTorch
   rounds the two ops;
+- :func:`fused_rotate_write`: a pair's key rotated and written, with its value, into the
+  cache (or a proposal's copy of it) at its slot and position (where rotate and two indexed
+  writes took three launches);
 - :func:`chain_attention`: the attention of one query row per request over its keys ``0 ..
   upto``, the query heads of a key/value head together, each block of keys a program, their
   softmaxes merged in float32 (where PyTorch built a mask, converted it and ran SDPA: six
@@ -104,6 +107,65 @@ def fused_rotate(x: torch.Tensor, positions: torch.Tensor,
                 BLOCK=triton.next_power_of_2(dim // 2), BF16=x.dtype == torch.bfloat16)
     return out.view(x.shape)
 
+
+
+@triton.jit
+def _rotate_write_kernel(k_ptr, v_ptr, pos_ptr, dest_ptr, freq_ptr, keys_ptr, values_ptr, heads,
+                         ks_row, ks_head, vs_row, vs_head, cs_slot, cs_pos, cs_head, ds_slot,
+                         ds_pos, ds_head, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                         BF16: tl.constexpr):
+    pid = tl.program_id(0)  # one (pair, key/value head)
+    row, head = pid // heads, pid % heads
+    i = tl.arange(0, BLOCK)
+    live = i < HALF
+    position = tl.load(pos_ptr + row)
+    slot = tl.load(dest_ptr + row)
+    angle = position.to(tl.float32) * tl.load(freq_ptr + i, mask=live, other=0.0)
+    c, s = tl.cos(angle), tl.sin(angle)
+    k_row = k_ptr + row * ks_row + head * ks_head
+    a = tl.load(k_row + i, mask=live, other=0.0).to(tl.float32)
+    b = tl.load(k_row + HALF + i, mask=live, other=0.0).to(tl.float32)
+    first, second = a * c - b * s, b * c + a * s
+    if BF16:
+        first, second = _to_bf16_grid(first), _to_bf16_grid(second)
+    ty = keys_ptr.dtype.element_ty
+    key = keys_ptr + slot * cs_slot + position * cs_pos + head * cs_head
+    tl.store(key + i, first.to(ty), mask=live)
+    tl.store(key + HALF + i, second.to(ty), mask=live)
+    v_row = v_ptr + row * vs_row + head * vs_head
+    value = values_ptr + slot * ds_slot + position * ds_pos + head * ds_head
+    tl.store(value + i, tl.load(v_row + i, mask=live), mask=live)
+    tl.store(value + HALF + i, tl.load(v_row + HALF + i, mask=live), mask=live)
+
+
+def rotate_write_applies(k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor) -> bool:
+    """Whether :func:`fused_rotate_write` serves keys ``k`` and values ``v [..., kv_heads,
+    head_dim]`` into ``keys [slots, capacity, kv_heads, head_dim]``: :func:`_fused`, one
+    dtype, the head dimensions contiguous and even."""
+    return (_fused(k) and k.dim() >= 2 and k.shape == v.shape and k.dtype == v.dtype
+            == keys.dtype and keys.dim() == 4 and k.stride(-1) == 1 and v.stride(-1) == 1
+            and keys.stride(-1) == 1 and k.shape[-1] % 2 == 0)
+
+
+def fused_rotate_write(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                       inv_freq: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       slots: torch.Tensor) -> None:
+    """``keys[slots, positions] = rotate(k, positions)`` and ``values[slots, positions] = v``
+    in one launch: ``k``/``v [..., kv_heads, head_dim]`` (unrotated keys, values),
+    ``positions``/``slots [...]`` (long), ``keys``/``values [slots, capacity, kv_heads,
+    head_dim]``; the rotation is :func:`fused_rotate`'s."""
+    heads, dim = k.shape[-2], k.shape[-1]
+    k_rows, v_rows = k.reshape(-1, heads, dim), v.reshape(-1, heads, dim)  # [n, heads, dim]
+    if not k_rows.shape[0]:
+        return
+    with torch.cuda.device(k.device) if k.is_cuda else nullcontext():
+        _rotate_write_kernel[(k_rows.shape[0] * heads,)](
+            k_rows, v_rows, positions.reshape(-1).contiguous(), slots.reshape(-1).contiguous(),
+            inv_freq, keys, values,
+            heads, k_rows.stride(0), k_rows.stride(1), v_rows.stride(0), v_rows.stride(1),
+            keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
+            values.stride(2), HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2),
+            BF16=k.dtype == torch.bfloat16)
 
 
 def _fused(x: torch.Tensor) -> bool:
@@ -207,10 +269,11 @@ def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _chain_attention_kernel(q_ptr, k_ptr, v_ptr, upto_ptr, best_ptr, total_ptr, acc_ptr,
+def _chain_attention_kernel(q_ptr, k_ptr, v_ptr, upto_ptr, slot_ptr, best_ptr, total_ptr, acc_ptr,
                             kv_heads, groups, splits, qs_row, qs_head, ks_row, ks_key, ks_head,
                             vs_row, vs_key, vs_head, scale, D: tl.constexpr, G: tl.constexpr,
-                            BLOCK_N: tl.constexpr):
+                            BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                            DOT_F32: tl.constexpr):
     pid, split = tl.program_id(0), tl.program_id(1)  # (request, key/value head), key block
     row, kv_head = pid // kv_heads, pid % kv_heads
     g = tl.arange(0, G)
@@ -218,21 +281,29 @@ def _chain_attention_kernel(q_ptr, k_ptr, v_ptr, upto_ptr, best_ptr, total_ptr, 
     live_g = g < groups
     heads = kv_head * groups + g  # [G] the query heads reading this key/value head
     q = tl.load(q_ptr + row * qs_row + heads[:, None] * qs_head + d[None, :],
-                mask=live_g[:, None], other=0.0).to(tl.float32) * scale  # [G, D]
+                mask=live_g[:, None], other=0.0)  # [G, D] (rows past the group: 0)
     n = split * BLOCK_N + tl.arange(0, BLOCK_N)
     live_n = n <= tl.load(upto_ptr + row)  # (the last key the row sees)
-    k = tl.load(k_ptr + row * ks_row + kv_head * ks_head + n[:, None] * ks_key + d[None, :],
-                mask=live_n[:, None], other=0.0).to(tl.float32)  # [BLOCK_N, D]
-    v = tl.load(v_ptr + row * vs_row + kv_head * vs_head + n[:, None] * vs_key + d[None, :],
-                mask=live_n[:, None], other=0.0).to(tl.float32)  # [BLOCK_N, D]
-    s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, BLOCK_N]
+    slot = tl.load(slot_ptr + row)  # (the cache's row of keys it reads)
+    k = tl.load(k_ptr + slot * ks_row + kv_head * ks_head + n[:, None] * ks_key + d[None, :],
+                mask=live_n[:, None], other=0.0)  # [BLOCK_N, D]
+    v = tl.load(v_ptr + slot * vs_row + kv_head * vs_head + n[:, None] * vs_key + d[None, :],
+                mask=live_n[:, None], other=0.0)  # [BLOCK_N, D]
+    if DOT_F32:  # (the interpreter multiplies bf16 tiles as raw bits; their products are
+        q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)  # exact in float32)
+    # (as flash attention: products of the inputs' dtype, float32 sums; float32 inputs exact)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G, BLOCK_N]
     s = tl.where(live_n[None, :], s, float("-inf"))
     best = tl.max(s, axis=1)  # [G] (-inf for a block past the row's keys)
     p = tl.exp(s - tl.where(best == float("-inf"), 0.0, best)[:, None])  # [G, BLOCK_N]
     at = (pid * splits + split) * G + g  # [G] this block's partial of each query head
     tl.store(best_ptr + at, best)
     tl.store(total_ptr + at, tl.sum(p, axis=1))
-    tl.store(acc_ptr + at[:, None] * D + d[None, :], tl.sum(p[:, :, None] * v[None, :, :], axis=1))
+    p = p.to(v_ptr.dtype.element_ty)  # (P V in the values' dtype, as flash attention does)
+    if DOT_F32:
+        p = p.to(tl.float32)
+    acc = tl.dot(p, v, input_precision=PRECISION)  # [G, D]
+    tl.store(acc_ptr + at[:, None] * D + d[None, :], acc)
 
 
 @triton.jit
@@ -267,11 +338,12 @@ def chain_attention_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
 
 
 def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    upto: torch.Tensor) -> torch.Tensor:
+                    upto: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention of ``q [b, 1, heads, head_dim]`` over ``keys``/``values
-    [b, n, kv_heads, head_dim]`` (query head ``h`` reads key/value head ``h // (heads /
-    kv_heads)``), row ``r`` seeing keys ``0 .. upto[r]`` (``upto [b]`` long, at least 0, below
-    ``n``): ``[b, 1, heads * head_dim]`` in ``q``'s dtype. Two launches: each key block of a
+    [s, n, kv_heads, head_dim]`` (query head ``h`` reads key/value head ``h // (heads /
+    kv_heads)``), row ``r`` seeing keys ``0 .. upto[r]`` of ``slots[r]`` (``upto``, ``slots
+    [b]`` long; ``upto`` at least 0, below ``n``; ``slots`` None: row ``r`` reads ``r``):
+    ``[b, 1, heads * head_dim]`` in ``q``'s dtype. Two launches: each key block of a
     (request, key/value head) in a program of its own (a block past the row's keys reads
     nothing), then their partial softmaxes merged (one program a request and head reading
     every key in turn was several times slower than SDPA at batch 1: too few programs)."""
@@ -283,16 +355,21 @@ def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         return out
     # (at most MAX_SPLITS blocks: the merge holds every block's partial at once)
     block = max(CHAIN_BLOCK, triton.next_power_of_2(triton.cdiv(num_keys, MAX_SPLITS)))
-    splits, width = triton.cdiv(num_keys, block), triton.next_power_of_2(groups)
+    # (a group's query heads padded to 16 rows: the smallest product tl.dot takes)
+    splits, width = triton.cdiv(num_keys, block), max(16, triton.next_power_of_2(groups))
     best = torch.empty((b * kv_heads, splits, width), dtype=torch.float32, device=q.device)
     total = torch.empty_like(best)  # [b * kv_heads, splits, G]
     acc = torch.empty((b * kv_heads, splits, width, dim), dtype=torch.float32,
                       device=q.device)  # [b * kv_heads, splits, G, head_dim]
+    if slots is None:
+        slots = torch.arange(b, device=q.device)
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
         _chain_attention_kernel[(b * kv_heads, splits)](
-            q, keys, values, upto, best, total, acc, kv_heads, groups, splits, q.stride(0),
+            q, keys, values, upto, slots, best, total, acc, kv_heads, groups, splits, q.stride(0),
             q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
-            values.stride(1), values.stride(2), dim ** -0.5, D=dim, G=width, BLOCK_N=block)
+            values.stride(1), values.stride(2), dim ** -0.5, D=dim, G=width, BLOCK_N=block,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # (tf32: bf16 ignores it)
+            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16)
         _chain_combine_kernel[(b * kv_heads,)](
             best, total, acc, out, kv_heads, groups, splits, out.stride(0), D=dim, G=width,
             S=triton.next_power_of_2(splits))

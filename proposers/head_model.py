@@ -31,6 +31,7 @@ rarely have chosen it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,19 +89,30 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> 
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class ChainView:
+    """What a chain's query rows see of a cache ``[slots, capacity, kv_heads, head_dim]``:
+    row ``r`` (one query) reads slot ``slots[r]``'s keys ``0 .. upto[r]`` (``[b]`` int64
+    each)."""
+
+    slots: torch.Tensor
+    upto: torch.Tensor
+
+
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
+                      mask: torch.Tensor | ChainView) -> torch.Tensor:
     """Attention of queries ``q [b, n, heads, head_dim]`` over ``keys``/``values [b, k,
     kv_heads, head_dim]`` where ``mask [b or 1, n, k]`` (bool) allows: ``[b, n, heads *
     head_dim]``. Query head ``h`` reads key/value head ``h // (heads / kv_heads)``.
-    ``mask`` may instead be a chain's limits ``[b]`` (int64, one query row each: row ``r``
-    sees keys ``0 .. mask[r]``): one fused launch where it applies
-    (:func:`proposers.head_kernels.chain_attention`), else that mask built here."""
-    if not mask.dtype.is_floating_point and mask.dtype != torch.bool:  # (a chain's limits)
+    ``mask`` may instead be a :class:`ChainView` of a whole cache ``keys``/``values``: one
+    fused launch where it applies (:func:`proposers.head_kernels.chain_attention`), else the
+    rows' keys gathered and the mask built here."""
+    if isinstance(mask, ChainView):
         if chain_attention_applies(q, keys):
-            return chain_attention(q, keys, values, mask)
-        key_pos = torch.arange(keys.shape[1], device=keys.device)  # [k]
-        mask = (key_pos[None, :] <= mask[:, None])[:, None]  # [b, 1, k]
+            return chain_attention(q, keys, values, mask.upto, mask.slots)
+        keys, values = keys[mask.slots], values[mask.slots]  # [b, capacity, kv_heads, dim]
+        key_pos = torch.arange(keys.shape[1], device=keys.device)  # [capacity]
+        mask = (key_pos[None, :] <= mask.upto[:, None])[:, None]  # [b, 1, capacity]
     b, n, num_heads, d = q.shape
     kv_heads = keys.shape[2]
     groups = num_heads // kv_heads
@@ -192,15 +204,20 @@ class DraftHead(nn.Module):
     def keys_values(self, x: torch.Tensor,
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each pair's (rotated) key and its value, ``[..., num_kv_heads, head_dim]`` each."""
+        k, v = self.unrotated_keys_values(x)
+        return rotated(k, positions, self.inv_freq), v
+
+    def unrotated_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`keys_values` before the keys' rotary (views of one projection)."""
         kv = self.kv_proj(normed(self.attn_norm, x)).unflatten(
             -1, (2, self.num_kv_heads, self.head_dim))
-        return rotated(kv[..., 0, :, :], positions, self.inv_freq), kv[..., 1, :, :]
+        return kv[..., 0, :, :], kv[..., 1, :, :]
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
                values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The predicted next features ``[b, q, hidden]`` of the pairs ``x [b, q, hidden]`` at
         ``positions [b, q]``, attending to ``keys``/``values [b, k, num_kv_heads, head_dim]``
-        where ``mask [b or 1, q, k]`` (bool) allows (or a chain's limits ``[b]``:
+        where ``mask [b or 1, q, k]`` (bool) allows (or a :class:`ChainView` of the whole cache:
         :func:`grouped_attention`); every query must allow one key."""
         q = rotated(self.q_proj(normed(self.attn_norm, x)).unflatten(
             -1, (self.num_heads, self.head_dim)), positions, self.inv_freq)  # [b, q, heads, d]

@@ -342,14 +342,15 @@ def make_llm(target, head_dir, **kwargs) -> LLM:
 
 def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, head_dir):
     """After each step the head's committed keys are those of the pairs (``f_j``, ``x_{j+1}``)
-    that Hugging Face's hidden states give, at every position so far, and nothing else: a
-    proposal's drafts stay in its own copy, never in the cache (still zeros past the
-    committed pairs)."""
+    that Hugging Face's hidden states give, at every position so far: a chain's drafts write
+    their pairs past the newest one (they do, here), and the verified pairs overwrite them
+    there before the next proposal reads."""
     llm = make_llm(target, head_dir, spec={"adaptive_k": False})
     engine, proposer = llm.engine, llm.engine.proposer
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     engine.add_request("r", None, [5, 17, 3, 60, 22], params)
     (seq,) = engine.requests["r"]
+    drafts_seen = False
     for _ in range(4):
         engine.step()
         tokens = seq.all_token_ids
@@ -364,9 +365,9 @@ def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, 
         slot = proposer.cache.slot_of[seq.seq_id]
         torch.testing.assert_close(proposer.cache.keys[slot, :committed], keys,
                                    atol=1e-4, rtol=1e-4)
-        for kv in (proposer.cache.keys, proposer.cache.values):
-            assert not kv[slot, committed:].any()
+        drafts_seen |= bool(proposer.cache.keys[slot, committed:].any())
     assert llm.get_metrics().num_drafted > 0  # (proposals ran: their drafts had pairs)
+    assert drafts_seen  # (past the committed pairs: later overwritten, checked above)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -17,10 +17,12 @@ from proposers.head_kernels import (
     fused_rms_norm,
     fused_rotate,
     fused_rotate_applies,
+    fused_rotate_write,
     fused_silu_mul,
     fused_silu_mul_applies,
+    rotate_write_applies,
 )
-from proposers.head_model import DraftHead, grouped_attention, rotate
+from proposers.head_model import ChainView, DraftHead, grouped_attention, rotate
 from tests.conftest import DEVICE, INTERPRETED, needs_triton
 
 
@@ -191,8 +193,12 @@ def test_chain_attention_is_the_masked_attention(dtype, num_keys):
     with torch.no_grad():
         assert chain_attention_applies(q, keys)
         got = chain_attention(q, keys, values, upto)
-        # the head's attention takes the limits as its mask and gives the same
-        assert torch.equal(grouped_attention(q, keys, values, upto), got)
+        # the head's attention takes a chain's view as its mask and gives the same, the rows
+        # reading slots of a whole cache (here in reverse)
+        cache_k, cache_v = keys.flip(0), values.flip(0)
+        slots = torch.arange(b - 1, -1, -1, device=DEVICE)
+        assert torch.equal(chain_attention(q, cache_k, cache_v, upto, slots), got)
+        assert torch.equal(grouped_attention(q, cache_k, cache_v, ChainView(slots, upto)), got)
     want = masked_attention(q, keys, values, upto)
     assert got.shape == (b, 1, heads * dim) and got.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -202,17 +208,17 @@ def test_chain_attention_is_the_masked_attention(dtype, num_keys):
                                   atol=1e-2)
 
 
-def test_the_limits_as_a_mask_build_the_boolean_mask_where_the_kernel_does_not_apply():
+def test_a_chain_view_gathers_its_slots_and_builds_the_mask_where_the_kernel_does_not_apply():
     torch.manual_seed(5)
     q = torch.randn(2, 1, 4, 6)  # (a head dimension that is not a power of two)
-    keys, values = torch.randn(2, 7, 2, 6), torch.randn(2, 7, 2, 6)
-    upto = torch.tensor([2, 6])
+    keys, values = torch.randn(3, 7, 2, 6), torch.randn(3, 7, 2, 6)  # (a cache of 3 slots)
+    upto, slots = torch.tensor([2, 6]), torch.tensor([2, 0])
     with torch.no_grad():
         assert not chain_attention_applies(q, keys)
-        got = grouped_attention(q, keys, values, upto)
+        got = grouped_attention(q, keys, values, ChainView(slots, upto))
     mask = (torch.arange(7)[None, :] <= upto[:, None])[:, None]  # [b, 1, keys]
-    torch.testing.assert_close(got, grouped_attention(q, keys, values, mask))
-    torch.testing.assert_close(got, masked_attention(q, keys, values, upto))
+    torch.testing.assert_close(got, grouped_attention(q, keys[slots], values[slots], mask))
+    torch.testing.assert_close(got, masked_attention(q, keys[slots], values[slots], upto))
 
 
 @needs_triton
@@ -225,3 +231,37 @@ def test_draft_argmax_is_the_argmax_and_drafts_token_zero_for_a_row_without_a_ma
         got = draft_argmax(logits)
     assert got[:3].tolist() == logits[:3].float().argmax(dim=-1).tolist()
     assert got[1] == 2999 and got[3] == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rotate_write_puts_rotated_keys_and_values_at_their_slots_and_positions(dtype):
+    gen = torch.Generator().manual_seed(7)
+    rows, heads, dim = 5, 3, 16
+    kv = torch.randn(rows, 2, heads, dim, generator=gen).to(DEVICE, dtype)
+    k, v = kv[:, 0], kv[:, 1]  # (views with a row stride of two heads' rows: as the head's)
+    positions = torch.tensor([0, 7, 3, 9, 9], device=DEVICE)
+    slots = torch.tensor([2, 0, 2, 1, 3], device=DEVICE)
+    inv_freq = frequencies(dim).to(DEVICE)
+    keys = torch.zeros(4, 12, heads, dim, dtype=dtype, device=DEVICE)
+    values = torch.zeros_like(keys)
+    with torch.no_grad():
+        assert rotate_write_applies(k, v, keys)
+        fused_rotate_write(k, v, positions, inv_freq, keys, values, slots)
+    want_keys, want_values = torch.zeros_like(keys), torch.zeros_like(values)
+    want_keys[slots, positions] = rotate(k, positions, inv_freq)
+    want_values[slots, positions] = v
+    assert torch.equal(values, want_values)  # (copied as they are)
+    assert_rounded_alike(keys, want_keys)  # (and nothing written elsewhere)
+    assert not torch.allclose(keys[slots, positions].float(), k.float(), atol=1e-2)
+
+
+def test_the_fused_rotate_write_is_not_used_where_a_gradient_is_wanted_or_dtypes_differ():
+    k = v = torch.randn(3, 2, 8, device=DEVICE)
+    keys = torch.zeros(2, 4, 2, 8, device=DEVICE)
+    with torch.enable_grad():
+        assert not rotate_write_applies(k, v, keys)
+    with torch.no_grad():
+        assert rotate_write_applies(k, v, keys) == (INTERPRETED or k.is_cuda)
+        assert not rotate_write_applies(k, v, keys.double())
+        assert not rotate_write_applies(k, v[:, :1], keys)
