@@ -26,10 +26,9 @@ kernels of a few microseconds each: docs/performance.md, "The draft head's kerne
 - :func:`fused_silu_mul`: ``silu(gate) * up`` of a row ``[gate ; up]``, rounded as PyTorch
   rounds the two ops;
 - :func:`fused_rotate_write`: a pair's key rotated and written, with its value, into the
-  cache (or a proposal's copy of it) at its slot and position (where rotate and two indexed
-  writes took three launches);
-- :func:`chain_attention`: the attention of one query row per request over its keys ``0 ..
-  upto``, the query heads of a key/value head together, each block of keys a program, their
+  cache at its slot and position (where rotate and two indexed writes took three launches);
+- :func:`chain_attention`: the attention of one query row per request over its slot's keys
+  ``0 .. upto``, the query heads of a key/value head together, each block of keys a program, their
   softmaxes merged in float32 (where PyTorch built a mask, converted it and ran SDPA: six
   launches, two here).
 
@@ -330,11 +329,11 @@ def _chain_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, kv_heads, group
 
 def chain_attention_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
     """Whether :func:`chain_attention` serves queries ``q [b, 1, heads, head_dim]`` over
-    ``keys [b, n, kv_heads, head_dim]``: :func:`_fused`, a power-of-two head dimension, one
-    query row per request, contiguous head dimensions."""
+    ``keys [s, n, kv_heads, head_dim]``: :func:`_fused`, a power-of-two head dimension of at
+    least 16 (``tl.dot``'s least), one query row per request, contiguous head dimensions."""
     dim = q.shape[-1]
-    return (_fused(q) and q.dim() == 4 and q.shape[1] == 1 and dim & (dim - 1) == 0
-            and q.stride(-1) == 1 and keys.stride(-1) == 1)
+    return (_fused(q) and q.dim() == 4 and q.shape[1] == 1 and dim >= 16
+            and dim & (dim - 1) == 0 and q.stride(-1) == 1 and keys.stride(-1) == 1)
 
 
 def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
