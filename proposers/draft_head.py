@@ -6,10 +6,11 @@ forward the engine hands the proposer the features of the positions it verified
 followed each, and at the next proposal writes their keys and values into the head's KV cache
 (:mod:`proposers.head_cache`) and queries the newest one: that gives the first draft; each further
 draft feeds the head's predicted feature and its draft back in, one position further
-(:mod:`proposers.head_drafting`: a chain, or a tree). A proposal reads its requests' keys and
-values into one copy and writes its drafts' pairs there only: the cache holds verified pairs
-alone, and a rejection needs no rollback. Drafts are the head's argmax (one-hot drafts:
-rejection sampling stays exact for sampled requests too).
+(:mod:`proposers.head_drafting`: a chain, or a tree). A chain's drafts write their pairs into
+the cache past each request's newest pair, where the next verified pairs overwrite them before
+anything reads there (a tree's go into a copy of its requests' keys and values): a rejection
+needs no rollback. Drafts are the head's argmax (one-hot drafts: rejection sampling stays exact
+for sampled requests too).
 
 Pending pairs are written lazily: a request that goes more than ``LAZY_PENDING`` positions without
 a proposal (a prompt, or steps the controller left without drafts) has all but its newest pair

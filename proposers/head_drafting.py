@@ -85,7 +85,7 @@ def write_keys_values(head: DraftHead, x: torch.Tensor, positions: torch.Tensor,
     (``slots [rows]``, ``positions``): one launch where the fused kernel applies
     (:func:`proposers.head_kernels.fused_rotate_write`)."""
     k, v = head.unrotated_keys_values(x)  # [rows, kv_heads, head_dim] each
-    if rotate_write_applies(k, v, keys):
+    if rotate_write_applies(k, v, keys, values, positions, slots):
         fused_rotate_write(k, v, positions, head.inv_freq, keys, values, slots)
     else:
         keys[slots, positions] = rotated(k, positions, head.inv_freq)
@@ -162,7 +162,7 @@ def draft_tree(head: DraftHead, cache: HeadKVCache, embed: nn.Module, candidates
                          embed(children.flatten(1)))  # [batch, q * branch, hidden]
         nodes = tree.levels[level]  # the children's node indices
         cols = last_pos[:, None] + 1 + nodes[None, :]  # [batch, q * branch]
-        # (into the copies only, as a chain's drafts: see draft_chain)
+        # (into the copies only: a node's column is not its position)
         keys[rows, cols], values[rows, cols] = head.keys_values(x, pos + 1)
         queries = nodes
     return torch.cat(out, dim=1)  # [batch, num_nodes]

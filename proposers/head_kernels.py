@@ -46,8 +46,8 @@ import triton.language as tl
 from samplers.argmax_kernel import argmax_rows
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
-CHAIN_BLOCK = 64  # keys a program of chain_attention reads (at least)
-MAX_SPLITS = 64  # key blocks a row's attention is split into (at most)
+CHAIN_BLOCK = 64  # keys chain_attention multiplies at once
+MAX_SPLITS = 64  # spans (programs) a row's keys are split into, at most (the merge holds all)
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def _to_bf16_grid(x):
 def _rotate_kernel(x_ptr, out_ptr, pos_ptr, freq_ptr, heads, xs_row, xs_head, os_row, os_head,
                    HALF: tl.constexpr, BLOCK: tl.constexpr, BF16: tl.constexpr):
     pid = tl.program_id(0)  # one (row, head)
-    row, head = pid // heads, pid % heads
+    row, head = (pid // heads).to(tl.int64), pid % heads
     i = tl.arange(0, BLOCK)
     live = i < HALF
     angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(freq_ptr + i, mask=live, other=0.0)
@@ -114,7 +114,7 @@ def _rotate_write_kernel(k_ptr, v_ptr, pos_ptr, dest_ptr, freq_ptr, keys_ptr, va
                          ds_pos, ds_head, HALF: tl.constexpr, BLOCK: tl.constexpr,
                          BF16: tl.constexpr):
     pid = tl.program_id(0)  # one (pair, key/value head)
-    row, head = pid // heads, pid % heads
+    row, head = (pid // heads).to(tl.int64), pid % heads
     i = tl.arange(0, BLOCK)
     live = i < HALF
     position = tl.load(pos_ptr + row)
@@ -137,13 +137,21 @@ def _rotate_write_kernel(k_ptr, v_ptr, pos_ptr, dest_ptr, freq_ptr, keys_ptr, va
     tl.store(value + HALF + i, tl.load(v_row + HALF + i, mask=live), mask=live)
 
 
-def rotate_write_applies(k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor) -> bool:
+def rotate_write_applies(k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor, positions: torch.Tensor,
+                         slots: torch.Tensor) -> bool:
     """Whether :func:`fused_rotate_write` serves keys ``k`` and values ``v [..., kv_heads,
-    head_dim]`` into ``keys [slots, capacity, kv_heads, head_dim]``: :func:`_fused`, one
-    dtype, the head dimensions contiguous and even."""
-    return (_fused(k) and k.dim() >= 2 and k.shape == v.shape and k.dtype == v.dtype
-            == keys.dtype and keys.dim() == 4 and k.stride(-1) == 1 and v.stride(-1) == 1
-            and keys.stride(-1) == 1 and k.shape[-1] % 2 == 0)
+    head_dim]`` into ``keys``/``values [slots, capacity, kv_heads, head_dim]`` at ``slots``,
+    ``positions [...]``: :func:`_fused`, one dtype and device, one position and slot a pair,
+    the head dimensions contiguous and even."""
+    return (_fused(k) and k.dim() >= 2 and k.shape == v.shape and keys.dim() == 4
+            and keys.shape == values.shape and tuple(k.shape[-2:]) == tuple(keys.shape[-2:])
+            and k.dtype == v.dtype == keys.dtype == values.dtype
+            and k.device == v.device == keys.device == values.device == positions.device
+            == slots.device
+            and positions.numel() == slots.numel() == k[..., 0, 0].numel()
+            and k.stride(-1) == 1 and v.stride(-1) == 1 and keys.stride(-1) == 1
+            and values.stride(-1) == 1 and k.shape[-1] % 2 == 0)
 
 
 def fused_rotate_write(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -183,7 +191,7 @@ def _round_to(x, ty: tl.constexpr, BF16: tl.constexpr):
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, size, xs_row, os_row, eps,
                      BLOCK: tl.constexpr, BF16: tl.constexpr):
-    row = tl.program_id(0)  # one row
+    row = tl.program_id(0).to(tl.int64)  # one row (64-bit: rows * stride may pass 2 ** 31)
     i = tl.arange(0, BLOCK)
     live = i < size
     x = tl.load(x_ptr + row * xs_row + i, mask=live, other=0.0).to(tl.float32)
@@ -198,6 +206,7 @@ def fused_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     :func:`_fused`, the last dimension contiguous, the weight of ``x``'s dtype (else PyTorch
     promotes the product)."""
     return (_fused(x) and weight is not None and x.dim() >= 1 and x.stride(-1) == 1
+            and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
             and weight.dtype == x.dtype and weight.device == x.device
             and tuple(weight.shape) == (x.shape[-1],))
 
@@ -225,7 +234,7 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 @triton.jit
 def _silu_mul_kernel(x_ptr, out_ptr, size, xs_row, os_row, BLOCK: tl.constexpr,
                      BF16: tl.constexpr):
-    row, block = tl.program_id(0), tl.program_id(1)
+    row, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     i = block * BLOCK + tl.arange(0, BLOCK)
     live = i < size
     gate = tl.load(x_ptr + row * xs_row + i, mask=live, other=0.0).to(tl.float32)
@@ -269,71 +278,88 @@ def fused_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _chain_attention_kernel(q_ptr, k_ptr, v_ptr, upto_ptr, slot_ptr, best_ptr, total_ptr, acc_ptr,
-                            kv_heads, groups, splits, qs_row, qs_head, ks_row, ks_key, ks_head,
-                            vs_row, vs_key, vs_head, scale, D: tl.constexpr, G: tl.constexpr,
-                            BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                            DOT_F32: tl.constexpr):
-    pid, split = tl.program_id(0), tl.program_id(1)  # (request, key/value head), key block
-    row, kv_head = pid // kv_heads, pid % kv_heads
+                            kv_heads, groups, dim, splits, span, qs_row, qs_head, ks_row, ks_key,
+                            ks_head, vs_row, vs_key, vs_head, scale, BLOCK_D: tl.constexpr,
+                            G: tl.constexpr, G_OUT: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PRECISION: tl.constexpr, DOT_F32: tl.constexpr):
+    pid, split = tl.program_id(0), tl.program_id(1)  # (request, key/value head), key span
+    row, kv_head = (pid // kv_heads).to(tl.int64), pid % kv_heads
     g = tl.arange(0, G)
-    d = tl.arange(0, D)
-    live_g = g < groups
+    d = tl.arange(0, BLOCK_D)
+    live_g, live_d = g < groups, d < dim
     heads = kv_head * groups + g  # [G] the query heads reading this key/value head
     q = tl.load(q_ptr + row * qs_row + heads[:, None] * qs_head + d[None, :],
-                mask=live_g[:, None], other=0.0)  # [G, D] (rows past the group: 0)
-    n = split * BLOCK_N + tl.arange(0, BLOCK_N)
-    live_n = n <= tl.load(upto_ptr + row)  # (the last key the row sees)
-    slot = tl.load(slot_ptr + row)  # (the cache's row of keys it reads)
-    k = tl.load(k_ptr + slot * ks_row + kv_head * ks_head + n[:, None] * ks_key + d[None, :],
-                mask=live_n[:, None], other=0.0)  # [BLOCK_N, D]
-    v = tl.load(v_ptr + slot * vs_row + kv_head * vs_head + n[:, None] * vs_key + d[None, :],
-                mask=live_n[:, None], other=0.0)  # [BLOCK_N, D]
+                mask=live_g[:, None] & live_d[None, :], other=0.0)  # [G, BLOCK_D] (padding: 0)
     if DOT_F32:  # (the interpreter multiplies bf16 tiles as raw bits; their products are
-        q, k, v = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)  # exact in float32)
-    # (as flash attention: products of the inputs' dtype, float32 sums; float32 inputs exact)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G, BLOCK_N]
-    s = tl.where(live_n[None, :], s, float("-inf"))
-    best = tl.max(s, axis=1)  # [G] (-inf for a block past the row's keys)
-    p = tl.exp(s - tl.where(best == float("-inf"), 0.0, best)[:, None])  # [G, BLOCK_N]
-    at = (pid * splits + split) * G + g  # [G] this block's partial of each query head
-    tl.store(best_ptr + at, best)
-    tl.store(total_ptr + at, tl.sum(p, axis=1))
-    p = p.to(v_ptr.dtype.element_ty)  # (P V in the values' dtype, as flash attention does)
-    if DOT_F32:
-        p = p.to(tl.float32)
-    acc = tl.dot(p, v, input_precision=PRECISION)  # [G, D]
-    tl.store(acc_ptr + at[:, None] * D + d[None, :], acc)
+        q = q.to(tl.float32)  # exact in float32)
+    slot = tl.load(slot_ptr + row)  # (the cache's row of keys it reads)
+    k_base = k_ptr + slot * ks_row + kv_head * ks_head
+    v_base = v_ptr + slot * vs_row + kv_head * vs_head
+    first = split * span
+    stop = tl.minimum(first + span, tl.load(upto_ptr + row) + 1)  # (past the row's last key)
+    best = tl.full([G], float("-inf"), tl.float32)
+    total = tl.zeros([G], tl.float32)
+    acc = tl.zeros([G, BLOCK_D], tl.float32)
+    for start in range(first, stop, BLOCK_N):  # (none for a span past the row's keys)
+        n = start + tl.arange(0, BLOCK_N)
+        live = (n < stop)[:, None] & live_d[None, :]  # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_base + n[:, None] * ks_key + d[None, :], mask=live, other=0.0)
+        v = tl.load(v_base + n[:, None] * vs_key + d[None, :], mask=live, other=0.0)
+        if DOT_F32:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        # (as flash attention: products of the inputs' dtype, float32 sums)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [G, BLOCK_N]
+        s = tl.where((n < stop)[None, :], s, float("-inf"))
+        new_best = tl.maximum(best, tl.max(s, axis=1))
+        safe = tl.where(new_best == float("-inf"), 0.0, new_best)  # (padded query rows)
+        p = tl.exp(s - safe[:, None])  # [G, BLOCK_N]
+        shrink = tl.exp(best - safe)
+        total = total * shrink + tl.sum(p, axis=1)
+        p = p.to(v_ptr.dtype.element_ty)  # (P V in the values' dtype, as flash attention)
+        if DOT_F32:
+            p = p.to(tl.float32)
+        acc = acc * shrink[:, None] + tl.dot(p, v, input_precision=PRECISION)
+        best = new_best
+    kept = g < G_OUT  # (the group's rows, to a power of two: what the merge reads)
+    at = (pid.to(tl.int64) * splits + split) * G_OUT + g  # [G] this span's partial of a head
+    tl.store(best_ptr + at, best, mask=kept)
+    tl.store(total_ptr + at, total, mask=kept)
+    tl.store(acc_ptr + at[:, None] * BLOCK_D + d[None, :], acc, mask=kept[:, None])
 
 
 @triton.jit
-def _chain_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, kv_heads, groups, splits,
-                          os_row, D: tl.constexpr, G: tl.constexpr, S: tl.constexpr):
-    pid = tl.program_id(0)  # (request, key/value head): its key blocks' partials merged
-    row, kv_head = pid // kv_heads, pid % kv_heads
+def _chain_combine_kernel(best_ptr, total_ptr, acc_ptr, out_ptr, kv_heads, groups, dim, splits,
+                          os_row, BLOCK_D: tl.constexpr, G: tl.constexpr, S: tl.constexpr):
+    pid = tl.program_id(0)  # (request, key/value head): its key spans' partials merged
+    row, kv_head = (pid // kv_heads).to(tl.int64), pid % kv_heads
     b = tl.arange(0, S)
     g = tl.arange(0, G)
-    d = tl.arange(0, D)
+    d = tl.arange(0, BLOCK_D)
     live = b[:, None] < splits  # [S, 1]
-    at = (pid * splits + b[:, None]) * G + g[None, :]  # [S, G]
+    at = (pid.to(tl.int64) * splits + b[:, None]) * G + g[None, :]  # [S, G]
     best = tl.load(best_ptr + at, mask=live, other=float("-inf"))  # [S, G]
-    top = tl.max(best, axis=0)  # [G] (finite: every row sees key 0, in block 0)
-    weight = tl.exp(best - top[None, :])  # [S, G] (0 for blocks past the row's keys)
+    top = tl.max(best, axis=0)  # [G] (finite: every row sees key 0, in the first span)
+    weight = tl.exp(best - top[None, :])  # [S, G] (0 for spans past the row's keys)
     total = tl.sum(tl.load(total_ptr + at, mask=live, other=0.0) * weight, axis=0)  # [G]
-    acc = tl.load(acc_ptr + at[:, :, None] * D + d[None, None, :], mask=live[:, :, None],
-                  other=0.0)  # [S, G, D]
-    out = tl.sum(acc * weight[:, :, None], axis=0) / total[:, None]  # [G, D]
+    acc = tl.load(acc_ptr + at[:, :, None] * BLOCK_D + d[None, None, :], mask=live[:, :, None],
+                  other=0.0)  # [S, G, BLOCK_D]
+    out = tl.sum(acc * weight[:, :, None], axis=0) / total[:, None]  # [G, BLOCK_D]
     heads = kv_head * groups + g
-    tl.store(out_ptr + row * os_row + heads[:, None] * D + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(g < groups)[:, None])
+    tl.store(out_ptr + row * os_row + heads[:, None] * dim + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(g < groups)[:, None] & (d < dim)[None, :])
 
 
-def chain_attention_applies(q: torch.Tensor, keys: torch.Tensor) -> bool:
+def chain_attention_applies(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> bool:
     """Whether :func:`chain_attention` serves queries ``q [b, 1, heads, head_dim]`` over
-    ``keys [s, n, kv_heads, head_dim]``: :func:`_fused`, a power-of-two head dimension of at
-    least 16 (``tl.dot``'s least), one query row per request, contiguous head dimensions."""
-    dim = q.shape[-1]
-    return (_fused(q) and q.dim() == 4 and q.shape[1] == 1 and dim >= 16
-            and dim & (dim - 1) == 0 and q.stride(-1) == 1 and keys.stride(-1) == 1)
+    ``keys``/``values [s, n, kv_heads, head_dim]``: :func:`_fused`, one query row per request,
+    one dtype and device, the query heads a multiple of the key/value heads, contiguous head
+    dimensions."""
+    return (_fused(q) and q.dim() == 4 and q.shape[1] == 1 and keys.dim() == 4
+            and keys.shape == values.shape and q.shape[-1] == keys.shape[-1]
+            and q.shape[2] % keys.shape[2] == 0
+            and q.dtype == keys.dtype == values.dtype
+            and q.device == keys.device == values.device
+            and q.stride(-1) == 1 and keys.stride(-1) == 1 and values.stride(-1) == 1)
 
 
 def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -342,34 +368,39 @@ def chain_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     [s, n, kv_heads, head_dim]`` (query head ``h`` reads key/value head ``h // (heads /
     kv_heads)``), row ``r`` seeing keys ``0 .. upto[r]`` of ``slots[r]`` (``upto``, ``slots
     [b]`` long; ``upto`` at least 0, below ``n``; ``slots`` None: row ``r`` reads ``r``):
-    ``[b, 1, heads * head_dim]`` in ``q``'s dtype. Two launches: each key block of a
-    (request, key/value head) in a program of its own (a block past the row's keys reads
-    nothing), then their partial softmaxes merged (one program a request and head reading
-    every key in turn was several times slower than SDPA at batch 1: too few programs)."""
+    ``[b, 1, heads * head_dim]`` in ``q``'s dtype. Two launches: the keys of each (request,
+    key/value head) split into at most ``MAX_SPLITS`` spans, a program each, blocks of
+    ``CHAIN_BLOCK`` keys in turn (a span past the row's keys reads nothing), then the spans'
+    softmaxes merged (one program a request and head reading every key in turn was several
+    times slower than SDPA at batch 1: too few programs)."""
     b, _, num_heads, dim = q.shape
     num_keys, kv_heads = keys.shape[1], keys.shape[2]
     groups = num_heads // kv_heads
     out = torch.empty((b, 1, num_heads * dim), dtype=q.dtype, device=q.device)
     if not b:
         return out
-    # (at most MAX_SPLITS blocks: the merge holds every block's partial at once)
-    block = max(CHAIN_BLOCK, triton.next_power_of_2(triton.cdiv(num_keys, MAX_SPLITS)))
-    # (a group's query heads padded to 16 rows: the smallest product tl.dot takes)
-    splits, width = triton.cdiv(num_keys, block), max(16, triton.next_power_of_2(groups))
-    best = torch.empty((b * kv_heads, splits, width), dtype=torch.float32, device=q.device)
-    total = torch.empty_like(best)  # [b * kv_heads, splits, G]
-    acc = torch.empty((b * kv_heads, splits, width, dim), dtype=torch.float32,
-                      device=q.device)  # [b * kv_heads, splits, G, head_dim]
+    blocks = triton.cdiv(num_keys, CHAIN_BLOCK)
+    span = CHAIN_BLOCK * triton.cdiv(blocks, MAX_SPLITS)  # keys a program reads, at most
+    splits = triton.cdiv(num_keys, span)
+    # (a group's query heads padded to 16 rows, the smallest product tl.dot takes; the
+    # partials keep the group's rows to a power of two)
+    rows, kept = max(16, triton.next_power_of_2(groups)), triton.next_power_of_2(groups)
+    block_d = max(16, triton.next_power_of_2(dim))
+    best = torch.empty((b * kv_heads, splits, kept), dtype=torch.float32, device=q.device)
+    total = torch.empty_like(best)  # [b * kv_heads, splits, kept]
+    acc = torch.empty((b * kv_heads, splits, kept, block_d), dtype=torch.float32,
+                      device=q.device)  # [b * kv_heads, splits, kept, block_d]
     if slots is None:
         slots = torch.arange(b, device=q.device)
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():
         _chain_attention_kernel[(b * kv_heads, splits)](
-            q, keys, values, upto, slots, best, total, acc, kv_heads, groups, splits, q.stride(0),
-            q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0),
-            values.stride(1), values.stride(2), dim ** -0.5, D=dim, G=width, BLOCK_N=block,
+            q, keys, values, upto, slots, best, total, acc, kv_heads, groups, dim, splits, span,
+            q.stride(0), q.stride(2), keys.stride(0), keys.stride(1), keys.stride(2),
+            values.stride(0), values.stride(1), values.stride(2), dim ** -0.5, BLOCK_D=block_d,
+            G=rows, G_OUT=kept, BLOCK_N=CHAIN_BLOCK,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # (tf32: bf16 ignores it)
-            DOT_F32=_INTERPRETED and q.dtype == torch.bfloat16)
+            DOT_F32=_INTERPRETED and q.dtype != torch.float32)
         _chain_combine_kernel[(b * kv_heads,)](
-            best, total, acc, out, kv_heads, groups, splits, out.stride(0), D=dim, G=width,
-            S=triton.next_power_of_2(splits))
+            best, total, acc, out, kv_heads, groups, dim, splits, out.stride(0),
+            BLOCK_D=block_d, G=kept, S=triton.next_power_of_2(splits))
     return out

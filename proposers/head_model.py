@@ -108,7 +108,7 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     fused launch where it applies (:func:`proposers.head_kernels.chain_attention`), else the
     rows' keys gathered and the mask built here."""
     if isinstance(mask, ChainView):
-        if chain_attention_applies(q, keys):
+        if chain_attention_applies(q, keys, values):
             return chain_attention(q, keys, values, mask.upto, mask.slots)
         keys, values = keys[mask.slots], values[mask.slots]  # [b, capacity, kv_heads, dim]
         key_pos = torch.arange(keys.shape[1], device=keys.device)  # [capacity]

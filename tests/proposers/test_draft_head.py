@@ -343,8 +343,8 @@ def make_llm(target, head_dir, **kwargs) -> LLM:
 def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, head_dir):
     """After each step the head's committed keys are those of the pairs (``f_j``, ``x_{j+1}``)
     that Hugging Face's hidden states give, at every position so far: a chain's drafts write
-    their pairs past the newest one (they do, here), and the verified pairs overwrite them
-    there before the next proposal reads."""
+    their pairs past the newest one (they do, here), and the verified pairs replace them there
+    (that no proposal reads a draft's pair first is what the oracle tests above check)."""
     llm = make_llm(target, head_dir, spec={"adaptive_k": False})
     engine, proposer = llm.engine, llm.engine.proposer
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
