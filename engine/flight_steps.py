@@ -27,6 +27,7 @@ from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
 from engine.step_records import Forwarded, Proposed, SeqStep, Verified
 from samplers import PLACEHOLDER_TOKEN_ID, SamplingTensors
+from samplers.chain_accept import accept_chains
 from samplers.greedy import argmax_tokens
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import DraftPlan
@@ -83,22 +84,29 @@ class OverlappedSteps:
         sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
                    else self.sampler)
         # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
-        # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too)
-        if sampler is self.greedy_sampler and self._greedy_chains is not None:
-            tokens = self._greedy_chains.verify(
-                forwarded.logits, metadata.draft_token_ids.view(len(items), width - 1), sampling)
+        # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too);
+        # [batch] the drafts accepted; [batch, 1] the last token; [batch] the next fed position
+        drafted = metadata.draft_token_ids.view(len(items), width - 1)
+        argmax = forwarded.output.argmax
+        if sampler is self.greedy_sampler and argmax is not None:  # (one launch: the graph's
+            tokens, accepted, last, nxt = accept_chains(argmax, drafted, base,  # argmax)
+                                                        forwarded.logits.shape[1])
         else:
-            tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
-        accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
+            if sampler is self.greedy_sampler and self._greedy_chains is not None:
+                tokens = self._greedy_chains.verify(forwarded.logits, drafted, sampling)
+            else:
+                tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
+            accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
+            last, nxt = tokens.gather(1, accepted[:, None]).clamp_min(0), base + accepted + 1
         features = self._features(forwarded.output)
         drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
                                            tokens, accepted, base, base_hi, width - 1)
-        last = tokens.gather(1, accepted[:, None]).clamp_min(0)  # [batch, 1]
-        chain = (torch.cat([last, drafts], dim=1), base + accepted + 1)
+        chain = (torch.cat([last, drafts], dim=1), nxt)
         host, copied = self._token_copies.start(tokens.reshape(-1))
-        # (the next flight's sampling: each request made accepted + 1 tokens)
+        # (the next flight's sampling: each request made accepted + 1 tokens; keyed rows move)
+        advanced = sampling if sampling.keys is None else sampling.advanced(accepted + 1)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        width, chain, features, sampling.advanced(accepted + 1), ahead)
+                        width, chain, features, advanced, ahead)
 
     def _overlapped(self, start: float) -> list[Sequence]:
         """Launch the step after the one in flight from its tokens on the device, when that

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.chain_inputs import chain_inputs
 from proposers.head_cache import HeadKVCache
 from proposers.head_drafting import (
     DraftTree,
@@ -449,36 +450,32 @@ class DraftHeadProposer(Proposer):
         pending pair. The head's host bookkeeping follows at :meth:`advance`."""
         batch, width = tokens.shape
         slots = [self.cache.slot_of[req_id] for req_id in req_ids]
-        device = tokens.device
-        tok = tokens.clamp_min(0).reshape(-1)  # [batch * width] (placeholders: any token)
-        row_pos = (base[:, None] + torch.arange(width, device=device)).reshape(-1)
-        last_rows = torch.arange(batch, device=device) * width + accepted  # [batch]
-        last_pos = base + accepted  # [batch]
         steps_run = steps if self.graphs is None else max(steps, self.max_pending - 1)
         num_keys = max(base_hi) + width + steps_run  # (the drafts' pairs past the step's)
         self._ensure(num_keys + 1)
         body = partial(draft_chain, self.head, self.cache, self.embed, self._readout)
         if self.graphs is None:
+            rows = batch * width
             index = self._to_device(np.array([s for s in slots for _ in range(width)] + slots,
-                                             dtype=np.int64))
-            out = body(features.to(self.cache.dtype), tok, index[:batch * width], row_pos,
-                       last_rows, index[batch * width:], last_pos, steps=steps_run,
-                       num_keys=num_keys)
+                                             dtype=np.int64))  # row slots, then slots
+            flat = chain_inputs(tokens, accepted, base, index, rows, batch)
+            out = body(features.to(self.cache.dtype), *flat.split([rows] * 3 + [batch] * 3),
+                       steps=steps_run, num_keys=num_keys)
             return out[:, :steps]
-        # the layout of _draft_graphed, its device columns padded on the device
+        # the layout of _draft_graphed, its device columns padded on the device (one launch)
         padded, scratch = _pow2(batch), self.cache.scratch
         rows = padded * self.max_pending
         pad, pad_b = rows - batch * width, padded - batch
         index = self._to_device(np.array([s for s in slots for _ in range(width)]
                                          + [scratch] * pad + slots + [scratch] * pad_b,
                                          dtype=np.int64))  # row slots, then slots
-        zeros = torch.zeros(max(pad, pad_b), dtype=torch.long, device=device)
-        flat = torch.cat([tok, zeros[:pad], index[:rows], row_pos, zeros[:pad], last_rows,
-                          zeros[:pad_b], index[rows:], last_pos, zeros[:pad_b]])
+        flat = chain_inputs(tokens, accepted, base, index, rows, padded)
         sizes = [rows] * 3 + [padded] * 3
-        if self._zero_rows is None or self._zero_rows.shape[0] < rows:
-            self._zero_rows = features.new_zeros((rows, features.shape[-1]))
-        feats = torch.cat([features, self._zero_rows[:pad]]).to(self.cache.dtype)
+        if pad:  # (the padding rows' features: zeros)
+            if self._zero_rows is None or self._zero_rows.shape[0] < rows:
+                self._zero_rows = features.new_zeros((rows, features.shape[-1]))
+            features = torch.cat([features, self._zero_rows[:pad]])
+        feats = features.to(self.cache.dtype)
         num_keys = self.cache.capacity  # (every key: one layout a batch bucket, as proposals)
         key = (padded, steps_run, num_keys, False)
         out = self.graphs.run(key, lambda f, i: body(f, *i.split(sizes), steps=steps_run,

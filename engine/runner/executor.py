@@ -17,15 +17,16 @@ Route. The model runs unchanged (its own attention code, ``sdpa`` or ``eager``) 
   decode step or a prefill from empty (its fused GQA kernels then run, with no ``repeat_kv``).
 
 Logits come from ``lm_head`` applied only to the rows asked for, never to padding, except in a
-decode bucket's CUDA graph, which runs the head and the greedy argmax on each of its rows
-(:meth:`Executor._graph_body`: only the logits' float32 copy follows its replay). On CPU in
+decode bucket's CUDA graph (and a small verification bucket's), which runs the head and the
+greedy argmax on each of its rows (:meth:`Executor._graph_body`: only the logits' float32 copy
+follows its replay). On CPU in
 float32 the head of several rows runs on a oneDNN-reordered copy of its weight
 (:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows
 through the route measured fastest for that many rows when the runner was built
 (:mod:`engine.runner.cpu_linears`). On CUDA, LLaMA-form RMSNorms and rotary embeddings run as
 Triton kernels (:mod:`engine.runner.fused_ops`), and forwards of a graph bucket's sizes replay a
 CUDA graph (:mod:`engine.runner.cuda_graphs`) whose body is :meth:`Executor.hidden` itself (and
-the head, for one token a row: :meth:`Executor._graph_body`).
+the head, for one token a row or a few rows: :meth:`Executor._graph_body`).
 
 Costs. A forward ships its index tensors in one host-to-device copy (through a persistent pinned
 buffer on CUDA) and never waits for the device. Per layer the gather copies the batch's cached
@@ -68,6 +69,7 @@ from engine.runner.attention_backend import (
     without_cudnn_attention,
 )
 from engine.runner.attention_support import check_model_supported
+from engine.runner.chain_layout import write_chains
 from engine.runner.cpu_linears import PackedLinears
 from engine.runner.cpu_lm_head import output_head
 from engine.runner.cuda_graphs import CudaGraphs, Key, kv_bucket
@@ -83,7 +85,6 @@ from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
 from samplers.greedy import argmax_tokens
-from samplers.keyed_graphs import KeyedGraphs
 from samplers.metadata import PinnedStaging
 
 
@@ -151,6 +152,10 @@ def auto_backend(model: nn.Module, layer_devices: dict[int, torch.device],
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
+# A graph bucket of several new tokens a row runs the output head inside when it has at most
+# this many rows (its logits stay in the graphs' memory pool: 128 rows of a 128k vocabulary in
+# bf16 are 32 MiB).
+HEAD_GRAPH_ROWS = 128
 
 
 def check_deterministic(model: nn.Module, config: PretrainedConfig, attention_backend: str,
@@ -281,8 +286,6 @@ class Executor:
         self._head_max_batch = 0  # decode buckets of at most this many rows run the head in
         # their graph (use_graph_buckets; 0: none)
         # the chains' writes into a forward's layout, one graph a layout (with self.graphs)
-        self._chain_graphs: KeyedGraphs | None = None
-        self._chain_counts: dict[int, torch.Tensor] = {}  # (_chain_layout's device scalars)
         # decoder layers whose inputs every forward also returns (an EAGLE-3 head's features)
         self.aux_layers: tuple[int, ...] = ()
         self.hidden_size: int = config.hidden_size
@@ -321,7 +324,6 @@ class Executor:
                                  self.device, capture, twin_width,
                                  split_bucket if self.paged else kv_bucket)
         self.graphs.twin_max_batch = twin_max_batch
-        self._chain_graphs = KeyedGraphs(self.device, capture and self.device.type == "cuda")
 
     def warm_up(self) -> None:
         """Compile the paged kernel's variants before the first request waits for them (paged
@@ -368,8 +370,8 @@ class Executor:
         ``feed``: ``(values, at, sources)``, input id ``at[i]`` of the layout becomes
         ``values[sources[i]]`` on the device (tokens an overlapped step has not brought back).
         ``chains``: the first ``len(base)`` rows' ids and positions are on the device
-        (:meth:`_write_chains`); ``point``: ``(cells, rows)`` to point the slot table's cells
-        at first (:meth:`point_cells`, in the layout's copy)."""
+        (:func:`~engine.runner.chain_layout.write_chains`); ``point``: ``(cells, rows)`` to
+        point the slot table's cells at first (:meth:`point_cells`, in the layout's copy)."""
         host, token_rows = inputs.host, inputs.token_rows
         on_device = isinstance(logits_indices, torch.Tensor)
         num_all = len(token_rows) if keep_hidden else 0
@@ -396,8 +398,9 @@ class Executor:
             meta[:len(host)].index_copy_(0, meta[end:end + num_fed].clone(),
                                          feed[0].index_select(0, sources_t).clamp_min(0))
         layout = meta[:len(host)]
-        if chains is not None:
-            layout = self._chain_layout(layout, inputs.batch_size, inputs.num_new, chains)
+        if chains is not None:  # (the chains' rows of the layout, in one launch on CUDA)
+            write_chains(layout, inputs.batch_size, inputs.num_new, chains.tokens, chains.base,
+                         self.cache.slot_table)
         if on_device:
             rows_t = rows_t[logits_indices.to(self.device).long()]
         steady, head = True, (None, None)
@@ -440,79 +443,25 @@ class Executor:
                     kv_len: int) -> tuple[torch.Tensor, torch.Tensor | None,
                                           torch.Tensor | None]:
         """What a graph bucket runs: :meth:`hidden` (``[batch_size * num_new, width]``), and
-        for a decode bucket of at most the runner's sequences (one new token a row; not under
-        tensor parallelism) the output head on every row, ``[batch_size, vocab_size]`` in the
-        model's dtype, and each row's argmax ``[batch_size]``
-        (:func:`samplers.greedy.argmax_tokens`: a plain greedy step's sample; the float32 cast
-        the engine's logits get is exact, so the argmax is theirs), so that after a plain
-        greedy step's replay only the logits' float32 copy is launched: the head, the cast and
-        the argmax were four launches of host work a step on an overlapped step's critical
-        path (docs/design.md, "Measured reasons behind the runner's choices"). Other buckets'
-        head runs after the replay on the rows asked for (their logits would hold ``num_new``
-        times the rows, or a folded step's prompt rows, in every graph's memory)."""
+        for a bucket of at most the runner's sequences (not under tensor parallelism) whose
+        rows are one new token each, or at most ``HEAD_GRAPH_ROWS`` (a verification step of a
+        few sequences), the output head on every row, ``[batch_size * num_new, vocab_size]``
+        in the model's dtype, and each row's argmax (:func:`samplers.greedy.argmax_tokens`:
+        a plain greedy step's sample, and what a greedy drafting step verifies its chains
+        from, :mod:`samplers.chain_accept`; the float32 cast the engine's logits get is exact,
+        so the argmax is theirs). After such a replay only the logits' float32 copy is
+        launched: the head, the cast and the argmax were four launches a step of host work on
+        an overlapped step's critical path and of kernels on a drafting step's (docs/design.md,
+        "Measured reasons behind the runner's choices"). Other buckets' head runs after the
+        replay on the rows asked for (their logits would hold ``num_new`` times the rows, or a
+        folded step's prompt rows, in every graph's memory)."""
         hidden = self.hidden(inputs, batch_size, num_new, kv_len)
-        if num_new != 1 or batch_size > self._head_max_batch:
+        if batch_size > self._head_max_batch or (num_new != 1
+                                                 and batch_size * num_new > HEAD_GRAPH_ROWS):
             return hidden, None, None
         with self._invariant_products():
             logits = self._lm_head(hidden[:, :self.hidden_size])
         return hidden, logits, argmax_tokens(logits)
-
-    def _chain_layout(self, layout: torch.Tensor, batch_size: int, num_new: int,
-                      chains: FedChains) -> torch.Tensor:
-        """``layout`` with the chains' rows written (:meth:`_write_chains`): in place, or, with
-        CUDA graphs, into a graph's copy of it, replayed (its dozen small kernels' host time is
-        on an overlapped step's critical path), which the forward reads next. A graph serves
-        every number of chains up to the layout's ``batch_size``: the chains are padded to it
-        in its static buffers, and the rows past their count (a device scalar of the graph's
-        inputs) keep the host's layout. Keyed by the exact count, a batch shrinking one request
-        at a time met an eager run and a capture at every size (docs/design.md, "Speculation
-        at batch 32")."""
-        if self._chain_graphs is None:
-            self._write_chains(layout, batch_size, num_new, chains.tokens, chains.base)
-            return layout
-
-        def body(lay: torch.Tensor, tokens: torch.Tensor, base: torch.Tensor,
-                 count: torch.Tensor) -> torch.Tensor:
-            out = lay.clone()
-            self._write_chains(out, batch_size, num_new, tokens, base, count)
-            return out
-
-        n, width = chains.tokens.shape
-        count = self._chain_counts.get(n)
-        if count is None:  # (one device scalar a count, made once)
-            count = self._chain_counts[n] = torch.full((1,), n, dtype=torch.long,
-                                                       device=self.device)
-        key = (layout.numel(), batch_size, num_new, width)
-        return self._chain_graphs.run(key, body, [layout, chains.tokens, chains.base, count],
-                                      rows=[layout.numel(), batch_size, batch_size, 1])
-
-    def _write_chains(self, layout: torch.Tensor, batch_size: int, num_new: int,
-                      tokens: torch.Tensor, base: torch.Tensor,
-                      count: torch.Tensor | None = None) -> None:
-        """Fill the layout (:mod:`engine.runner.step_inputs`, ``[batch_size, num_new]`` parts)
-        of the rows ``b < len(base)`` from the device: input ids ``tokens [rows, width]``,
-        positions ``base[b] + t`` (padding columns repeat the last), the slot-table cells of
-        those positions and the pool rows they point at (the runner reserved them), mask
-        limits equal to the positions. Padding rows keep the host's scratch layout, and so do
-        the rows from ``count`` on (int64 ``[1]`` on the device; None: every row is a
-        chain)."""
-        n, width = tokens.shape
-        parts = layout[:LAYOUT_ROWS * batch_size * num_new].view(LAYOUT_ROWS, batch_size,
-                                                                  num_new)
-        slots = layout[LAYOUT_ROWS * batch_size * num_new:][:n]  # [n]
-        positions = base[:, None] + self._positions[:num_new].clamp_max(width - 1)
-        chain = None if count is None else (self._positions[:n] < count)[:, None]  # [n, 1]
-
-        def put(dst: torch.Tensor, value: torch.Tensor) -> None:
-            dst.copy_(value if chain is None else torch.where(chain, value, dst))
-
-        put(parts[1, :n], positions)  # (then the cells read the positions kept)
-        positions = parts[1, :n]
-        cells = slots[:, None] * self.scratch.table_width + positions  # [n, num_new]
-        put(parts[0, :n, :width], tokens)
-        put(parts[4, :n], positions)
-        put(parts[3, :n, :width], cells[:, :width])  # (padding columns: the scratch column)
-        put(parts[2, :n, :width], self.cache.slot_table.view(-1)[cells[:, :width]])
 
     def hidden(self, inputs: torch.Tensor, batch_size: int, num_new: int, kv_len: int,
                query_offset: int = 0, uniform: bool = False,

@@ -23,8 +23,9 @@ class ForwardOutput:
     the runner keeps (``ModelRunner.keep_aux_layers``: an EAGLE-3 head's low, middle and high
     layers), concatenated in their order, with ``hidden``; None otherwise. ``argmax``: int64
     ``[num_logits]``, each logits row's greedy token as :func:`samplers.greedy.argmax_tokens`
-    gives it, where a decode step's CUDA graph computed it with the logits (else None); it may
-    be a view of the graph's static output: read it before the runner's next forward."""
+    gives it, where the step's CUDA graph computed it with the logits (decode buckets, and
+    verification buckets of a few rows; else None); it may be a view of the graph's static
+    output: read it before the runner's next forward."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None
