@@ -15,15 +15,16 @@ n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed
 position, not by step) are the same; unseeded samples draw the same distribution.
 
 **Drafting steps** overlap too where the proposer drafts on the device
-(``Proposer.drafts_on_device``: a draft head's chains): a verification step that is all chains
-of one width ``k + 1`` verifies on the device (seeded requests keyed at output positions moved
-on there, ``SamplingTensors.advanced``), and the head
-drafts the next step's ``k`` drafts there from the verified tokens and the forward's features
-(``Proposer.draft_after``). The next step is launched from them (``engine.runner.FedChains``):
-sequence ``b`` feeds its recovered or bonus token and the new drafts at positions ``base[b] +
-accepted[b] + 1 ...``, computed on the device, into KV rows the runner reserved for the most it
-can advance. When that step is committed the rows past what its successor writes go back, and
-the proposer learns where each sequence got (``Proposer.advance``).
+(``Proposer.drafts_on_device``: a draft head's chains, a draft model's argmax drafts): a
+verification step that is all chains of one width ``k + 1`` verifies on the device (seeded
+requests keyed at output positions moved on there, ``SamplingTensors.advanced``), and the
+proposer drafts the next step's ``k`` drafts there from the verified tokens (and the forward's
+features, for a head: ``Proposer.draft_after``). The next step is launched from them
+(``engine.runner.FedChains``): sequence ``b`` feeds its recovered or bonus token and the new
+drafts at positions ``base[b] + accepted[b] + 1 ...``, computed on the device, into KV rows the
+runner reserved for the most it can advance. When that step is committed the rows past what
+its successor writes go back, and the proposer learns where each sequence got
+(``Proposer.advance``).
 
 Vocabulary: a *flight* is a launched step whose tokens the host has not read yet.
 """

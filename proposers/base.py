@@ -220,6 +220,12 @@ class DraftForward(Protocol):
     @property
     def logits(self) -> torch.Tensor: ...
 
+    @property
+    def argmax(self) -> torch.Tensor | None:
+        """int64 ``[len(logits_indices)]``: each logits row's argmax where the forward's CUDA
+        graph computed it (``INVALID_TOKEN_ID`` for a row with a NaN, +inf or only -inf),
+        else None."""
+
 
 class DraftRunner(Protocol):
     """What a model-based proposer needs of the runner of its draft model: a paged KV cache with
@@ -228,6 +234,7 @@ class DraftRunner(Protocol):
     device: torch.device
     vocab_size: int  # the width of the draft's logits
     num_free_tokens: int  # KV rows left: a forward of more new tokens would not fit
+    max_model_len: int  # positions a slot may hold
 
     def allocate_slot(self) -> int: ...
 
@@ -235,11 +242,21 @@ class DraftRunner(Protocol):
 
     def truncate(self, slot: int, length: int) -> None: ...
 
+    def seq_len(self, slot: int) -> int:
+        """The tokens the slot holds KV rows for (rows reserved past its newest included)."""
+
     def forward(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]],
                 logits_indices: Sequence[int] | None = None) -> DraftForward:
         """Append each slot's ``token_ids`` to its cache and score them: the output's
         ``logits`` are float32 ``[len(logits_indices), vocab_size]``, the new tokens' rows
         ``logits_indices`` (slot order then token order; None: all)."""
+
+    def forward_fed(self, slots: Sequence[int], tokens: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int]) -> DraftForward:
+        """Append ``tokens [batch, width]`` (int64, on the device) to slot ``b`` at positions
+        ``base[b] ...`` (int64 ``[batch]`` on the device; ``base_hi[b]``: the most it can be,
+        rows reserved up to ``base_hi[b] + width - 1`` and kept) and score every new token,
+        without reading the device: logits ``[batch * width, vocab_size]``."""
 
 
 @dataclass

@@ -30,6 +30,19 @@ keep the drafts made so far, which is always safe.
 
 The engine builds the runner (``ProposerContext.make_runner``): the draft forwards run exactly as
 the target's do, CUDA graphs included.
+
+*On the device* (``drafts_on_device``: overlapped drafting steps, ``engine.overlap``). Where a
+request's drafts are argmax drafts (``greedy=True``, or a temperature-0 request: its drawn draft
+is the argmax too), the draft model drafts the next step from a verification still on the device
+(:meth:`DraftModelProposer.draft_after`): one forward feeds each request's verified tokens after
+its fed token (``width`` of them: the ones past the accepted drafts and the recovered or bonus
+token are placeholders, written past the context where the next step overwrites them before
+anything reads there), the row of the recovered or bonus token gives the first draft, and each
+draft but the last is fed in a one-token forward, all positions computed on the device
+(``DraftRunner.forward_fed``). The host learns only at the commit how far the request got
+(:meth:`~DraftModelProposer.advance`): the cache then holds the context's first ``valid``
+tokens, whose ids it has not read; the next host proposal trusts them. A slot keeps the rows it
+reserved past its context until a host proposal or a rejection cuts it back.
 """
 
 from __future__ import annotations
@@ -42,9 +55,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from proposers.base import DraftRunner, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.base import (
+    DraftForward,
+    DraftRunner,
+    Proposal,
+    Proposer,
+    ProposerContext,
+    ProposeRequest,
+)
 from proposers.registry import register_proposer
 from proposers.vocab import check_shared_vocab
+from samplers.greedy import argmax_tokens
 from samplers.keyed_random import keyed_sample, seed_key
 from samplers.logits_processing import logits_to_probs
 from samplers.sampling_tensors import SamplingTensors
@@ -53,7 +74,11 @@ from samplers.sampling_tensors import SamplingTensors
 @dataclass
 class _DraftSeq:
     slot: int
-    cached: list[int] = field(default_factory=list)  # token ids held in the slot, in order
+    # token ids held in the slot, in order; None after drafting on the device: the slot then
+    # holds the context's first ``valid`` tokens (ids not read on the host)
+    cached: list[int] | None = field(default_factory=list)
+    valid: int = 0
+    on_device: bool = False  # its drafts are argmax drafts: they may be made on the device
 
 
 class DraftModelProposer(Proposer):
@@ -64,6 +89,8 @@ class DraftModelProposer(Proposer):
     (default: the draft's own). ``greedy``: argmax drafts without probabilities.
     ``generator``: what requests without a seed draw from (None: torch's global RNG).
     """
+
+    drafts_on_device = True
 
     def __init__(self, runner: DraftRunner, greedy: bool = False,
                  target_vocab_size: int | None = None,
@@ -100,13 +127,82 @@ class DraftModelProposer(Proposer):
                 drafts[i].append(token)
             active = [i for i in active if len(drafts[i]) < requests[i].num_spec_tokens]
             feeds = [[drafts[i][-1]] for i in active]
-        return Proposal(drafts, None if self.greedy else self._flatten(drafts, step_probs))
+        # (temperature 0: the drawn drafts are the argmax, one-hot: no probabilities needed)
+        one_hot = self.greedy or all(r.sampling_params.temperature == 0.0 for r in requests)
+        return Proposal(drafts, None if one_hot else self._flatten(drafts, step_probs))
 
     def on_accepted(self, req_id: str | int, num_tokens: int) -> None:
         seq = self._seqs.get(req_id)
-        if seq is not None and num_tokens < len(seq.cached):
+        if seq is not None and seq.cached is None:  # (cut back at the next catch-up)
+            seq.valid = min(seq.valid, num_tokens)
+        elif seq is not None and num_tokens < len(seq.cached):
             self.runner.truncate(seq.slot, num_tokens)
             del seq.cached[num_tokens:]
+
+    def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
+        """:meth:`Proposer.ready_on_device`: a request proposed for from the host once, whose
+        drafts are argmax drafts (:meth:`flush` brings its cache up to the context)."""
+        seq = self._seqs.get(req_id)
+        return seq is not None and seq.on_device
+
+    def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
+        """:meth:`Proposer.flush`: each request's whole context into its cache (the tokens it
+        lacks, fed in one ragged forward)."""
+        slots, feeds = [], []
+        for req_id, context in zip(req_ids, contexts, strict=True):
+            seq = self._seqs[req_id]
+            feed = self._cut_back(seq, context, len(context))
+            if feed:
+                slots.append(seq.slot)
+                feeds.append(feed)
+            seq.cached = list(context)
+        if feeds:  # (only the cache is wanted: one logits row)
+            self.runner.forward(slots, feeds, [0])
+
+    def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor | None,
+                    tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int], steps: int) -> torch.Tensor:
+        """:meth:`Proposer.draft_after`: argmax drafts ``[batch, steps]`` (see the module
+        docstring). Request ``b``'s verified tokens ``tokens[b]`` go at positions ``base[b] +
+        1 ...``; the draft after its newest, at ``base[b] + accepted[b] + 1``, is the first.
+        Where a draft's position would pass ``max_model_len`` the last draft is repeated, and
+        where the cache has no rows for the forwards every draft is token 0 (any drafts are
+        exact: verification decides)."""
+        runner = self.runner
+        slots = [self._seqs[req_id].slot for req_id in req_ids]
+        batch, width = tokens.shape
+        # (rows the forwards may take: positions up to base_hi + width + steps - 1)
+        needed = sum(max(0, hi + width + steps - runner.seq_len(slot))
+                     for slot, hi in zip(slots, base_hi, strict=True))
+        if needed > runner.num_free_tokens:
+            return torch.zeros((batch, steps), dtype=torch.long, device=tokens.device)
+        out = runner.forward_fed(slots, tokens.clamp_min(0), base + 1, [hi + 1 for hi in base_hi])
+        drafts = [self._argmax(out).view(batch, width).gather(1, accepted[:, None])]  # [b, 1]
+        newest = base + accepted + 1  # [batch] the newest verified token's position
+        for i in range(1, steps):  # (draft i at position newest + i, at most base_hi + width + i)
+            highest = [hi + width + i for hi in base_hi]
+            if max(highest) >= runner.max_model_len:
+                drafts.append(drafts[-1])
+                continue
+            out = runner.forward_fed(slots, drafts[-1], newest + i, highest)
+            drafts.append(self._argmax(out)[:, None])
+        return torch.cat(drafts, dim=1)
+
+    def advance(self, req_id: str | int, length: int, features: torch.Tensor | None, row: int,
+                token: int) -> None:
+        """:meth:`Proposer.advance`: the context is now ``length + 1`` tokens, all in the cache
+        (the newest was fed by :meth:`draft_after`)."""
+        seq = self._seqs.get(req_id)
+        if seq is not None:
+            seq.cached, seq.valid = None, length + 1
+
+    def _argmax(self, out: DraftForward) -> torch.Tensor:
+        """Each logits row's argmax within the target's vocabulary, ``[rows]`` (a row the
+        graph marked invalid: token 0)."""
+        argmax = out.argmax
+        if argmax is None or self.runner.vocab_size > self.vocab_size:
+            argmax = argmax_tokens(out.logits[:, :self.vocab_size])
+        return argmax.clamp_min(0)
 
     def remove(self, req_id: str | int) -> None:
         seq = self._seqs.pop(req_id, None)
@@ -121,11 +217,18 @@ class DraftModelProposer(Proposer):
         seq = self._seqs.get(request.req_id)
         if seq is None:
             seq = self._seqs[request.req_id] = _DraftSeq(self.runner.allocate_slot())
-        context = request.token_ids
-        keep = _common_prefix(seq.cached, context, len(context) - 1)
-        if keep < len(seq.cached):
+        seq.on_device = self.greedy or request.sampling_params.temperature == 0.0
+        return self._cut_back(seq, request.token_ids, len(request.token_ids) - 1)
+
+    def _cut_back(self, seq: _DraftSeq, context: Sequence[int], limit: int) -> list[int]:
+        """Cut the slot back to the longest prefix of ``context`` it holds, at most ``limit``
+        tokens (and the rows reserved past it); return the context tokens it lacks."""
+        if seq.cached is None:  # (drafted on the device: its first `valid` are the context's)
+            seq.cached = list(context[:seq.valid])
+        keep = _common_prefix(seq.cached, context, limit)
+        if keep < self.runner.seq_len(seq.slot):
             self.runner.truncate(seq.slot, keep)
-            del seq.cached[keep:]
+        del seq.cached[keep:]
         return list(context[keep:])
 
     def _draw(self, requests: list[ProposeRequest], drafts: list[list[int]],

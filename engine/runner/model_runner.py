@@ -331,6 +331,12 @@ class ModelRunner:
             inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=(cells, rows))
         return ForwardOutput(logits, hidden, steady, None, kv_len, aux, argmax)
 
+    def forward_fed(self, slots: Sequence[int], tokens: torch.Tensor, base: torch.Tensor,
+                    base_hi: Sequence[int]) -> ForwardOutput:
+        """:meth:`forward_chains` of ``FedChains(tokens, base, base_hi)``: a draft model's
+        forward from tokens on the device (``proposers.base.DraftRunner``)."""
+        return self.forward_chains(slots, FedChains(tokens, base, list(base_hi)))
+
     def _forward(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
                  trees: list[Tree | None], logits_indices: list[int] | torch.Tensor | None,
                  keep_hidden: bool, fed: FedTokens | None = None) -> ForwardOutput:

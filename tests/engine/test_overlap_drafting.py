@@ -6,6 +6,7 @@ that cannot overlap; the KV rows reserved for the most a sequence can advance al
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -167,6 +168,52 @@ def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, de
     assert outputs(llm, batch, params, arrivals) == expected
     assert chained.count >= 3
     assert_engine_empty(llm)
+
+
+def noisy_copy(target, scale: float = 0.5):
+    """A draft model: the target with noise on its output head (its argmax agrees often, not
+    always: partial acceptance)."""
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        weight = draft.lm_head.weight
+        weight.add_(scale * weight.std()
+                    * torch.randn(weight.shape, generator=gen).to(weight.device))
+    return draft
+
+
+@pytest.mark.parametrize("method", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_draft_model_drafting_on_the_device_equals_plain_decoding(target, monkeypatch, device,
+                                                                     method):
+    """A draft model drafts its argmax drafts on the device after each verification (every
+    request greedy or seeded under ``greedy`` drafts; the greedy ones under ``probabilistic``,
+    whose drawn drafts are the argmax there): the output is the plain engine's, token for
+    token, with staggered arrivals, and both runners end empty."""
+    batch = prompts(6, seed=23)
+    params = GREEDY if method == "greedy" else [p for p in GREEDY if p.temperature == 0.0]
+    batch = batch[:len(params)]
+    arrivals = [0, 0, 2, 5, 9, 14][:len(params)]
+    plain = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+                async_scheduling=False)
+    for when in ([0] * len(params), arrivals):
+        expected = outputs(plain, batch, params, when)
+        llm = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+                  async_scheduling=True, max_num_seqs=8,
+                  speculative_config={"method": "draft_model", "model": noisy_copy(target),
+                                      "tokenizer": tiny_tokenizer(VOCAB),
+                                      "num_speculative_tokens": K, "adaptive_k": False,
+                                      "draft_sample_method": method})
+        engine = llm.llm_engine
+        chained = Chained(monkeypatch, engine)
+        assert outputs(llm, batch, params, when) == expected
+        metrics = engine.metrics
+        assert chained.count >= 3
+        assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
+        assert_engine_empty(llm)
+        draft_runner = engine.proposer.runner
+        assert draft_runner.num_cached_tokens == 0
+        assert draft_runner.num_free_slots == engine.config.max_num_seqs
 
 
 def test_an_abort_during_a_drafting_flight_frees_everything(target, head_dir, monkeypatch):

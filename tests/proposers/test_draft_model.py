@@ -48,13 +48,13 @@ def test_drafts_equal_the_draft_models_greedy_generate(family, greedy):
                                  for i, (c, k) in enumerate(zip(contexts, ks, strict=True))])
     assert proposal.draft_token_ids == [hf_greedy(model, c, k)
                                         for c, k in zip(contexts, ks, strict=True)]
-    if greedy:
-        assert proposal.draft_probs is None
-    else:  # temperature 0: one-hot rows at the drafts
-        assert proposal.draft_probs.shape == (sum(ks), VOCAB)
-        flat = [t for d in proposal.draft_token_ids for t in d]
-        assert torch.equal(proposal.draft_probs.argmax(dim=-1), torch.tensor(flat))
-        assert torch.equal(proposal.draft_probs.sum(dim=-1), torch.ones(sum(ks)))
+    # (temperature 0: the drawn drafts are the argmax, one-hot, given as no probabilities)
+    assert proposal.draft_probs is None
+    if not greedy:  # one sampled request among them: every draft gets its row
+        sampled = ProposeRequest(9, contexts[1], 2, SamplingParams(temperature=0.8, seed=3))
+        proposal = proposer.propose([ProposeRequest(0, contexts[0], 1, GREEDY), sampled])
+        assert proposal.draft_probs.shape == (3, VOCAB)
+        assert proposal.draft_probs[0].max() == 1.0  # (the greedy request's row: one-hot)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -194,3 +194,93 @@ def test_bad_target_vocab_size(width):
     with pytest.raises(ValueError, match="target_vocab_size"):
         DraftModelProposer(draft_runner(tiny_model("llama", vocab_size=VOCAB), 1, 8),
                            target_vocab_size=width)
+
+
+def full_greedy(model, tokens: list[int], k: int) -> list[int]:
+    """Oracle: the model's greedy continuation, each token from a plain forward over the whole
+    context (no cache; ``generate``'s cached steps round differently at this model's ties)."""
+    out = list(tokens)
+    for _ in range(k):
+        out.append(int(last_logits(model, out).argmax()))
+    return out[len(tokens):]
+
+
+def verified(drafts: list[int], accepted: int, token: int, width: int) -> list[int]:
+    """A verification's row: the accepted drafts, then ``token``, then placeholders (-1)."""
+    return drafts[:accepted] + [token] + [-1] * (width - accepted - 1)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_drafts_on_the_device_are_the_draft_models_greedy_continuation(family):
+    """``draft_after`` from a verification (partial, full and no acceptance; rows reserved
+    past each request's context), chained, then a proposal from the host after it, each the
+    draft model's greedy continuation of the verified context; ``flush`` and a plain step's
+    one token (width 1) too."""
+    model = tiny_model(family, vocab_size=VOCAB, seed=1)
+    proposer = draft_proposer(model, max_num_seqs=4, max_model_len=64)
+    rng = random.Random(4)
+    contexts = [[rng.randrange(VOCAB) for _ in range(n)] for n in (3, 9, 14)]
+    k, width = 3, 4
+    proposal = proposer.propose([ProposeRequest(i, c, k, GREEDY) for i, c in enumerate(contexts)])
+    drafts = proposal.draft_token_ids
+    assert all(proposer.ready_on_device(i, len(c)) for i, c in enumerate(contexts))
+    for _ in range(2):  # (a verification of the host's drafts, then one of the device's)
+        accepted = [1, k, 0]
+        extra = [rng.randrange(VOCAB) for _ in contexts]  # (the recovered or bonus tokens)
+        rows = [verified(d, a, x, width) for d, a, x in zip(drafts, accepted, extra, strict=True)]
+        base = [len(c) - 1 for c in contexts]  # (each fed token's position)
+        out = proposer.draft_after([0, 1, 2], None, torch.tensor(rows), torch.tensor(accepted),
+                                   torch.tensor(base), [b + 2 for b in base], k)
+        contexts = [c + d[:a] + [x] for c, d, a, x in zip(contexts, drafts, accepted, extra,
+                                                          strict=True)]
+        drafts = out.tolist()
+        assert drafts == [full_greedy(model, c, k) for c in contexts]
+        for i, c in enumerate(contexts):  # (the commit: the context is now len(c) tokens)
+            proposer.advance(i, len(c) - 1, None, 0, c[-1])
+    # a proposal from the host trusts what the device wrote (nothing re-fed but the newest)
+    proposal = proposer.propose([ProposeRequest(i, c, 2, GREEDY) for i, c in enumerate(contexts)])
+    assert proposal.draft_token_ids == [full_greedy(model, c, 2) for c in contexts]
+    # plain steps since (their tokens on the host), flushed, then a plain step's sampled token
+    contexts = [c + [rng.randrange(VOCAB) for _ in range(3)] for c in contexts]
+    proposer.flush([0, 1, 2], contexts)
+    sampled = [rng.randrange(VOCAB) for _ in contexts]
+    fed = [len(c) - 1 for c in contexts]
+    out = proposer.draft_after([0, 1, 2], None, torch.tensor(sampled)[:, None],
+                               torch.zeros(3, dtype=torch.long), torch.tensor(fed), fed, k)
+    assert out.tolist() == [full_greedy(model, c + [x], k)
+                            for c, x in zip(contexts, sampled, strict=True)]
+
+
+def test_a_rejection_after_drafting_on_the_device_cuts_the_cache_back():
+    """``on_accepted`` below what the device wrote (a stop trimmed the context): the next
+    proposal re-feeds from there and drafts the greedy continuation."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=2)
+    proposer = draft_proposer(model, max_num_seqs=2, max_model_len=64)
+    context = list(range(5, 15))
+    drafts = proposer.propose([ProposeRequest(0, context, 3, GREEDY)]).draft_token_ids[0]
+    out = proposer.draft_after([0], None, torch.tensor([verified(drafts, 3, 7, 4)]),
+                               torch.tensor([3]), torch.tensor([9]), [9], 3)
+    assert out.tolist() == [full_greedy(model, context + drafts + [7], 3)]
+    proposer.advance(0, len(context) + 3, None, 0, 7)
+    proposer.on_accepted(0, len(context))  # (no draft kept)
+    changed = context + [(drafts[0] + 1) % VOCAB, 5, 6]  # (it differs from the first draft on)
+    proposal = proposer.propose([ProposeRequest(0, changed, 3, GREEDY)])
+    assert proposal.draft_token_ids == [full_greedy(model, changed, 3)]
+
+
+def test_drafts_past_max_model_len_repeat_and_no_rows_give_token_zero():
+    """Near ``max_model_len`` the drafts whose positions would pass it repeat the last one;
+    without KV rows for the forwards every draft is token 0 (any drafts are exact)."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=2)
+    proposer = draft_proposer(model, max_num_seqs=1, max_model_len=16, max_num_tokens=40)
+    context = list(range(3, 12))  # (9 tokens; the device forwards reach 11 + 4 + i)
+    drafts = proposer.propose([ProposeRequest(0, context, 3, GREEDY)]).draft_token_ids[0]
+    out = proposer.draft_after([0], None, torch.tensor([verified(drafts, 0, 5, 4)]),
+                               torch.tensor([0]), torch.tensor([8]), [10], 3).tolist()[0]
+    first = full_greedy(model, context + [5], 2)
+    assert out == [first[0], first[1], first[1]]  # (the third's position would be 16)
+    small = draft_proposer(model, max_num_seqs=1, max_model_len=64, max_num_tokens=12)
+    drafts = small.propose([ProposeRequest(0, context, 2, GREEDY)]).draft_token_ids[0]
+    out = small.draft_after([0], None, torch.tensor([verified(drafts, 2, 5, 3)]),
+                            torch.tensor([2]), torch.tensor([8]), [8], 2)
+    assert out.tolist() == [[0, 0]]
