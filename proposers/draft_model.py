@@ -79,6 +79,10 @@ class _DraftSeq:
     cached: list[int] | None = field(default_factory=list)
     valid: int = 0
     on_device: bool = False  # its drafts are argmax drafts: they may be made on the device
+    # the slot lacks context tokens (a catch-up that did not fit the KV budget, or a drafting
+    # step from the device that wrote nothing): drafts from the device are token 0 until a
+    # catch-up from the host fits, and the commits leave the bookkeeping as it is
+    stale: bool = False
 
 
 class DraftModelProposer(Proposer):
@@ -118,7 +122,9 @@ class DraftModelProposer(Proposer):
             # [n, draft_vocab]
             logits = self.runner.forward(slots, feeds, last_rows.tolist()).logits
             for i, feed in zip(active, feeds, strict=True):
-                self._seqs[requests[i].req_id].cached.extend(feed)
+                seq = self._seqs[requests[i].req_id]
+                seq.cached.extend(feed)
+                seq.stale = False  # (its context is in: caught up at the first forward)
             tokens, probs = self._draw([requests[i] for i in active],
                                        [drafts[i] for i in active], logits)
             if probs is not None:
@@ -148,16 +154,19 @@ class DraftModelProposer(Proposer):
     def flush(self, req_ids: Sequence[str | int], contexts: Sequence[Sequence[int]]) -> None:
         """:meth:`Proposer.flush`: each request's whole context into its cache (the tokens it
         lacks, fed in one ragged forward)."""
-        slots, feeds = [], []
+        seqs, feeds = [], []
         for req_id, context in zip(req_ids, contexts, strict=True):
             seq = self._seqs[req_id]
             feed = self._cut_back(seq, context, len(context))
             if feed:
-                slots.append(seq.slot)
+                seqs.append(seq)
                 feeds.append(feed)
-            seq.cached = list(context)
-        if feeds:  # (only the cache is wanted: one logits row)
-            self.runner.forward(slots, feeds, [0])
+        if not feeds or sum(len(f) for f in feeds) > self.runner.num_free_tokens:
+            return  # (none missing; or no rows for them: the requests stay stale)
+        self.runner.forward([seq.slot for seq in seqs], feeds, [0])  # (one logits row)
+        for seq, feed in zip(seqs, feeds, strict=True):
+            seq.cached.extend(feed)
+            seq.stale = False
 
     def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor | None,
                     tokens: torch.Tensor, accepted: torch.Tensor, base: torch.Tensor,
@@ -166,15 +175,20 @@ class DraftModelProposer(Proposer):
         docstring). Request ``b``'s verified tokens ``tokens[b]`` go at positions ``base[b] +
         1 ...``; the draft after its newest, at ``base[b] + accepted[b] + 1``, is the first.
         Where a draft's position would pass ``max_model_len`` the last draft is repeated, and
-        where the cache has no rows for the forwards every draft is token 0 (any drafts are
-        exact: verification decides)."""
+        where the cache has no rows for the forwards, or a request's cache lacks context tokens
+        (``stale``), every draft is token 0 and nothing is written: the requests stay (or
+        become) stale until a catch-up from the host (any drafts are exact: verification
+        decides)."""
         runner = self.runner
-        slots = [self._seqs[req_id].slot for req_id in req_ids]
+        seqs = [self._seqs[req_id] for req_id in req_ids]
+        slots = [seq.slot for seq in seqs]
         batch, width = tokens.shape
         # (rows the forwards may take: positions up to base_hi + width + steps - 1)
         needed = sum(max(0, hi + width + steps - runner.seq_len(slot))
                      for slot, hi in zip(slots, base_hi, strict=True))
-        if needed > runner.num_free_tokens:
+        if needed > runner.num_free_tokens or any(seq.stale for seq in seqs):
+            for seq in seqs:
+                seq.stale = True
             return torch.zeros((batch, steps), dtype=torch.long, device=tokens.device)
         out = runner.forward_fed(slots, tokens.clamp_min(0), base + 1, [hi + 1 for hi in base_hi])
         drafts = [self._argmax(out).view(batch, width).gather(1, accepted[:, None])]  # [b, 1]
@@ -191,9 +205,9 @@ class DraftModelProposer(Proposer):
     def advance(self, req_id: str | int, length: int, features: torch.Tensor | None, row: int,
                 token: int) -> None:
         """:meth:`Proposer.advance`: the context is now ``length + 1`` tokens, all in the cache
-        (the newest was fed by :meth:`draft_after`)."""
+        (the newest was fed by :meth:`draft_after`; not where it wrote nothing: stale)."""
         seq = self._seqs.get(req_id)
-        if seq is not None:
+        if seq is not None and not seq.stale:
             seq.cached, seq.valid = None, length + 1
 
     def _argmax(self, out: DraftForward) -> torch.Tensor:
@@ -222,14 +236,20 @@ class DraftModelProposer(Proposer):
 
     def _cut_back(self, seq: _DraftSeq, context: Sequence[int], limit: int) -> list[int]:
         """Cut the slot back to the longest prefix of ``context`` it holds, at most ``limit``
-        tokens (and the rows reserved past it); return the context tokens it lacks."""
+        tokens (and the rows reserved past it); return the context tokens it lacks (the
+        request is stale until they are fed)."""
         if seq.cached is None:  # (drafted on the device: its first `valid` are the context's)
             seq.cached = list(context[:seq.valid])
-        keep = _common_prefix(seq.cached, context, limit)
-        if keep < self.runner.seq_len(seq.slot):
+        # (never more than the rows held: a rejection may have cut below what a drafting step
+        # on the device wrote, before the commit's advance)
+        held = self.runner.seq_len(seq.slot)
+        keep = min(_common_prefix(seq.cached, context, limit), held)
+        if keep < held:
             self.runner.truncate(seq.slot, keep)
         del seq.cached[keep:]
-        return list(context[keep:])
+        feed = list(context[keep:])
+        seq.stale = bool(feed)
+        return feed
 
     def _draw(self, requests: list[ProposeRequest], drafts: list[list[int]],
               logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:

@@ -284,3 +284,61 @@ def test_drafts_past_max_model_len_repeat_and_no_rows_give_token_zero():
     out = small.draft_after([0], None, torch.tensor([verified(drafts, 2, 5, 3)]),
                             torch.tensor([2]), torch.tensor([8]), [8], 2)
     assert out.tolist() == [[0, 0]]
+
+
+def test_a_commit_without_a_successor_below_a_drafting_steps_writes_keeps_the_cache_aligned():
+    """A drafting step proposed from the host, verified on the device (``draft_after`` wrote
+    the recovered token's row), committed with no step after it: ``on_accepted`` cuts the
+    slot below that row before ``advance``; the next proposal (after a plain step) re-feeds
+    what the slot lacks, and drafts the greedy continuation."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=2)
+    rng = random.Random(1)
+    proposer = draft_proposer(model, max_num_seqs=2, max_model_len=64)
+    context = [rng.randrange(VOCAB) for _ in range(10)]
+    n, k = len(context), 3
+    drafts = proposer.propose([ProposeRequest(0, context, k, GREEDY)]).draft_token_ids[0]
+    token = rng.randrange(VOCAB)
+    proposer.draft_after([0], None, torch.tensor([verified(drafts, 0, token, k + 1)]),
+                         torch.tensor([0]), torch.tensor([n - 1]), [n - 1], k)
+    proposer.on_accepted(0, n)  # (the commit: the sequence has no flight after it)
+    proposer.advance(0, n, None, 0, token)
+    later = context + [token, rng.randrange(VOCAB)]  # (a plain step since)
+    proposal = proposer.propose([ProposeRequest(0, later, k, GREEDY)])
+    assert proposal.draft_token_ids == [full_greedy(model, later, k)]
+
+
+def test_a_catch_up_or_a_device_step_without_rows_leaves_the_request_stale_not_wrong():
+    """Without KV rows for them, ``flush`` feeds nothing (no raise: it runs where the engine
+    launches a step) and ``draft_after`` gives token 0 without writing; the commit's
+    ``advance`` then trusts nothing, the device keeps giving token 0, and a proposal from the
+    host that fits brings the request back: the greedy continuation again."""
+    model = tiny_model("llama", vocab_size=VOCAB, seed=2)
+    rng = random.Random(0)
+    proposer = draft_proposer(model, max_num_seqs=2, max_model_len=64, max_num_tokens=37)
+    c0 = [rng.randrange(VOCAB) for _ in range(10)]
+    c1 = [rng.randrange(VOCAB) for _ in range(20)]
+    n, k = len(c0), 3
+    d0, _ = proposer.propose([ProposeRequest(0, c0, k, GREEDY),
+                              ProposeRequest(1, c1, k, GREEDY)]).draft_token_ids
+    token = (d0[1] + 1) % VOCAB
+    out = proposer.draft_after([0], None, torch.tensor([verified(d0, 1, token, k + 1)]),
+                               torch.tensor([1]), torch.tensor([n - 1]), [n - 1], k)
+    assert out.tolist() == [[0] * k]  # (no rows: nothing written)
+    proposer.flush([1], [c1 + list(range(30))])  # (no rows for the catch-up: no raise)
+    proposer.remove(1)  # (rows free again)
+    proposer.advance(0, n + 1, None, 0, token)
+    context = c0 + d0[:1] + [token]
+    x = rng.randrange(VOCAB)
+    out = proposer.draft_after([0], None, torch.tensor([[x] + [-1] * k]),
+                               torch.tensor([0]), torch.tensor([n + 1]), [n + k], k)
+    assert out.tolist() == [[0] * k]  # (stale: the device does not draft from old rows)
+    context += [x]
+    proposal = proposer.propose([ProposeRequest(0, context, k, GREEDY)])
+    assert proposal.draft_token_ids == [full_greedy(model, context, k)]
+    # (its step verified on the device: drafting from there works again)
+    out = proposer.draft_after([0], None, torch.tensor([verified(proposal.draft_token_ids[0], 2,
+                                                                 5, k + 1)]),
+                               torch.tensor([2]), torch.tensor([len(context) - 1]),
+                               [len(context) - 1], k)
+    context += proposal.draft_token_ids[0][:2] + [5]
+    assert out.tolist() == [full_greedy(model, context, k)]

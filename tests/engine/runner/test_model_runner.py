@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.runner import ForwardOutput, model_runner, step_layout
+from engine.runner import executor as executor_module
 from engine.runner.model_runner import KVCacheFull, ModelRunner
 from samplers.greedy import argmax_tokens
 from tests.conftest import TINY_FAMILIES, tiny_model
@@ -572,10 +573,11 @@ def test_logits_indices_select_rows():
 
 
 @pytest.mark.parametrize("indices", [[2, 0], torch.tensor([1])], ids=["host", "device"])
-def test_a_decode_graphs_head_gives_the_rows_asked_for(indices):
+def test_a_decode_graphs_head_gives_the_rows_asked_for(indices, monkeypatch):
     """A decode bucket's graph runs the head and the argmax on every row: the rows asked for,
-    in their order, are the oracle's logits, and the argmax is theirs; a verification bucket's
-    step brings no argmax."""
+    in their order, are the oracle's logits, and the argmax is theirs; so does a verification
+    bucket of a few rows (every new token's), and one past ``HEAD_GRAPH_ROWS`` brings no
+    argmax."""
     model = tiny_model("llama", vocab_size=96, seed=7)
     runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=90, max_model_len=30)
     runner.use_graph_buckets(3, capture=False)
@@ -587,6 +589,16 @@ def test_a_decode_graphs_head_gives_the_rows_asked_for(indices):
     expected = torch.stack([full_logits(model, prompts[r] + [10 + r])[-1] for r in rows])
     torch.testing.assert_close(step.logits, expected, atol=ATOL, rtol=ATOL)
     assert torch.equal(step.argmax, expected.argmax(dim=-1))
+    verify = runner.forward(slots, [[1, 2]] * 3)
+    assert torch.equal(verify.argmax, verify.logits.argmax(dim=-1))
+    assert verify.argmax.tolist() == [
+        int(full_logits(model, prompts[r] + [10 + r, 1, 2])[-2 + t].argmax())
+        for r in range(3) for t in range(2)]
+    monkeypatch.setattr(executor_module, "HEAD_GRAPH_ROWS", 4)  # (3 rows of 2: past it)
+    runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=90, max_model_len=30)
+    runner.use_graph_buckets(3, capture=False)
+    slots = [runner.allocate_slot() for _ in prompts]
+    runner.forward(slots, prompts)
     assert runner.forward(slots, [[1, 2]] * 3).argmax is None
 
 
