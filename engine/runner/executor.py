@@ -24,7 +24,8 @@ float32 the head of several rows runs on a oneDNN-reordered copy of its weight
 (:mod:`engine.runner.cpu_lm_head`), and the decoder's linear maps in a step of 1 to 64 rows
 through the route measured fastest for that many rows when the runner was built
 (:mod:`engine.runner.cpu_linears`). On CUDA, LLaMA-form RMSNorms and rotary embeddings run as
-Triton kernels (:mod:`engine.runner.fused_ops`), and forwards of a graph bucket's sizes replay a
+Triton kernels (:mod:`engine.runner.fused_ops`), the rotary's cos and sin read from a table
+(:mod:`engine.runner.rotary_table`), and forwards of a graph bucket's sizes replay a
 CUDA graph (:mod:`engine.runner.cuda_graphs`) whose body is :meth:`Executor.hidden` itself (and
 the head, for one token a row or a few rows: :meth:`Executor._graph_body`).
 
@@ -81,6 +82,7 @@ from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
 from engine.runner.paged_attention import split_bucket, split_count
 from engine.runner.paged_attention import warm_up as warm_up_paged
+from engine.runner.rotary_table import install_rotary_table
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
 from engine.runner.step_layout import MAX_TREE_NODES
 from engine.runner.tp_head import gathered_head
@@ -153,9 +155,10 @@ def auto_backend(model: nn.Module, layer_devices: dict[int, torch.device],
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 # A graph bucket of several new tokens a row runs the output head inside when it has at most
-# this many rows (its logits stay in the graphs' memory pool: 128 rows of a 128k vocabulary in
-# bf16 are 32 MiB).
-HEAD_GRAPH_ROWS = 128
+# this many rows: every such graph keeps its logits (and a folded step's prompt rows get the
+# head too), 64 rows of a 128k vocabulary in bf16 are 16 MiB a graph, beside the KV budget;
+# a verification of 4 drafts at batch 12 fits (measured: batch 1, docs/performance.md).
+HEAD_GRAPH_ROWS = 64
 
 
 def check_deterministic(model: nn.Module, config: PretrainedConfig, attention_backend: str,
@@ -246,13 +249,15 @@ class Executor:
         self.dtype = next(model.parameters()).dtype
         if fused_ops is not None and not isinstance(fused_ops, bool):
             raise ValueError(f"fused_ops must be None, True or False, got {fused_ops!r}")
-        # {"norms": n, "rotary_modules": m, "layers": l, "attention": a, "qkv": q,
-        # "gate_up": g}: what the fused kernels replaced (empty: none)
+        # {"norms": n, "rotary_modules": m, "layers": l, "attention": a, "rotary_table": t,
+        # "qkv": q, "gate_up": g}: what the fused kernels replaced (empty: none)
         self.fused: dict[str, int] = {}
         if fused_ops or deterministic or (fused_ops is None and self.device.type == "cuda"):
             taken = install_fused_ops(model, self.device)
             taken["layers"] = install_fused_layers(model)
             taken["attention"] = install_fused_attention(model)
+            # (past the last position: the padding of a graph's rows repeats positions)
+            taken["rotary_table"] = install_rotary_table(model, max_model_len + 16)
             if stack:
                 taken.update(install_fused_projections(model))
             self.fused = taken if any(taken.values()) else {}
