@@ -216,6 +216,41 @@ def test_a_draft_model_drafting_on_the_device_equals_plain_decoding(target, monk
         assert draft_runner.num_free_slots == engine.config.max_num_seqs
 
 
+def test_a_draft_model_drafting_on_the_device_survives_aborts_and_preemption(target,
+                                                                          monkeypatch):
+    """A draft model's drafting flights with a KV pool too small for every request (some are
+    preempted and come back) and a request aborted while its chain is in flight: the others
+    end as plain decoding ends them, and both runners end empty."""
+    batch = prompts(4, seed=31)
+    greedy = greedy_continuations(target, batch, "cpu")
+    llm = LLM(model=target.to("cpu"), tokenizer=tiny_tokenizer(VOCAB), device="cpu",
+              async_scheduling=True, max_num_seqs=4, kv_cache_tokens=80, max_model_len=64,
+              speculative_config={"method": "draft_model", "model": noisy_copy(target),
+                                  "tokenizer": tiny_tokenizer(VOCAB),
+                                  "num_speculative_tokens": K, "adaptive_k": False,
+                                  "draft_sample_method": "greedy"})
+    engine = llm.llm_engine
+    chained = Chained(monkeypatch, engine)
+    params = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", None, p, params)
+    while chained.count < 2:
+        engine.step()
+    assert engine._in_flight is not None and engine._in_flight.chain is not None
+    engine.abort_request("r1")
+    while engine.has_work():
+        engine.step()
+    done = {f"r{i}": engine.pop_request(f"r{i}")[0] for i in range(4)}
+    assert done["r1"].finish_reason == "abort"
+    for i in (0, 2, 3):
+        assert done[f"r{i}"].output_token_ids == greedy[i][len(batch[i]):][:36]
+    assert engine.metrics.num_preemptions > 0
+    assert_engine_empty(llm)
+    draft_runner = engine.proposer.runner
+    assert draft_runner.num_cached_tokens == 0
+    assert draft_runner.num_free_slots == engine.config.max_num_seqs
+
+
 def test_an_abort_during_a_drafting_flight_frees_everything(target, head_dir, monkeypatch):
     batch = prompts(3, seed=5)
     greedy = greedy_continuations(target, batch, "cpu")
