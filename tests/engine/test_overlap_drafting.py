@@ -216,6 +216,24 @@ def test_a_draft_model_drafting_on_the_device_equals_plain_decoding(target, monk
         assert draft_runner.num_free_slots == engine.config.max_num_seqs
 
 
+def abort_in_a_chain(engine, monkeypatch, batch, max_tokens: int) -> dict:
+    """Greedy requests ``r0 ...`` for ``batch``, ``r1`` aborted while a chain launched from the
+    device is in flight (the second one), the rest run to their end: each request's sequence."""
+    chained = Chained(monkeypatch, engine)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", None, p, params)
+    while chained.count < 2:
+        engine.step()
+    assert engine._in_flight is not None and engine._in_flight.chain is not None
+    engine.abort_request("r1")
+    while engine.has_work():
+        engine.step()
+    done = {f"r{i}": engine.pop_request(f"r{i}")[0] for i in range(len(batch))}
+    assert done["r1"].finish_reason == "abort"
+    return done
+
+
 def test_a_draft_model_drafting_on_the_device_survives_aborts_and_preemption(target,
                                                                           monkeypatch):
     """A draft model's drafting flights with a KV pool too small for every request (some are
@@ -230,18 +248,7 @@ def test_a_draft_model_drafting_on_the_device_survives_aborts_and_preemption(tar
                                   "num_speculative_tokens": K, "adaptive_k": False,
                                   "draft_sample_method": "greedy"})
     engine = llm.llm_engine
-    chained = Chained(monkeypatch, engine)
-    params = SamplingParams(temperature=0.0, max_tokens=36, ignore_eos=True)
-    for i, p in enumerate(batch):
-        engine.add_request(f"r{i}", None, p, params)
-    while chained.count < 2:
-        engine.step()
-    assert engine._in_flight is not None and engine._in_flight.chain is not None
-    engine.abort_request("r1")
-    while engine.has_work():
-        engine.step()
-    done = {f"r{i}": engine.pop_request(f"r{i}")[0] for i in range(4)}
-    assert done["r1"].finish_reason == "abort"
+    done = abort_in_a_chain(engine, monkeypatch, batch, 36)
     for i in (0, 2, 3):
         assert done[f"r{i}"].output_token_ids == greedy[i][len(batch[i]):][:36]
     assert engine.metrics.num_preemptions > 0
@@ -256,18 +263,7 @@ def test_an_abort_during_a_drafting_flight_frees_everything(target, head_dir, mo
     greedy = greedy_continuations(target, batch, "cpu")
     llm, _ = oracle_llm(target, head_dir, greedy)
     engine = llm.llm_engine
-    chained = Chained(monkeypatch, engine)
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    for i, p in enumerate(batch):
-        engine.add_request(f"r{i}", None, p, params)
-    while chained.count < 2:
-        engine.step()
-    assert engine._in_flight is not None and engine._in_flight.chain is not None
-    engine.abort_request("r1")
-    while engine.has_work():
-        engine.step()
-    done = {rid: engine.pop_request(rid)[0] for rid in ("r0", "r1", "r2")}
-    assert done["r1"].finish_reason == "abort"
+    done = abort_in_a_chain(engine, monkeypatch, batch, 40)
     for rid in ("r0", "r2"):
         seq = done[rid]
         assert seq.output_token_ids == greedy[int(rid[1])][len(batch[int(rid[1])]):][:40]
