@@ -88,8 +88,9 @@ class OverlappedSteps:
         # [batch] the drafts accepted; [batch, 1] the last token; [batch] the next fed position
         drafted = metadata.draft_token_ids.view(len(items), width - 1)
         argmax = forwarded.output.argmax
-        if sampler is self.greedy_sampler and argmax is not None:  # (one launch: the graph's
-            tokens, accepted, last, nxt = accept_chains(argmax, drafted, base,  # argmax)
+        if sampler is self.greedy_sampler and argmax is not None:  # (the graph's argmax:
+            # one launch decides every chain)
+            tokens, accepted, last, nxt = accept_chains(argmax, drafted, base,
                                                         forwarded.logits.shape[1])
         else:
             if sampler is self.greedy_sampler and self._greedy_chains is not None:
