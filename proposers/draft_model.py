@@ -195,11 +195,11 @@ class DraftModelProposer(Proposer):
         newest = base + accepted + 1  # [batch] the newest verified token's position
         for i in range(1, steps):  # (draft i at position newest + i, at most base_hi + width + i)
             highest = [hi + width + i for hi in base_hi]
-            if max(highest) >= runner.max_model_len:
-                drafts.append(drafts[-1])
-                continue
+            if max(highest) >= runner.max_model_len:  # (and every later one: repeat the last)
+                break
             out = runner.forward_fed(slots, drafts[-1], newest + i, highest)
             drafts.append(self._argmax(out)[:, None])
+        drafts += [drafts[-1]] * (steps - len(drafts))
         return torch.cat(drafts, dim=1)
 
     def advance(self, req_id: str | int, length: int, features: torch.Tensor | None, row: int,
