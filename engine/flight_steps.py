@@ -21,7 +21,7 @@ import torch
 
 from engine.flight_commit import FlightCommit, commit_chains, commit_plain
 from engine.forward_inputs import non_finite_rows
-from engine.overlap import InFlight, next_sequences, overlappable
+from engine.overlap import InFlight, Pending, next_sequences, overlappable, samples_after_commit
 from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -29,6 +29,7 @@ from engine.step_records import Forwarded, Proposed, SeqStep, Verified
 from samplers import PLACEHOLDER_TOKEN_ID, SamplingTensors
 from samplers.chain_accept import accept_chains
 from samplers.greedy import argmax_tokens
+from samplers.logits_adjust import penalize_rows
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import DraftPlan
 
@@ -42,6 +43,17 @@ class OverlappedSteps:
         return (self.overlap and forwarded is not None and forwarded.logits is not None
                 and not proposed.asked
                 and all(item.samples and not item.drafts and overlappable(item.seq)
+                        for item in forwarded.items))
+
+    def _overlaps_hosted(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
+        """The step can be sampled on the device without reading its tokens back, its
+        sequences' logits processed by the host first (:func:`samples_after_commit`: a
+        grammar's mask, penalties): every sequence samples one token without drafts, none
+        asks for logprobs. Its successors are launched before it is committed and sampled
+        after that (:class:`Pending`)."""
+        return (self.overlap and forwarded is not None and forwarded.logits is not None
+                and not proposed.asked
+                and all(item.samples and not item.drafts and samples_after_commit(item.seq)
                         for item in forwarded.items))
 
     def _overlaps_drafting(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
@@ -114,6 +126,8 @@ class OverlappedSteps:
         step is the same sequences decoding again; then commit the one in flight while the
         device runs the next."""
         flight = self._in_flight
+        if isinstance(flight, Pending):  # (a commit that raised left it unsampled)
+            flight = self._in_flight = self._sample_hosted(flight)
         # (the step before's outcome, before planning: with the next few, as host time here
         # delays the next launch)
         self._learn(defer=True)
@@ -122,12 +136,18 @@ class OverlappedSteps:
             self._proposed_last_step = True
         elif nxt is not None:  # (a proposer keeping state of the text sees it)
             self._observe(nxt.forwarded.items, Proposed(nxt.chain is not None))
-        return self._commit_flight(flight, start)
+        updated = self._commit_flight(flight, start)
+        if isinstance(nxt, Pending) and self._in_flight is nxt:  # (not every one stopped)
+            self._in_flight = self._sample_hosted(nxt)
+        return updated
 
-    def _launch_next(self, flight: InFlight) -> InFlight | None:
+    def _launch_next(self, flight: InFlight) -> InFlight | Pending | None:
         """The next step launched before ``flight``'s tokens are read, each sequence's input
         its flight token on the device (None: it cannot be; see
-        :func:`engine.overlap.next_sequences`)."""
+        :func:`engine.overlap.next_sequences`); :class:`Pending` when its sampling needs
+        ``flight``'s commit first."""
+        if flight.host_next:
+            return None
         seqs = next_sequences(flight, self.scheduler.running, bool(self.scheduler.waiting),
                               self.runner.num_free_tokens, self.max_model_len)
         if seqs is None:
@@ -142,7 +162,6 @@ class OverlappedSteps:
             self._planned = plan  # (the step's plan: _schedule takes it)
             return None
         self._proposed_last_step = False
-        sampling = self._next_sampling(flight, seqs)
         # (the flight's pairs into the draft head's cache on the device, first: a raise here
         # leaves nothing taken; the head learns of them when the flight commits)
         written = self._writes_pairs(flight, seqs)
@@ -161,7 +180,10 @@ class OverlappedSteps:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        nxt = self._sample_ahead(forwarded, plan.step, sampling, began, ahead=True)
+        if not all(overlappable(seq) for seq in seqs):  # (sampled once the flight commits)
+            return Pending(forwarded, plan.step, began, written)
+        nxt = self._sample_ahead(forwarded, plan.step, self._next_sampling(flight, seqs), began,
+                                 ahead=True)
         return replace(nxt, pairs_written=True) if written else nxt
 
     def _writes_pairs(self, flight: InFlight, seqs: list[Sequence]) -> bool:
@@ -355,6 +377,47 @@ class OverlappedSteps:
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
                         sampling=None if sampling is None else sampling.advanced(1))
 
+    def _sample_hosted(self, pending: Pending, ahead: bool = True) -> InFlight:
+        """Sample ``pending``'s tokens on the device once the host knows what its sequences'
+        logits need (the flight before it committed): each running sequence's logits adjusted
+        from the tokens it has (penalties, bias, bad words, min_tokens) and masked by its
+        grammar at its state after them, then sampled as a plain flight's
+        (:meth:`_sample_ahead`, the forward's own argmax not used). A sequence that stopped at
+        that commit is sampled unmasked and its token dropped when this flight commits. When
+        every grammar forces two or more tokens from here, the step after this flight runs
+        from the host, which drafts them (``InFlight.host_next``)."""
+        forwarded = pending.forwarded
+        logits = forwarded.logits  # [batch, vocab_size]: the forward's float32 copy
+        seqs = [item.seq for item in forwarded.items]
+        self.grammar_masks.start(forwarded.items, inline=True)  # (one row a sequence)
+        penalized = []  # (their penalties at once, after each one's other adjustments)
+        for j, seq in enumerate(seqs):
+            if seq.adjuster.active and not seq.is_finished:
+                seq.adjuster.apply(logits[j:j + 1], seq.output_token_ids, penalties=False)
+                if seq.params.needs_penalties:
+                    penalized.append(j)
+        if penalized:
+            penalize_rows(logits, penalized, [seqs[j].adjuster for j in penalized],
+                          [seqs[j].output_token_ids for j in penalized])
+        self.grammar_masks.apply(logits)
+        output = replace(forwarded.output, argmax=None)  # (of the logits before any of that)
+        flight = self._sample_ahead(replace(forwarded, output=output), pending.plan_step,
+                                    self._flight_sampling(seqs), pending.began, ahead)
+        return replace(flight, pairs_written=pending.pairs_written,
+                       host_next=self._forces_tokens(seqs))
+
+    def _forces_tokens(self, seqs: list[Sequence]) -> bool:
+        """Every running sequence's grammar forces two or more tokens from its state now (the
+        next flight samples the first; the synchronous step after it drafts the rest, a few
+        tokens each for one forward), and forced drafts are on. Where some sequences are
+        forced and others not, overlapped steps go on: a synchronous step would cost the
+        whole batch its overlap for the forced ones' gain."""
+        limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
+        running = [seq for seq in seqs if not seq.is_finished]
+        return limit >= 2 and bool(running) and all(
+            seq.grammar is not None and len(seq.grammar.forced_tokens(2)) == 2
+            for seq in running)
+
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """5-6 for a flight: its tokens appended with stop checks, as :meth:`_commit`; the
         sequences the next flight feeds keep the row it writes for their newest token. A
@@ -379,7 +442,8 @@ class OverlappedSteps:
         ahead, nxt = self._ahead(), self._in_flight
         tokens = flight.token_ids()
         done = commit_plain(flight.sequences, tokens, flight.failed, self.eos_token_ids,
-                            self.max_model_len, time.perf_counter(), ahead, self.metrics)
+                            self.max_model_len, time.perf_counter(), ahead, self.metrics,
+                            self._advance_grammar)
         self._leave_flight(done)
         if self.keep_hidden:
             written = ahead if nxt is not None and nxt.pairs_written else {}

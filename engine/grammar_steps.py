@@ -87,9 +87,11 @@ class GrammarMasks:
         self.rows = 0  # rows of the step under way (0: no grammar in it)
         self.walk_seconds = 0.0
 
-    def start(self, items: list[SeqStep]) -> None:
+    def start(self, items: list[SeqStep], inline: bool = False) -> None:
         """Begin the masks of ``items``' sampling rows (``len(drafts) + 1`` each, in order);
-        nothing when no sampling item has a grammar."""
+        nothing when no sampling item has a grammar. ``inline``: walk in this thread even
+        with ``overlap`` (the caller applies the masks next: a worker's hand-off would only
+        add its wake-up)."""
         self.cancel()
         sampling = [item for item in items if item.samples]
         todo = [i for i, item in enumerate(sampling) if item.seq.grammar is not None]
@@ -107,7 +109,7 @@ class GrammarMasks:
         self.rows = rows
         walk = partial(self._walk, [sampling[i].seq.grammar for i in todo],
                        [sampling[i].drafts for i in todo], host, [offsets[i] for i in todo])
-        if self.overlap:
+        if self.overlap and not inline:
             if self.pool is None:
                 self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-walk")
             self.pending = self.pool.submit(walk)

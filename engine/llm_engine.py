@@ -54,7 +54,7 @@ from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
-from engine.overlap import InFlight, TokenCopies, overlappable
+from engine.overlap import InFlight, Pending, TokenCopies, overlappable
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
@@ -128,7 +128,8 @@ class LLMEngine(OverlappedSteps):
         # (a drafting flight copies max_k + 1 tokens a sequence)
         self._token_copies = (TokenCopies(self.device, config.max_num_seqs * (max_k + 1))
                               if self.overlap else None)
-        self._in_flight: InFlight | None = None  # a launched step not yet committed
+        # a launched step not yet committed (Pending: not yet sampled either)
+        self._in_flight: InFlight | Pending | None = None
         self._planned: DraftPlan | None = None  # the next step's plan, made while in flight
         # batch size -> the sampling tensors of that many greedy requests (drafting flights)
         self._greedy_sampling: dict[int, SamplingTensors] = {}
@@ -269,6 +270,11 @@ class LLMEngine(OverlappedSteps):
             self._in_flight = self._sample_ahead(
                 forwarded, plan_step, self._flight_sampling([i.seq for i in forwarded.items]))
             return self._overlapped(start)
+        if self._overlaps_hosted(forwarded, proposed):  # (a grammar's mask, penalties: the
+            # host processes the logits, the device samples; the next step is sampled after
+            # this one commits)
+            self._in_flight = self._sample_hosted(Pending(forwarded, plan_step), ahead=False)
+            return self._overlapped(start)
         if self._overlaps_drafting(forwarded, proposed):
             seqs = [item.seq for item in forwarded.items]
             base = [seq.num_tokens - 1 for seq in seqs]  # (each fed token's position)
@@ -320,7 +326,12 @@ class LLMEngine(OverlappedSteps):
         if free_kv_tokens is not None:
             spare = min(spare, free_kv_tokens - used)
         limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
-        return forced_drafts(items, limit, self.max_model_len, max(0, spare))
+        forced = forced_drafts(items, limit, self.max_model_len, max(0, spare))
+        if self.overlap and self.proposer is None and forced and not all(
+                len(forced.get(i, ())) >= 2 for i, item in enumerate(items) if item.samples):
+            return {}  # (steps overlap unless every sample gains forced tokens:
+            # OverlappedSteps._forces_tokens says why)
+        return forced
 
     def _propose(self, items: list[SeqStep], free_kv_tokens: int | None,
                  forced: dict[int, list[int]]) -> Proposed:

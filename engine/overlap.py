@@ -14,6 +14,14 @@ it finished. Sequences that certainly stop at step n (their length limit) are le
 n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed by output
 position, not by step) are the same; unseeded samples draw the same distribution.
 
+**Steps whose logits need the host** (a grammar's mask, penalties, bias, bad words,
+min_tokens: :func:`samples_after_commit`) overlap by halves: step n + 1's forward is launched
+from step n's tokens on the device (:class:`Pending`), step n is committed (the grammars accept
+its tokens), then the host masks and adjusts step n + 1's logits and the device samples them,
+all while that forward runs. A grammar that forces tokens (``structured_forced_tokens``) ends
+the overlap only when every sample of the step is forced two tokens or more: the synchronous
+step drafts them, several tokens a forward.
+
 **Drafting steps** overlap too where the proposer drafts on the device
 (``Proposer.drafts_on_device``: a draft head's chains, a draft model's argmax drafts): a
 verification step that is all chains of one width ``k + 1`` verifies on the device (seeded
@@ -45,6 +53,15 @@ def overlappable(seq: Sequence) -> bool:
     """A sequence whose next token needs nothing the host learns from the step before: no
     grammar mask, no logprobs to gather, no penalties, bias, bad words or min-tokens masks."""
     return seq.grammar is None and seq.logprobs is None and not seq.adjuster.active
+
+
+def samples_after_commit(seq: Sequence) -> bool:
+    """A sequence whose next token needs the host only once the step before is committed (its
+    grammar's mask after that step's token; penalties, bias, bad words or min-tokens masks over
+    the tokens so far), and nothing read back of its own step but the token: its step's
+    forward can be launched before that commit and sampled after it (:class:`Pending`).
+    Logprobs are not: their values would be read back behind the next step's forward."""
+    return seq.logprobs is None
 
 
 class TokenCopies:
@@ -107,6 +124,10 @@ class InFlight:
     # draft head's cache on the device, for this step's sequences (``Proposer.write_after``)
     pairs_written: bool = False
 
+    # the step after it runs from the host: a grammar of its sequences forces tokens there,
+    # which the synchronous step drafts (``EngineConfig.structured_forced_tokens``)
+    host_next: bool = False
+
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy
         (after :meth:`token_ids`; None off CUDA or without a start event): what a plain step
@@ -130,6 +151,30 @@ class InFlight:
         """Each of ``seqs``' row in the flight (its index among the flight's sequences)."""
         row = {id(seq): j for j, seq in enumerate(self.sequences)}
         return [row[id(seq)] for seq in seqs]
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [item.seq for item in self.forwarded.items]
+
+
+@dataclass
+class Pending:
+    """A plain step launched before the flight before it was committed, whose sampling waits
+    for that commit (:func:`samples_after_commit`: its sequences' logits need what the host
+    learns there). It is sampled right after the commit, while its forward runs, and becomes
+    a flight (``OverlappedSteps._sample_hosted``). Its forward, the controller's step number,
+    the event recorded before its forward (CUDA), and whether its launch wrote the flight
+    before's pairs into the draft head's cache (as :attr:`InFlight.pairs_written`)."""
+
+    forwarded: Forwarded
+    plan_step: int
+    began: torch.cuda.Event | None = None
+    pairs_written: bool = False
+    # (what the engine reads of the step in flight, as :class:`InFlight`'s: one token a
+    # sequence, fed plainly)
+    width = 1
+    chain = None
+    reserved = False
 
     @property
     def sequences(self) -> list[Sequence]:

@@ -23,8 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from samplers.metadata import host_to_device
 from samplers.sampling_params import SamplingParams
 
 
@@ -82,18 +84,27 @@ class LogitsAdjuster:
                 t["bias_ids"] = torch.tensor([i for i, _ in items], dtype=torch.long, device=device)
                 t["bias_values"] = torch.tensor([b for _, b in items], dtype=torch.float32,
                                                 device=device)
+            if self.min_tokens_ids:
+                t["min_tokens_ids"] = torch.tensor(
+                    [i for i in self.min_tokens_ids if i < vocab_size], dtype=torch.long,
+                    device=device)
             if p.repetition_penalty != 1.0:
                 prompt = torch.tensor(self.prompt_token_ids, dtype=torch.long, device=device)
                 in_prompt = torch.zeros(vocab_size, dtype=torch.bool, device=device)
                 in_prompt[prompt[prompt < vocab_size]] = True  # [vocab_size]
                 t["in_prompt"] = in_prompt
+                # (a tensor, not a Python number: CUDA divides by a number as a product with
+                # its reciprocal, which can differ in the last bit from penalize_rows' division)
+                t["repetition"] = torch.tensor(p.repetition_penalty, dtype=torch.float32,
+                                               device=device)
             self._cache[key] = t
         return self._cache[key]
 
     def apply(self, logits: torch.Tensor, output_token_ids: Sequence[int],
-              drafts: Sequence[int] = ()) -> torch.Tensor:
+              drafts: Sequence[int] = (), penalties: bool = True) -> torch.Tensor:
         """Adjust in place ``logits [len(drafts) + 1, vocab_size]``: row ``j`` follows
-        ``output_token_ids + drafts[:j]``. Returns ``logits``."""
+        ``output_token_ids + drafts[:j]``. ``penalties=False`` leaves the penalties (the last
+        adjustment) to the caller: :func:`penalize_rows`. Returns ``logits``."""
         if not self.active:
             return logits
         p = self.params
@@ -117,13 +128,14 @@ class LogitsAdjuster:
                     if not head or (end >= len(head) and history[end - len(head):end] == head):
                         logits[j, last] = neg_inf
         if self.min_tokens_ids:
-            ids = [i for i in self.min_tokens_ids if i < vocab_size]
+            ids = t["min_tokens_ids"]  # (on the device: a host list as an index is a copy that
+            # waits for the queued work, an overlapped step's forward)
             rows = max(0, min(num_rows, p.min_tokens - len(output_token_ids)))
-            if rows and ids:
+            if rows and ids.numel():
                 logits[:rows, ids] = neg_inf
         if "bias_ids" in t:
             logits[:, t["bias_ids"]] += t["bias_values"]
-        if p.needs_penalties:
+        if p.needs_penalties and penalties:
             self._apply_penalties(logits, output_token_ids, drafts, t)
         return logits
 
@@ -132,19 +144,19 @@ class LogitsAdjuster:
         p = self.params
         num_rows, vocab_size = logits.shape
         device = logits.device
-        out = torch.tensor([i for i in output_token_ids if i < vocab_size], dtype=torch.long,
-                           device=device)
+        # (copied without waiting for the queued work: an overlapped step's forward)
+        out = host_to_device([i for i in output_token_ids if i < vocab_size], torch.long, device)
         counts = torch.bincount(out, minlength=vocab_size).to(torch.float32)  # [vocab_size]
         counts = counts.expand(num_rows, vocab_size).clone()  # [num_rows, vocab_size]
         if drafts:
-            d = torch.tensor(list(drafts), dtype=torch.long, device=device)
+            d = host_to_device(list(drafts), torch.long, device)
             one_hot = torch.zeros(num_rows, vocab_size, dtype=torch.float32, device=device)
             one_hot[torch.arange(1, num_rows, device=device), d.clamp(max=vocab_size - 1)] = (
                 (d < vocab_size).to(torch.float32))
             counts += one_hot.cumsum(dim=0)  # row j counts drafts d_1..d_j
         seen = counts > 0  # [num_rows, vocab_size]
         if p.repetition_penalty != 1.0:
-            r = p.repetition_penalty
+            r = t["repetition"]
             penalized = seen | t["in_prompt"]
             scaled = torch.where(logits > 0, logits / r, logits * r)
             logits.copy_(torch.where(penalized, scaled, logits))
@@ -161,3 +173,42 @@ class LogitsAdjuster:
         output = list(prefix_token_ids[len(self.prompt_token_ids):])
         row = logits.reshape(1, -1).to(torch.float32).clone()
         return self.apply(row, output).reshape(logits.shape)
+
+
+def penalize_rows(logits: torch.Tensor, rows: list[int], adjusters: list[LogitsAdjuster],
+                  outputs: list[Sequence[int]]) -> None:
+    """The penalties of several samples at once, in place: row ``rows[i]`` of ``logits
+    [num_rows, vocab_size]`` is sample ``i``'s next position after ``outputs[i]`` (its output
+    tokens; each adjuster's parameters need penalties). The same values as each adjuster's own
+    (``LogitsAdjuster.apply``, no drafts), bit for bit, in about ten launches whatever the
+    count: one a sample cost a batch of 32 about 30 launches each (the host's time of an
+    overlapped step, docs/performance.md, "Steps whose logits need the host")."""
+    num, vocab_size = len(rows), logits.shape[1]
+    device = logits.device
+    lengths = [len(o) for o in outputs]
+    flat = np.fromiter((t for o in outputs for t in o), dtype=np.int64, count=sum(lengths))
+    owner = np.repeat(np.arange(num, dtype=np.int64), lengths)
+    keep = flat < vocab_size
+    params = [a.params for a in adjusters]
+    # (one copy: the rows, then each kept token's sample and id)
+    index = host_to_device(np.concatenate([np.asarray(rows, dtype=np.int64), owner[keep],
+                                           flat[keep]]), torch.long, device)
+    rows_t, owner_t, token_t = index.split([num, int(keep.sum()), int(keep.sum())])
+    scales = host_to_device([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
+                             for p in params], torch.float32, device)  # [num, 3]
+    r, f, pres = scales[:, 0:1], scales[:, 1:2], scales[:, 2:3]  # [num, 1] each
+    counts = torch.zeros(num, vocab_size, dtype=torch.float32, device=device)
+    counts.index_put_((owner_t, token_t), torch.ones_like(token_t, dtype=torch.float32),
+                      accumulate=True)  # [num, vocab_size]
+    seen = counts > 0
+    x = logits.index_select(0, rows_t)  # [num, vocab_size]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        blank = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        in_prompt = torch.stack([a._tensors(vocab_size, device)["in_prompt"]
+                                 if p.repetition_penalty != 1.0 else blank
+                                 for a, p in zip(adjusters, params, strict=True)])
+        # (a row without it: r = 1 scales nothing)
+        x = torch.where(seen | in_prompt, torch.where(x > 0, x / r, x * r), x)
+    x -= f * counts  # (f = 0: x unchanged)
+    x -= pres * seen.to(torch.float32)
+    logits.index_copy_(0, rows_t, x)

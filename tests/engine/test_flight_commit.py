@@ -96,6 +96,10 @@ def test_one_pass_commit_equals_the_general_rules():
             ("error", "NoneType"), ("abort", "NoneType")} <= finished_seen
 
 
+def no_grammar(seq: Sequence, tokens: list[int]) -> None:
+    raise AssertionError(f"{seq.seq_id} has no grammar to advance by {tokens}")
+
+
 def compare_on_random_flights(seed: int) -> set[tuple[str, str]]:
     """Plain and drafting flights of random rows over 40 random sequences, each committed in
     one pass and by the general rules on a twin; returns the (finish reason, stop reason's
@@ -129,7 +133,7 @@ def compare_on_random_flights(seed: int) -> set[tuple[str, str]]:
         calls = []
         if k == 0:
             done = commit_plain([pairs[j][0] for j in rows], [t[0] for t in tokens], failed,
-                                EOS, MAX_MODEL_LEN, now, ahead, metrics[0])
+                                EOS, MAX_MODEL_LEN, now, ahead, metrics[0], no_grammar)
         else:
             done = commit_chains([pairs[j][0] for j in rows], tokens, k, failed, EOS,
                                  MAX_MODEL_LEN, now, ahead, metrics[0],

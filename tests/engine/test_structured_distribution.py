@@ -16,6 +16,7 @@ import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams
+from engine.overlap import Pending
 from tests.engine.llm_helpers import chi_square_pvalue
 from tests.engine.structured_helpers import EOS_ID, char_tokenizer, char_vocab
 from tests.engine.test_llm_greedy import noisy_copy
@@ -52,12 +53,15 @@ def masked_joint(model, prompt_ids: list[int]) -> torch.Tensor:
     return joint
 
 
-def counts_of(llm: LLM, prompt_ids: list[int]) -> torch.Tensor:
+def counts_of(llm: LLM, prompt_ids: list[int], calls: int = 1) -> torch.Tensor:
+    """The two letters' counts over ``NUM_SAMPLES`` samples, in ``calls`` generate calls."""
     per_request = 500
     params = SamplingParams(n=per_request, temperature=1.0, max_tokens=8,
                             structured_outputs={"regex": "x[a-e]y[a-e]"})
-    outs = llm.generate([{"prompt_token_ids": prompt_ids}] * (NUM_SAMPLES // per_request),
-                        params, use_tqdm=False)
+    requests = NUM_SAMPLES // per_request
+    outs = [out for _ in range(calls)
+            for out in llm.generate([{"prompt_token_ids": prompt_ids}] * (requests // calls),
+                                    params, use_tqdm=False)]
     counts = torch.zeros(5, 5, dtype=torch.float64)
     for out in outs:
         for c in out.outputs:
@@ -75,19 +79,34 @@ def one_percent_off(joint: torch.Tensor) -> torch.Tensor:
     return flat.reshape(joint.shape)
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_samples_follow_the_masked_target_distribution(target, method):
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "overlapped"])
+def test_samples_follow_the_masked_target_distribution(target, method, monkeypatch):
+    """``overlapped``: no speculation, steps overlapped (``async_scheduling``); a call's
+    samples all run at once (nobody waits), so that every token after the first is masked and
+    sampled after the step before it committed (``engine.overlap.Pending``)."""
     tokenizer = char_tokenizer()
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
     if method == "draft_model":
         spec = {"method": "draft_model", "model": noisy_copy(target, 0.5, seed=2),
                 "tokenizer": tokenizer, "num_speculative_tokens": 3}
+    engine_args = {}
+    if method == "overlapped":
+        spec, engine_args = None, {"async_scheduling": True, "structured_forced_tokens": 0}
     llm = LLM(model=target, tokenizer=tokenizer, speculative_config=spec, max_model_len=64,
-              max_num_seqs=512, seed=11)
+              max_num_seqs=512, seed=11, **engine_args)
+    launch, pending = llm.llm_engine._launch_next, []
+    monkeypatch.setattr(llm.llm_engine, "_launch_next",
+                        lambda flight: pending.append(isinstance(r := launch(flight), Pending))
+                        or r)
     prompt_ids = tokenizer.encode(PROMPT, add_special_tokens=False)
-    counts = counts_of(llm, prompt_ids)
+    calls = NUM_SAMPLES // 500 if spec is None else 1
+    counts = counts_of(llm, prompt_ids, calls)
     m = llm.get_metrics()
-    assert m.num_drafted > 0 and m.num_accepted > 0  # speculation ran, and some drafts stayed
+    if spec is None:  # (each call: after x, the letter, y, the letter, the end, and a step
+        # launched before the end was read, then dropped)
+        assert sum(pending) == 5 * calls
+    else:
+        assert m.num_drafted > 0 and m.num_accepted > 0  # speculation ran, and drafts stayed
     joint = masked_joint(target, prompt_ids)
     print(f"{method}: p-value {chi_square_pvalue(counts, joint):.3g}, against a 1% error "
           f"{chi_square_pvalue(counts, one_percent_off(joint)):.3g}; acceptance "

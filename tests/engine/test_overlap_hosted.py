@@ -1,0 +1,196 @@
+"""Overlapped steps for samples whose logits need the host (``engine.overlap.Pending``): under
+a grammar, or with penalties, bias, bad words or min_tokens. The next step's forward is launched
+from the flight's tokens on the device before the flight is committed; once it is, the host
+masks and adjusts the next step's logits and the device samples them. Output equals the
+synchronous engine's token for token (greedy and seeded), through stops found a step late,
+forced grammar tokens, arrivals, aborts and a step that raised; sampled output follows the
+masked distribution (tests/engine/test_structured_distribution.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_model
+
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.overlap import Pending
+from tests.engine.llm_helpers import staggered_outputs
+from tests.engine.structured_helpers import EOS_ID, char_tokenizer
+from tests.engine.test_llm_structured import CASES, PROMPTS, SCHEMA, valid_json
+from tests.engine.test_overlap import DEVICES, assert_engine_empty
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model("llama", vocab_size=VOCAB, seed=0, eos_token_id=EOS_ID)
+
+
+def make_llm(target, overlap: bool, device: str = "cpu", **kwargs) -> LLM:
+    return LLM(model=target.to(device), tokenizer=char_tokenizer(), device=device,
+               max_model_len=256, async_scheduling=overlap, **kwargs)
+
+
+class PendingLaunches:
+    """Counts the steps an engine launched ahead whose sampling waited for the commit before
+    them (its ``_launch_next`` answers that were :class:`Pending`)."""
+
+    def __init__(self, monkeypatch, engine) -> None:
+        self.count = 0
+        launch = engine._launch_next
+
+        def counted(flight):
+            nxt = launch(flight)
+            self.count += isinstance(nxt, Pending)
+            return nxt
+
+        monkeypatch.setattr(engine, "_launch_next", counted)
+
+
+def outputs(llm: LLM, params: list[SamplingParams], arrivals: list[int] | None = None,
+            prompts: list[str] = PROMPTS) -> list[list[tuple]]:
+    tokenizer = char_tokenizer()
+    batch = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    outs = staggered_outputs(llm, batch, params, arrivals or [0] * len(batch))
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in out.outputs]
+            for out in outs]
+
+
+def constrained(constraint: dict, **kwargs) -> list[SamplingParams]:
+    """Greedy, seeded and ``n = 2`` seeded samples under ``constraint``, one a prompt."""
+    so = StructuredOutputsParams(**constraint)
+    return [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=so, **kwargs),
+            SamplingParams(temperature=1.0, seed=5, max_tokens=120, structured_outputs=so,
+                           **kwargs),
+            SamplingParams(temperature=0.8, top_k=20, seed=6, n=2, max_tokens=120,
+                           structured_outputs=so, **kwargs),
+            SamplingParams(temperature=1.2, seed=7, max_tokens=120, structured_outputs=so,
+                           **kwargs)]
+
+
+@pytest.mark.parametrize("forced", [0, 8])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("device", DEVICES)
+def test_grammar_steps_overlap_and_equal_synchronous_steps(target, monkeypatch, device, case,
+                                                          forced):
+    constraint, valid = CASES[case]
+    params = constrained(constraint)
+    arrivals = [0, 0, 3, 7]
+    expected = outputs(make_llm(target, False, device, structured_forced_tokens=forced),
+                       params, arrivals)
+    llm = make_llm(target, True, device, structured_forced_tokens=forced)
+    pending = PendingLaunches(monkeypatch, llm.llm_engine)
+    got = outputs(llm, params, arrivals)
+    assert got == expected
+    assert pending.count > 5  # (the overlapped path ran: the choices' outputs are short)
+    assert all(valid(r[1]) for out in got for r in out if r[2] == "stop")
+    assert_engine_empty(llm)
+
+
+def test_forced_tokens_still_come_several_a_step(target, monkeypatch):
+    """A grammar that forces two or more tokens ends the overlap: the synchronous step after
+    the flight drafts them (the schema's keys and punctuation), as without overlap."""
+    constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    params = SamplingParams(temperature=0, max_tokens=200, structured_outputs=constraint)
+    llm = make_llm(target, True)
+    pending = PendingLaunches(monkeypatch, llm.llm_engine)
+    out = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert all(valid_json(o.outputs[0].text) for o in out)
+    m = llm.get_metrics()
+    assert m.num_drafted > 0 and m.num_accepted > 0 and pending.count > 0
+    steps = sum(o.metrics.num_steps for o in out)
+    tokens = sum(len(o.outputs[0].token_ids) for o in out)
+    assert steps < tokens
+
+
+ADJUSTED = [
+    SamplingParams(temperature=0.7, seed=2, max_tokens=30, repetition_penalty=1.4),
+    SamplingParams(temperature=0.0, max_tokens=30, min_tokens=12, stop_token_ids=[70, 71]),
+    SamplingParams(temperature=0.0, max_tokens=30, frequency_penalty=0.8,
+                   presence_penalty=0.3, ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=3, max_tokens=30, logit_bias={70: 5.0, 72: -100.0},
+                   bad_words=["ab"], n=2),
+    SamplingParams(temperature=0.0, max_tokens=20, stop=["e"], ignore_eos=True),  # (plain)
+    SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=StructuredOutputsParams(
+        regex=r"[ab]{2,4}-(x|yz)\.[0-9]")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalties_and_masks_overlap_beside_plain_samples(target, monkeypatch, device):
+    prompts = PROMPTS + ["zzz", "ab"]
+    arrivals = [0, 0, 0, 2, 5, 9]
+    expected = outputs(make_llm(target, False, device, max_num_seqs=4), ADJUSTED, arrivals,
+                       prompts)
+    llm = make_llm(target, True, device, max_num_seqs=4)
+    pending = PendingLaunches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, ADJUSTED, arrivals, prompts) == expected
+    assert pending.count > 10
+    assert_engine_empty(llm)
+    # min_tokens held EOS and the stop ids off for its first 12 tokens
+    assert len(expected[1][0][0]) >= 12
+
+
+def test_a_step_that_raised_after_its_commit_leaves_the_next_to_sample(target, monkeypatch):
+    """The host's processing of a pending step raised (once): the flight before it was
+    committed, and the next call samples the pending step before going on; output unchanged."""
+    params = constrained({"regex": r"[ab]{2,4}-(x|yz)\.[0-9]"})
+    expected = outputs(make_llm(target, False), params)
+    llm = make_llm(target, True)
+    engine = llm.llm_engine
+    sample = engine._sample_hosted
+    raised = []
+
+    def once(pending, ahead=True):
+        if ahead and not raised and engine._in_flight is pending:
+            raised.append(pending)
+            raise RuntimeError("the host's processing failed")
+        return sample(pending, ahead)
+
+    monkeypatch.setattr(engine, "_sample_hosted", once)
+    tokenizer = char_tokenizer()
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(f"r{i}", None, tokenizer.encode(prompt, add_special_tokens=False), p)
+    while engine.has_work():
+        try:
+            engine.step()
+        except RuntimeError:
+            assert isinstance(engine._in_flight, Pending)
+    assert raised
+    from engine.llm import build_output
+    got = [[(c.token_ids, c.text, c.finish_reason, c.stop_reason)
+            for c in build_output(engine.pop_request(f"r{i}")).outputs]
+           for i in range(len(PROMPTS))]
+    assert got == expected
+    assert_engine_empty(llm)
+
+
+def test_an_abort_while_pending_frees_everything(target):
+    """A request aborted between steps: the pending step after the flight holding it drops its
+    token; the others' output is unchanged, and the engine ends empty."""
+    so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=so)
+    tokenizer = char_tokenizer()
+    batch = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS[:3]]
+    from engine.llm import build_output
+    sync = make_llm(target, False, structured_forced_tokens=0)
+    for i, prompt in enumerate(batch[:2]):
+        sync.llm_engine.add_request(f"r{i}", None, prompt, params)
+    while sync.llm_engine.has_work():
+        sync.llm_engine.step()
+    expected = [build_output(sync.llm_engine.pop_request(f"r{i}")).outputs[0].token_ids
+                for i in range(2)]
+    llm = make_llm(target, True, structured_forced_tokens=0)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", None, prompt, params)
+    while engine._in_flight is None or len(engine._in_flight.sequences) < 3:
+        engine.step()
+    engine.step()
+    engine.abort_request("r2")
+    while engine.has_work():
+        engine.step()
+    assert engine.pop_request("r2")[0].finish_reason == "abort"
+    got = [build_output(engine.pop_request(f"r{i}")).outputs[0].token_ids for i in range(2)]
+    assert got == expected
+    assert_engine_empty(llm)
