@@ -76,13 +76,13 @@ def append_tokens(seq: Sequence, tokens: list[int], eos_token_ids: frozenset[int
 def commit_plain(seqs: list[Sequence], token_ids: list[int], failed: set[int],
                  eos_token_ids: frozenset[int], max_model_len: int, now: float,
                  ahead: dict[int, int], metrics: MetricsCollector,
-                 advance_grammar: Callable[[Sequence, list[int]], None]) -> FlightCommit:
+                 on_kept: Callable[[Sequence, int, list[int]], None]) -> FlightCommit:
     """Append ``token_ids`` (the flight's sampled tokens, one a sequence; a negative one is a
     row the kernels marked invalid) with the stop checks; rows ``failed`` (the host found them
-    unusable) and invalid ones finish their sequence with an error. A sequence under a grammar
-    has it accept the token it kept (``advance_grammar(seq, tokens)``, which may finish it:
-    ``LLMEngine._advance_grammar``). A running sequence's newest token stays uncached; its rows
-    past that go back, except for the sequences ``ahead`` (id -> the next flight's width: 0
+    unusable) and invalid ones finish their sequence with an error. A sequence that kept its
+    token is handed it (``on_kept(seq, row, tokens)``: its grammar accepts it, which may finish
+    it; its logprobs), before its counters. A running sequence's newest token stays uncached;
+    its rows past that go back, except for the sequences ``ahead`` (id -> the next flight's width: 0
     when it feeds them plainly, or the rows it reserved past the newest token) whose newest
     token the next flight is writing."""
     done = FlightCommit()
@@ -94,8 +94,7 @@ def commit_plain(seqs: list[Sequence], token_ids: list[int], failed: set[int],
             seq.finish("error", error=FAILED_ROW)
         else:
             kept = append_tokens(seq, [token], eos_token_ids, max_model_len)
-            if seq.grammar is not None:
-                advance_grammar(seq, [token][:kept])
+            on_kept(seq, j, [token][:kept])
             done.num_kept += kept
             account(seq, 0, 0, kept, now)
         _keep_rows(seq, before, 0, ahead, done)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 
 from engine.flight_commit import FlightCommit, commit_chains, commit_plain
 from engine.forward_inputs import non_finite_rows
-from engine.overlap import InFlight, Pending, next_sequences, overlappable, samples_after_commit
+from engine.logprobs import to_values
+from engine.overlap import FlightLogprobs, InFlight, Pending, next_sequences, overlappable
 from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -30,6 +32,7 @@ from samplers import PLACEHOLDER_TOKEN_ID, SamplingTensors
 from samplers.chain_accept import accept_chains
 from samplers.greedy import argmax_tokens
 from samplers.logits_adjust import penalize_rows
+from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
 from scheduler import DraftPlan
 
@@ -47,14 +50,13 @@ class OverlappedSteps:
 
     def _overlaps_hosted(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
         """The step can be sampled on the device without reading its tokens back, its
-        sequences' logits processed by the host first (:func:`samples_after_commit`: a
-        grammar's mask, penalties): every sequence samples one token without drafts, none
-        asks for logprobs. Its successors are launched before it is committed and sampled
-        after that (:class:`Pending`)."""
+        sequences' logits processed by the host first (a grammar's mask, penalties; their
+        logprobs gathered there too): every sequence samples one token without drafts. Its
+        successors are launched before it is committed and sampled after that
+        (:class:`Pending`)."""
         return (self.overlap and forwarded is not None and forwarded.logits is not None
                 and not proposed.asked
-                and all(item.samples and not item.drafts and samples_after_commit(item.seq)
-                        for item in forwarded.items))
+                and all(item.samples and not item.drafts for item in forwarded.items))
 
     def _overlaps_drafting(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
         """The drafting step can verify ahead and its successor draft on the device
@@ -390,6 +392,11 @@ class OverlappedSteps:
         logits = forwarded.logits  # [batch, vocab_size]: the forward's float32 copy
         seqs = [item.seq for item in forwarded.items]
         self.grammar_masks.start(forwarded.items, inline=True)  # (one row a sequence)
+        mode = self.config.logprobs_mode
+        lp_rows = [j for j, seq in enumerate(seqs) if seq.logprobs is not None]
+        lp_index = self.runner.to_device(lp_rows) if lp_rows else None
+        values = (logits.index_select(0, lp_index)  # [len(lp_rows), vocab_size]
+                  if lp_index is not None and mode.startswith("raw") else None)
         penalized = []  # (their penalties at once, after each one's other adjustments)
         for j, seq in enumerate(seqs):
             if seq.adjuster.active and not seq.is_finished:
@@ -400,11 +407,20 @@ class OverlappedSteps:
             penalize_rows(logits, penalized, [seqs[j].adjuster for j in penalized],
                           [seqs[j].output_token_ids for j in penalized])
         self.grammar_masks.apply(logits)
+        if lp_index is not None and values is None:  # (processed: what the token is drawn from)
+            lp_seqs = [seqs[j] for j in lp_rows]
+            values = process_logits(logits.index_select(0, lp_index),
+                                    self._sampling_tensors(lp_seqs), [1] * len(lp_rows))
         output = replace(forwarded.output, argmax=None)  # (of the logits before any of that)
         flight = self._sample_ahead(replace(forwarded, output=output), pending.plan_step,
                                     self._flight_sampling(seqs), pending.began, ahead)
+        logprobs = None
+        if lp_index is not None:  # (their entries' facts, copied behind the tokens)
+            k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
+            logprobs = FlightLogprobs.of(lp_rows, to_values(values, mode),
+                                         flight.tokens.index_select(0, lp_index), k)
         return replace(flight, pairs_written=pending.pairs_written,
-                       host_next=self._forces_tokens(seqs))
+                       host_next=self._forces_tokens(seqs), logprobs=logprobs)
 
     def _forces_tokens(self, seqs: list[Sequence]) -> bool:
         """Every running sequence's grammar forces two or more tokens from its state now (the
@@ -443,7 +459,7 @@ class OverlappedSteps:
         tokens = flight.token_ids()
         done = commit_plain(flight.sequences, tokens, flight.failed, self.eos_token_ids,
                             self.max_model_len, time.perf_counter(), ahead, self.metrics,
-                            self._advance_grammar)
+                            partial(self._kept_in_flight, flight.logprobs))
         self._leave_flight(done)
         if self.keep_hidden:
             written = ahead if nxt is not None and nxt.pairs_written else {}
@@ -464,6 +480,17 @@ class OverlappedSteps:
         # and who left)
         self._record_flight(flight, start, Proposed(), [], done.finished)
         return done.updated
+
+    def _kept_in_flight(self, logprobs: FlightLogprobs | None, seq: Sequence, row: int,
+                        tokens: list[int]) -> None:
+        """A plain flight's sequence at flight row ``row`` kept ``tokens`` (its one): its
+        grammar accepts them (which may finish it) and it gets their logprobs, as the
+        synchronous commit does (``LLMEngine._commit``)."""
+        if seq.grammar is not None:
+            self._advance_grammar(seq, tokens)
+        if seq.logprobs is not None and tokens:
+            seq.append_logprobs(logprobs.entries(row, tokens[0], seq.params.logprobs,
+                                                 seq.tokenizer), tokens)
 
     def _commit_chain_flight(self, flight: InFlight, start: float) -> list[Sequence]:
         """:meth:`_commit_flight` for a drafting flight: the same effects in one pass

@@ -51,21 +51,39 @@ def position_entries(values: torch.Tensor, token_ids: list[int], top_n: int,
     best (``-inf`` never among them), with ranks and decoded text."""
     import torch
 
+    chosen = torch.tensor(token_ids, device=values.device)
+    facts = logprob_facts(values, chosen, min(top_n, values.shape[-1]))
+    return entries_of(*(f.tolist() for f in facts), token_ids, tokenizer)
+
+
+def logprob_facts(values: torch.Tensor, token_ids: torch.Tensor,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a position's entry is made of, on the values' device (nothing read back):
+    ``values [n, vocab_size]``, ``token_ids [n]`` (the chosen tokens), ``k <= vocab_size`` best
+    kept; returns the chosen tokens' values ``[n]``, their ranks ``[n]`` (1 + the tokens
+    strictly better), and the ``k`` best values and ids ``[n, k]`` (best first)."""
+    import torch
+
+    chosen = values.gather(1, token_ids[:, None])[:, 0]  # [n]
+    ranks = (values > chosen[:, None]).sum(dim=-1) + 1  # [n]
+    top_values, top_ids = torch.topk(values, k, dim=-1)  # [n, k] each
+    return chosen, ranks, top_values, top_ids
+
+
+def entries_of(chosen: list[float], ranks: list[int], top_values: list[list[float]],
+               top_ids: list[list[int]], token_ids: list[int],
+               tokenizer: Any) -> list[PositionLogprobs]:
+    """The entries of :func:`logprob_facts`' values, read back: each row's chosen token, then
+    its best ones in order (``-inf`` never among them), with ranks and decoded text."""
     entries = []
-    k = min(top_n, values.shape[-1])
-    top_values, top_ids = torch.topk(values, k, dim=-1) if k else (None, None)
-    chosen = values.gather(1, torch.tensor(token_ids, device=values.device)[:, None])[:, 0]
-    ranks = (values > chosen[:, None]).sum(dim=-1) + 1  # [num_rows]
-    chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
     for row, token in enumerate(token_ids):
-        entry = {token: Logprob(chosen_l[row], ranks_l[row], _text(tokenizer, token))}
-        if k:
-            for rank, (value, tid) in enumerate(zip(top_values[row].tolist(),
-                                                    top_ids[row].tolist(), strict=True), start=1):
-                if value == float("-inf"):
-                    break
-                if tid not in entry:
-                    entry[tid] = Logprob(value, rank, _text(tokenizer, tid))
+        entry = {token: Logprob(chosen[row], ranks[row], _text(tokenizer, token))}
+        for rank, (value, tid) in enumerate(zip(top_values[row], top_ids[row], strict=True),
+                                            start=1):
+            if value == float("-inf"):
+                break
+            if tid not in entry:
+                entry[tid] = Logprob(value, rank, _text(tokenizer, tid))
         entries.append(entry)
     return entries
 

@@ -15,7 +15,8 @@ n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed
 position, not by step) are the same; unseeded samples draw the same distribution.
 
 **Steps whose logits need the host** (a grammar's mask, penalties, bias, bad words,
-min_tokens: :func:`samples_after_commit`) overlap by halves: step n + 1's forward is launched
+min_tokens; logprobs, gathered on the device with the sampling and copied behind the tokens:
+:class:`FlightLogprobs`) overlap by halves: step n + 1's forward is launched
 from step n's tokens on the device (:class:`Pending`), step n is committed (the grammars accept
 its tokens), then the host masks and adjusts step n + 1's logits and the device samples them,
 all while that forward runs. A grammar that forces tokens (``structured_forced_tokens``) ends
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logprobs import PositionLogprobs, entries_of, logprob_facts
 from engine.sequence import Sequence
 from engine.step_records import Forwarded
 from samplers import SamplingTensors
@@ -55,13 +57,47 @@ def overlappable(seq: Sequence) -> bool:
     return seq.grammar is None and seq.logprobs is None and not seq.adjuster.active
 
 
-def samples_after_commit(seq: Sequence) -> bool:
-    """A sequence whose next token needs the host only once the step before is committed (its
-    grammar's mask after that step's token; penalties, bias, bad words or min-tokens masks over
-    the tokens so far), and nothing read back of its own step but the token: its step's
-    forward can be launched before that commit and sampled after it (:class:`Pending`).
-    Logprobs are not: their values would be read back behind the next step's forward."""
-    return seq.logprobs is None
+class FlightLogprobs:
+    """A flight's logprobs for the rows that ask for them (:func:`engine.logprobs.logprob_facts`
+    of their values, made on the device when the flight was sampled) on their way to the host
+    behind the flight's tokens: ``rows`` (the flight's rows), ``values [n, 1 + k]`` (the chosen
+    token's value, then the ``k`` best) and ``ranks_ids [n, 1 + k]`` (its rank, then their
+    ids), and the event marking their copy (None: already on the host)."""
+
+    def __init__(self, rows: list[int], values: torch.Tensor, ranks_ids: torch.Tensor) -> None:
+        self.rows = {row: i for i, row in enumerate(rows)}
+        self.copied: torch.cuda.Event | None = None
+        device = values.device
+        if device.type == "cuda":  # (pinned, so the copies do not wait for the queue)
+            host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    for t in (values, ranks_ids)]
+            for h, t in zip(host, (values, ranks_ids), strict=True):
+                h.copy_(t, non_blocking=True)
+            values, ranks_ids = host
+            self.copied = torch.cuda.Event()
+            self.copied.record(torch.cuda.current_stream(device))
+        self._values, self._ranks_ids = values, ranks_ids
+        self._lists: tuple[list, list] | None = None
+
+    @classmethod
+    def of(cls, rows: list[int], values: torch.Tensor, tokens: torch.Tensor,
+           k: int) -> FlightLogprobs:
+        """From ``values [len(rows), vocab_size]`` and the sampled ``tokens [len(rows)]`` on the
+        device (a row marked invalid, negative, gets an entry that is never used)."""
+        chosen, ranks, top_values, top_ids = logprob_facts(values, tokens.clamp_min(0), k)
+        return cls(rows, torch.cat([chosen[:, None], top_values], dim=1),
+                   torch.cat([ranks[:, None], top_ids], dim=1))
+
+    def entries(self, row: int, token: int, top_n: int, tokenizer) -> list[PositionLogprobs]:
+        """Flight row ``row``'s entry (its token ``token``, its ``top_n`` best), as a list of
+        one (waits for the copy the first time)."""
+        if self._lists is None:
+            if self.copied is not None:
+                self.copied.synchronize()
+            self._lists = self._values.tolist(), self._ranks_ids.tolist()
+        values, ranks_ids = self._lists[0][self.rows[row]], self._lists[1][self.rows[row]]
+        return entries_of([values[0]], [ranks_ids[0]], [values[1:1 + top_n]],
+                          [ranks_ids[1:1 + top_n]], [token], tokenizer)
 
 
 class TokenCopies:
@@ -124,6 +160,8 @@ class InFlight:
     # draft head's cache on the device, for this step's sequences (``Proposer.write_after``)
     pairs_written: bool = False
 
+    # a plain flight's logprobs for the rows that asked for them (their facts on the way)
+    logprobs: FlightLogprobs | None = None
     # the step after it runs from the host: a grammar of its sequences forces tokens there,
     # which the synchronous step drafts (``EngineConfig.structured_forced_tokens``)
     host_next: bool = False
@@ -160,8 +198,8 @@ class InFlight:
 @dataclass
 class Pending:
     """A plain step launched before the flight before it was committed, whose sampling waits
-    for that commit (:func:`samples_after_commit`: its sequences' logits need what the host
-    learns there). It is sampled right after the commit, while its forward runs, and becomes
+    for that commit (its sequences' logits need what the host learns there: not
+    :func:`overlappable`). It is sampled right after the commit, while its forward runs, and becomes
     a flight (``OverlappedSteps._sample_hosted``). Its forward, the controller's step number,
     the event recorded before its forward (CUDA), and whether its launch wrote the flight
     before's pairs into the draft head's cache (as :attr:`InFlight.pairs_written`)."""

@@ -137,8 +137,12 @@ class Sequence:
     def add_logprobs(self, values: torch.Tensor, token_ids: list[int]) -> None:
         """``values [len(token_ids), vocab_size]`` (see :mod:`engine.logprobs`) at the positions
         of the appended ``token_ids``: keeps each one's and the top ``logprobs`` ones."""
-        for entry, token in zip(position_entries(values, token_ids, self.params.logprobs,
-                                                 self.tokenizer), token_ids, strict=True):
+        self.append_logprobs(position_entries(values, token_ids, self.params.logprobs,
+                                              self.tokenizer), token_ids)
+
+    def append_logprobs(self, entries: list[PositionLogprobs], token_ids: list[int]) -> None:
+        """The entries of the appended ``token_ids``' positions (:mod:`engine.logprobs`)."""
+        for entry, token in zip(entries, token_ids, strict=True):
             self.logprobs.append(entry)
             self.cumulative_logprob += entry[token].logprob
 

@@ -84,8 +84,8 @@ def assert_engine_empty(llm: LLM) -> None:
 
 # requests whose stops land at every kind of step: a frequent stop token, a stop string, EOS,
 # max_tokens, n samples, seeded and unseeded sampling; and ones whose logits need the host
-# (penalties, min_tokens: sampled after the step before commits, engine.overlap.Pending) or
-# whose logprobs are read back (the steps around them synchronous)
+# (penalties, min_tokens, logprobs: sampled after the step before commits,
+# engine.overlap.Pending; tests/engine/test_overlap_hosted.py)
 MIXED = [
     SamplingParams(temperature=0.0, max_tokens=17, ignore_eos=True),
     SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[7, 19, 23]),

@@ -9,6 +9,7 @@ masked distribution (tests/engine/test_structured_distribution.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
@@ -193,4 +194,49 @@ def test_an_abort_while_pending_frees_everything(target):
     assert engine.pop_request("r2")[0].finish_reason == "abort"
     got = [build_output(engine.pop_request(f"r{i}")).outputs[0].token_ids for i in range(2)]
     assert got == expected
+    assert_engine_empty(llm)
+
+
+def logprob_outputs(llm: LLM, params: list[SamplingParams],
+                    arrivals: list[int]) -> tuple[list, list[float]]:
+    """Each sample's tokens and its positions' entries without their values (ids, ranks,
+    texts), and every value in order (cumulative ones included)."""
+    tokenizer = char_tokenizer()
+    batch = [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+    outs = staggered_outputs(llm, batch, params, arrivals)
+    samples = [c for out in outs for c in out.outputs]
+    exact = [(c.token_ids, [[(t, v.rank, v.decoded_token) for t, v in pos.items()]
+                            for pos in (c.logprobs or [])]) for c in samples]
+    values = [v.logprob for c in samples for pos in (c.logprobs or []) for v in pos.values()]
+    values += [c.cumulative_logprob for c in samples if c.cumulative_logprob is not None]
+    return exact, values
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs", "processed_logits"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprobs_of_overlapped_steps_equal_synchronous_steps(target, monkeypatch, device, mode):
+    """Logprobs, their ranks and texts, under a grammar, with penalties and plain, greedy and
+    seeded: the synchronous step's. Values to a float32 rounding: the forward's batches differ
+    between the two engines (a sample stopped a step late stays in one), and so may a logit's
+    last bit on the CPU."""
+    so = StructuredOutputsParams(regex=r"[ab]{2,4}-(x|yz)\.[0-9]")
+    params = [SamplingParams(temperature=0.0, max_tokens=30, logprobs=3, ignore_eos=True),
+              SamplingParams(temperature=0.9, top_k=12, seed=4, max_tokens=30, logprobs=0,
+                             structured_outputs=so),
+              SamplingParams(temperature=0.8, seed=5, max_tokens=30, logprobs=5, n=2,
+                             presence_penalty=0.6, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)]
+    arrivals = [0, 0, 2, 6]
+    expected = logprob_outputs(make_llm(target, False, device, logprobs_mode=mode), params,
+                               arrivals)
+    llm = make_llm(target, True, device, logprobs_mode=mode)
+    pending = PendingLaunches(monkeypatch, llm.llm_engine)
+    exact, values = logprob_outputs(llm, params, arrivals)
+    assert exact == expected[0]
+    torch.testing.assert_close(torch.tensor(values), torch.tensor(expected[1]), rtol=1e-5,
+                               atol=1e-5)
+    assert pending.count > 10
+    samples = expected[0]
+    assert all(len(entries) == len(tokens) for tokens, entries in samples[:4])  # (n = 2)
+    assert not samples[4][1]  # (no logprobs asked)
     assert_engine_empty(llm)
