@@ -150,12 +150,17 @@ class OverlappedSteps:
         ``flight``'s commit first."""
         if flight.host_next:
             return None
-        seqs = next_sequences(flight, self.scheduler.running, bool(self.scheduler.waiting),
-                              self.runner.num_free_tokens, self.max_model_len)
+        scheduler = self.scheduler
+        waiting = bool(scheduler.waiting)
+        # (a request waiting for a slot while every slot is taken cannot be admitted before a
+        # sequence finishes, which the host learns at the commit: the batch goes on ahead)
+        admissible = waiting and len(scheduler.running) < scheduler.max_num_seqs
+        seqs = next_sequences(flight, scheduler.running, admissible, self.runner.num_free_tokens,
+                              self.max_model_len)
         if seqs is None:
             return None
         # (the controller plans the step: plain, or not launched ahead)
-        plan = self.controller.plan(self.scheduler.running, False)
+        plan = self.controller.plan(scheduler.running, waiting)
         if flight.chain is not None:
             return self._launch_chained(flight, seqs, plan)
         if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):

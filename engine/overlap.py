@@ -4,8 +4,9 @@ tokens come back to the host, then step n is committed while the GPU runs step n
 A step whose sampling sequences all decode plainly (no drafts, no grammar, no logprobs, no
 history-dependent logits adjustment) samples *ahead*: its tokens stay on the device
 (:class:`InFlight`), copied to pinned host memory behind the forward. If the next step is the
-same sequences decoding again (:func:`next_sequences`: nobody waiting, every running sequence in
-the flight, KV rows for one more token each), it is launched at once, its input ids taken from
+same sequences decoding again (:func:`next_sequences`: nobody waiting who could be admitted, i.e.
+no request waits or every slot is taken; every running sequence in the flight, KV rows for one
+more token each), it is launched at once, its input ids taken from
 the flight's tokens on the device (``engine.runner.FedTokens``); only then does the host wait
 for step n's tokens and append them (stop checks, detokenisation, streaming, metrics) while the
 GPU computes step n + 1. A sequence that stopped at step n has one token too many in step
@@ -219,17 +220,19 @@ class Pending:
         return [item.seq for item in self.forwarded.items]
 
 
-def next_sequences(flight: InFlight, running: Iterable[Sequence], waiting: bool,
+def next_sequences(flight: InFlight, running: Iterable[Sequence], admissible: bool,
                    free_kv_tokens: int, max_model_len: int) -> list[Sequence] | None:
     """The sequences of the step after ``flight`` when it can be launched before the flight's
     tokens are read (None: it cannot; the engine then schedules from the host as usual):
-    nobody waits for admission, every running sequence is in the flight, and the KV cache has
+    nobody waiting could be admitted now (``admissible``: a request waits and a slot is free;
+    with every slot taken a waiting request is admitted by the step after a sequence
+    finishes, which the commit finds), every running sequence is in the flight, and the KV cache has
     rows for each one's next tokens (a drafting flight's successor reserves ``width`` more
     rows a sequence: the most it can advance). Sequences whose flight certainly ends them
     (its first token reaches ``max_tokens``) or whose next step could pass ``max_model_len``
     are left out; an empty list is None."""
     seqs = flight.sequences
-    if waiting:
+    if admissible:
         return None
     ids = {id(seq) for seq in seqs}
     if any(id(seq) not in ids for seq in running):

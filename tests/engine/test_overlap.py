@@ -135,6 +135,29 @@ def test_steps_that_cannot_overlap_alternate_with_ones_that_do(target, monkeypat
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_full_batch_goes_on_ahead_while_requests_wait(target, monkeypatch, device):
+    """Twelve requests for four slots at once: while every slot is taken, a waiting request
+    cannot be admitted before a sequence finishes (which the commit finds), so steps go on
+    being launched ahead with the queue non-empty; output unchanged."""
+    batch = prompts(12, seed=8)
+    params = [MIXED[i % len(MIXED)] for i in range(12)]
+    expected = outputs(make_llm(target, False, device, max_num_seqs=4), batch, params)
+    llm = make_llm(target, True, device, max_num_seqs=4)
+    engine = llm.llm_engine
+    launch, queued = engine._launch_next, []
+
+    def counted(flight):
+        nxt = launch(flight)
+        queued.append(nxt is not None and bool(engine.scheduler.waiting))
+        return nxt
+
+    monkeypatch.setattr(engine, "_launch_next", counted)
+    assert outputs(llm, batch, params) == expected
+    assert sum(queued) > 20
+    assert_engine_empty(llm)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_preemption_between_overlapped_steps(target, monkeypatch, device):
     """A KV cache that holds about two of the six sequences: overlapped steps end where the
     cache runs short, preempted sequences are recomputed, output unchanged."""
