@@ -128,7 +128,7 @@ class OverlappedSteps:
         step is the same sequences decoding again; then commit the one in flight while the
         device runs the next."""
         flight = self._in_flight
-        if isinstance(flight, Pending):  # (a commit that raised left it unsampled)
+        if isinstance(flight, Pending):  # (a raise after its launch left it unsampled)
             flight = self._in_flight = self._sample_hosted(flight)
         # (the step before's outcome, before planning: with the next few, as host time here
         # delays the next launch)
@@ -140,7 +140,11 @@ class OverlappedSteps:
             self._observe(nxt.forwarded.items, Proposed(nxt.chain is not None))
         updated = self._commit_flight(flight, start)
         if isinstance(nxt, Pending) and self._in_flight is nxt:  # (not every one stopped)
-            self._in_flight = self._sample_hosted(nxt)
+            try:
+                self._in_flight = self._sample_hosted(nxt)
+            except BaseException:  # (what the commit updated is reported by the next step)
+                self._finished_outside_step.extend(updated)
+                raise
         return updated
 
     def _launch_next(self, flight: InFlight) -> InFlight | Pending | None:
@@ -390,11 +394,14 @@ class OverlappedSteps:
         from the tokens it has (penalties, bias, bad words, min_tokens) and masked by its
         grammar at its state after them, then sampled as a plain flight's
         (:meth:`_sample_ahead`, the forward's own argmax not used). A sequence that stopped at
-        that commit is sampled unmasked and its token dropped when this flight commits. When
-        every grammar forces two or more tokens from here, the step after this flight runs
-        from the host, which drafts them (``InFlight.host_next``)."""
+        that commit is sampled with the others (its grammar's mask, if it has not ended) and
+        its token dropped when this flight commits. When every grammar forces three or more
+        tokens from here, the step after this flight runs from the host, which drafts the
+        two or more left after this flight's own (``InFlight.host_next``)."""
         forwarded = pending.forwarded
-        logits = forwarded.logits  # [batch, vocab_size]: the forward's float32 copy
+        # [batch, vocab_size]: processed in place on a copy, so that a raise part-way leaves the
+        # forward's own for the call that samples it again (the next step's)
+        logits = forwarded.logits.clone()
         seqs = [item.seq for item in forwarded.items]
         self.grammar_masks.start(forwarded.items, inline=True)  # (one row a sequence)
         mode = self.config.logprobs_mode
@@ -410,15 +417,16 @@ class OverlappedSteps:
                     penalized.append(j)
         if penalized:
             penalize_rows(logits, penalized, [seqs[j].adjuster for j in penalized],
-                          [seqs[j].output_token_ids for j in penalized])
+                          [seqs[j].output_token_ids for j in penalized], self.runner.to_device)
         self.grammar_masks.apply(logits)
         if lp_index is not None and values is None:  # (processed: what the token is drawn from)
             lp_seqs = [seqs[j] for j in lp_rows]
             values = process_logits(logits.index_select(0, lp_index),
                                     self._sampling_tensors(lp_seqs), [1] * len(lp_rows))
         output = replace(forwarded.output, argmax=None)  # (of the logits before any of that)
-        flight = self._sample_ahead(replace(forwarded, output=output), pending.plan_step,
-                                    self._flight_sampling(seqs), pending.began, ahead)
+        flight = self._sample_ahead(replace(forwarded, output=output, logits=logits),
+                                    pending.plan_step, self._flight_sampling(seqs),
+                                    pending.began, ahead)
         logprobs = None
         if lp_index is not None:  # (their entries' facts, copied behind the tokens)
             k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
@@ -428,15 +436,16 @@ class OverlappedSteps:
                        host_next=self._forces_tokens(seqs), logprobs=logprobs)
 
     def _forces_tokens(self, seqs: list[Sequence]) -> bool:
-        """Every running sequence's grammar forces two or more tokens from its state now (the
-        next flight samples the first; the synchronous step after it drafts the rest, a few
-        tokens each for one forward), and forced drafts are on. Where some sequences are
-        forced and others not, overlapped steps go on: a synchronous step would cost the
-        whole batch its overlap for the forced ones' gain."""
+        """Every running sequence's grammar forces three or more tokens from its state now
+        (the flight being sampled takes the first; the synchronous step after it drafts the
+        rest, two or more each for one forward: ``LLMEngine._forced`` drafts no fewer while
+        steps overlap), and forced drafts are on. Where some sequences are forced and others
+        not, overlapped steps go on: a synchronous step would cost the whole batch its
+        overlap for the forced ones' gain."""
         limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
         running = [seq for seq in seqs if not seq.is_finished]
         return limit >= 2 and bool(running) and all(
-            seq.grammar is not None and len(seq.grammar.forced_tokens(2)) == 2
+            seq.grammar is not None and len(seq.grammar.forced_tokens(3)) == 3
             for seq in running)
 
     def _commit_flight(self, flight: InFlight, start: float) -> list[Sequence]:

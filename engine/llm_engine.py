@@ -293,7 +293,7 @@ class LLMEngine(OverlappedSteps):
         """1. This step's sequences and the drafts each may ask for (none: nothing runs), the
         KV cache's free rows before the step, and the controller's step number."""
         plan, self._planned = self._planned, None
-        if plan is None or self.scheduler.waiting:  # (arrivals since a plan made ahead)
+        if plan is None or self.scheduler.waiting:  # (with requests waiting: planned again)
             plan = self.controller.plan(self.scheduler.running, bool(self.scheduler.waiting))
         else:  # (made while the last step was in flight: its tokens cut caps and fronts)
             self.controller.refresh(plan, self.scheduler.running)

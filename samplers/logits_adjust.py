@@ -20,7 +20,7 @@ Order (vLLM V1's), for a row whose output so far is ``out`` (``len(out)`` tokens
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -176,13 +176,16 @@ class LogitsAdjuster:
 
 
 def penalize_rows(logits: torch.Tensor, rows: list[int], adjusters: list[LogitsAdjuster],
-                  outputs: list[Sequence[int]]) -> None:
+                  outputs: list[Sequence[int]],
+                  to_device: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
     """The penalties of several samples at once, in place: row ``rows[i]`` of ``logits
     [num_rows, vocab_size]`` is sample ``i``'s next position after ``outputs[i]`` (its output
     tokens; each adjuster's parameters need penalties). The same values as each adjuster's own
-    (``LogitsAdjuster.apply``, no drafts), bit for bit, in about ten launches whatever the
-    count: one a sample cost a batch of 32 about 30 launches each (the host's time of an
-    overlapped step, docs/performance.md, "Steps whose logits need the host")."""
+    (``LogitsAdjuster.apply``, no drafts), bit for bit, in a fixed number of launches (about
+    twenty) whatever the count: one a sample cost a batch of 32 about 30 launches each (the
+    host's time of an overlapped step, docs/performance.md, "Steps whose logits need the
+    host"). ``to_device``: how an int64 array reaches the logits' device (the engine's pinned
+    staging: the index array grows with the outputs; default a pageable copy)."""
     num, vocab_size = len(rows), logits.shape[1]
     device = logits.device
     lengths = [len(o) for o in outputs]
@@ -191,8 +194,9 @@ def penalize_rows(logits: torch.Tensor, rows: list[int], adjusters: list[LogitsA
     keep = flat < vocab_size
     params = [a.params for a in adjusters]
     # (one copy: the rows, then each kept token's sample and id)
-    index = host_to_device(np.concatenate([np.asarray(rows, dtype=np.int64), owner[keep],
-                                           flat[keep]]), torch.long, device)
+    index = np.concatenate([np.asarray(rows, dtype=np.int64), owner[keep], flat[keep]])
+    index = (to_device(index) if to_device is not None
+             else host_to_device(index, torch.long, device))
     rows_t, owner_t, token_t = index.split([num, int(keep.sum()), int(keep.sum())])
     scales = host_to_device([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
                              for p in params], torch.float32, device)  # [num, 3]

@@ -173,9 +173,11 @@ class ModelRunner:
         rule to price a step before it runs."""
         return packed_rows(num_seqs, longest, total, self._limits())
 
-    def to_device(self, values: Sequence[int]) -> torch.Tensor:
+    def to_device(self, values: Sequence[int] | np.ndarray) -> torch.Tensor:
         """``values`` as an int64 tensor on the runner's device, without waiting for the work
         queued there (a pinned buffer of the caller's: at most one such copy a step)."""
+        if isinstance(values, np.ndarray):
+            return self._staging(values.astype(np.int64, copy=False))
         return self._staging(np.fromiter(values, np.int64, len(values)))
 
     # ---- slots and budget -------------------------------------------------------------------

@@ -88,14 +88,37 @@ def test_grammar_steps_overlap_and_equal_synchronous_steps(target, monkeypatch, 
     assert_engine_empty(llm)
 
 
-def test_forced_tokens_still_come_several_a_step(target, monkeypatch):
-    """A grammar that forces two or more tokens ends the overlap: the synchronous step after
-    the flight drafts them (the schema's keys and punctuation), as without overlap."""
+@pytest.mark.parametrize("pattern", [None, r"[ab]{2,4}-(x|yz)\.[0-9]"])
+def test_forced_tokens_still_come_several_a_step(target, monkeypatch, pattern):
+    """A grammar that forces three or more tokens ends the overlap: the synchronous step after
+    the flight drafts what is left (the schema's keys and punctuation), as without overlap;
+    that step never finds too few to draft (``_forced`` drafts two or more while steps
+    overlap). The regex forces exactly two tokens at its dot."""
     constraint = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    if pattern is not None:
+        constraint = StructuredOutputsParams(regex=pattern)
     params = SamplingParams(temperature=0, max_tokens=200, structured_outputs=constraint)
     llm = make_llm(target, True)
-    pending = PendingLaunches(monkeypatch, llm.llm_engine)
-    out = llm.generate(PROMPTS, params, use_tqdm=False)
+    engine = llm.llm_engine
+    pending = PendingLaunches(monkeypatch, engine)
+    launch, forced, ended = engine._launch_next, engine._forced, []
+
+    def launched(flight):
+        ended.append(flight.host_next)
+        return launch(flight)
+
+    def drafted(items, free):
+        out = forced(items, free)
+        if ended and ended[-1]:  # (the synchronous step after an overlap forcing ended)
+            assert out and all(len(out.get(i, ())) >= 2 for i in range(len(items)))
+            ended.append(False)
+        return out
+
+    monkeypatch.setattr(engine, "_launch_next", launched)
+    monkeypatch.setattr(engine, "_forced", drafted)
+    out = llm.generate(PROMPTS if pattern is None else PROMPTS[:1], params, use_tqdm=False)
+    if pattern is not None:  # (a dot between free characters: nothing else to check)
+        return
     assert all(valid_json(o.outputs[0].text) for o in out)
     m = llm.get_metrics()
     assert m.num_drafted > 0 and m.num_accepted > 0 and pending.count > 0
@@ -132,32 +155,41 @@ def test_penalties_and_masks_overlap_beside_plain_samples(target, monkeypatch, d
     assert len(expected[1][0][0]) >= 12
 
 
-def test_a_step_that_raised_after_its_commit_leaves_the_next_to_sample(target, monkeypatch):
-    """The host's processing of a pending step raised (once): the flight before it was
-    committed, and the next call samples the pending step before going on; output unchanged."""
-    params = constrained({"regex": r"[ab]{2,4}-(x|yz)\.[0-9]"})
+@pytest.mark.parametrize("raise_at", range(0, 36, 4))
+def test_a_step_that_raised_after_its_commit_leaves_the_next_to_sample(target, monkeypatch,
+                                                                        raise_at):
+    """The host's processing of a pending step raised once, at its end (its logits bias,
+    penalties and masks applied by then): the flight before it was committed, what that commit
+    updated is reported by the next call, which samples the pending step again from the
+    forward's own logits; output unchanged."""
+    params = [*constrained({"regex": r"[ab]{2,4}-(x|yz)\.[0-9]"})[:3],
+              SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                             logit_bias={5: 2.0, 9: -1.5, 17: 1.0}, frequency_penalty=0.9,
+                             presence_penalty=0.8, repetition_penalty=1.3)]
     expected = outputs(make_llm(target, False), params)
     llm = make_llm(target, True)
     engine = llm.llm_engine
-    sample = engine._sample_hosted
-    raised = []
+    forces, calls, raised = engine._forces_tokens, [], []
 
-    def once(pending, ahead=True):
-        if ahead and not raised and engine._in_flight is pending:
-            raised.append(pending)
+    def once(seqs):  # (the last thing _sample_hosted does; once, from raise_at calls on)
+        calls.append(1)
+        if len(calls) > raise_at and not raised and isinstance(engine._in_flight, Pending):
+            raised.append(1)
             raise RuntimeError("the host's processing failed")
-        return sample(pending, ahead)
+        return forces(seqs)
 
-    monkeypatch.setattr(engine, "_sample_hosted", once)
+    monkeypatch.setattr(engine, "_forces_tokens", once)
     tokenizer = char_tokenizer()
     for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
         engine.add_request(f"r{i}", None, tokenizer.encode(prompt, add_special_tokens=False), p)
+    reported = set()
     while engine.has_work():
         try:
-            engine.step()
+            reported |= {id(s) for s in engine.step() if s.is_finished}
         except RuntimeError:
             assert isinstance(engine._in_flight, Pending)
     assert raised
+    assert reported == {id(s) for i in range(len(PROMPTS)) for s in engine.requests[f"r{i}"]}
     from engine.llm import build_output
     got = [[(c.token_ids, c.text, c.finish_reason, c.stop_reason)
             for c in build_output(engine.pop_request(f"r{i}")).outputs]
@@ -166,9 +198,10 @@ def test_a_step_that_raised_after_its_commit_leaves_the_next_to_sample(target, m
     assert_engine_empty(llm)
 
 
-def test_an_abort_while_pending_frees_everything(target):
-    """A request aborted between steps: the pending step after the flight holding it drops its
-    token; the others' output is unchanged, and the engine ends empty."""
+def test_an_abort_between_hosted_flights_frees_everything(target):
+    """A request aborted between steps (a flight sampled after the host masked it is in
+    flight): the step after it drops the aborted one's token; the others' output is
+    unchanged, and the engine ends empty."""
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     params = SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=so)
     tokenizer = char_tokenizer()
