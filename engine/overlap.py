@@ -21,8 +21,8 @@ min_tokens; logprobs, gathered on the device with the sampling and copied behind
 from step n's tokens on the device (:class:`Pending`), step n is committed (the grammars accept
 its tokens), then the host masks and adjusts step n + 1's logits and the device samples them,
 all while that forward runs. A grammar that forces tokens (``structured_forced_tokens``) ends
-the overlap only when every sample of the step is forced two tokens or more: the synchronous
-step drafts them, several tokens a forward.
+the overlap only when every sample of the step is forced three tokens or more: the flight takes
+the first, and the synchronous step after it drafts the rest, several tokens a forward.
 
 **Drafting steps** overlap too where the proposer drafts on the device
 (``Proposer.drafts_on_device``: a draft head's chains, a draft model's argmax drafts): a
