@@ -23,7 +23,14 @@ import torch
 from engine.flight_commit import FlightCommit, commit_chains, commit_plain
 from engine.forward_inputs import non_finite_rows
 from engine.logprobs import to_values
-from engine.overlap import FlightLogprobs, InFlight, Pending, next_sequences, overlappable
+from engine.overlap import (
+    FlightLogprobs,
+    InFlight,
+    Pending,
+    next_sequences,
+    overlappable,
+    samples_ahead,
+)
 from engine.runner import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull
 from engine.sequence import Sequence
@@ -31,9 +38,9 @@ from engine.step_records import Forwarded, Proposed, SeqStep, Verified
 from samplers import PLACEHOLDER_TOKEN_ID, SamplingTensors
 from samplers.chain_accept import accept_chains
 from samplers.greedy import argmax_tokens
-from samplers.logits_adjust import penalize_rows
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
+from samplers.slot_adjustments import Adjusted, AdjustedRow
 from scheduler import DraftPlan
 
 
@@ -42,10 +49,11 @@ class OverlappedSteps:
 
     def _overlaps(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
         """The step can sample ahead (:mod:`engine.overlap`): every sequence in it samples one
-        token, without drafts, from logits that need nothing of the host."""
+        token, without drafts, from logits that need nothing of the host
+        (:func:`~engine.overlap.samples_ahead`)."""
         return (self.overlap and forwarded is not None and forwarded.logits is not None
                 and not proposed.asked
-                and all(item.samples and not item.drafts and overlappable(item.seq)
+                and all(item.samples and not item.drafts and samples_ahead(item.seq)
                         for item in forwarded.items))
 
     def _overlaps_hosted(self, forwarded: Forwarded | None, proposed: Proposed) -> bool:
@@ -191,10 +199,10 @@ class OverlappedSteps:
                 self.runner.truncate(seq.slot, seq.num_tokens)
             raise
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
-        if not all(overlappable(seq) for seq in seqs):  # (sampled once the flight commits)
+        if not all(samples_ahead(seq) for seq in seqs):  # (sampled once the flight commits)
             return Pending(forwarded, plan.step, began, written)
         nxt = self._sample_ahead(forwarded, plan.step, self._next_sampling(flight, seqs), began,
-                                 ahead=True)
+                                 ahead=True, fed=fed)
         return replace(nxt, pairs_written=True) if written else nxt
 
     def _writes_pairs(self, flight: InFlight, seqs: list[Sequence]) -> bool:
@@ -367,73 +375,96 @@ class OverlappedSteps:
 
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
                       sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
-                      ahead: bool = False) -> InFlight:
+                      ahead: bool = False, fed: FedTokens | None = None,
+                      raw: torch.Tensor | None = None) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
         argmax, which a decode step's CUDA graph computed already, else two kernels) and queue
         their copy to the host; ``ahead``: launched before the step before it was committed;
-        ``began``: recorded before its forward (CUDA)."""
+        ``began``: recorded before its forward (CUDA). Adjustments that need no history
+        (penalties, bias, allowed ids, min_tokens) come from the slots' state on the device
+        (:meth:`_adjust_on_device`; ``fed``: the tokens in flight the forward was fed, the
+        last output token of each sequence, not on the host yet); logprobs are gathered
+        there, from ``raw`` (the forward's logits, where the host processed a copy: None,
+        ``forwarded.logits``) or the processed logits, and copied behind the tokens."""
         items = forwarded.items
-        failed = non_finite_rows(forwarded.logits, [[] for _ in items])  # (CPU only)
-        argmax = forwarded.output.argmax  # (a decode graph's own, where it computed one)
-        if sampling is None and argmax is not None:  # (the rows of forwarded.logits: the first)
+        seqs = [item.seq for item in items]
+        logits = forwarded.logits  # [batch, vocab_size]
+        mode = self.config.logprobs_mode
+        lp_rows = [j for j, seq in enumerate(seqs) if seq.logprobs is not None]
+        lp_index = self.runner.to_device(lp_rows) if lp_rows else None
+        values = ((logits if raw is None else raw).index_select(0, lp_index)  # (before any
+                  if lp_index is not None and mode.startswith("raw") else None)  # adjustment)
+        adjusted = self._adjust_on_device(logits, seqs, fed)
+        failed = non_finite_rows(logits, [[] for _ in items])  # (CPU only)
+        # (a decode graph's own argmax, where it computed one: of the logits before adjusting)
+        argmax = forwarded.output.argmax if adjusted is None else None
+        if sampling is None and argmax is not None:  # (the rows of logits: the first)
             tokens = argmax[:len(items)]
         elif sampling is None:
-            tokens = argmax_tokens(forwarded.logits)
+            tokens = argmax_tokens(logits)
         else:  # (no drafts: metadata made on the device, nothing copied from the host)
             nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
-            tokens = self.sampler.verify(forwarded.logits, SpecDecodeMetadata.uniform(nothing),
-                                         sampling, None).view(-1)
+            tokens = self.sampler.verify(logits, SpecDecodeMetadata.uniform(nothing), sampling,
+                                         None).view(-1)
+        if adjusted is not None:  # (the next step's penalties count these tokens)
+            adjusted.count(tokens)
+        logprobs = None
+        if lp_index is not None:  # (their entries' facts, copied behind the tokens)
+            if values is None:  # (processed: what the token is drawn from)
+                values = process_logits(logits.index_select(0, lp_index),
+                                        self._sampling_tensors([seqs[j] for j in lp_rows]),
+                                        [1] * len(lp_rows))
+            k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
+            logprobs = FlightLogprobs.of(lp_rows, to_values(values, mode),
+                                         tokens.index_select(0, lp_index), k)
         host, copied = self._token_copies.start(tokens)
         # (the next flight's sampling: one token on, keyed positions moved on on the device)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        sampling=None if sampling is None else sampling.advanced(1))
+                        sampling=None if sampling is None else sampling.advanced(1),
+                        logprobs=logprobs)
+
+    def _adjust_on_device(self, logits: torch.Tensor, seqs: list[Sequence],
+                          fed: FedTokens | None) -> Adjusted | None:
+        """Adjust in place the rows of ``logits [batch, vocab_size]`` whose sequences' adjusters
+        need no history, from their slots' state on the device
+        (:mod:`samplers.slot_adjustments`); None when no row has one. A sequence that stopped
+        at the commit before (its row dropped later) is left as it is."""
+        rows = [AdjustedRow(j, seq.slot, seq, seq.adjuster, seq.output_token_ids,
+                            None if fed is None else fed.sources[j])
+                for j, seq in enumerate(seqs)
+                if seq.adjuster.active and not seq.adjuster.needs_history
+                and not seq.is_finished]
+        if not rows:
+            return None
+        return self.slot_adjustments.apply(logits, rows, None if fed is None else fed.values)
 
     def _sample_hosted(self, pending: Pending, ahead: bool = True) -> InFlight:
         """Sample ``pending``'s tokens on the device once the host knows what its sequences'
-        logits need (the flight before it committed): each running sequence's logits adjusted
-        from the tokens it has (penalties, bias, bad words, min_tokens) and masked by its
-        grammar at its state after them, then sampled as a plain flight's
-        (:meth:`_sample_ahead`, the forward's own argmax not used). A sequence that stopped at
-        that commit is sampled with the others (its grammar's mask, if it has not ended) and
-        its token dropped when this flight commits. When every grammar forces three or more
-        tokens from here, the step after this flight runs from the host, which drafts the
-        two or more left after this flight's own (``InFlight.host_next``)."""
+        logits need (the flight before it committed): each running sequence's logits masked by
+        its grammar at its state after the tokens it has, and adjusted by the host where a
+        bad word of several tokens reads them, then sampled as a plain flight's
+        (:meth:`_sample_ahead`, which adjusts the others; the forward's own argmax not used). A
+        sequence that stopped at that commit is sampled with the others (its grammar's mask,
+        if it has not ended) and its token dropped when this flight commits. When every
+        grammar forces three or more tokens from here, the step after this flight runs from
+        the host, which drafts the two or more left after this flight's own
+        (``InFlight.host_next``)."""
         forwarded = pending.forwarded
         # [batch, vocab_size]: processed in place on a copy, so that a raise part-way leaves the
         # forward's own for the call that samples it again (the next step's)
         logits = forwarded.logits.clone()
         seqs = [item.seq for item in forwarded.items]
         self.grammar_masks.start(forwarded.items, inline=True)  # (one row a sequence)
-        mode = self.config.logprobs_mode
-        lp_rows = [j for j, seq in enumerate(seqs) if seq.logprobs is not None]
-        lp_index = self.runner.to_device(lp_rows) if lp_rows else None
-        values = (logits.index_select(0, lp_index)  # [len(lp_rows), vocab_size]
-                  if lp_index is not None and mode.startswith("raw") else None)
-        penalized = []  # (their penalties at once, after each one's other adjustments)
         for j, seq in enumerate(seqs):
-            if seq.adjuster.active and not seq.is_finished:
-                seq.adjuster.apply(logits[j:j + 1], seq.output_token_ids, penalties=False)
-                if seq.params.needs_penalties:
-                    penalized.append(j)
-        if penalized:
-            penalize_rows(logits, penalized, [seqs[j].adjuster for j in penalized],
-                          [seqs[j].output_token_ids for j in penalized], self.runner.to_device)
+            if seq.adjuster.needs_history and not seq.is_finished:
+                seq.adjuster.apply(logits[j:j + 1], seq.output_token_ids)
         self.grammar_masks.apply(logits)
-        if lp_index is not None and values is None:  # (processed: what the token is drawn from)
-            lp_seqs = [seqs[j] for j in lp_rows]
-            values = process_logits(logits.index_select(0, lp_index),
-                                    self._sampling_tensors(lp_seqs), [1] * len(lp_rows))
         output = replace(forwarded.output, argmax=None)  # (of the logits before any of that)
         flight = self._sample_ahead(replace(forwarded, output=output, logits=logits),
                                     pending.plan_step, self._flight_sampling(seqs),
-                                    pending.began, ahead)
-        logprobs = None
-        if lp_index is not None:  # (their entries' facts, copied behind the tokens)
-            k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
-            logprobs = FlightLogprobs.of(lp_rows, to_values(values, mode),
-                                         flight.tokens.index_select(0, lp_index), k)
+                                    pending.began, ahead, raw=forwarded.logits)
         return replace(flight, pairs_written=pending.pairs_written,
-                       host_next=self._forces_tokens(seqs), logprobs=logprobs)
+                       host_next=self._forces_tokens(seqs))
 
     def _forces_tokens(self, seqs: list[Sequence]) -> bool:
         """Every running sequence's grammar forces three or more tokens from its state now

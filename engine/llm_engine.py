@@ -68,6 +68,7 @@ from samplers.greedy import GreedyChains
 from samplers.keyed_graphs import KeyedGraphs
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
+from samplers.slot_adjustments import SlotAdjustments
 from samplers.structured import Grammars, GrammarState
 from scheduler import DraftPlan, Scheduler, StepOutcome, make_controller, within_spare
 
@@ -130,6 +131,9 @@ class LLMEngine(OverlappedSteps):
                               if self.overlap else None)
         # a launched step not yet committed (Pending: not yet sampled either)
         self._in_flight: InFlight | Pending | None = None
+        # the adjustments of flights' samples that need no history, kept a slot on the device
+        self.slot_adjustments = SlotAdjustments(self.vocab_size, self.device,
+                                                self.runner.to_device)
         self._planned: DraftPlan | None = None  # the next step's plan, made while in flight
         # batch size -> the sampling tensors of that many greedy requests (drafting flights)
         self._greedy_sampling: dict[int, SamplingTensors] = {}

@@ -1,8 +1,8 @@
 """Overlapped steps (``EngineConfig.async_scheduling``): step n + 1 is launched before step n's
 tokens come back to the host, then step n is committed while the GPU runs step n + 1.
 
-A step whose sampling sequences all decode plainly (no drafts, no grammar, no logprobs, no
-history-dependent logits adjustment) samples *ahead*: its tokens stay on the device
+A step whose sampling sequences all decode plainly (no drafts, no grammar, no bad word of
+several tokens: :func:`samples_ahead`) samples *ahead*: its tokens stay on the device
 (:class:`InFlight`), copied to pinned host memory behind the forward. If the next step is the
 same sequences decoding again (:func:`next_sequences`: nobody waiting who could be admitted, i.e.
 no request waits or every slot is taken; every running sequence in the flight, KV rows for one
@@ -15,9 +15,13 @@ it finished. Sequences that certainly stop at step n (their length limit) are le
 n + 1. Output is the synchronous step's: greedy tokens and seeded samples (keyed by output
 position, not by step) are the same; unseeded samples draw the same distribution.
 
-**Steps whose logits need the host** (a grammar's mask, penalties, bias, bad words,
-min_tokens; logprobs, gathered on the device with the sampling and copied behind the tokens:
-:class:`FlightLogprobs`) overlap by halves: step n + 1's forward is launched
+Penalties, bias, allowed ids, one-token bad words and min_tokens are applied on the device
+from each slot's state, whose output counts the sampled tokens raise there
+(:mod:`samplers.slot_adjustments`); logprobs are gathered on the device with the sampling and
+copied behind the tokens (:class:`FlightLogprobs`).
+
+**Steps whose logits need the host** (a grammar's mask, a bad word of several tokens) overlap
+by halves: step n + 1's forward is launched
 from step n's tokens on the device (:class:`Pending`), step n is committed (the grammars accept
 its tokens), then the host masks and adjusts step n + 1's logits and the device samples them,
 all while that forward runs. A grammar that forces tokens (``structured_forced_tokens``) ends
@@ -53,9 +57,17 @@ from samplers import SamplingTensors
 
 
 def overlappable(seq: Sequence) -> bool:
-    """A sequence whose next token needs nothing the host learns from the step before: no
-    grammar mask, no logprobs to gather, no penalties, bias, bad words or min-tokens masks."""
+    """A sequence whose drafts a drafting flight can verify on the device: no grammar mask, no
+    logprobs to gather, no penalties, bias, bad words or min-tokens masks."""
     return seq.grammar is None and seq.logprobs is None and not seq.adjuster.active
+
+
+def samples_ahead(seq: Sequence) -> bool:
+    """A sequence whose plain step can be sampled before the host has committed the step
+    before: no grammar mask, no bad word of several tokens (those read its newest tokens on
+    the host). Its other adjustments come from its slot's state on the device
+    (:mod:`samplers.slot_adjustments`), its logprobs are gathered there."""
+    return seq.grammar is None and not seq.adjuster.needs_history
 
 
 class FlightLogprobs:

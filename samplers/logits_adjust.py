@@ -20,10 +20,9 @@ Order (vLLM V1's), for a row whose output so far is ``out`` (``len(out)`` tokens
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from samplers.metadata import host_to_device
@@ -55,7 +54,11 @@ class LogitsAdjuster:
         self.min_tokens_ids = sorted(masked) if params.min_tokens > 0 else []
         self.active = bool(params.allowed_token_ids is not None or self.bad_word_seqs
                            or self.min_tokens_ids or params.logit_bias or params.needs_penalties)
+        # a bad word of several tokens bans its last one after the others: the adjustment
+        # reads the tokens before the position, which only the host has
+        self.needs_history = any(len(seq) > 1 for seq in self.bad_word_seqs)
         self._cache: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
+        self._dense: dict[tuple[int, torch.device], dict[str, torch.Tensor]] = {}
 
     def check_sampleable(self, vocab_size: int) -> str | None:
         """Why no token could ever be sampled (every allowed id banned), or None."""
@@ -94,17 +97,52 @@ class LogitsAdjuster:
                 in_prompt[prompt[prompt < vocab_size]] = True  # [vocab_size]
                 t["in_prompt"] = in_prompt
                 # (a tensor, not a Python number: CUDA divides by a number as a product with
-                # its reciprocal, which can differ in the last bit from penalize_rows' division)
+                # its reciprocal, which can differ in the last bit from a division by a tensor:
+                # samplers.slot_adjustments divides by each row's own)
                 t["repetition"] = torch.tensor(p.repetition_penalty, dtype=torch.float32,
                                                device=device)
             self._cache[key] = t
         return self._cache[key]
 
+    def dense_rows(self, vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """This sample's adjustments that need no history, as rows over the vocabulary (for
+        per-slot state on the device, :mod:`samplers.slot_adjustments`), each present only
+        where the sample has it: ``banned [vocab_size]`` bool (outside ``allowed_token_ids``,
+        a one-token bad word), ``min_tokens [vocab_size]`` bool (what ``min_tokens`` masks),
+        ``bias [vocab_size]`` float32 (0 where none), ``in_prompt [vocab_size]`` bool
+        (repetition penalty), and ``scales [3]`` float32 (repetition, frequency, presence)."""
+        key = (vocab_size, device)
+        if key not in self._dense:
+            p, t = self.params, self._tensors(vocab_size, device)
+            rows: dict[str, torch.Tensor] = {}
+            one_token = [seq[0] for seq in self.bad_word_seqs
+                         if len(seq) == 1 and seq[0] < vocab_size]
+            if "disallowed" in t or one_token:
+                banned = (t["disallowed"].clone() if "disallowed" in t
+                          else torch.zeros(vocab_size, dtype=torch.bool, device=device))
+                if one_token:
+                    banned[torch.tensor(one_token, dtype=torch.long, device=device)] = True
+                rows["banned"] = banned
+            if "min_tokens_ids" in t:
+                masked = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+                masked[t["min_tokens_ids"]] = True
+                rows["min_tokens"] = masked
+            if "bias_ids" in t:
+                bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+                bias[t["bias_ids"]] = t["bias_values"]  # (ids unique: a dict's keys)
+                rows["bias"] = bias
+            if "in_prompt" in t:
+                rows["in_prompt"] = t["in_prompt"]
+            rows["scales"] = torch.tensor(
+                [p.repetition_penalty, p.frequency_penalty, p.presence_penalty],
+                dtype=torch.float32, device=device)
+            self._dense[key] = rows
+        return self._dense[key]
+
     def apply(self, logits: torch.Tensor, output_token_ids: Sequence[int],
-              drafts: Sequence[int] = (), penalties: bool = True) -> torch.Tensor:
+              drafts: Sequence[int] = ()) -> torch.Tensor:
         """Adjust in place ``logits [len(drafts) + 1, vocab_size]``: row ``j`` follows
-        ``output_token_ids + drafts[:j]``. ``penalties=False`` leaves the penalties (the last
-        adjustment) to the caller: :func:`penalize_rows`. Returns ``logits``."""
+        ``output_token_ids + drafts[:j]``. Returns ``logits``."""
         if not self.active:
             return logits
         p = self.params
@@ -135,7 +173,7 @@ class LogitsAdjuster:
                 logits[:rows, ids] = neg_inf
         if "bias_ids" in t:
             logits[:, t["bias_ids"]] += t["bias_values"]
-        if p.needs_penalties and penalties:
+        if p.needs_penalties:
             self._apply_penalties(logits, output_token_ids, drafts, t)
         return logits
 
@@ -175,44 +213,17 @@ class LogitsAdjuster:
         return self.apply(row, output).reshape(logits.shape)
 
 
-def penalize_rows(logits: torch.Tensor, rows: list[int], adjusters: list[LogitsAdjuster],
-                  outputs: list[Sequence[int]],
-                  to_device: Callable[[np.ndarray], torch.Tensor] | None = None) -> None:
-    """The penalties of several samples at once, in place: row ``rows[i]`` of ``logits
-    [num_rows, vocab_size]`` is sample ``i``'s next position after ``outputs[i]`` (its output
-    tokens; each adjuster's parameters need penalties). The same values as each adjuster's own
-    (``LogitsAdjuster.apply``, no drafts), bit for bit, in a fixed number of launches (about
-    twenty) whatever the count: one a sample cost a batch of 32 about 30 launches each (the
-    host's time of an overlapped step, docs/performance.md, "Steps whose logits need the
-    host"). ``to_device``: how an int64 array reaches the logits' device (the engine's pinned
-    staging: the index array grows with the outputs; default a pageable copy)."""
-    num, vocab_size = len(rows), logits.shape[1]
-    device = logits.device
-    lengths = [len(o) for o in outputs]
-    flat = np.fromiter((t for o in outputs for t in o), dtype=np.int64, count=sum(lengths))
-    owner = np.repeat(np.arange(num, dtype=np.int64), lengths)
-    keep = flat < vocab_size
-    params = [a.params for a in adjusters]
-    # (one copy: the rows, then each kept token's sample and id)
-    index = np.concatenate([np.asarray(rows, dtype=np.int64), owner[keep], flat[keep]])
-    index = (to_device(index) if to_device is not None
-             else host_to_device(index, torch.long, device))
-    rows_t, owner_t, token_t = index.split([num, int(keep.sum()), int(keep.sum())])
-    scales = host_to_device([[p.repetition_penalty, p.frequency_penalty, p.presence_penalty]
-                             for p in params], torch.float32, device)  # [num, 3]
-    r, f, pres = scales[:, 0:1], scales[:, 1:2], scales[:, 2:3]  # [num, 1] each
-    counts = torch.zeros(num, vocab_size, dtype=torch.float32, device=device)
-    counts.index_put_((owner_t, token_t), torch.ones_like(token_t, dtype=torch.float32),
-                      accumulate=True)  # [num, vocab_size]
+def penalized(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor | None,
+              scales: torch.Tensor) -> torch.Tensor:
+    """Rows ``x [n, vocab_size]`` (float32, changed in place where it can) with their
+    penalties: ``counts [n, vocab_size]`` float32 each row's output tokens, ``in_prompt [n,
+    vocab_size]`` its prompt's (None: no row has a repetition penalty) and ``scales [n, 3]``
+    (repetition, frequency, presence). A row without one of them has its neutral value (1, 0,
+    0), which changes no bit. The same values as :meth:`LogitsAdjuster.apply`'s."""
+    r, f, pres = scales[:, 0:1], scales[:, 1:2], scales[:, 2:3]  # [n, 1] each
     seen = counts > 0
-    x = logits.index_select(0, rows_t)  # [num, vocab_size]
-    if any(p.repetition_penalty != 1.0 for p in params):
-        blank = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        in_prompt = torch.stack([a._tensors(vocab_size, device)["in_prompt"]
-                                 if p.repetition_penalty != 1.0 else blank
-                                 for a, p in zip(adjusters, params, strict=True)])
-        # (a row without it: r = 1 scales nothing)
+    if in_prompt is not None:
         x = torch.where(seen | in_prompt, torch.where(x > 0, x / r, x * r), x)
-    x -= f * counts  # (f = 0: x unchanged)
+    x -= f * counts
     x -= pres * seen.to(torch.float32)
-    logits.index_copy_(0, rows_t, x)
+    return x

@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_model
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from engine.overlap import Pending
+from engine.overlap import InFlight, Pending
 from tests.engine.llm_helpers import staggered_outputs
 from tests.engine.structured_helpers import EOS_ID, char_tokenizer
 from tests.engine.test_llm_structured import CASES, PROMPTS, SCHEMA, valid_json
@@ -34,15 +34,17 @@ def make_llm(target, overlap: bool, device: str = "cpu", **kwargs) -> LLM:
 
 class PendingLaunches:
     """Counts the steps an engine launched ahead whose sampling waited for the commit before
-    them (its ``_launch_next`` answers that were :class:`Pending`)."""
+    them (its ``_launch_next`` answers that were :class:`Pending`: ``count``) and those it
+    sampled at once (``ahead``)."""
 
     def __init__(self, monkeypatch, engine) -> None:
-        self.count = 0
+        self.count = self.ahead = 0
         launch = engine._launch_next
 
         def counted(flight):
             nxt = launch(flight)
             self.count += isinstance(nxt, Pending)
+            self.ahead += isinstance(nxt, InFlight)
             return nxt
 
         monkeypatch.setattr(engine, "_launch_next", counted)
@@ -155,14 +157,80 @@ def test_penalties_and_masks_overlap_beside_plain_samples(target, monkeypatch, d
     assert len(expected[1][0][0]) >= 12
 
 
+DEVICE_ADJUSTED = [
+    SamplingParams(temperature=0.7, seed=2, max_tokens=30, repetition_penalty=1.4, logprobs=2),
+    SamplingParams(temperature=0.0, max_tokens=30, min_tokens=12, stop_token_ids=[70, 71]),
+    SamplingParams(temperature=0.0, max_tokens=30, frequency_penalty=0.8,
+                   presence_penalty=0.3, ignore_eos=True),
+    SamplingParams(temperature=0.9, seed=3, max_tokens=30, logit_bias={70: 5.0, 72: -100.0},
+                   allowed_token_ids=list(range(60, 100)), frequency_penalty=-0.5, n=2),
+    SamplingParams(temperature=0.0, max_tokens=20, stop=["e"], ignore_eos=True),  # (plain)
+    SamplingParams(temperature=1.1, seed=8, max_tokens=25, presence_penalty=1.5,
+                   repetition_penalty=0.7, min_tokens=20),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adjusted_samples_are_sampled_ahead_from_slot_state(target, monkeypatch, device):
+    """Penalties, bias, allowed ids and min_tokens with no grammar or bad words beside them:
+    the steps are sampled ahead, adjusted from each slot's state on the device
+    (samplers.slot_adjustments), whose counts the sampled tokens raise there. Arrivals into
+    three slots: slots change hands, their rows written again; output the synchronous
+    engine's."""
+    prompts = PROMPTS + ["zzz", "ab"]
+    arrivals = [0, 0, 0, 2, 5, 9]
+    expected = outputs(make_llm(target, False, device, max_num_seqs=3), DEVICE_ADJUSTED,
+                       arrivals, prompts)
+    llm = make_llm(target, True, device, max_num_seqs=3)
+    launches = PendingLaunches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, DEVICE_ADJUSTED, arrivals, prompts) == expected
+    assert launches.count == 0 and launches.ahead > 40
+    state = llm.llm_engine.slot_adjustments
+    assert state.capacity == 8 and set(state.rows) == {"banned", "min_tokens", "in_prompt",
+                                                       "bias"}
+    assert_engine_empty(llm)
+
+
+def test_counts_made_again_after_drafting_steps_adjusted_on_the_host(target, monkeypatch):
+    """An n-gram engine drafts every third step (synchronous: its rows adjusted on the host,
+    the slots' counts not raised) and decodes plainly between (sampled ahead from the slots'
+    state): the plain step after a drafting one counts its slots' output again. Greedy output
+    equals plain decoding's."""
+    from scheduler import DraftPlan
+
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                             frequency_penalty=0.4, presence_penalty=0.2),
+              SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                             repetition_penalty=1.2, logit_bias={40: 0.5, 41: 0.7})]
+    prompts = [PROMPTS[0] * 3, PROMPTS[1] * 3]  # (repeated text: n-gram drafts it)
+    expected = outputs(make_llm(target, False), params, prompts=prompts)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "adaptive_k": False}
+    llm = make_llm(target, True, speculative_config=spec)
+    engine = llm.llm_engine
+
+    def scripted(running, waiting, _plan=engine.controller.plan):
+        plan = _plan(running, waiting)
+        return DraftPlan(3 if plan.step % 3 == 0 else 0, plan.step)
+
+    monkeypatch.setattr(engine.controller, "plan", scripted)
+    state, rebuilt = engine.slot_adjustments, []
+    rebuild = state._rebuild
+    monkeypatch.setattr(state, "_rebuild", lambda rows, fed: (rebuilt.append(len(rows)),
+                                                              rebuild(rows, fed)))
+    assert outputs(llm, params, prompts=prompts) == expected
+    assert engine.metrics.num_drafted > 0 and len(rebuilt) > 5
+    assert_engine_empty(llm)
+
+
 @pytest.mark.parametrize("raise_at", range(0, 36, 4))
 def test_a_step_that_raised_after_its_commit_leaves_the_next_to_sample(target, monkeypatch,
                                                                         raise_at):
     """The host's processing of a pending step raised once, at its end (its logits bias,
-    penalties and masks applied by then): the flight before it was committed, what that commit
-    updated is reported by the next call, which samples the pending step again from the
-    forward's own logits; output unchanged."""
-    params = [*constrained({"regex": r"[ab]{2,4}-(x|yz)\.[0-9]"})[:3],
+    penalties and masks applied by then, its tokens counted in the slots' state): the flight
+    before it was committed, what that commit updated is reported by the next call, which
+    samples the pending step again from the forward's own logits, its penalties from counts
+    made again; output unchanged."""
+    params = [*constrained({"regex": r"[ab]{2,4}-(x|yz)\.[0-9]{20,30}"})[:3],
               SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
                              logit_bias={5: 2.0, 9: -1.5, 17: 1.0}, frequency_penalty=0.9,
                              presence_penalty=0.8, repetition_penalty=1.3)]
@@ -268,7 +336,7 @@ def test_logprobs_of_overlapped_steps_equal_synchronous_steps(target, monkeypatc
     assert exact == expected[0]
     torch.testing.assert_close(torch.tensor(values), torch.tensor(expected[1]), rtol=1e-5,
                                atol=1e-5)
-    assert pending.count > 10
+    assert pending.count > 0 and pending.ahead > 10  # (the grammar's steps: hosted)
     samples = expected[0]
     assert all(len(entries) == len(tokens) for tokens, entries in samples[:4])  # (n = 2)
     assert not samples[4][1]  # (no logprobs asked)

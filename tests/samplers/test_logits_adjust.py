@@ -107,36 +107,3 @@ def test_check_sampleable():
     assert adjuster(allowed_token_ids=[1, 4], bad_words=["w4"], min_tokens=1).check_sampleable(8)
     assert adjuster(allowed_token_ids=[4], bad_words=["w4"]).check_sampleable(8)
     assert adjuster(allowed_token_ids=[1, 4], bad_words=["w4"]).check_sampleable(8) is None
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="the CUDA kernels' bits: no CUDA device here"))])
-def test_penalties_of_many_rows_at_once_equal_each_rows_own(device):
-    """``penalize_rows`` against each adjuster's ``apply`` on its own row, bit for bit:
-    every mix of the three penalties (off ones included), histories with repeats, ids past
-    the vocabulary and empty ones, rows in another order than the samples."""
-    gen = torch.Generator().manual_seed(3)
-    vocab = 40
-    mixes = [dict(repetition_penalty=1.3), dict(frequency_penalty=0.7),
-             dict(presence_penalty=-0.4), dict(repetition_penalty=0.8, frequency_penalty=0.2,
-                                               presence_penalty=0.5),
-             dict(frequency_penalty=1.1, presence_penalty=0.3)]
-    adjusters, outputs = [], []
-    for i in range(12):
-        prompt = torch.randint(0, vocab, (3 + i % 4,), generator=gen).tolist()
-        adjusters.append(LogitsAdjuster(SamplingParams(**mixes[i % len(mixes)]), prompt, EOS,
-                                        TOK))
-        history = torch.randint(0, vocab + 3, (i * 3,), generator=gen).tolist()
-        outputs.append(history)
-    logits = (torch.randn(15, vocab, generator=gen) * 4).to(device)
-    rows = [14, 0, 3, 7, 1, 12, 9, 4, 2, 11, 6, 13]
-    expected = logits.clone()
-    for row, adj, out in zip(rows, adjusters, outputs, strict=True):
-        adj.apply(expected[row:row + 1], out)
-    got = logits.clone()
-    from samplers.logits_adjust import penalize_rows
-    penalize_rows(got, rows, adjusters, outputs)
-    assert torch.equal(got, expected)
-    untouched = [r for r in range(15) if r not in rows]
-    assert torch.equal(got[untouched], logits[untouched])
-    assert not torch.equal(got[rows], logits[rows])

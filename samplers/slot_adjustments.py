@@ -1,0 +1,205 @@
+"""Logits adjustments from per-slot state on the device, for steps sampled ahead of the host.
+
+An overlapped plain step is launched, and sampled, before the host has committed the step
+before it (``engine.overlap``). The adjustments of :class:`~samplers.logits_adjust.LogitsAdjuster`
+that need no token history, only a request's parameters and how often each token was output
+(``allowed_token_ids``, one-token ``bad_words``, ``min_tokens``, ``logit_bias``, repetition /
+frequency / presence penalties), are applied there from rows kept a slot (a cache slot: one
+running sequence), each ``[capacity, vocab_size]``:
+
+- ``banned`` bool: never sampled; ``min_tokens`` bool: masked while the output is short;
+- ``bias`` float32; ``in_prompt`` bool: the prompt's tokens (repetition penalty);
+- ``counts`` float32: each token's count in the output, raised on the device by the tokens
+  each adjusted step samples (:meth:`Adjusted.count`), so the next step's penalties need
+  nothing from the host;
+- ``scales [capacity, 3]`` float32: repetition, frequency, presence.
+
+A slot's rows are written when a sequence first uses it (from the adjuster's
+:meth:`~samplers.logits_adjust.LogitsAdjuster.dense_rows`, device to device), and its counts
+made again from the host's output tokens when they are not the sequence's output so far: a
+synchronous step came between (one with drafts, adjusted on the host), or a step counted its
+tokens and raised, to be sampled again. Slots are handed out lowest first, so the capacity
+(doubled as needed) follows the number of sequences adjusted at once. Values equal the
+per-sample adjuster's bit for bit (tests/samplers/test_slot_adjustments.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from samplers.logits_adjust import LogitsAdjuster, penalized
+
+# the per-slot rows and their dtypes (scales aside)
+_ROWS = {"banned": torch.bool, "min_tokens": torch.bool, "bias": torch.float32,
+         "in_prompt": torch.bool}
+
+
+@dataclass
+class AdjustedRow:
+    """One row of a step to adjust: its index in the step's logits, its sequence's slot, the
+    sequence (identity: whose state the slot holds), its adjuster and output tokens on the host
+    (committed), and ``fed``: the index of its token still in flight in the ``fed`` tensor
+    :meth:`SlotAdjustments.apply` is given (None: every output token is on the host)."""
+
+    row: int
+    slot: int
+    owner: object
+    adjuster: LogitsAdjuster
+    output: Sequence[int]
+    fed: int | None = None
+
+
+class Adjusted:
+    """A step's penalized rows (``rows``: their indices in the step's logits, ``slots``: their
+    slots, both on the device), whose counts its sampled tokens raise (:meth:`count`), and
+    what each slot's count then holds (``counted``: slot -> output tokens)."""
+
+    def __init__(self, state: SlotAdjustments, rows: torch.Tensor, slots: torch.Tensor,
+                 counted: dict[int, int]) -> None:
+        self._state, self._rows, self._slots, self._counted = state, rows, slots, counted
+
+    def count(self, tokens: torch.Tensor) -> None:
+        """Add the step's sampled ``tokens [num_rows]`` (on the device; a negative one, a row
+        the kernels marked invalid, fails its sequence at the commit) to its rows' counts."""
+        state = self._state
+        if self._rows.numel():
+            ids = tokens.index_select(0, self._rows).clamp_(0, state.vocab_size - 1)
+            state.add(self._slots, ids)
+        state.counted.update(self._counted)
+
+
+class SlotAdjustments:
+    """The per-slot rows (see the module docstring) for logits ``vocab_size`` wide on
+    ``device``; ``to_device``: how an int64 array gets there without waiting for the queued
+    work (the runner's pinned staging)."""
+
+    def __init__(self, vocab_size: int, device: torch.device,
+                 to_device: Callable[[np.ndarray], torch.Tensor]) -> None:
+        self.vocab_size, self.device, self._to_device = vocab_size, torch.device(device), to_device
+        self.capacity = 0
+        self.rows: dict[str, torch.Tensor] = {}  # name -> [capacity, vocab_size], made on use
+        self.counts = torch.zeros(0, vocab_size, dtype=torch.float32, device=self.device)
+        self.scales = torch.zeros(0, 3, dtype=torch.float32, device=self.device)
+        self.ones = torch.ones(0, dtype=torch.float32, device=self.device)
+        self._width = torch.tensor(vocab_size, dtype=torch.long, device=self.device)
+        self.owner: dict[int, object] = {}  # slot -> the sequence its rows are
+        self.has: dict[int, frozenset[str]] = {}  # slot -> the rows its sequence uses
+        self.counted: dict[int, int] = {}  # slot -> output tokens its counts hold (-1: none)
+
+    def apply(self, logits: torch.Tensor, rows: list[AdjustedRow],
+              fed: torch.Tensor | None = None) -> Adjusted:
+        """Adjust ``rows`` of ``logits [num_rows, vocab_size]`` (float32) in place from their
+        slots' state; ``fed [m]``: tokens in flight on the device (each row's ``fed`` indexes
+        it: its output's next token, sampled but not on the host). Returns what the step's
+        sampled tokens must add (:meth:`Adjusted.count`)."""
+        self._reserve(max(r.slot for r in rows) + 1, len(rows))
+        used: set[str] = set()
+        active, rebuild, counted = [], [], {}
+        for i, r in enumerate(rows):
+            if self.owner.get(r.slot) is not r.owner:
+                self._take(r.slot, r.owner, r.adjuster)
+            used |= self.has[r.slot]
+            done = len(r.output) + (r.fed is not None)  # (the output before this position)
+            p = r.adjuster.params
+            active.append(int(bool(r.adjuster.min_tokens_ids) and done < p.min_tokens))
+            if p.needs_penalties:
+                if self.counted.get(r.slot) != done:
+                    rebuild.append(i)
+                counted[r.slot] = done + 1
+        n = len(rows)
+        penalized_rows = [r.row for r in rows if r.slot in counted]
+        penalized_slots = [r.slot for r in rows if r.slot in counted]
+        index = self._to_device(np.array(
+            [r.row for r in rows] + [r.slot for r in rows] + active + penalized_rows
+            + penalized_slots, dtype=np.int64))
+        rows_t, slots_t, active_t, pen_rows_t, pen_slots_t = index.split(
+            [n, n, n, len(counted), len(counted)])
+        if rebuild:
+            self._rebuild([rows[i] for i in rebuild], fed)
+        x = logits.index_select(0, rows_t)  # [n, vocab_size]
+        neg_inf = float("-inf")
+        if "banned" in used:
+            x.masked_fill_(self.rows["banned"].index_select(0, slots_t), neg_inf)
+        if "min_tokens" in used and any(active):
+            x.masked_fill_(self.rows["min_tokens"].index_select(0, slots_t)
+                           & active_t[:, None].bool(), neg_inf)
+        if "bias" in used:
+            x += self.rows["bias"].index_select(0, slots_t)  # (0 elsewhere: no bit changes)
+        if counted:
+            in_prompt = (self.rows["in_prompt"].index_select(0, slots_t)
+                         if "in_prompt" in used else None)
+            x = penalized(x, self.counts.index_select(0, slots_t), in_prompt,
+                          self.scales.index_select(0, slots_t))
+        logits.index_copy_(0, rows_t, x)
+        return Adjusted(self, pen_rows_t, pen_slots_t, counted)
+
+    def add(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        """Count token ``ids[i]`` once more in slot ``slots[i]`` (both ``[n]`` on the device):
+        one atomic add each, exact in any order (whole numbers below 2**24), where an
+        accumulating ``index_put_`` sorts its indices first (several launches)."""
+        flat = torch.addcmul(ids, slots, self._width)  # slot * vocab_size + id
+        self.counts.view(-1).index_add_(0, flat, self.ones[:ids.numel()])
+
+    def _reserve(self, num_slots: int, num_rows: int) -> None:
+        """Room for slots ``0 .. num_slots - 1`` (doubling) and ``num_rows`` count updates."""
+        if self.ones.numel() < num_rows:
+            self.ones = torch.ones(num_rows, dtype=torch.float32, device=self.device)
+        if num_slots <= self.capacity:
+            return
+        capacity = max(8, self.capacity)
+        while capacity < num_slots:
+            capacity *= 2
+        self.rows = {name: _grown(t, capacity) for name, t in self.rows.items()}
+        self.counts, self.scales = _grown(self.counts, capacity), _grown(self.scales, capacity)
+        self.capacity = capacity
+
+    def _take(self, slot: int, owner: object, adjuster: LogitsAdjuster) -> None:
+        """Write ``slot``'s rows for ``owner``'s ``adjuster`` (device to device), zeroing
+        those of the rows it does not use."""
+        dense = adjuster.dense_rows(self.vocab_size, self.device)
+        for name, dtype in _ROWS.items():
+            if name in dense and name not in self.rows:
+                self.rows[name] = torch.zeros(self.capacity, self.vocab_size, dtype=dtype,
+                                              device=self.device)
+            if name in self.rows:
+                if name in dense:
+                    self.rows[name][slot].copy_(dense[name])
+                else:
+                    self.rows[name][slot].zero_()
+        self.scales[slot].copy_(dense["scales"])
+        self.owner[slot] = owner
+        self.has[slot] = frozenset(name for name in _ROWS if name in dense)
+        self.counted[slot] = -1
+
+    def _rebuild(self, rows: list[AdjustedRow], fed: torch.Tensor | None) -> None:
+        """Count again, from the host's output tokens (and a token in flight), the rows of
+        ``rows``' slots."""
+        vocab_size = self.vocab_size
+        outputs = [np.asarray(r.output, dtype=np.int64) for r in rows]
+        outputs = [o[o < vocab_size] for o in outputs]
+        slots = np.array([r.slot for r in rows], dtype=np.int64)
+        owner = np.repeat(slots, [len(o) for o in outputs])
+        with_fed = [(r.slot, r.fed) for r in rows if r.fed is not None]
+        index = self._to_device(np.concatenate(
+            [slots, owner, np.concatenate(outputs) if outputs else owner,
+             np.array([s for s, _ in with_fed] + [f for _, f in with_fed], dtype=np.int64)]))
+        slots_t, owner_t, tokens_t, fed_slots, fed_at = index.split(
+            [len(slots), len(owner), len(owner), len(with_fed), len(with_fed)])
+        self.counts.index_fill_(0, slots_t, 0.0)
+        self._reserve(0, len(owner))
+        self.add(owner_t, tokens_t)
+        if with_fed:
+            if fed is None:
+                raise ValueError("rows with a token in flight need the fed tensor")
+            self.add(fed_slots, fed.index_select(0, fed_at).clamp_(0, vocab_size - 1))
+
+
+def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``t [rows, ...]`` in a zeroed tensor of ``capacity`` rows."""
+    grown = torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    grown[:t.shape[0]].copy_(t)
+    return grown

@@ -1,0 +1,122 @@
+"""Adjustments from per-slot state on the device (``samplers.slot_adjustments``) against each
+sample's own ``LogitsAdjuster.apply`` on the host, bit for bit, through a run of steps: tokens
+counted on the device and carried in flight, steps the host made in between (the counts then
+made again), steps that raised before their tokens were counted, slots changing hands between
+samples that use different adjustments, and min_tokens' last masked position."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from samplers.logits_adjust import LogitsAdjuster
+from samplers.sampling_params import SamplingParams
+from samplers.slot_adjustments import AdjustedRow, SlotAdjustments
+from tests.engine.llm_helpers import EOS_ID, tiny_tokenizer
+
+VOCAB = 40
+TOK = tiny_tokenizer(VOCAB)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA kernels' bits: no CUDA device here"))]
+
+# one sample's parameters each: every adjustment alone and mixed (EOS is in the vocabulary, so
+# min_tokens masks it; "w7" and "w9" are one token each, banned always)
+PARAMS = [
+    dict(repetition_penalty=1.3),
+    dict(frequency_penalty=0.7, presence_penalty=-0.4),
+    dict(min_tokens=3, stop_token_ids=[5]),
+    dict(logit_bias={3: 2.0, 4: -1.5, 39: 0.25}),
+    dict(allowed_token_ids=list(range(10, 30)) + [EOS_ID], frequency_penalty=0.3),
+    dict(bad_words=["w7", "w9"], repetition_penalty=0.8, logit_bias={7: 3.0, 8: 1.0}),
+    dict(min_tokens=5, presence_penalty=0.9, repetition_penalty=1.1, logit_bias={1: 4.0}),
+    dict(bad_words=["w35"]),
+]
+
+
+class Sample:
+    """A sample on the host: its adjuster, committed output, and the token in flight."""
+
+    def __init__(self, i: int, rng: random.Random) -> None:
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(2, 7))]
+        self.adjuster = LogitsAdjuster(SamplingParams(**PARAMS[i % len(PARAMS)]), prompt,
+                                       frozenset({EOS_ID}), TOK)
+        assert not self.adjuster.needs_history  # (the engine adjusts those on the host)
+        self.output: list[int] = []
+        self.pending: int | None = None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_slot_state_equals_each_samples_adjuster(device, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    state = SlotAdjustments(VOCAB, torch.device(device),
+                            lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device))
+    slots: dict[int, Sample] = {}
+    made = 0
+    rebuilt = 0
+    rebuild = state._rebuild
+
+    def counted_rebuild(rows, fed):
+        nonlocal rebuilt
+        rebuilt += len(rows)
+        rebuild(rows, fed)
+
+    state._rebuild = counted_rebuild
+    for step in range(60):
+        # slots change hands: a sample leaves (its token in flight dropped), another comes
+        if not slots or rng.random() < 0.2:
+            free = [s for s in range(6) if s not in slots]
+            if free and (len(slots) < 2 or rng.random() < 0.6):
+                slots[rng.choice(free)] = Sample(made, rng)
+                made += 1
+            elif len(slots) > 1:
+                del slots[rng.choice(sorted(slots))]
+        order = sorted(slots, key=lambda _: rng.random())
+        # a step the host made: every token in flight committed, nothing counted on the device
+        if rng.random() < 0.15:
+            for sample in slots.values():
+                if sample.pending is not None:
+                    sample.output.append(sample.pending)
+                    sample.pending = None
+                sample.output.append(rng.randrange(VOCAB))
+            continue
+        num_rows = len(order) + 2  # (two rows of other samples, left as they are)
+        logits = (torch.randn(num_rows, VOCAB, generator=gen) * 3).to(device)
+        logits[:, EOS_ID] = 9.0  # (where min_tokens masks it, the value changes)
+        where = rng.sample(range(num_rows), len(order))
+        fed_values, rows, expected = [], [], logits.clone()
+        for slot, row in zip(order, where, strict=True):
+            sample = slots[slot]
+            fed_at = None
+            history = list(sample.output)
+            if sample.pending is not None:
+                fed_at = len(fed_values)
+                fed_values.append(sample.pending)
+                history.append(sample.pending)
+            sample.adjuster.apply(expected[row:row + 1], history)
+            rows.append(AdjustedRow(row, slot, sample, sample.adjuster, list(sample.output),
+                                    fed_at))
+        fed = torch.tensor(fed_values + [0], dtype=torch.long, device=device)
+        if rng.random() < 0.15:  # (a step that raised after adjusting: its tokens never
+            state.apply(logits.clone(), rows, fed)  # counted, those in flight stay so)
+        got = logits.clone()
+        adjusted = state.apply(got, rows, fed)
+        assert torch.equal(got, expected), f"step {step}"
+        # the step's tokens: counted on the device; in flight or committed on the host
+        tokens = [rng.randrange(VOCAB) for _ in range(num_rows)]
+        adjusted.count(torch.tensor(tokens, dtype=torch.long, device=device))
+        for slot, row in zip(order, where, strict=True):
+            sample = slots[slot]
+            if sample.pending is not None:
+                sample.output.append(sample.pending)
+            sample.pending = tokens[row]
+            if rng.random() < 0.3:  # (committed before the next step: nothing in flight)
+                sample.output.append(sample.pending)
+                sample.pending = None
+    assert made >= 6 and rebuilt > 10
+    assert state.capacity == 8 and set(state.rows) == {"banned", "min_tokens", "bias",
+                                                       "in_prompt"}
