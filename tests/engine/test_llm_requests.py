@@ -269,3 +269,26 @@ def test_engines_never_touch_the_global_rng(target):
     torch.manual_seed(999)  # the global state does not matter either
     second = make_llm(target, fixed_k, seed=5).generate(PROMPTS[:2], params, use_tqdm=False)
     assert ids(first) == ids(second)
+
+
+def test_logprob_texts_are_decoded_once_a_token_and_a_tokenizer():
+    """Entries' texts come from a cache of each tokenizer's decode of one id: the same text,
+    one decode a token, and two tokenizers' texts kept apart."""
+    from engine.logprobs import entries_of
+
+    class Counted:
+        def __init__(self, prefix: str) -> None:
+            self.prefix, self.calls = prefix, []
+
+        def decode(self, ids: list[int]) -> str:
+            self.calls.append(ids)
+            return f"{self.prefix}{ids[0]}"
+
+    a, b = Counted("a"), Counted("b")
+    for tokenizer in (a, b, a):
+        entries = entries_of([-0.1, -0.2], [1, 2], [[-0.1, -0.5], [-0.3, -0.2]],
+                             [[4, 6], [5, 7]], [4, 7], tokenizer)
+        assert [{t: e.decoded_token for t, e in entry.items()} for entry in entries] == [
+            {4: f"{tokenizer.prefix}4", 6: f"{tokenizer.prefix}6"},
+            {7: f"{tokenizer.prefix}7", 5: f"{tokenizer.prefix}5"}]
+    assert sorted(a.calls) == [[4], [5], [6], [7]] and sorted(b.calls) == [[4], [5], [6], [7]]
