@@ -191,6 +191,26 @@ def test_adjusted_samples_are_sampled_ahead_from_slot_state(target, monkeypatch,
     assert_engine_empty(llm)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_preempted_adjusted_samples_keep_their_counts(target, monkeypatch, device):
+    """A KV cache that holds about two of six penalized sequences: preempted ones are
+    recomputed and come back to a slot another may have held meanwhile (its rows written
+    again) or their own (its counts still theirs); output equals the synchronous engine's,
+    greedy and seeded."""
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                             frequency_penalty=0.6, logit_bias={40: 1.0}),
+              SamplingParams(temperature=0.9, seed=9, max_tokens=24, ignore_eos=True,
+                             repetition_penalty=1.3, presence_penalty=0.4, min_tokens=10)] * 3
+    prompts = ["abcab", "zzz", "hello", "ab", "qqq q", "xyz"]
+    kwargs = dict(max_num_seqs=6, kv_cache_tokens=56)
+    expected = outputs(make_llm(target, False, device, **kwargs), params, prompts=prompts)
+    llm = make_llm(target, True, device, **kwargs)
+    launches = PendingLaunches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, params, prompts=prompts) == expected
+    assert launches.ahead > 5 and llm.llm_engine.metrics.num_preemptions > 0
+    assert_engine_empty(llm)
+
+
 def test_counts_made_again_after_drafting_steps_adjusted_on_the_host(target, monkeypatch):
     """An n-gram engine drafts every third step (synchronous: its rows adjusted on the host,
     the slots' counts not raised) and decodes plainly between (sampled ahead from the slots'
