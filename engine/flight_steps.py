@@ -444,8 +444,8 @@ class OverlappedSteps:
         its grammar at its state after the tokens it has, and adjusted by the host where a
         bad word of several tokens reads them, then sampled as a plain flight's
         (:meth:`_sample_ahead`, which adjusts the others; the forward's own argmax not used). A
-        sequence that stopped at that commit is sampled with the others (its grammar's mask,
-        if it has not ended) and its token dropped when this flight commits. When every
+        sequence that stopped at that commit is sampled with the others (unmasked, unadjusted)
+        and its token dropped when this flight commits. When every
         grammar forces three or more tokens from here, the step after this flight runs from
         the host, which drafts the two or more left after this flight's own
         (``InFlight.host_next``)."""

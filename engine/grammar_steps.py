@@ -94,7 +94,10 @@ class GrammarMasks:
         add its wake-up)."""
         self.cancel()
         sampling = [item for item in items if item.samples]
-        todo = [i for i, item in enumerate(sampling) if item.seq.grammar is not None]
+        # (a sequence the commit before an overlapped step stopped: its row is dropped, so its
+        # grammar is not walked)
+        todo = [i for i, item in enumerate(sampling)
+                if item.seq.grammar is not None and not item.seq.is_finished]
         if not todo:
             return
         offsets, rows = [], 0
@@ -103,8 +106,9 @@ class GrammarMasks:
             rows += len(item.drafts) + 1
         host = self._buffer(rows)
         words = host.numpy()  # (numpy's fill: torch's spreads a small fill over threads)
+        walked = set(todo)
         for i, item in enumerate(sampling):
-            if item.seq.grammar is None:
+            if i not in walked:  # (no mask: every bit set)
                 words[offsets[i]:offsets[i] + len(item.drafts) + 1] = -1
         self.rows = rows
         walk = partial(self._walk, [sampling[i].seq.grammar for i in todo],
