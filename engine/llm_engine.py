@@ -331,10 +331,13 @@ class LLMEngine(OverlappedSteps):
             spare = min(spare, free_kv_tokens - used)
         limit = min(self.config.structured_forced_tokens, self.max_grammar_drafts)
         forced = forced_drafts(items, limit, self.max_model_len, max(0, spare))
-        if self.overlap and self.proposer is None and forced and not all(
+        # (a step the plan gives no drafts could overlap: it does unless every sample gains
+        # forced tokens, OverlappedSteps._forces_tokens says why; a step with a proposer's
+        # drafts is synchronous anyway)
+        plain = not any(item.num_spec_tokens > 0 for item in items)
+        if self.overlap and plain and forced and not all(
                 len(forced.get(i, ())) >= 2 for i, item in enumerate(items) if item.samples):
-            return {}  # (steps overlap unless every sample gains forced tokens:
-            # OverlappedSteps._forces_tokens says why)
+            return {}
         return forced
 
     def _propose(self, items: list[SeqStep], free_kv_tokens: int | None,

@@ -129,6 +129,41 @@ def test_forced_tokens_still_come_several_a_step(target, monkeypatch, pattern):
     assert steps < tokens
 
 
+def test_a_speculative_engine_planning_no_drafts_overlaps_grammar_steps(target, monkeypatch):
+    """A speculative engine whose plans give no drafts (a backed-off controller) overlaps its
+    grammar steps as an engine without a proposer does: forced tokens are drafted only in a
+    step where every sample is forced two or more, and the output is the synchronous
+    engine's."""
+    from scheduler import DraftPlan
+
+    so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    params = [SamplingParams(temperature=0.0, max_tokens=120, structured_outputs=so),
+              SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * 2
+    prompts = PROMPTS
+    arrivals = [0, 2, 4, 9]  # (steps from the host as each arrives, beside forced ones)
+    expected = outputs(make_llm(target, False, structured_forced_tokens=8), params, arrivals,
+                       prompts)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "adaptive_k": False}
+    llm = make_llm(target, True, speculative_config=spec, structured_forced_tokens=8)
+    engine = llm.llm_engine
+    monkeypatch.setattr(engine.controller, "plan",
+                        lambda running, waiting, _plan=engine.controller.plan:
+                        DraftPlan(0, _plan(running, waiting).step))
+    pending = PendingLaunches(monkeypatch, engine)
+    forced, mixed = engine._forced, []
+
+    def drafted(items, free):
+        out = forced(items, free)
+        samples = [i for i, item in enumerate(items) if item.samples]
+        mixed.append(bool(out) and not all(len(out.get(i, ())) >= 2 for i in samples))
+        return out
+
+    monkeypatch.setattr(engine, "_forced", drafted)
+    assert outputs(llm, params, arrivals, prompts) == expected
+    assert pending.count > 5 and len(mixed) > 3 and not any(mixed)
+    assert_engine_empty(llm)
+
+
 ADJUSTED = [
     SamplingParams(temperature=0.7, seed=2, max_tokens=30, repetition_penalty=1.4),
     SamplingParams(temperature=0.0, max_tokens=30, min_tokens=12, stop_token_ids=[70, 71]),
