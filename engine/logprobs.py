@@ -17,6 +17,7 @@ token has none (``None``), as in vLLM.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,15 +77,16 @@ def entries_of(chosen: list[float], ranks: list[int], top_values: list[list[floa
                tokenizer: Any) -> list[PositionLogprobs]:
     """The entries of :func:`logprob_facts`' values, read back: each row's chosen token, then
     its best ones in order (``-inf`` never among them), with ranks and decoded text."""
+    text = _texts(tokenizer)
     entries = []
     for row, token in enumerate(token_ids):
-        entry = {token: Logprob(chosen[row], ranks[row], _text(tokenizer, token))}
+        entry = {token: Logprob(chosen[row], ranks[row], text(token))}
         for rank, (value, tid) in enumerate(zip(top_values[row], top_ids[row], strict=True),
                                             start=1):
             if value == float("-inf"):
                 break
             if tid not in entry:
-                entry[tid] = Logprob(value, rank, _text(tokenizer, tid))
+                entry[tid] = Logprob(value, rank, text(tid))
         entries.append(entry)
     return entries
 
@@ -95,16 +97,21 @@ def entries_of(chosen: list[float], ranks: list[int], top_values: list[list[floa
 _TEXTS: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
-def _text(tokenizer: Any, token_id: int) -> str | None:
+def _texts(tokenizer: Any) -> Callable[[int], str | None]:
+    """A token id's text alone, by ``tokenizer`` (None: no text), decoded once."""
     if tokenizer is None:
-        return None
+        return lambda token_id: None
     try:
         texts = _TEXTS.get(tokenizer)
         if texts is None:
             texts = _TEXTS[tokenizer] = {}
     except TypeError:  # (a tokenizer that cannot be weakly referenced: not cached)
-        return tokenizer.decode([token_id])
-    text = texts.get(token_id)
-    if text is None:
-        text = texts[token_id] = tokenizer.decode([token_id])
+        return lambda token_id: tokenizer.decode([token_id])
+
+    def text(token_id: int) -> str:
+        found = texts.get(token_id)
+        if found is None:
+            found = texts[token_id] = tokenizer.decode([token_id])
+        return found
+
     return text

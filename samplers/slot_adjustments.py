@@ -89,6 +89,8 @@ class SlotAdjustments:
         self.owner: dict[int, object] = {}  # slot -> the sequence its rows are
         self.has: dict[int, frozenset[str]] = {}  # slot -> the rows its sequence uses
         self.counted: dict[int, int] = {}  # slot -> output tokens its counts hold (-1: none)
+        # the last step's index layout (host list) and its copy on the device
+        self._layout: tuple[list[int] | None, torch.Tensor | None] = (None, None)
 
     def apply(self, logits: torch.Tensor, rows: list[AdjustedRow],
               fed: torch.Tensor | None = None) -> Adjusted:
@@ -111,16 +113,18 @@ class SlotAdjustments:
                     rebuild.append(i)
                 counted[r.slot] = done + 1
         n = len(rows)
-        penalized_rows = [r.row for r in rows if r.slot in counted]
-        penalized_slots = [r.slot for r in rows if r.slot in counted]
-        index = self._to_device(np.array(
-            [r.row for r in rows] + [r.slot for r in rows] + active + penalized_rows
-            + penalized_slots, dtype=np.int64))
-        rows_t, slots_t, active_t, pen_rows_t, pen_slots_t = index.split(
+        layout = ([r.row for r in rows] + [r.slot for r in rows] + active
+                  + [r.row for r in rows if r.slot in counted]
+                  + [r.slot for r in rows if r.slot in counted])
+        if layout != self._layout[0]:  # (a step like the one before reuses its indices)
+            self._layout = layout, self._to_device(np.array(layout, dtype=np.int64))
+        rows_t, slots_t, active_t, pen_rows_t, pen_slots_t = self._layout[1].split(
             [n, n, n, len(counted), len(counted)])
         if rebuild:
             self._rebuild([rows[i] for i in rebuild], fed)
-        x = logits.index_select(0, rows_t)  # [n, vocab_size]
+        # [n, vocab_size]: the rows to adjust (all of them, in order: the logits themselves)
+        whole = n == logits.shape[0] and all(r.row == i for i, r in enumerate(rows))
+        x = logits if whole else logits.index_select(0, rows_t)
         neg_inf = float("-inf")
         if "banned" in used:
             x.masked_fill_(self.rows["banned"].index_select(0, slots_t), neg_inf)
@@ -134,7 +138,10 @@ class SlotAdjustments:
                          if "in_prompt" in used else None)
             x = penalized(x, self.counts.index_select(0, slots_t), in_prompt,
                           self.scales.index_select(0, slots_t))
-        logits.index_copy_(0, rows_t, x)
+        if not whole:
+            logits.index_copy_(0, rows_t, x)
+        elif x is not logits:  # (a repetition penalty's result is a new tensor)
+            logits.copy_(x)
         return Adjusted(self, pen_rows_t, pen_slots_t, counted)
 
     def add(self, slots: torch.Tensor, ids: torch.Tensor) -> None:

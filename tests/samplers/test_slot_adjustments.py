@@ -84,10 +84,12 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
                     sample.pending = None
                 sample.output.append(rng.randrange(VOCAB))
             continue
-        num_rows = len(order) + 2  # (two rows of other samples, left as they are)
+        # two rows of other samples, left as they are; or the adjusted rows alone, in order
+        whole = rng.random() < 0.3
+        num_rows = len(order) + (0 if whole else 2)
         logits = (torch.randn(num_rows, VOCAB, generator=gen) * 3).to(device)
         logits[:, EOS_ID] = 9.0  # (where min_tokens masks it, the value changes)
-        where = rng.sample(range(num_rows), len(order))
+        where = list(range(num_rows)) if whole else rng.sample(range(num_rows), len(order))
         fed_values, rows, expected = [], [], logits.clone()
         for slot, row in zip(order, where, strict=True):
             sample = slots[slot]
