@@ -201,8 +201,13 @@ class OverlappedSteps:
         forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits, started)
         if not all(samples_ahead(seq) for seq in seqs):  # (sampled once the flight commits)
             return Pending(forwarded, plan.step, began, written)
-        nxt = self._sample_ahead(forwarded, plan.step, self._next_sampling(flight, seqs), began,
-                                 ahead=True, fed=fed)
+        try:
+            nxt = self._sample_ahead(forwarded, plan.step, self._next_sampling(flight, seqs),
+                                     began, ahead=True, fed=fed)
+        except BaseException:  # (the step is dropped: its rows go back, as above)
+            for seq in seqs:
+                self.runner.truncate(seq.slot, seq.num_tokens)
+            raise
         return replace(nxt, pairs_written=True) if written else nxt
 
     def _writes_pairs(self, flight: InFlight, seqs: list[Sequence]) -> bool:
@@ -395,29 +400,34 @@ class OverlappedSteps:
         values = ((logits if raw is None else raw).index_select(0, lp_index)  # (before any
                   if lp_index is not None and mode.startswith("raw") else None)  # adjustment)
         adjusted = self._adjust_on_device(logits, seqs, fed)
-        failed = non_finite_rows(logits, [[] for _ in items])  # (CPU only)
-        # (a decode graph's own argmax, where it computed one: of the logits before adjusting)
-        argmax = forwarded.output.argmax if adjusted is None else None
-        if sampling is None and argmax is not None:  # (the rows of logits: the first)
-            tokens = argmax[:len(items)]
-        elif sampling is None:
-            tokens = argmax_tokens(logits)
-        else:  # (no drafts: metadata made on the device, nothing copied from the host)
-            nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
-            tokens = self.sampler.verify(logits, SpecDecodeMetadata.uniform(nothing), sampling,
-                                         None).view(-1)
-        if adjusted is not None:  # (the next step's penalties count these tokens)
-            adjusted.count(tokens)
-        logprobs = None
-        if lp_index is not None:  # (their entries' facts, copied behind the tokens)
-            if values is None:  # (processed: what the token is drawn from)
-                values = process_logits(logits.index_select(0, lp_index),
-                                        self._sampling_tensors([seqs[j] for j in lp_rows]),
-                                        [1] * len(lp_rows))
-            k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
-            logprobs = FlightLogprobs.of(lp_rows, to_values(values, mode),
-                                         tokens.index_select(0, lp_index), k)
-        host, copied = self._token_copies.start(tokens)
+        try:
+            failed = non_finite_rows(logits, [[] for _ in items])  # (CPU only)
+            # (a decode graph's own argmax, where it computed one: of the logits unadjusted)
+            argmax = forwarded.output.argmax if adjusted is None else None
+            if sampling is None and argmax is not None:  # (the rows of logits: the first)
+                tokens = argmax[:len(items)]
+            elif sampling is None:
+                tokens = argmax_tokens(logits)
+            else:  # (no drafts: metadata made on the device, nothing copied from the host)
+                nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
+                tokens = self.sampler.verify(logits, SpecDecodeMetadata.uniform(nothing),
+                                             sampling, None).view(-1)
+            if adjusted is not None:  # (the next step's penalties count these tokens)
+                adjusted.count(tokens)
+            logprobs = None
+            if lp_index is not None:  # (their entries' facts, copied behind the tokens)
+                if values is None:  # (processed: what the token is drawn from)
+                    values = process_logits(logits.index_select(0, lp_index),
+                                            self._sampling_tensors([seqs[j] for j in lp_rows]),
+                                            [1] * len(lp_rows))
+                k = min(max(seqs[j].params.logprobs for j in lp_rows), logits.shape[1])
+                logprobs = FlightLogprobs.of(lp_rows, to_values(values, mode),
+                                             tokens.index_select(0, lp_index), k)
+            host, copied = self._token_copies.start(tokens)
+        except BaseException:  # (a step dropped after counting its tokens: counted again)
+            if adjusted is not None:
+                adjusted.forget()
+            raise
         # (the next flight's sampling: one token on, keyed positions moved on on the device)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
                         sampling=None if sampling is None else sampling.advanced(1),

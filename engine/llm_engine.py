@@ -227,6 +227,7 @@ class LLMEngine(OverlappedSteps):
             self.controller.release(seq)
         if seq.slot is not None:
             self.runner.free_slot(seq.slot, self._leaving(seq))
+            self.slot_adjustments.release(seq.slot)
             seq.slot = None
         if self.proposer is not None:
             self.proposer.remove(seq.seq_id)

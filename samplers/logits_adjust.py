@@ -109,34 +109,46 @@ class LogitsAdjuster:
         per-slot state on the device, :mod:`samplers.slot_adjustments`), each present only
         where the sample has it: ``banned [vocab_size]`` bool (outside ``allowed_token_ids``,
         a one-token bad word), ``min_tokens [vocab_size]`` bool (what ``min_tokens`` masks),
-        ``bias [vocab_size]`` float32 (0 where none), ``in_prompt [vocab_size]`` bool
-        (repetition penalty), and ``scales [3]`` float32 (repetition, frequency, presence)."""
+        ``bias [vocab_size]`` float32 (-0.0 where none: ``x + -0.0`` is ``x`` for every
+        ``x``, a negative zero included), ``in_prompt [vocab_size]`` bool (repetition
+        penalty), and ``scales [3]`` float32 (repetition, frequency, presence). Made on the
+        host and copied through pinned memory: a copy from pageable memory would wait for
+        the work queued on the device."""
         key = (vocab_size, device)
         if key not in self._dense:
-            p, t = self.params, self._tensors(vocab_size, device)
+            p = self.params
             rows: dict[str, torch.Tensor] = {}
             one_token = [seq[0] for seq in self.bad_word_seqs
                          if len(seq) == 1 and seq[0] < vocab_size]
-            if "disallowed" in t or one_token:
-                banned = (t["disallowed"].clone() if "disallowed" in t
-                          else torch.zeros(vocab_size, dtype=torch.bool, device=device))
-                if one_token:
-                    banned[torch.tensor(one_token, dtype=torch.long, device=device)] = True
+            if p.allowed_token_ids is not None or one_token:
+                banned = torch.zeros(vocab_size, dtype=torch.bool)
+                if p.allowed_token_ids is not None:
+                    banned.fill_(True)
+                    banned[[i for i in p.allowed_token_ids if i < vocab_size]] = False
+                banned[one_token] = True
                 rows["banned"] = banned
-            if "min_tokens_ids" in t:
-                masked = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-                masked[t["min_tokens_ids"]] = True
+            if self.min_tokens_ids:
+                masked = torch.zeros(vocab_size, dtype=torch.bool)
+                masked[[i for i in self.min_tokens_ids if i < vocab_size]] = True
                 rows["min_tokens"] = masked
-            if "bias_ids" in t:
-                bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-                bias[t["bias_ids"]] = t["bias_values"]  # (ids unique: a dict's keys)
+            if p.logit_bias:
+                items = [(i, b) for i, b in p.logit_bias.items() if i < vocab_size]
+                bias = torch.full((vocab_size,), -0.0, dtype=torch.float32)
+                bias[[i for i, _ in items]] = torch.tensor([b for _, b in items],
+                                                           dtype=torch.float32)
                 rows["bias"] = bias
-            if "in_prompt" in t:
-                rows["in_prompt"] = t["in_prompt"]
+            if p.repetition_penalty != 1.0:
+                in_prompt = torch.zeros(vocab_size, dtype=torch.bool)
+                in_prompt[[t for t in self.prompt_token_ids if t < vocab_size]] = True
+                rows["in_prompt"] = in_prompt
             rows["scales"] = torch.tensor(
                 [p.repetition_penalty, p.frequency_penalty, p.presence_penalty],
-                dtype=torch.float32, device=device)
-            self._dense[key] = rows
+                dtype=torch.float32)
+            device = torch.device(device)
+            pinned = device.type == "cuda"
+            self._dense[key] = {name: (t.pin_memory() if pinned else t).to(device,
+                                                                           non_blocking=True)
+                                for name, t in rows.items()}
         return self._dense[key]
 
     def apply(self, logits: torch.Tensor, output_token_ids: Sequence[int],

@@ -33,9 +33,10 @@ import torch
 
 from samplers.logits_adjust import LogitsAdjuster, penalized
 
-# the per-slot rows and their dtypes (scales aside)
-_ROWS = {"banned": torch.bool, "min_tokens": torch.bool, "bias": torch.float32,
-         "in_prompt": torch.bool}
+# the per-slot rows, their dtypes and their value where a sequence has none (scales aside):
+# a bias of -0.0 changes no bit of any logit, a negative zero's included
+_ROWS = {"banned": (torch.bool, False), "min_tokens": (torch.bool, False),
+         "bias": (torch.float32, -0.0), "in_prompt": (torch.bool, False)}
 
 
 @dataclass
@@ -70,6 +71,12 @@ class Adjusted:
             ids = tokens.index_select(0, self._rows).clamp_(0, state.vocab_size - 1)
             state.add(self._slots, ids)
         state.counted.update(self._counted)
+
+    def forget(self) -> None:
+        """The step was dropped after :meth:`count`: its slots' counts are made again when
+        next used."""
+        for slot in self._counted:
+            self._state.counted.pop(slot, None)
 
 
 class SlotAdjustments:
@@ -132,7 +139,7 @@ class SlotAdjustments:
             x.masked_fill_(self.rows["min_tokens"].index_select(0, slots_t)
                            & active_t[:, None].bool(), neg_inf)
         if "bias" in used:
-            x += self.rows["bias"].index_select(0, slots_t)  # (0 elsewhere: no bit changes)
+            x += self.rows["bias"].index_select(0, slots_t)  # (-0.0 elsewhere: no bit changes)
         if counted:
             in_prompt = (self.rows["in_prompt"].index_select(0, slots_t)
                          if "in_prompt" in used else None)
@@ -143,6 +150,13 @@ class SlotAdjustments:
         elif x is not logits:  # (a repetition penalty's result is a new tensor)
             logits.copy_(x)
         return Adjusted(self, pen_rows_t, pen_slots_t, counted)
+
+    def release(self, slot: int) -> None:
+        """``slot``'s sequence left it: its rows are written again by the next to use it (and
+        the sequence is not kept alive here)."""
+        self.owner.pop(slot, None)
+        self.has.pop(slot, None)
+        self.counted.pop(slot, None)
 
     def add(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
         """Count token ``ids[i]`` once more in slot ``slots[i]`` (both ``[n]`` on the device):
@@ -160,23 +174,24 @@ class SlotAdjustments:
         capacity = max(8, self.capacity)
         while capacity < num_slots:
             capacity *= 2
-        self.rows = {name: _grown(t, capacity) for name, t in self.rows.items()}
-        self.counts, self.scales = _grown(self.counts, capacity), _grown(self.scales, capacity)
+        self.rows = {name: _grown(t, capacity, _ROWS[name][1]) for name, t in self.rows.items()}
+        self.counts = _grown(self.counts, capacity, 0.0)
+        self.scales = _grown(self.scales, capacity, 0.0)
         self.capacity = capacity
 
     def _take(self, slot: int, owner: object, adjuster: LogitsAdjuster) -> None:
         """Write ``slot``'s rows for ``owner``'s ``adjuster`` (device to device), zeroing
         those of the rows it does not use."""
         dense = adjuster.dense_rows(self.vocab_size, self.device)
-        for name, dtype in _ROWS.items():
+        for name, (dtype, none) in _ROWS.items():
             if name in dense and name not in self.rows:
-                self.rows[name] = torch.zeros(self.capacity, self.vocab_size, dtype=dtype,
-                                              device=self.device)
+                self.rows[name] = torch.full((self.capacity, self.vocab_size), none,
+                                             dtype=dtype, device=self.device)
             if name in self.rows:
                 if name in dense:
                     self.rows[name][slot].copy_(dense[name])
                 else:
-                    self.rows[name][slot].zero_()
+                    self.rows[name][slot].fill_(none)
         self.scales[slot].copy_(dense["scales"])
         self.owner[slot] = owner
         self.has[slot] = frozenset(name for name in _ROWS if name in dense)
@@ -205,8 +220,8 @@ class SlotAdjustments:
             self.add(fed_slots, fed.index_select(0, fed_at).clamp_(0, vocab_size - 1))
 
 
-def _grown(t: torch.Tensor, capacity: int) -> torch.Tensor:
-    """``t [rows, ...]`` in a zeroed tensor of ``capacity`` rows."""
-    grown = torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=t.device)
+def _grown(t: torch.Tensor, capacity: int, fill: float | bool) -> torch.Tensor:
+    """``t [rows, ...]`` in a tensor of ``capacity`` rows, the new ones ``fill``."""
+    grown = torch.full((capacity, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
     grown[:t.shape[0]].copy_(t)
     return grown

@@ -14,6 +14,7 @@ from conftest import tiny_model
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.overlap import InFlight, Pending
+from samplers.slot_adjustments import Adjusted
 from tests.engine.llm_helpers import staggered_outputs
 from tests.engine.structured_helpers import EOS_ID, char_tokenizer
 from tests.engine.test_llm_structured import CASES, PROMPTS, SCHEMA, valid_json
@@ -221,8 +222,51 @@ def test_adjusted_samples_are_sampled_ahead_from_slot_state(target, monkeypatch,
     assert outputs(llm, DEVICE_ADJUSTED, arrivals, prompts) == expected
     assert launches.count == 0 and launches.ahead > 40
     state = llm.llm_engine.slot_adjustments
-    assert state.capacity == 8 and set(state.rows) == {"banned", "min_tokens", "in_prompt",
-                                                       "bias"}
+    assert set(state.rows) == {"banned", "min_tokens", "in_prompt", "bias"}
+    assert not state.owner and not state.counted  # (every sequence released its slot)
+    assert_engine_empty(llm)
+
+
+@pytest.mark.parametrize("where", ["apply", "count", "copies"])
+def test_a_step_sampled_ahead_that_raised_leaves_nothing_behind(target, monkeypatch, where):
+    """A step launched ahead raised once while it was sampled (adjusting its logits, after
+    counting its tokens on the device, or queueing their copy): its rows go back to the
+    cache, and its slots' counts are marked for making again once counted, so the calls
+    after it give the synchronous engine's output."""
+    params = DEVICE_ADJUSTED[:4]
+    expected = outputs(make_llm(target, False), params)
+    llm = make_llm(target, True)
+    engine = llm.llm_engine
+    state, raised, calls = engine.slot_adjustments, [], []
+    targets = {"apply": (state, "apply"), "count": (Adjusted, "count"),
+               "copies": (engine._token_copies, "start")}
+    owner, name = targets[where]
+    original = getattr(owner, name)
+
+    def once(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 3 and engine._in_flight is not None:  # (from _launch_next)
+            raised.append(1)
+            raise RuntimeError("sampling failed")
+        return out
+
+    monkeypatch.setattr(owner, name, once)
+    tokenizer = char_tokenizer()
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(f"r{i}", None, tokenizer.encode(prompt, add_special_tokens=False), p)
+    while engine.has_work():
+        try:
+            engine.step()
+        except RuntimeError:  # (counted, then dropped: nothing says the counts are current)
+            penalized = {s.slot for s in engine._in_flight.sequences if s.params.needs_penalties}
+            assert penalized and not (where != "apply" and penalized & set(state.counted))
+    assert raised
+    from engine.llm import build_output
+    got = [[(c.token_ids, c.text, c.finish_reason, c.stop_reason)
+            for c in build_output(engine.pop_request(f"r{i}")).outputs]
+           for i in range(len(params))]
+    assert got == expected
     assert_engine_empty(llm)
 
 

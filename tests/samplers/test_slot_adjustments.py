@@ -1,8 +1,9 @@
 """Adjustments from per-slot state on the device (``samplers.slot_adjustments``) against each
 sample's own ``LogitsAdjuster.apply`` on the host, bit for bit, through a run of steps: tokens
 counted on the device and carried in flight, steps the host made in between (the counts then
-made again), steps that raised before their tokens were counted, slots changing hands between
-samples that use different adjustments, and min_tokens' last masked position."""
+made again), steps that raised before their tokens were counted or after (forgotten, then a
+host step's tokens in their place), slots changing hands between samples that use different
+adjustments, min_tokens' last masked position, and negative zeros beside a bias."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
         num_rows = len(order) + (0 if whole else 2)
         logits = (torch.randn(num_rows, VOCAB, generator=gen) * 3).to(device)
         logits[:, EOS_ID] = 9.0  # (where min_tokens masks it, the value changes)
+        logits[:, 6] = -0.0  # (a bias elsewhere keeps its sign: torch.equal would not tell)
         where = list(range(num_rows)) if whole else rng.sample(range(num_rows), len(order))
         fed_values, rows, expected = [], [], logits.clone()
         for slot, row in zip(order, where, strict=True):
@@ -105,9 +107,22 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
         fed = torch.tensor(fed_values + [0], dtype=torch.long, device=device)
         if rng.random() < 0.15:  # (a step that raised after adjusting: its tokens never
             state.apply(logits.clone(), rows, fed)  # counted, those in flight stay so)
+        elif rng.random() < 0.15:  # (one that raised after counting: forgotten, then a step
+            # the host made commits other tokens in its place)
+            dropped = state.apply(logits.clone(), rows, fed)
+            dropped.count(torch.tensor([rng.randrange(VOCAB) for _ in range(num_rows)],
+                                       device=device))
+            dropped.forget()
+            for sample in slots.values():
+                if sample.pending is not None:
+                    sample.output.append(sample.pending)
+                    sample.pending = None
+                sample.output.append(rng.randrange(VOCAB))
+            continue
         got = logits.clone()
         adjusted = state.apply(got, rows, fed)
         assert torch.equal(got, expected), f"step {step}"
+        assert torch.equal(got.signbit(), expected.signbit()), f"step {step}"
         # the step's tokens: counted on the device; in flight or committed on the host
         tokens = [rng.randrange(VOCAB) for _ in range(num_rows)]
         adjusted.count(torch.tensor(tokens, dtype=torch.long, device=device))
