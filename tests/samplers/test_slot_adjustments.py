@@ -49,6 +49,15 @@ class Sample:
         self.pending: int | None = None
 
 
+def host_step(slots: dict[int, Sample], rng: random.Random) -> None:
+    """A step the host made: each sample's token in flight committed, and one more token."""
+    for sample in slots.values():
+        if sample.pending is not None:
+            sample.output.append(sample.pending)
+            sample.pending = None
+        sample.output.append(rng.randrange(VOCAB))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_slot_state_equals_each_samples_adjuster(device, seed):
@@ -79,11 +88,7 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
         order = sorted(slots, key=lambda _: rng.random())
         # a step the host made: every token in flight committed, nothing counted on the device
         if rng.random() < 0.15:
-            for sample in slots.values():
-                if sample.pending is not None:
-                    sample.output.append(sample.pending)
-                    sample.pending = None
-                sample.output.append(rng.randrange(VOCAB))
+            host_step(slots, rng)
             continue
         # two rows of other samples, left as they are; or the adjusted rows alone, in order
         whole = rng.random() < 0.3
@@ -113,11 +118,7 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
             dropped.count(torch.tensor([rng.randrange(VOCAB) for _ in range(num_rows)],
                                        device=device))
             dropped.forget()
-            for sample in slots.values():
-                if sample.pending is not None:
-                    sample.output.append(sample.pending)
-                    sample.pending = None
-                sample.output.append(rng.randrange(VOCAB))
+            host_step(slots, rng)
             continue
         got = logits.clone()
         adjusted = state.apply(got, rows, fed)
