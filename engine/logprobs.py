@@ -92,8 +92,8 @@ def entries_of(chosen: list[float], ranks: list[int], top_values: list[list[floa
 
 
 # tokenizer -> token id -> its text alone: a step's entries decode every listed token, and a
-# tokenizer's decode of one id costs microseconds of Python (192 a step at batch 32 with
-# logprobs=5: most of such a step's host time); the text of one id never changes
+# tokenizer's decode of one id costs microseconds of Python (192 decodes a step at batch 32
+# with logprobs=5); the text of one id never changes
 _TEXTS: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
