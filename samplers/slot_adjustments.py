@@ -180,8 +180,8 @@ class SlotAdjustments:
         self.capacity = capacity
 
     def _take(self, slot: int, owner: object, adjuster: LogitsAdjuster) -> None:
-        """Write ``slot``'s rows for ``owner``'s ``adjuster`` (device to device), zeroing
-        those of the rows it does not use."""
+        """Write ``slot``'s rows for ``owner``'s ``adjuster`` (device to device); the rows it
+        does not use get their value for none (``_ROWS``)."""
         dense = adjuster.dense_rows(self.vocab_size, self.device)
         for name, (dtype, none) in _ROWS.items():
             if name in dense and name not in self.rows:
