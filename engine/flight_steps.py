@@ -117,6 +117,8 @@ class OverlappedSteps:
         else:
             if sampler is self.greedy_sampler and self._greedy_chains is not None:
                 tokens = self._greedy_chains.verify(forwarded.logits, drafted, sampling)
+            elif sampler is self.sampler:
+                tokens = self._sample_chains(forwarded.logits, drafted, sampling)
             else:
                 tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
             accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
@@ -410,8 +412,7 @@ class OverlappedSteps:
                 tokens = argmax_tokens(logits)
             else:  # (no drafts: metadata made on the device, nothing copied from the host)
                 nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
-                tokens = self.sampler.verify(logits, SpecDecodeMetadata.uniform(nothing),
-                                             sampling, None).view(-1)
+                tokens = self._sample_chains(logits, nothing, sampling).view(-1)
             if adjusted is not None:  # (the next step's penalties count these tokens)
                 adjusted.count(tokens)
             logprobs = None
@@ -432,6 +433,16 @@ class OverlappedSteps:
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
                         sampling=None if sampling is None else sampling.advanced(1),
                         logprobs=logprobs)
+
+    def _sample_chains(self, logits: torch.Tensor, drafts: torch.Tensor,
+                       sampling: SamplingTensors) -> torch.Tensor:
+        """int64 ``[batch, k + 1]``: ``self.sampler``'s verification of uniform chains
+        (``logits [batch * (k + 1), vocab_size]``, ``drafts [batch, k]``, one-hot; ``k = 0``: a
+        plain step's sampling), replayed from a CUDA graph where the engine keeps them
+        (:mod:`samplers.sampled_chains`)."""
+        if self._sampled_chains is not None:
+            return self._sampled_chains.verify(logits, drafts, sampling)
+        return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling, None)
 
     def _adjust_on_device(self, logits: torch.Tensor, seqs: list[Sequence],
                           fed: FedTokens | None) -> Adjusted | None:

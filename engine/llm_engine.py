@@ -68,6 +68,7 @@ from samplers.greedy import GreedyChains
 from samplers.keyed_graphs import KeyedGraphs
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
+from samplers.sampled_chains import SampledChains
 from samplers.slot_adjustments import SlotAdjustments
 from samplers.structured import Grammars, GrammarState
 from scheduler import DraftPlan, Scheduler, StepOutcome, make_controller, within_spare
@@ -143,6 +144,13 @@ class LLMEngine(OverlappedSteps):
             GreedyChains(self.greedy_sampler, KeyedGraphs(self.device))
             if self.overlap and self.greedy_sampler is not None and self.device.type == "cuda"
             and self.runner.graphs is not None else None)
+        # a flight's sampling where requests sample (filters, random draws, the verification
+        # kernels: up to about 40 launches) as one launch of a CUDA graph a layout
+        self._sampled_chains = (
+            SampledChains(self.sampler, KeyedGraphs(self.device, generators=[
+                g for g in (self.generator,) if g is not None]), self.generator)
+            if self.overlap and self.device.type == "cuda" and self.runner.graphs is not None
+            else None)
 
     # ------------------------------------------------------------------ requests
     def check_params(self, params: SamplingParams) -> None:

@@ -46,8 +46,12 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
 class KeyedGraphs:
     """Replays ``body(*inputs)`` from CUDA graphs by layout; see the module docstring."""
 
-    def __init__(self, device: torch.device, capture: bool = True) -> None:
+    def __init__(self, device: torch.device, capture: bool = True,
+                 generators: Sequence[torch.Generator] = ()) -> None:
         self.device, self.capture = device, capture
+        # (generators the bodies draw from, registered with each graph: a replay then moves
+        # their offsets on as an eager draw does; torch's default generator registers itself)
+        self.generators = list(generators)
         self._graphs: dict[Hashable, _Captured] = {}
         self._met: Counter[Hashable] = Counter()
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -110,6 +114,8 @@ class KeyedGraphs:
             body(*static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:
+            graph.register_generator_state(generator)
         with gc_paused(), torch.cuda.graph(graph, pool=self._pool):
             out = body(*static)
         return _Captured(graph, static, out)

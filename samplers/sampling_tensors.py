@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -41,6 +41,9 @@ class SamplingTensors:
     # and its drafts are verified by matching them.
     keys: torch.Tensor | None = None
     keyed: list[bool] | None = None  # [batch_size] host copy of keys[:, 0]
+    # ([batch_size, 4] temperature, inv_temperature, top_p, min_p; [batch_size, 2] top_k,
+    # is_greedy: views of the copies ``from_params`` made, or None: :meth:`packed` stacks them)
+    _packed: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def any_keyed(self) -> bool:
@@ -53,6 +56,17 @@ class SamplingTensors:
     @property
     def all_greedy(self) -> bool:
         return all(self.greedy)
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parameters in two tensors, ``[batch_size, 4]`` float32 (temperature,
+        inv_temperature, top_p, min_p) and ``[batch_size, 2]`` int32 (top_k, is_greedy): what a
+        CUDA graph copies in two launches (:mod:`samplers.sampled_chains`). Views of
+        :meth:`from_params`' own copies where it made them (no launch)."""
+        if self._packed is None:
+            self._packed = (
+                torch.stack([self.temperature, self.inv_temperature, self.top_p, self.min_p], 1),
+                torch.stack([self.top_k, self.is_greedy], 1))
+        return self._packed
 
     def advanced(self, tokens: torch.Tensor) -> SamplingTensors:
         """The same requests' tensors for their next step, each having made ``tokens [batch]``
@@ -76,7 +90,7 @@ class SamplingTensors:
             top_k=self.top_k[index], top_p=self.top_p[index], min_p=self.min_p[index],
             is_greedy=self.is_greedy[index], generators=[self.generators[i] for i in rows],
             greedy=[self.greedy[i] for i in rows],
-            keys=None if keyed is None else self.keys[index], keyed=keyed)
+            keys=None if keyed is None else self.keys[index], keyed=keyed, _packed=None)
 
     @property
     def needs_filters(self) -> bool:
@@ -144,4 +158,5 @@ class SamplingTensors:
             default_generator=default_generator,
             keys=keys,
             keyed=keyed,
+            _packed=(floats[:, :size].t(), ints[:, :size].t()),
         )

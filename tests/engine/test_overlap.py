@@ -251,6 +251,35 @@ def test_an_engine_overlaps_on_cuda_by_default(target):
     assert not make_llm(target, None, "cpu").llm_engine.overlap
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="sampling is replayed from CUDA graphs on CUDA only")
+def test_sampled_flights_replay_their_sampling_and_keep_seeded_output(target, monkeypatch):
+    """Seeded sampled requests with top-k, top-p and min-p (greedy ones beside them), arriving
+    and finishing at different steps: their flights' sampling replays CUDA graphs
+    (``samplers.sampled_chains``), and the output is that of the same engine sampling through
+    the sampler's own calls, token for token (keyed samples: the same numbers whatever the
+    batch or the path)."""
+    batch = prompts(8, seed=11)
+    params = [SamplingParams(temperature=0.8, top_p=0.8, seed=5, max_tokens=26, ignore_eos=True),
+              SamplingParams(temperature=1.1, top_k=7, seed=6, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=22, ignore_eos=True),
+              SamplingParams(temperature=0.7, min_p=0.1, top_k=20, seed=7, max_tokens=18,
+                             stop_token_ids=[9]),
+              SamplingParams(temperature=0.9, top_p=0.9, min_p=0.05, seed=8, max_tokens=30,
+                             ignore_eos=True, n=2)] * 2
+    arrivals = [0, 0, 0, 0, 0, 4, 7, 7, 12, 15]
+    batch = batch + batch[:2]
+    eager = make_llm(target, True, "cuda", max_num_seqs=8)
+    eager.llm_engine._sampled_chains = None  # (the sampler's own call, the same forwards)
+    expected = outputs(eager, batch, params, arrivals)
+    llm = make_llm(target, True, "cuda", max_num_seqs=8)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, params, arrivals) == expected
+    assert launches.count > 20
+    assert llm.llm_engine._sampled_chains.graphs.num_replays > 20
+    assert_engine_empty(llm)
+
+
 def test_async_scheduling_is_checked():
     with pytest.raises(ValueError, match="async_scheduling"):
         EngineConfig(model="x", async_scheduling="yes")
