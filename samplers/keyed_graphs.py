@@ -3,8 +3,10 @@
 Some of a step's work is many small launches whose host time, on a GPU, is most of a small
 target's step: the draft head's proposal (:mod:`proposers.draft_head`: writing the verified
 pairs' keys and values, then per draft a query over the head's cache, the layer, the target's
-output head and an argmax) and a drafting flight's greedy verification (the three verification
-kernels and their workspaces: ``engine.flight_steps``). Each is captured once per layout and
+output head and an argmax), a drafting flight's greedy verification (the three verification
+kernels and their workspaces: ``engine.flight_steps``) and a sampling flight's filters, random
+draws and verification (:mod:`samplers.sampled_chains`; the generators it draws from are
+registered with each graph). Each is captured once per layout and
 replayed as one launch. The caller pads its inputs to the layout (``key``) and hands them in a
 fixed order; a layout runs eager the first time it is met (a shape's first run initialises
 cuBLAS and the caching allocator, and compiles Triton kernels) and is captured the second time.

@@ -5,9 +5,10 @@ Why: a sampled step's sampling is the filters (top-k: ``topk`` and a threshold; 
 softmax, a sort, a cumulative sum and a scatter; min-p), the random draws and the three
 verification kernels: 6 launches at temperature alone, about 40 with top-p or top-k, each
 launched from Python after the forward. On an H200 at batch 1 (the default model's shape) a
-top-p step took 1.20-1.44 ms where a greedy one took 0.98, for 0.09 ms more GPU time: the host's
+top-p step took 1.21-1.29 ms where a greedy one took 0.98, for 0.09 ms more GPU time: the host's
 launches were on the critical path (docs/performance.md, "Sampling in a CUDA graph"). Replayed,
-they are one launch and four copies (logits, drafts, the packed parameters, the keys).
+they are one launch, the copies of its inputs (logits, drafts, two of parameters, the keys of
+seeded requests) and one of its output.
 
 A layout is ``(padded batch, k, top-k size, top-p on, min-p on, keyed)``: the batch padded
 to the next power of two (:func:`~samplers.greedy.chain_batch`), the top-k size to one too (the
