@@ -22,7 +22,8 @@ its offset on, as an eager draw does). Seeded requests' samples are keyed by see
 
 Not graphed (the sampler's own call, the same distribution): a batch mixing seeded and
 unseeded sampled requests (its keyed rows are a host list the layout would have to key),
-requests with generators of their own, a sampler that verifies by argmax alone. The engine keeps
+requests with generators of their own, a sampler that verifies by argmax alone, a batch of
+greedy requests alone (it draws no random numbers eagerly; replayed, it would). The engine keeps
 one where a flight's forward replays CUDA graphs (CUDA, graphs on); ``KeyedGraphs(capture=False)``
 runs the padded layout eagerly, which the tests check on CPU.
 """
@@ -59,7 +60,7 @@ class SampledChains:
         """Whether ``sampling``'s requests sample through a graph (else :meth:`verify` calls
         the sampler)."""
         keyed = sampling.keyed
-        return (not self.sampler.all_greedy
+        return (not self.sampler.all_greedy and not sampling.all_greedy
                 and (keyed is None or all(k or g for k, g in zip(keyed, sampling.greedy,
                                                                   strict=True)))
                 and all(g is None for g in sampling.generators))
@@ -69,10 +70,13 @@ class SampledChains:
         """int64 ``[batch, k + 1]`` (a fresh tensor): ``sampler.verify`` of ``logits [batch *
         (k + 1), vocab_size]`` (float32) and ``drafts [batch, k]`` (one-hot drafts: no draft
         probabilities), ``sampling`` the requests' tensors."""
+        batch, k = drafts.shape
+        if sampling.batch_size != batch or logits.shape[0] != batch * (k + 1):
+            raise ValueError(f"{sampling.batch_size} requests' sampling tensors and logits of "
+                             f"{logits.shape[0]} rows for {batch} chains of {k} drafts")
         if not self.graphed(sampling):
             return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling,
                                        None)
-        batch, k = drafts.shape
         padded, vocab_size = chain_batch(batch), logits.shape[1]
         top_k = _layout_top_k(sampling.max_top_k, vocab_size)
         keyed = KEYED_ALL if sampling.any_keyed else KEYED_NONE  # (every sampled row keyed)

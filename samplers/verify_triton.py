@@ -237,10 +237,14 @@ def _combine_row(max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, row, num_chunks,
 
 
 @triton.jit
-def _combine_keyed(val_ptr, idx_ptr, row, num_chunks, NC_PAD: tl.constexpr):
-    """A keyed row's sample from the chunk partials (ties: the lowest id)."""
+def _combine_keyed(val_ptr, idx_ptr, row, num_chunks, keyed, NC_PAD: tl.constexpr):
+    """A keyed row's sample from the chunk partials (ties: the lowest id). A row that is not
+    keyed has no partials written (its answer is not used): it reads none, so that no
+    uninitialised value (a NaN) reaches the reduction (Triton's interpreter raises on an
+    all-NaN argmax)."""
     c = tl.arange(0, NC_PAD)
-    v = tl.load(val_ptr + row * num_chunks + c, mask=c < num_chunks, other=float("-inf"))
+    read = (c < num_chunks) & ((c * 0 + keyed.to(tl.int32)) > 0)  # [NC_PAD]
+    v = tl.load(val_ptr + row * num_chunks + c, mask=read, other=float("-inf"))
     _, at = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
     return tl.load(idx_ptr + row * num_chunks + at)
 
@@ -313,7 +317,7 @@ def _decide_kernel(
         ok = tl.where(greedy, x == amax, ok)
         if KEYED:
             sample = _combine_keyed(keyed_val_ptr, keyed_idx_ptr, first_row + j, num_chunks,
-                                    NC_PAD)
+                                    keyed, NC_PAD)
             ok = tl.where(keyed, x == sample, ok)
             amax = tl.where(keyed, sample, amax)  # (the token emitted if this draft fails)
         first_reject = (stop == k) & ((ok == 0) | (x_ok == 0))
@@ -324,7 +328,8 @@ def _decide_kernel(
         max_ptr, sum_ptr, ent_ptr, arg_ptr, bad_ptr, first_row + k, num_chunks, NC_PAD, TYPICAL)
     bad = bad | row_bad
     if KEYED:
-        sample = _combine_keyed(keyed_val_ptr, keyed_idx_ptr, first_row + k, num_chunks, NC_PAD)
+        sample = _combine_keyed(keyed_val_ptr, keyed_idx_ptr, first_row + k, num_chunks, keyed,
+                                NC_PAD)
         amax = tl.where(keyed, sample, amax)
     stop_arg = tl.where(stop == k, amax, stop_arg)
     if TYPICAL:

@@ -129,6 +129,8 @@ def test_batches_the_graphs_do_not_serve_go_to_the_sampler():
     assert not chains.graphed(own)
     greedy = SampledChains(GreedySampler(), KeyedGraphs(DEVICE, capture=False), None)
     assert not greedy.graphed(_tensors(PARAMS[:2], [0, 0]))
+    # (greedy requests alone draw nothing eagerly: replayed, they would use up numbers)
+    assert not chains.graphed(_tensors([PARAMS[2]] * 3, [0] * 3))
     logits = torch.randn(2, V, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     nothing = torch.empty((2, 0), dtype=torch.long, device=DEVICE)
     seeded = _tensors([PARAMS[0], PARAMS[0]], [0, 0])
@@ -139,3 +141,13 @@ def test_batches_the_graphs_do_not_serve_go_to_the_sampler():
     assert chains.verify(logits, nothing, seeded).tolist() == chains.sampler.verify(
         logits, SpecDecodeMetadata.uniform(nothing), seeded).tolist()
     assert chains.graphs.num_replays == 0  # (the first run of a layout is eager)
+
+
+def test_sampling_tensors_of_another_batch_are_refused():
+    """Sampling tensors for two requests with the logits of three: a ValueError naming both,
+    not a padded layout that would sample the third as a greedy row."""
+    chains = _chains(False)
+    with pytest.raises(ValueError, match="2 requests.*3 rows for 3 chains"):
+        chains.verify(torch.zeros(3, V, device=DEVICE),
+                      torch.empty((3, 0), dtype=torch.long, device=DEVICE),
+                      _tensors(PARAMS[:2], [0, 0]))
