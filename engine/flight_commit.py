@@ -105,11 +105,15 @@ def commit_plain(seqs: list[Sequence], token_ids: list[int], failed: set[int],
 def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: set[int],
                   eos_token_ids: frozenset[int], max_model_len: int, now: float,
                   ahead: dict[int, int], metrics: MetricsCollector,
-                  on_accepted: Callable[[str, int], None] | None) -> FlightCommit:
+                  on_accepted: Callable[[str, int], None] | None,
+                  on_kept: Callable[[Sequence, int, list[int]], None] | None = None
+                  ) -> FlightCommit:
     """:func:`commit_plain` for a drafting flight: ``rows[j]`` is sequence ``j``'s row of
     ``k + 1`` tokens (its accepted drafts, its recovered or bonus token, then placeholders; a
-    row starting with ``INVALID_TOKEN_ID`` failed). A sequence that goes on without the next
-    flight tells the proposer its accepted context (``on_accepted(seq_id, num_tokens)``)."""
+    row starting with ``INVALID_TOKEN_ID`` failed). A sequence that kept tokens is handed them
+    (``on_kept(seq, j * (k + 1), tokens)``, its chain's first flight row: their logprobs). A
+    sequence that goes on without the next flight tells the proposer its accepted context
+    (``on_accepted(seq_id, num_tokens)``)."""
     done = FlightCommit()
     for j, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
         if seq.status is FINISHED:  # (aborted in flight: nothing)
@@ -122,6 +126,8 @@ def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: s
             kept = 0
         else:
             kept = append_tokens(seq, tokens, eos_token_ids, max_model_len)
+            if on_kept is not None:
+                on_kept(seq, j * (k + 1), tokens[:kept])
             done.num_kept += kept
             done.verified.append((j, accepted))
             account(seq, k, accepted, kept, now)

@@ -118,11 +118,13 @@ class OverlappedSteps:
             if sampler is self.greedy_sampler and self._greedy_chains is not None:
                 tokens = self._greedy_chains.verify(forwarded.logits, drafted, sampling)
             elif sampler is self.sampler:
-                tokens = self._sample_chains(forwarded.logits, drafted, sampling)
+                tokens, forwarded = self._sample_chains(forwarded, drafted, sampling)
             else:
                 tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
             accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
             last, nxt = tokens.gather(1, accepted[:, None]).clamp_min(0), base + accepted + 1
+        logprobs = self._chain_logprobs(forwarded.logits, tokens,
+                                        [item.seq for item in items], width)
         features = self._features(forwarded.output)
         drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
                                            tokens, accepted, base, base_hi, width - 1)
@@ -131,7 +133,28 @@ class OverlappedSteps:
         # (the next flight's sampling: each request made accepted + 1 tokens; keyed rows move)
         advanced = sampling if sampling.keys is None else sampling.advanced(accepted + 1)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        width, chain, features, advanced, ahead)
+                        width, chain, features, advanced, ahead, logprobs=logprobs)
+
+    def _chain_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence],
+                        width: int) -> FlightLogprobs | None:
+        """A drafting flight's logprobs (None when no sequence asks): every row of the chains
+        of ``seqs`` that ask (``logits [batch * width, vocab_size]``, the verified ``tokens
+        [batch, width]``, placeholders past each chain's last token), raw or processed as the
+        synchronous step gives them (``LLMEngine._verify``: the rows processed alone, each by
+        its own request's parameters); the commit reads the rows of the tokens it keeps."""
+        asking = [j for j, seq in enumerate(seqs) if seq.logprobs is not None]
+        if not asking:
+            return None
+        rows = [j * width + i for j in asking for i in range(width)]
+        index = self.runner.to_device(rows)
+        values = logits.index_select(0, index)
+        mode = self.config.logprobs_mode
+        if not mode.startswith("raw"):
+            values = process_logits(values, self._sampling_tensors([seqs[j] for j in asking]),
+                                    [width] * len(asking))
+        k = min(max(seqs[j].params.logprobs for j in asking), logits.shape[1])
+        return FlightLogprobs.of(rows, to_values(values, mode),
+                                 tokens.reshape(-1).index_select(0, index), k)
 
     def _overlapped(self, start: float) -> list[Sequence]:
         """Launch the step after the one in flight from its tokens on the device, when that
@@ -412,7 +435,8 @@ class OverlappedSteps:
                 tokens = argmax_tokens(logits)
             else:  # (no drafts: metadata made on the device, nothing copied from the host)
                 nothing = torch.empty((len(items), 0), dtype=torch.long, device=self.device)
-                tokens = self._sample_chains(logits, nothing, sampling).view(-1)
+                tokens, forwarded = self._sample_chains(forwarded, nothing, sampling)
+                tokens = tokens.view(-1)
             if adjusted is not None:  # (the next step's penalties count these tokens)
                 adjusted.count(tokens)
             logprobs = None
@@ -434,15 +458,23 @@ class OverlappedSteps:
                         sampling=None if sampling is None else sampling.advanced(1),
                         logprobs=logprobs)
 
-    def _sample_chains(self, logits: torch.Tensor, drafts: torch.Tensor,
-                       sampling: SamplingTensors) -> torch.Tensor:
-        """int64 ``[batch, k + 1]``: ``self.sampler``'s verification of uniform chains
-        (``logits [batch * (k + 1), vocab_size]``, ``drafts [batch, k]``, one-hot; ``k = 0``: a
-        plain step's sampling), replayed from a CUDA graph where the engine keeps them
-        (:mod:`samplers.sampled_chains`)."""
-        if self._sampled_chains is not None:
-            return self._sampled_chains.verify(logits, drafts, sampling)
-        return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling, None)
+    def _sample_chains(self, forwarded: Forwarded, drafts: torch.Tensor,
+                       sampling: SamplingTensors) -> tuple[torch.Tensor, Forwarded]:
+        """int64 ``[batch, k + 1]``: ``self.sampler``'s verification of uniform chains (the
+        logits of ``forwarded``, ``[batch * (k + 1), vocab_size]``; ``drafts [batch, k]``,
+        one-hot; ``k = 0``: a plain step's sampling), replayed from a CUDA graph where the
+        engine keeps them (:mod:`samplers.sampled_chains`); and ``forwarded``, marked not
+        steady when its sampling ran a layout's first time or its capture (the controller
+        does not learn a step's cost from it)."""
+        logits = forwarded.logits
+        if self._sampled_chains is None:
+            return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling,
+                                       None), forwarded
+        graphs = self._sampled_chains.graphs
+        tokens = self._sampled_chains.verify(logits, drafts, sampling)
+        if self._sampled_chains.graphed(sampling) and not graphs.last_steady:
+            forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
+        return tokens, forwarded
 
     def _adjust_on_device(self, logits: torch.Tensor, seqs: list[Sequence],
                           fed: FedTokens | None) -> Adjusted | None:
@@ -549,13 +581,14 @@ class OverlappedSteps:
 
     def _kept_in_flight(self, logprobs: FlightLogprobs | None, seq: Sequence, row: int,
                         tokens: list[int]) -> None:
-        """A plain flight's sequence at flight row ``row`` kept ``tokens`` (its one): its
-        grammar accepts them (which may finish it) and it gets their logprobs, as the
-        synchronous commit does (``LLMEngine._commit``)."""
+        """A flight's sequence kept ``tokens`` from flight row ``row`` on (a plain flight's
+        one; a drafting flight's accepted drafts and its recovered or bonus token, up to a
+        stop): its grammar accepts them (which may finish it) and it gets their logprobs, as
+        the synchronous commit does (``LLMEngine._commit``)."""
         if seq.grammar is not None:
             self._advance_grammar(seq, tokens)
         if seq.logprobs is not None and tokens:
-            seq.append_logprobs(logprobs.entries(row, tokens[0], seq.params.logprobs,
+            seq.append_logprobs(logprobs.entries(row, tokens, seq.params.logprobs,
                                                  seq.tokenizer), tokens)
 
     def _commit_chain_flight(self, flight: InFlight, start: float) -> list[Sequence]:
@@ -568,7 +601,8 @@ class OverlappedSteps:
         done = commit_chains(
             [item.seq for item in items], rows, width - 1, flight.failed, self.eos_token_ids,
             self.max_model_len, time.perf_counter(), ahead, self.metrics,
-            self.proposer.on_accepted if self.proposer is not None else None)
+            self.proposer.on_accepted if self.proposer is not None else None,
+            None if flight.logprobs is None else partial(self._kept_in_flight, flight.logprobs))
         self._leave_flight(done)
         verified = []  # (what the controller learns: each verified row's item and drafts kept;
         # its tokens before the step are not read there, the commit settled its cache)

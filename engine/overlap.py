@@ -38,7 +38,8 @@ features, for a head: ``Proposer.draft_after``). The next step is launched from 
 drafts at positions ``base[b] + accepted[b] + 1 ...``, computed on the device, into KV rows the
 runner reserved for the most it can advance. When that step is committed the rows past what
 its successor writes go back, and the proposer learns where each sequence got
-(``Proposer.advance``).
+(``Proposer.advance``). Logprobs are gathered for every row of the chains of the sequences
+that ask, and the commit reads those of the tokens it keeps (:class:`FlightLogprobs`).
 
 Vocabulary: a *flight* is a launched step whose tokens the host has not read yet.
 """
@@ -58,8 +59,9 @@ from samplers import SamplingTensors
 
 def overlappable(seq: Sequence) -> bool:
     """A sequence whose drafts a drafting flight can verify on the device: no grammar mask, no
-    logprobs to gather, no penalties, bias, bad words or min-tokens masks."""
-    return seq.grammar is None and seq.logprobs is None and not seq.adjuster.active
+    penalties, bias, bad words or min-tokens masks (its logprobs are gathered there, every
+    row of its chain: :class:`FlightLogprobs`)."""
+    return seq.grammar is None and not seq.adjuster.active
 
 
 def samples_ahead(seq: Sequence) -> bool:
@@ -96,21 +98,26 @@ class FlightLogprobs:
     def of(cls, rows: list[int], values: torch.Tensor, tokens: torch.Tensor,
            k: int) -> FlightLogprobs:
         """From ``values [len(rows), vocab_size]`` and the sampled ``tokens [len(rows)]`` on the
-        device (a row marked invalid, negative, gets an entry that is never used)."""
+        device (a row marked invalid or a chain's placeholder, negative, gets an entry that is
+        never used)."""
         chosen, ranks, top_values, top_ids = logprob_facts(values, tokens.clamp_min(0), k)
         return cls(rows, torch.cat([chosen[:, None], top_values], dim=1),
                    torch.cat([ranks[:, None], top_ids], dim=1))
 
-    def entries(self, row: int, token: int, top_n: int, tokenizer) -> list[PositionLogprobs]:
-        """Flight row ``row``'s entry (its token ``token``, its ``top_n`` best), as a list of
-        one (waits for the copy the first time)."""
+    def entries(self, first: int, tokens: list[int], top_n: int,
+                tokenizer) -> list[PositionLogprobs]:
+        """The entries of ``tokens`` at flight rows ``first, first + 1, ...`` (their chosen
+        tokens; each with its ``top_n`` best): a plain flight's one token, a drafting flight's
+        kept ones in its chain's rows (waits for the copy the first time)."""
         if self._lists is None:
             if self.copied is not None:
                 self.copied.synchronize()
             self._lists = self._values.tolist(), self._ranks_ids.tolist()
-        values, ranks_ids = self._lists[0][self.rows[row]], self._lists[1][self.rows[row]]
-        return entries_of([values[0]], [ranks_ids[0]], [values[1:1 + top_n]],
-                          [ranks_ids[1:1 + top_n]], [token], tokenizer)
+        at = [self.rows[first + i] for i in range(len(tokens))]
+        values, ranks_ids = [self._lists[0][i] for i in at], [self._lists[1][i] for i in at]
+        return entries_of([v[0] for v in values], [r[0] for r in ranks_ids],
+                          [v[1:1 + top_n] for v in values], [r[1:1 + top_n] for r in ranks_ids],
+                          tokens, tokenizer)
 
 
 class TokenCopies:
@@ -173,7 +180,8 @@ class InFlight:
     # draft head's cache on the device, for this step's sequences (``Proposer.write_after``)
     pairs_written: bool = False
 
-    # a plain flight's logprobs for the rows that asked for them (their facts on the way)
+    # the flight's logprobs for the rows that asked for them (their facts on the way; a
+    # drafting flight's: every row of the chains of the sequences that asked)
     logprobs: FlightLogprobs | None = None
     # the step after it runs from the host: a grammar of its sequences forces tokens there,
     # which the synchronous step drafts (``EngineConfig.structured_forced_tokens``)

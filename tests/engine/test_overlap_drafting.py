@@ -170,6 +170,67 @@ def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, de
     assert_engine_empty(llm)
 
 
+def with_logprobs(llm: LLM, batch, params, arrivals=None) -> list[tuple]:
+    """Each request's tokens, finish and logprob entries (every listed value and rank), and
+    its cumulative logprob."""
+    from tests.engine.llm_helpers import staggered_outputs
+
+    outs = staggered_outputs(llm, batch, params, arrivals or [0] * len(batch))
+    return [(c.token_ids, c.finish_reason, c.logprobs, c.cumulative_logprob)
+            for out in outs for c in out.outputs]
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_drafting_flights_give_the_logprobs_of_synchronous_steps(target, head_dir, monkeypatch,
+                                                                  device, mode):
+    """Requests with logprobs (greedy, and seeded samples with top-k or top-p, beside requests
+    without) verify in drafting flights, their logprob facts gathered on the device for every
+    row of their chains: the tokens and each kept token's entry (its value, rank and the best
+    ones) equal those of the same engine stepping synchronously, whose steps verify the same
+    drafts (the oracle's), through partial acceptance and stops inside a chain."""
+    batch = prompts(6, seed=31)
+    params = [replace(GREEDY[0], logprobs=3), replace(GREEDY[1], logprobs=0), GREEDY[2],
+              replace(GREEDY[3], logprobs=2), GREEDY[4], replace(GREEDY[5], logprobs=4)]
+    greedy = greedy_continuations(target, batch, device, params)
+    arrivals = [0, 0, 0, 2, 5, 5]
+
+    def oracle_engine(overlap: bool) -> tuple[LLM, Oracle]:
+        llm = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+                  async_scheduling=overlap, max_num_seqs=8, logprobs_mode=mode,
+                  speculative_config={"method": "eagle", "model": str(head_dir),
+                                      "num_speculative_tokens": K, "adaptive_k": False})
+        oracle = Oracle(greedy)
+        llm.llm_engine.proposer = oracle
+        return llm, oracle
+
+    expected = with_logprobs(oracle_engine(False)[0], batch, params, arrivals)
+    llm, oracle = oracle_engine(True)
+    chained = Chained(monkeypatch, llm.llm_engine)
+    got = with_logprobs(llm, batch, params, arrivals)
+    # (the two engines batch differently at some steps, and a forward's rows may round in
+    # their last bits with the batch: values agree to float32 rounding, all else exactly)
+    for (tokens, finish, entries, total), (want_tokens, want_finish, want_entries,
+                                          want_total) in zip(got, expected, strict=True):
+        assert (tokens, finish) == (want_tokens, want_finish)
+        assert (entries is None) == (want_entries is None)
+        if entries is None:
+            continue
+        assert len(entries) == len(tokens) == len(want_entries)
+        for entry, want in zip(entries, want_entries, strict=True):
+            assert {t: (e.rank, e.decoded_token) for t, e in entry.items()} == {
+                t: (e.rank, e.decoded_token) for t, e in want.items()}
+            assert all(abs(entry[t].logprob - want[t].logprob) < 1e-4 for t in entry)
+        assert total == pytest.approx(want_total, abs=1e-3)
+    assert chained.count >= 5
+    metrics = llm.llm_engine.metrics
+    assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
+    listed = [entries for _, _, entries, _ in got if entries is not None]
+    assert len(listed) == 4 and all(listed)
+    assert any(len(position) > 2 for entries in listed for position in entries)  # (top-n)
+    assert_engine_empty(llm)
+
+
 def noisy_copy(target, scale: float = 0.5):
     """A draft model: the target with noise on its output head (its argmax agrees often, not
     always: partial acceptance)."""

@@ -128,30 +128,30 @@ def test_device_drafts_are_the_host_rule_on_the_verified_context(target):  # noq
 def test_unmatched_rows_draft_only_in_steps_that_may_verify_ahead(target, monkeypatch):  # noqa: F811
     """The host proposer fills an unmatched row with the newest token only where the step may
     start a drafting flight (every request decodes and overlaps) and another row matched: a
-    step with a logprobs request never may, and its unmatched rows draft nothing (no width
-    wasted on them)."""
+    step with a penalised request never may (its logits need the host's adjustment), and its
+    unmatched rows draft nothing (no width wasted on them)."""
     from dataclasses import replace
 
     batch = repeating(3, seed=2) + [prompts(1, seed=99)[0]]
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4
-    seen = []  # (logprobs run, the requests' uniform flags, rows without drafts, rows)
-    for logprobs in (None, 2):
+    seen = []  # (penalised run, the requests' uniform flags, rows without drafts, rows)
+    for penalty in (0.0, 0.5):
         llm = ngram_llm(target, "cpu")
         proposer = llm.llm_engine.proposer
 
-        def spied(requests, _propose=proposer.propose, _log=logprobs):
+        def spied(requests, _propose=proposer.propose, _pen=penalty):
             out = _propose(requests)
-            seen.append((_log, {r.uniform for r in requests},
+            seen.append((_pen, {r.uniform for r in requests},
                          sum(1 for d in out.draft_token_ids if not d), len(requests)))
             return out
 
         monkeypatch.setattr(proposer, "propose", spied)
-        outputs(llm, batch, params[:3] + [replace(params[3], logprobs=logprobs)])
+        outputs(llm, batch, params[:3] + [replace(params[3], frequency_penalty=penalty)])
     # uniform steps: every row drafts, or none matched and none does (a plain step)
     uniform = [(empty, n) for _, flags, empty, n in seen if flags == {True}]
     assert uniform and all(empty in (0, n) for empty, n in uniform)
-    # the logprobs request's steps are never uniform, and some of their rows draft nothing
+    # the penalised request's steps are never uniform, and some of their rows draft nothing
     # while others do
-    mixed = [(empty, n) for log, flags, empty, n in seen if log == 2 and n == 4]
-    assert mixed and all(flags == {False} for log, flags, _, n in seen if log == 2 and n == 4)
+    mixed = [(empty, n) for pen, flags, empty, n in seen if pen and n == 4]
+    assert mixed and all(flags == {False} for pen, flags, _, n in seen if pen and n == 4)
     assert any(0 < empty < n for empty, n in mixed)
