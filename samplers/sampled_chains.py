@@ -4,9 +4,8 @@ where requests sample, replayed from a CUDA graph per layout.
 Why: a sampled step's sampling is the filters (top-k: ``topk`` and a threshold; top-p: a
 softmax, a sort, a cumulative sum and a scatter; min-p), the random draws and the three
 verification kernels: 6 launches at temperature alone, about 40 with top-p or top-k, each
-launched from Python after the forward. On an H200 at batch 1 (the default model's shape) a
-top-p step took 1.21-1.29 ms where a greedy one took 0.98, for 0.09 ms more GPU time: the host's
-launches were on the critical path (docs/performance.md, "Sampling in a CUDA graph"). Replayed,
+launched from Python after the forward. At a small batch those launches, not the GPU, set a
+sampled step's time (docs/performance.md, "Sampling in a CUDA graph"). Replayed,
 they are one launch, the copies of its inputs (logits, drafts, two of parameters, the keys of
 seeded requests) and one of its output.
 
@@ -88,7 +87,7 @@ class SampledChains:
 
         def body(lg: torch.Tensor, dr: torch.Tensor, fl: torch.Tensor, it: torch.Tensor,
                  keys: torch.Tensor | None = None) -> torch.Tensor:
-            fl, it = fl.t(), it.t()  # [4, padded], [2, padded]: rows of stride 1 (_padded)
+            fl, it = fl.t(), it.t()  # [4, padded], [2, padded]: rows of stride 1 (_greedy_padded)
             static = SamplingTensors(
                 temperature=fl[0], inv_temperature=fl[1], top_p=fl[2], min_p=fl[3],
                 top_k=it[0], is_greedy=it[1], generators=[None] * padded,
@@ -100,11 +99,11 @@ class SampledChains:
 
         rows = [padded * (k + 1), padded, padded, padded, padded][:len(inputs)]
         if key not in self.graphs:  # (the layout's static buffers are copies of these)
-            inputs = _padded(inputs, rows)
+            inputs = _greedy_padded(inputs, rows)
         return self.graphs.run(key, body, inputs, rows=rows)[:batch].clone()
 
 
-def _padded(inputs: list[torch.Tensor], rows: list[int]) -> list[torch.Tensor]:
+def _greedy_padded(inputs: list[torch.Tensor], rows: list[int]) -> list[torch.Tensor]:
     """A layout's inputs ``[logits, drafts, floats, ints(, keys)]`` padded to ``rows`` with
     greedy rows: zero logits, drafts and keys, every filter off (temperature 1, top-p 1, min-p
     0, top-k 0). (A row of zeros throughout would have a top-p of 0, which drops every token:
