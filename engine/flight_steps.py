@@ -470,9 +470,8 @@ class OverlappedSteps:
         if self._sampled_chains is None:
             return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling,
                                        None), forwarded
-        graphs = self._sampled_chains.graphs
-        tokens = self._sampled_chains.verify(logits, drafts, sampling)
-        if self._sampled_chains.graphed(sampling) and not graphs.last_steady:
+        tokens, steady = self._sampled_chains.verify(logits, drafts, sampling)
+        if not steady:
             forwarded = replace(forwarded, output=replace(forwarded.output, steady=False))
         return tokens, forwarded
 

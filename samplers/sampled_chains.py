@@ -65,17 +65,18 @@ class SampledChains:
                 and all(g is None for g in sampling.generators))
 
     def verify(self, logits: torch.Tensor, drafts: torch.Tensor,
-               sampling: SamplingTensors) -> torch.Tensor:
+               sampling: SamplingTensors) -> tuple[torch.Tensor, bool]:
         """int64 ``[batch, k + 1]`` (a fresh tensor): ``sampler.verify`` of ``logits [batch *
         (k + 1), vocab_size]`` (float32) and ``drafts [batch, k]`` (one-hot drafts: no draft
-        probabilities), ``sampling`` the requests' tensors."""
+        probabilities), ``sampling`` the requests' tensors; and whether the call was steady
+        (False: a layout ran its first time, or was captured: a step not to price)."""
         batch, k = drafts.shape
         if sampling.batch_size != batch or logits.shape[0] != batch * (k + 1):
             raise ValueError(f"{sampling.batch_size} requests' sampling tensors and logits of "
                              f"{logits.shape[0]} rows for {batch} chains of {k} drafts")
         if not self.graphed(sampling):
             return self.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling,
-                                       None)
+                                       None), True
         padded, vocab_size = chain_batch(batch), logits.shape[1]
         top_k = _layout_top_k(sampling.max_top_k, vocab_size)
         keyed = KEYED_ALL if sampling.any_keyed else KEYED_NONE  # (every sampled row keyed)
@@ -100,7 +101,8 @@ class SampledChains:
         rows = [padded * (k + 1), padded, padded, padded, padded][:len(inputs)]
         if key not in self.graphs:  # (the layout's static buffers are copies of these)
             inputs = _greedy_padded(inputs, rows)
-        return self.graphs.run(key, body, inputs, rows=rows)[:batch].clone()
+        tokens = self.graphs.run(key, body, inputs, rows=rows)[:batch].clone()
+        return tokens, self.graphs.last_steady
 
 
 def _greedy_padded(inputs: list[torch.Tensor], rows: list[int]) -> list[torch.Tensor]:

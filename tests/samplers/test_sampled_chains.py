@@ -67,8 +67,12 @@ def test_seeded_requests_get_the_samplers_tokens_step_after_step(capture, k):
         sampling = _tensors(params, [7 * step + i for i in range(batch)])
         want = chains.sampler.verify(logits, SpecDecodeMetadata.uniform(drafts), sampling)
         assert chains.graphed(sampling)
-        got = chains.verify(logits, drafts, sampling)
+        replays, graphs = chains.graphs.num_replays, chains.graphs.num_graphs
+        got, steady = chains.verify(logits, drafts, sampling)
         assert got.tolist() == want.tolist()
+        # (steady: a graph captured before replayed; a layout's first runs and capture are not)
+        assert steady == (chains.graphs.num_replays > replays
+                          and chains.graphs.num_graphs == graphs)
         outputs.append((got, want.clone()))
     # (the layouts of 8, 2 and 1 requests met again: the static layout served, or a graph
     # replayed; batches of 3 and 4 differ in min-p, two layouts met once each)
@@ -91,7 +95,7 @@ def test_parameters_and_positions_reach_the_layout(capture):
             params = [SamplingParams(temperature=1.5, top_k=top_k, seed=9)] * 2
             sampling = _tensors(params, [position, position + 40])
             want = chains.sampler.verify(logits, SpecDecodeMetadata.uniform(nothing), sampling)
-            got = chains.verify(logits, nothing, sampling)
+            got, _ = chains.verify(logits, nothing, sampling)
             assert got.tolist() == want.tolist()
             seen.setdefault(top_k, set()).update(got.view(-1).tolist())
     assert seen[2] <= set(logits.topk(2).indices.view(-1).tolist())
@@ -111,7 +115,7 @@ def test_unseeded_requests_sample_the_processed_distribution(capture):
     nothing = torch.empty((64, 0), dtype=torch.long, device=DEVICE)
     counts = torch.zeros(V)
     for _ in range(30):
-        tokens = chains.verify(logits.expand(64, V).contiguous(), nothing, sampling)
+        tokens, _ = chains.verify(logits.expand(64, V).contiguous(), nothing, sampling)
         counts += torch.bincount(tokens.view(-1).cpu(), minlength=V)[:V].float()
     probs = logits_to_probs(logits, _tensors(params, [0]), [1])[0].cpu()
     assert int((probs > 0).sum()) <= 6
@@ -138,9 +142,13 @@ def test_batches_the_graphs_do_not_serve_go_to_the_sampler():
                                               [1, None], [0, 0])
     assert chains.graphed(mixed_keyed)  # (a greedy row beside seeded ones: every sampled
     # row keyed, served)
-    assert chains.verify(logits, nothing, seeded).tolist() == chains.sampler.verify(
+    tokens, steady = chains.verify(logits, nothing, seeded)
+    assert tokens.tolist() == chains.sampler.verify(
         logits, SpecDecodeMetadata.uniform(nothing), seeded).tolist()
-    assert chains.graphs.num_replays == 0  # (the first run of a layout is eager)
+    assert chains.graphs.num_replays == 0 and not steady  # (a layout's first run: eager)
+    own_logits = torch.randn(1, V, generator=torch.Generator().manual_seed(7))
+    tokens, steady = chains.verify(own_logits, torch.empty((1, 0), dtype=torch.long), own)
+    assert steady and chains.graphs.num_replays == 0  # (the sampler's call: nothing to price)
 
 
 def test_sampling_tensors_of_another_batch_are_refused():
