@@ -40,7 +40,7 @@ from samplers.chain_accept import accept_chains
 from samplers.greedy import argmax_tokens
 from samplers.logits_processing import process_logits
 from samplers.metadata import SpecDecodeMetadata
-from samplers.slot_adjustments import Adjusted, AdjustedRow
+from samplers.slot_adjustments import Adjusted, AdjustedChains, AdjustedRow
 from scheduler import DraftPlan
 
 
@@ -94,22 +94,61 @@ class OverlappedSteps:
     def _verify_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
                       base_hi: list[int], metadata: SpecDecodeMetadata,
                       sampling: SamplingTensors, began: torch.cuda.Event | None = None,
-                      ahead: bool = False) -> InFlight:
+                      ahead: bool = False, holds: object = None,
+                      fed: torch.Tensor | None = None) -> InFlight:
         """Verify a drafting step's chains on the device (``metadata``: their drafts; each
         sequence's fed token at position ``base[b]``, at most ``base_hi[b]``; ``sampling``: its
         requests' tensors, seeded ones keyed at this step's output positions), have the
         proposer draft the next step from what they gave, and queue the tokens' copy to the
-        host: a drafting flight (its tokens ``[batch, k + 1]``)."""
+        host: a drafting flight (its tokens ``[batch, k + 1]``). Penalized sequences' rows are
+        adjusted from their slots' state first (:meth:`_adjust_chains`: ``holds``, the mark of
+        the flight the chains are fed from; ``fed [batch]``, a plain flight's tokens they
+        follow), and the tokens kept raise their counts."""
+        items = forwarded.items
+        seqs = [item.seq for item in items]
+        width = metadata.max_spec_len + 1
+        # [batch, width - 1] the drafts (the head's are its argmax: one-hot, draft_probs None,
+        # exact for sampling too)
+        drafted = metadata.draft_token_ids.view(len(items), width - 1)
+        raw = (forwarded.logits.clone() if self.config.logprobs_mode.startswith("raw")
+               and any(s.logprobs is not None and s.adjuster.active for s in seqs) else None)
+        adjusted = self._adjust_chains(forwarded.logits, seqs, drafted, holds, fed)
+        try:
+            return self._verified_ahead(forwarded, plan_step, base, base_hi, metadata,
+                                        sampling, began, ahead, drafted, adjusted, raw)
+        except BaseException:  # (a step dropped after counting its tokens: counted again)
+            if adjusted is not None:
+                adjusted.forget()
+            raise
+
+    def _adjust_chains(self, logits: torch.Tensor, seqs: list[Sequence], drafts: torch.Tensor,
+                       holds: object, fed: torch.Tensor | None) -> AdjustedChains | None:
+        """Adjust in place the chains of ``logits [batch * width, vocab_size]`` whose sequences
+        have adjustments, from their slots' state (``drafts [batch, width - 1]``; see
+        :meth:`_verify_ahead`); None when none has one."""
+        rows = [AdjustedRow(j, seq.slot, seq, seq.adjuster, seq.output_token_ids,
+                            None if fed is None else j, holds)
+                for j, seq in enumerate(seqs) if seq.adjuster.active and not seq.is_finished]
+        if not rows:
+            return None
+        return self.slot_adjustments.apply_chains(logits, rows, drafts, fed)
+
+    def _verified_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
+                        base_hi: list[int], metadata: SpecDecodeMetadata,
+                        sampling: SamplingTensors, began: torch.cuda.Event | None,
+                        ahead: bool, drafted: torch.Tensor, adjusted: AdjustedChains | None,
+                        raw: torch.Tensor | None) -> InFlight:
+        """:meth:`_verify_ahead` once its logits are adjusted (``raw``: a copy from before,
+        where logprobs are raw and rows were adjusted)."""
         items = forwarded.items
         width = metadata.max_spec_len + 1
         failed = non_finite_rows(forwarded.logits, [item.drafts for item in items])  # (CPU)
         sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
                    else self.sampler)
-        # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders
-        # (the head's drafts are its argmax: one-hot, draft_probs None, exact for sampling too);
+        # [batch, width]: accepted drafts, then the recovered or bonus token, then placeholders;
         # [batch] the drafts accepted; [batch, 1] the last token; [batch] the next fed position
-        drafted = metadata.draft_token_ids.view(len(items), width - 1)
-        argmax = forwarded.output.argmax
+        # (a graph's own argmax is of the logits unadjusted)
+        argmax = forwarded.output.argmax if adjusted is None else None
         if sampler is self.greedy_sampler and argmax is not None:  # (the graph's argmax:
             # one launch decides every chain)
             tokens, accepted, last, nxt = accept_chains(argmax, drafted, base,
@@ -123,7 +162,9 @@ class OverlappedSteps:
                 tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
             accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
             last, nxt = tokens.gather(1, accepted[:, None]).clamp_min(0), base + accepted + 1
-        logprobs = self._chain_logprobs(forwarded.logits, tokens,
+        if adjusted is not None:  # (the next chains' penalties count the tokens kept)
+            adjusted.count(tokens, accepted)
+        logprobs = self._chain_logprobs(forwarded.logits if raw is None else raw, tokens,
                                         [item.seq for item in items], width)
         features = self._features(forwarded.output)
         drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
@@ -133,7 +174,8 @@ class OverlappedSteps:
         # (the next flight's sampling: each request made accepted + 1 tokens; keyed rows move)
         advanced = sampling if sampling.keys is None else sampling.advanced(accepted + 1)
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
-                        width, chain, features, advanced, ahead, logprobs=logprobs)
+                        width, chain, features, advanced, ahead, logprobs=logprobs,
+                        counted=None if adjusted is None else adjusted.mark)
 
     def _chain_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence],
                         width: int) -> FlightLogprobs | None:
@@ -270,6 +312,14 @@ class OverlappedSteps:
             self._planned = plan
             return None
         plain = not any(wanted)
+        # (penalized sequences' counts hold the flight's kept tokens, which the host has not:
+        # a plain step would count them again from there; a drafting one asks for the mark)
+        penalized = [seq.slot for seq in seqs
+                     if seq.adjuster.active and seq.params.needs_penalties]
+        if penalized and (plain or any(self.slot_adjustments.counted.get(slot)
+                                       is not flight.counted for slot in penalized)):
+            self._planned = plan
+            return None
         self._proposed_last_step = not plain
         width, k = flight.width, flight.width - 1
         tokens, base = flight.chain  # [batch, width], [batch] on the device
@@ -306,7 +356,7 @@ class OverlappedSteps:
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
                                   SpecDecodeMetadata.uniform(tokens[:, 1:]), sampling, began,
-                                  ahead=True)
+                                  ahead=True, holds=flight.counted)
 
     def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
                             plan: DraftPlan) -> bool:
@@ -364,7 +414,8 @@ class OverlappedSteps:
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
-                                  SpecDecodeMetadata.uniform(drafts), sampling, began, True)
+                                  SpecDecodeMetadata.uniform(drafts), sampling, began, True,
+                                  fed=sampled.view(-1))
 
     def _flight_start(self) -> torch.cuda.Event | None:
         """An event recorded before a flight's forward is queued, for its device time

@@ -17,8 +17,9 @@ position, not by step) are the same; unseeded samples draw the same distribution
 
 Penalties, bias, allowed ids, one-token bad words and min_tokens are applied on the device
 from each slot's state, whose output counts the sampled tokens raise there
-(:mod:`samplers.slot_adjustments`); logprobs are gathered on the device with the sampling and
-copied behind the tokens (:class:`FlightLogprobs`).
+(:mod:`samplers.slot_adjustments`: a drafting flight's chains too, each row counting the drafts
+before it, the verified tokens raising the counts); logprobs are gathered on the device with
+the sampling and copied behind the tokens (:class:`FlightLogprobs`).
 
 **Steps whose logits need the host** (a grammar's mask, a bad word of several tokens) overlap
 by halves: step n + 1's forward is launched
@@ -59,9 +60,15 @@ from samplers import SamplingTensors
 
 def overlappable(seq: Sequence) -> bool:
     """A sequence whose drafts a drafting flight can verify on the device: no grammar mask, no
-    penalties, bias, bad words or min-tokens masks (its logprobs are gathered there, every
-    row of its chain: :class:`FlightLogprobs`)."""
-    return seq.grammar is None and not seq.adjuster.active
+    bad word of several tokens (those read its newest tokens on the host), its ``min_tokens``
+    behind it (its mask would depend on how many tokens the flight before kept). Penalties,
+    bias, allowed ids and one-token bad words come from its slot's state on the device, each
+    chain row's counts with the chain's drafts before it
+    (:meth:`samplers.slot_adjustments.SlotAdjustments.apply_chains`); its logprobs are
+    gathered there, every row of its chain (:class:`FlightLogprobs`)."""
+    adjuster = seq.adjuster
+    return (seq.grammar is None and not adjuster.needs_history
+            and (not adjuster.min_tokens_ids or seq.num_output_tokens >= seq.params.min_tokens))
 
 
 def samples_ahead(seq: Sequence) -> bool:
@@ -186,6 +193,9 @@ class InFlight:
     # the step after it runs from the host: a grammar of its sequences forces tokens there,
     # which the synchronous step drafts (``EngineConfig.structured_forced_tokens``)
     host_next: bool = False
+    # a drafting flight's mark of its penalized sequences' counts (``AdjustedChains.mark``:
+    # what their slots hold once its kept tokens are counted on the device; None: none)
+    counted: object = None
 
     def device_seconds(self) -> float | None:
         """The flight's time on the device, from its forward's start to its tokens' copy

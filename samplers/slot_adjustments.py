@@ -14,6 +14,12 @@ running sequence), each ``[capacity, vocab_size]``:
   nothing from the host;
 - ``scales [capacity, 3]`` float32: repetition, frequency, presence.
 
+A drafting step's chains (:meth:`SlotAdjustments.apply_chains`) read the same rows, row ``j``
+of a chain its slot's counts plus the chain's first ``j`` drafts, and the tokens its
+verification keeps (every chain's accepted drafts and recovered or bonus token: a count the
+host does not know yet) raise the counts there (:meth:`AdjustedChains.count`); the slot then
+holds the chain's *mark*, which the next chain fed from it asks for.
+
 A slot's rows are written when a sequence first uses it (from the adjuster's
 :meth:`~samplers.logits_adjust.LogitsAdjuster.dense_rows`, device to device), and its counts
 made again from the host's output tokens when they are not the sequence's output so far: a
@@ -52,6 +58,7 @@ class AdjustedRow:
     adjuster: LogitsAdjuster
     output: Sequence[int]
     fed: int | None = None
+    holds: object = None  # (a chain's: the mark its slot's counts must hold; None: the output)
 
 
 class Adjusted:
@@ -76,6 +83,39 @@ class Adjusted:
         """The step was dropped after :meth:`count`: its slots' counts are made again when
         next used."""
         for slot in self._counted:
+            self._state.counted.pop(slot, None)
+
+
+class AdjustedChains:
+    """A drafting step's penalized chains (``chains``: their indices among the step's chains,
+    ``slots``: their slots, on the device), whose kept tokens raise their counts
+    (:meth:`count`), after which each slot holds ``mark``."""
+
+    def __init__(self, state: SlotAdjustments, chains: torch.Tensor, slots: torch.Tensor,
+                 slot_list: list[int], mark: object) -> None:
+        self._state, self._chains, self._slots = state, chains, slots
+        self._slot_list, self.mark = slot_list, mark
+
+    def count(self, tokens: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Add each chain's kept tokens, ``tokens [num_chains, width]`` up to column
+        ``accepted [num_chains]`` (the accepted drafts, then the recovered or bonus token; on
+        the device), to its slot's counts: one atomic add a token, those past a chain's end
+        adding 0."""
+        state = self._state
+        if self._chains.numel():
+            ids = tokens.index_select(0, self._chains).clamp(0, state.vocab_size - 1)
+            width = ids.shape[1]
+            kept = (torch.arange(width, device=ids.device)[None, :]
+                    <= accepted.index_select(0, self._chains)[:, None])  # [m, width]
+            flat = torch.addcmul(ids, self._slots[:, None], state._width)  # slot * vocab + id
+            state.counts.view(-1).index_add_(0, flat.view(-1), kept.view(-1).to(torch.float32))
+        for slot in self._slot_list:
+            state.counted[slot] = self.mark
+
+    def forget(self) -> None:
+        """The step was dropped after :meth:`count`: its slots' counts are made again when
+        next used (from the host's output: a chain fed from it cannot launch)."""
+        for slot in self._slot_list:
             self._state.counted.pop(slot, None)
 
 
@@ -150,6 +190,79 @@ class SlotAdjustments:
         elif x is not logits:  # (a repetition penalty's result is a new tensor)
             logits.copy_(x)
         return Adjusted(self, pen_rows_t, pen_slots_t, counted)
+
+    def apply_chains(self, logits: torch.Tensor, rows: list[AdjustedRow], drafts: torch.Tensor,
+                     fed: torch.Tensor | None = None) -> AdjustedChains:
+        """Adjust in place the chains ``rows`` (each one's ``row``: its chain's index) of
+        ``logits [num_chains * width, vocab_size]`` (float32, a chain's rows consecutive) from
+        their slots' state: row ``j`` of a chain as its sequence's output followed by its first
+        ``j`` drafts (``drafts [num_chains, width - 1]`` on the device), as
+        :meth:`LogitsAdjuster.apply` adjusts it. A row's slot must hold what ``holds`` names (a
+        chain's mark: the chain it is fed from counted its kept tokens), else ValueError; a
+        row without ``holds`` has its counts made again from its output (and its ``fed``
+        token) where they are not that. A sequence's ``min_tokens`` must be behind it (its
+        mask would depend on how many tokens the chain before kept): ValueError. Returns what
+        the step's kept tokens must add (:meth:`AdjustedChains.count`)."""
+        num_chains, width = drafts.shape[0], drafts.shape[1] + 1
+        vocab_size = self.vocab_size
+        if logits.shape != (num_chains * width, vocab_size):
+            raise ValueError(f"logits {tuple(logits.shape)} for {num_chains} chains of "
+                             f"{width} rows of {vocab_size}")
+        self._reserve(max(r.slot for r in rows) + 1, num_chains * width)
+        used: set[str] = set()
+        rebuild, penalized_rows, mark = [], [], object()
+        for i, r in enumerate(rows):
+            p = r.adjuster.params
+            if r.adjuster.min_tokens_ids and len(r.output) < p.min_tokens:
+                raise ValueError(f"slot {r.slot}: min_tokens={p.min_tokens} with "
+                                 f"{len(r.output)} output tokens cannot adjust chains")
+            if self.owner.get(r.slot) is not r.owner:
+                self._take(r.slot, r.owner, r.adjuster)
+            used |= self.has[r.slot]
+            if p.needs_penalties:
+                holds = r.holds if r.holds is not None else len(r.output) + (r.fed is not None)
+                if self.counted.get(r.slot) != holds:  # (a mark: equal only to itself)
+                    if r.holds is not None:
+                        raise ValueError(f"slot {r.slot}'s counts are not those of the chain "
+                                         "it is fed from")
+                    rebuild.append(i)
+                penalized_rows.append(i)
+        n, m = len(rows), len(penalized_rows)
+        index = self._to_device(np.array(
+            [r.row for r in rows] + [r.slot for r in rows]
+            + [rows[i].row for i in penalized_rows] + [rows[i].slot for i in penalized_rows],
+            dtype=np.int64))
+        chains_t, slots_t, pen_chains_t, pen_slots_t = index.split([n, n, m, m])
+        if rebuild:
+            self._rebuild([rows[i] for i in rebuild], fed)
+        # [n, width, vocab_size]: the chains to adjust (all of them, in order: the logits)
+        whole = n == num_chains and all(r.row == i for i, r in enumerate(rows))
+        chains = logits.view(num_chains, width, vocab_size)
+        x = chains if whole else chains.index_select(0, chains_t)
+        if "banned" in used:
+            x.masked_fill_(self.rows["banned"].index_select(0, slots_t)[:, None], float("-inf"))
+        if "bias" in used:  # (-0.0 elsewhere: no bit changes)
+            x += self.rows["bias"].index_select(0, slots_t)[:, None]
+        if m:
+            counts = self.counts.index_select(0, slots_t)[:, None].repeat(1, width, 1)
+            d = drafts if whole else drafts.index_select(0, chains_t)  # [n, width - 1]
+            valid = ((d >= 0) & (d < vocab_size)).to(torch.float32)
+            d = d.clamp(0, vocab_size - 1)
+            for j in range(1, width):  # (rows j on count draft j: rows j.. of each chain)
+                counts[:, j:].scatter_add_(2, d[:, j - 1, None, None].expand(n, width - j, 1),
+                                           valid[:, j - 1, None, None].expand(n, width - j, 1))
+            in_prompt = (self.rows["in_prompt"].index_select(0, slots_t)[:, None]
+                         .expand(n, width, vocab_size).reshape(n * width, vocab_size)
+                         if "in_prompt" in used else None)
+            flat = x.view(n * width, vocab_size)
+            out = penalized(flat, counts.view(n * width, vocab_size), in_prompt,
+                            self.scales.index_select(0, slots_t).repeat_interleave(width, 0))
+            if out is not flat:  # (a repetition penalty's result is a new tensor)
+                flat.copy_(out)
+        if not whole:
+            chains.index_copy_(0, chains_t, x)
+        return AdjustedChains(self, pen_chains_t, pen_slots_t,
+                              [rows[i].slot for i in penalized_rows], mark)
 
     def release(self, slot: int) -> None:
         """``slot``'s sequence left it: its rows are written again by the next to use it (and

@@ -231,6 +231,90 @@ def test_drafting_flights_give_the_logprobs_of_synchronous_steps(target, head_di
     assert_engine_empty(llm)
 
 
+# penalties, bias, allowed ids, a one-token bad word and a min_tokens that ends early, beside
+# a request without adjustments; greedy and seeded samples; with and without logprobs
+PENALIZED = [
+    SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[7], frequency_penalty=0.5,
+                   presence_penalty=0.3, logprobs=2),
+    SamplingParams(temperature=0.8, seed=11, top_k=12, max_tokens=26, repetition_penalty=1.2,
+                   logit_bias={3: 2.0, 9: -1.0}, logprobs=3),
+    SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True, min_tokens=4,
+                   frequency_penalty=0.4),
+    SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
+    SamplingParams(temperature=1.0, seed=3, top_p=0.9, max_tokens=27, ignore_eos=True,
+                   allowed_token_ids=list(range(8, 40)), presence_penalty=0.6,
+                   bad_words=["w9"]),
+]
+
+
+@pytest.mark.parametrize(("mode", "plain_every"), [("raw_logprobs", 0),
+                                                   ("processed_logprobs", 0),
+                                                   ("raw_logprobs", 3)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeypatch, device,
+                                                        mode, plain_every):
+    """Requests with penalties, bias, allowed ids and bad words verify in drafting flights,
+    each chain row adjusted on the device from its slot's counts and the drafts before it,
+    the kept tokens counted there: tokens, finish and logprobs equal those of the same engine
+    stepping synchronously over the same drafts (the oracle's), through partial acceptance,
+    stops inside a chain and a min_tokens that holds the first steps back. ``plain_every``:
+    every such step of the overlapped engine plans no drafts (a plain flight, counting its
+    token on the device, then chains fed from it)."""
+    from scheduler import DraftPlan
+
+    batch = prompts(6, seed=41)
+    greedy = greedy_continuations(target, batch, device, PENALIZED)
+    arrivals = [0, 0, 0, 2, 5, 5]
+
+    def oracle_engine(overlap: bool) -> LLM:
+        llm = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
+                  async_scheduling=overlap, max_num_seqs=8, logprobs_mode=mode,
+                  speculative_config={"method": "eagle", "model": str(head_dir),
+                                      "num_speculative_tokens": K, "adaptive_k": False})
+        llm.llm_engine.proposer = Oracle(greedy)
+        return llm
+
+    expected = with_logprobs(oracle_engine(False), batch, PENALIZED, arrivals)
+    llm = oracle_engine(True)
+    chained = Chained(monkeypatch, llm.llm_engine)
+    if plain_every:
+        plan = llm.llm_engine.controller.plan
+
+        def scripted(running, waiting):
+            planned = plan(running, waiting)
+            return DraftPlan(0 if planned.step % plain_every == 0 else K, planned.step)
+
+        monkeypatch.setattr(llm.llm_engine.controller, "plan", scripted)
+    adjusted = []
+    apply_chains = llm.llm_engine.slot_adjustments.apply_chains
+
+    def spied(logits, rows, drafts, fed=None):
+        adjusted.append((len(rows), fed is not None, rows[0].holds is not None))
+        return apply_chains(logits, rows, drafts, fed)
+
+    monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply_chains", spied)
+    got = with_logprobs(llm, batch, PENALIZED, arrivals)
+    for (tokens, finish, entries, total), (want_tokens, want_finish, want_entries,
+                                          want_total) in zip(got, expected, strict=True):
+        assert (tokens, finish) == (want_tokens, want_finish)
+        assert (entries is None) == (want_entries is None)
+        for entry, want in zip(entries or [], want_entries or [], strict=True):
+            assert {t: e.rank for t, e in entry.items()} == {t: e.rank for t, e in want.items()}
+            assert all(abs(entry[t].logprob - want[t].logprob) < 1e-4 for t in entry)
+        if entries is not None:
+            assert total == pytest.approx(want_total, abs=1e-3)
+    assert chained.count >= (2 if plain_every else 5)
+    # (chains fed from chains, and chains of several penalized sequences at once; after plain
+    # flights, chains fed from their tokens)
+    assert sum(holds for _, _, holds in adjusted) >= (2 if plain_every else 5)
+    assert max(n for n, _, _ in adjusted) >= 3
+    assert sum(fed for _, fed, _ in adjusted) >= (3 if plain_every else 0)
+    metrics = llm.llm_engine.metrics
+    assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
+    assert_engine_empty(llm)
+
+
 def noisy_copy(target, scale: float = 0.5):
     """A draft model: the target with noise on its output head (its argmax agrees often, not
     always: partial acceptance)."""

@@ -128,29 +128,31 @@ def test_device_drafts_are_the_host_rule_on_the_verified_context(target):  # noq
 def test_unmatched_rows_draft_only_in_steps_that_may_verify_ahead(target, monkeypatch):  # noqa: F811
     """The host proposer fills an unmatched row with the newest token only where the step may
     start a drafting flight (every request decodes and overlaps) and another row matched: a
-    step with a penalised request never may (its logits need the host's adjustment), and its
-    unmatched rows draft nothing (no width wasted on them)."""
+    step with a request banning a bad word of several tokens never may (its logits need the
+    host's adjustment, from its newest tokens), and its unmatched rows draft nothing (no width
+    wasted on them)."""
     from dataclasses import replace
 
     batch = repeating(3, seed=2) + [prompts(1, seed=99)[0]]
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 4
-    seen = []  # (penalised run, the requests' uniform flags, rows without drafts, rows)
-    for penalty in (0.0, 0.5):
+    seen = []  # (banning run, the requests' uniform flags, rows without drafts, rows)
+    for bans in (False, True):
         llm = ngram_llm(target, "cpu")
         proposer = llm.llm_engine.proposer
 
-        def spied(requests, _propose=proposer.propose, _pen=penalty):
+        def spied(requests, _propose=proposer.propose, _pen=bans):
             out = _propose(requests)
             seen.append((_pen, {r.uniform for r in requests},
                          sum(1 for d in out.draft_token_ids if not d), len(requests)))
             return out
 
         monkeypatch.setattr(proposer, "propose", spied)
-        outputs(llm, batch, params[:3] + [replace(params[3], frequency_penalty=penalty)])
+        outputs(llm, batch, params[:3] + [replace(params[3], bad_words=["w5 w6"] if bans
+                                                  else None)])
     # uniform steps: every row drafts, or none matched and none does (a plain step)
     uniform = [(empty, n) for _, flags, empty, n in seen if flags == {True}]
     assert uniform and all(empty in (0, n) for empty, n in uniform)
-    # the penalised request's steps are never uniform, and some of their rows draft nothing
+    # the banning request's steps are never uniform, and some of their rows draft nothing
     # while others do
     mixed = [(empty, n) for pen, flags, empty, n in seen if pen and n == 4]
     assert mixed and all(flags == {False} for pen, flags, _, n in seen if pen and n == 4)

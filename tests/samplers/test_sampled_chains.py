@@ -128,8 +128,8 @@ def test_batches_the_graphs_do_not_serve_go_to_the_sampler():
     chains = _chains(False)
     mixed = _tensors([PARAMS[0], SamplingParams(temperature=0.7)], [0, 0])
     assert not chains.graphed(mixed)
-    own = SamplingTensors.from_params([SamplingParams(temperature=0.7)], [torch.Generator()],
-                                      "cpu")
+    own = SamplingTensors.from_params([SamplingParams(temperature=0.7)],
+                                      [torch.Generator(device=DEVICE)], DEVICE)
     assert not chains.graphed(own)
     greedy = SampledChains(GreedySampler(), KeyedGraphs(DEVICE, capture=False), None)
     assert not greedy.graphed(_tensors(PARAMS[:2], [0, 0]))
@@ -146,8 +146,9 @@ def test_batches_the_graphs_do_not_serve_go_to_the_sampler():
     assert tokens.tolist() == chains.sampler.verify(
         logits, SpecDecodeMetadata.uniform(nothing), seeded).tolist()
     assert chains.graphs.num_replays == 0 and not steady  # (a layout's first run: eager)
-    own_logits = torch.randn(1, V, generator=torch.Generator().manual_seed(7))
-    tokens, steady = chains.verify(own_logits, torch.empty((1, 0), dtype=torch.long), own)
+    own_logits = torch.randn(1, V, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    tokens, steady = chains.verify(own_logits, torch.empty((1, 0), dtype=torch.long,
+                                                           device=DEVICE), own)
     assert steady and chains.graphs.num_replays == 0  # (the sampler's call: nothing to price)
 
 

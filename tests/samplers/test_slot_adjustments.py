@@ -138,3 +138,84 @@ def test_slot_state_equals_each_samples_adjuster(device, seed):
     assert made >= 6 and rebuilt > 10
     assert state.capacity == 8 and set(state.rows) == {"banned", "min_tokens", "bias",
                                                        "in_prompt"}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
+    """A drafting step's chains adjusted from slot state (``apply_chains``) against each
+    sample's adjuster over its history and its chain's drafts, bit for bit, through a run of
+    steps: chains fed from the chain before (its kept tokens counted on the device only, the
+    host's output behind), chains launched from the host (counts made again), from a token in
+    flight, and chains of other samples left as they are."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(10 + seed)
+    state = SlotAdjustments(VOCAB, torch.device(device),
+                            lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device))
+    slots = {s: Sample(s, rng) for s in range(len(PARAMS))}
+    for sample in slots.values():  # (min_tokens behind every sample: 6 output tokens)
+        sample.output = [rng.randrange(VOCAB) for _ in range(6)]
+        sample.kept: list[int] = []  # (counted on the device, not on the host yet)
+    mark, modes = None, []
+    for step in range(40):
+        chained = mark is not None and rng.random() < 0.6
+        if not chained:  # (the host commits what the chain before kept)
+            for sample in slots.values():
+                sample.output += sample.kept
+                sample.kept = []
+        fed_token = not chained and rng.random() < 0.4  # (a plain step's token in flight)
+        modes.append("chained" if chained else "fed" if fed_token else "host")
+        order = sorted(slots, key=lambda _: rng.random())
+        extra = 0 if rng.random() < 0.4 else 2  # (chains of others, left as they are)
+        num_chains, width = len(order) + extra, rng.randrange(2, 5)
+        where = rng.sample(range(num_chains), len(order))
+        drafts = [[rng.randrange(VOCAB) for _ in range(width - 1)] for _ in range(num_chains)]
+        logits = (torch.randn(num_chains * width, VOCAB, generator=gen) * 3).to(device)
+        logits[:, 6] = -0.0
+        expected, rows, fed = logits.clone(), [], []
+        for j, (slot, chain) in enumerate(zip(order, where, strict=True)):
+            sample = slots[slot]
+            if fed_token:
+                sample.kept = [rng.randrange(VOCAB)]
+                fed.append(sample.kept[0])
+            history = sample.output + sample.kept
+            sample.adjuster.apply(expected[chain * width:(chain + 1) * width], history,
+                                  drafts[chain])
+            rows.append(AdjustedRow(chain, slot, sample, sample.adjuster, list(sample.output),
+                                    j if fed_token else None, mark if chained else None))
+        got = logits.clone()
+        adjusted = state.apply_chains(
+            got, rows, torch.tensor(drafts, device=device).view(num_chains, width - 1),
+            torch.tensor(fed, dtype=torch.long, device=device) if fed_token else None)
+        assert torch.equal(got, expected), f"step {step} ({modes[-1]})"
+        assert torch.equal(got.signbit(), expected.signbit()), f"step {step}"
+        # verification keeps each chain's first accepted + 1 tokens
+        tokens = [[rng.randrange(VOCAB) for _ in range(width)] for _ in range(num_chains)]
+        accepted = [rng.randrange(width) for _ in range(num_chains)]
+        adjusted.count(torch.tensor(tokens, device=device),
+                       torch.tensor(accepted, device=device))
+        for slot, chain in zip(order, where, strict=True):
+            sample = slots[slot]
+            if fed_token:  # (the token in flight: committed now, the chain's kept behind it)
+                sample.output += sample.kept
+            sample.kept = (sample.kept if chained else []) + tokens[chain][:accepted[chain] + 1]
+        mark = adjusted.mark
+    assert {"chained", "host", "fed"} <= set(modes)
+
+
+def test_chains_refuse_counts_they_cannot_trust():
+    """A chain fed from another whose counts the slot does not hold, and a sample whose
+    min_tokens is still ahead: ValueError, nothing adjusted."""
+    state = SlotAdjustments(VOCAB, torch.device("cpu"), lambda a: torch.from_numpy(
+        np.asarray(a, dtype=np.int64)))
+    rng = random.Random(0)
+    sample = Sample(0, rng)  # (a repetition penalty)
+    logits = torch.randn(3, VOCAB)
+    drafts = torch.tensor([[1, 2]])
+    row = AdjustedRow(0, 0, sample, sample.adjuster, [], None, object())
+    with pytest.raises(ValueError, match="not those of the chain"):
+        state.apply_chains(logits.clone(), [row], drafts)
+    short = Sample(6, rng)  # (min_tokens=5)
+    with pytest.raises(ValueError, match="min_tokens=5 with 0 output tokens"):
+        state.apply_chains(logits.clone(), [AdjustedRow(0, 1, short, short.adjuster, [])],
+                           drafts)
