@@ -313,11 +313,10 @@ class OverlappedSteps:
             return None
         plain = not any(wanted)
         # (penalized sequences' counts hold the flight's kept tokens, which the host has not:
-        # a plain step would count them again from there; a drafting one asks for the mark)
-        penalized = [seq.slot for seq in seqs
-                     if seq.adjuster.active and seq.params.needs_penalties]
-        if penalized and (plain or any(self.slot_adjustments.counted.get(slot)
-                                       is not flight.counted for slot in penalized)):
+        # the step asks for the flight's mark)
+        if any(seq.adjuster.active and seq.params.needs_penalties
+               and self.slot_adjustments.counted.get(seq.slot) is not flight.counted
+               for seq in seqs):
             self._planned = plan
             return None
         self._proposed_last_step = not plain
@@ -351,7 +350,7 @@ class OverlappedSteps:
                                   started)
             return replace(self._sample_ahead(forwarded, plan.step,
                                               None if sampling.all_greedy else sampling, began,
-                                              True), reserved=True)
+                                              True, holds=flight.counted), reserved=True)
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
@@ -457,14 +456,16 @@ class OverlappedSteps:
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
                       sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
                       ahead: bool = False, fed: FedTokens | None = None,
-                      raw: torch.Tensor | None = None) -> InFlight:
+                      raw: torch.Tensor | None = None, holds: object = None) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
         argmax, which a decode step's CUDA graph computed already, else two kernels) and queue
         their copy to the host; ``ahead``: launched before the step before it was committed;
         ``began``: recorded before its forward (CUDA). Adjustments that need no history
         (penalties, bias, allowed ids, min_tokens) come from the slots' state on the device
         (:meth:`_adjust_on_device`; ``fed``: the tokens in flight the forward was fed, the
-        last output token of each sequence, not on the host yet); logprobs are gathered
+        last output token of each sequence, not on the host yet; ``holds``: the mark of the
+        drafting flight whose chains fed it, which its penalized slots' counts hold, as the host
+        cannot count them: :class:`~samplers.slot_adjustments.AdjustedRow`); logprobs are gathered
         there, from ``raw`` (the forward's logits, where the host processed a copy: None,
         ``forwarded.logits``) or the processed logits, and copied behind the tokens."""
         items = forwarded.items
@@ -475,7 +476,7 @@ class OverlappedSteps:
         lp_index = self.runner.to_device(lp_rows) if lp_rows else None
         values = ((logits if raw is None else raw).index_select(0, lp_index)  # (before any
                   if lp_index is not None and mode.startswith("raw") else None)  # adjustment)
-        adjusted = self._adjust_on_device(logits, seqs, fed)
+        adjusted = self._adjust_on_device(logits, seqs, fed, holds)
         try:
             failed = non_finite_rows(logits, [[] for _ in items])  # (CPU only)
             # (a decode graph's own argmax, where it computed one: of the logits unadjusted)
@@ -527,13 +528,14 @@ class OverlappedSteps:
         return tokens, forwarded
 
     def _adjust_on_device(self, logits: torch.Tensor, seqs: list[Sequence],
-                          fed: FedTokens | None) -> Adjusted | None:
+                          fed: FedTokens | None, holds: object = None) -> Adjusted | None:
         """Adjust in place the rows of ``logits [batch, vocab_size]`` whose sequences' adjusters
         need no history, from their slots' state on the device
-        (:mod:`samplers.slot_adjustments`); None when no row has one. A sequence that stopped
-        at the commit before (its row dropped later) is left as it is."""
+        (:mod:`samplers.slot_adjustments`; ``holds``: see :meth:`_sample_ahead`); None when no
+        row has one. A sequence that stopped at the commit before (its row dropped later) is
+        left as it is."""
         rows = [AdjustedRow(j, seq.slot, seq, seq.adjuster, seq.output_token_ids,
-                            None if fed is None else fed.sources[j])
+                            None if fed is None else fed.sources[j], holds)
                 for j, seq in enumerate(seqs)
                 if seq.adjuster.active and not seq.adjuster.needs_history
                 and not seq.is_finished]

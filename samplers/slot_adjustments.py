@@ -143,8 +143,10 @@ class SlotAdjustments:
               fed: torch.Tensor | None = None) -> Adjusted:
         """Adjust ``rows`` of ``logits [num_rows, vocab_size]`` (float32) in place from their
         slots' state; ``fed [m]``: tokens in flight on the device (each row's ``fed`` indexes
-        it: its output's next token, sampled but not on the host). Returns what the step's
-        sampled tokens must add (:meth:`Adjusted.count`)."""
+        it: its output's next token, sampled but not on the host). A row with ``holds`` (a
+        step fed from a drafting flight's chains) needs its slot to hold that mark
+        (ValueError otherwise), and its slot holds a new mark once the step counts its token.
+        Returns what the step's sampled tokens must add (:meth:`Adjusted.count`)."""
         self._reserve(max(r.slot for r in rows) + 1, len(rows))
         used: set[str] = set()
         active, rebuild, counted = [], [], {}
@@ -156,9 +158,13 @@ class SlotAdjustments:
             p = r.adjuster.params
             active.append(int(bool(r.adjuster.min_tokens_ids) and done < p.min_tokens))
             if p.needs_penalties:
-                if self.counted.get(r.slot) != done:
+                holds = done if r.holds is None else r.holds
+                if self.counted.get(r.slot) != holds:  # (a mark: equal only to itself)
+                    if r.holds is not None:
+                        raise ValueError(f"slot {r.slot}'s counts are not those of the chain "
+                                         "it is fed from")
                     rebuild.append(i)
-                counted[r.slot] = done + 1
+                counted[r.slot] = done + 1 if r.holds is None else object()
         n = len(rows)
         layout = ([r.row for r in rows] + [r.slot for r in rows] + active
                   + [r.row for r in rows if r.slot in counted]

@@ -259,8 +259,8 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     the kept tokens counted there: tokens, finish and logprobs equal those of the same engine
     stepping synchronously over the same drafts (the oracle's), through partial acceptance,
     stops inside a chain and a min_tokens that holds the first steps back. ``plain_every``:
-    every such step of the overlapped engine plans no drafts (a plain flight, counting its
-    token on the device, then chains fed from it)."""
+    every such step of the overlapped engine plans no drafts (a plain flight fed from chains,
+    its counts the chains' on the device; chains fed from a plain flight's token)."""
     from scheduler import DraftPlan
 
     batch = prompts(6, seed=41)
@@ -294,6 +294,13 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
         return apply_chains(logits, rows, drafts, fed)
 
     monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply_chains", spied)
+    apply, from_chains = llm.llm_engine.slot_adjustments.apply, []
+
+    def spied_plain(logits, rows, fed=None):  # (plain steps fed from chains: their mark)
+        from_chains.append(any(r.holds is not None for r in rows))
+        return apply(logits, rows, fed)
+
+    monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply", spied_plain)
     got = with_logprobs(llm, batch, PENALIZED, arrivals)
     for (tokens, finish, entries, total), (want_tokens, want_finish, want_entries,
                                           want_total) in zip(got, expected, strict=True):
@@ -310,6 +317,7 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     assert sum(holds for _, _, holds in adjusted) >= (2 if plain_every else 5)
     assert max(n for n, _, _ in adjusted) >= 3
     assert sum(fed for _, fed, _ in adjusted) >= (3 if plain_every else 0)
+    assert sum(from_chains) >= (3 if plain_every else 0)
     metrics = llm.llm_engine.metrics
     assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
     assert_engine_empty(llm)

@@ -204,8 +204,8 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
 
 
 def test_chains_refuse_counts_they_cannot_trust():
-    """A chain fed from another whose counts the slot does not hold, and a sample whose
-    min_tokens is still ahead: ValueError, nothing adjusted."""
+    """A chain (or a plain step) fed from chains whose counts the slot does not hold, and a
+    sample whose min_tokens is still ahead: ValueError, nothing adjusted."""
     state = SlotAdjustments(VOCAB, torch.device("cpu"), lambda a: torch.from_numpy(
         np.asarray(a, dtype=np.int64)))
     rng = random.Random(0)
@@ -215,6 +215,8 @@ def test_chains_refuse_counts_they_cannot_trust():
     row = AdjustedRow(0, 0, sample, sample.adjuster, [], None, object())
     with pytest.raises(ValueError, match="not those of the chain"):
         state.apply_chains(logits.clone(), [row], drafts)
+    with pytest.raises(ValueError, match="not those of the chain"):  # (a plain step's too)
+        state.apply(logits[:1].clone(), [row])
     short = Sample(6, rng)  # (min_tokens=5)
     with pytest.raises(ValueError, match="min_tokens=5 with 0 output tokens"):
         state.apply_chains(logits.clone(), [AdjustedRow(0, 1, short, short.adjuster, [])],
