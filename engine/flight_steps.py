@@ -79,7 +79,14 @@ class OverlappedSteps:
         return k > 0 and all(
             item.samples and item.num_context_tokens == 1 and len(item.drafts) == k
             and item.parents is None and not item.forced and item.draft_probs is None
-            and overlappable(item.seq) for item in forwarded.items)
+            and self._drafts_ahead(item.seq) for item in forwarded.items)
+
+    def _drafts_ahead(self, seq: Sequence) -> bool:
+        """``seq`` may verify in a drafting flight and have the proposer draft its next drafts
+        on the device (:func:`engine.overlap.overlappable`), where those drafts are what the
+        host would draft: not a request with adjustments whose proposer adjusts its drafts on
+        the host only (``Proposer.adjusts_drafts``)."""
+        return overlappable(seq) and not (seq.adjuster.active and self.proposer.adjusts_drafts)
 
     def _chain_sampling(self, seqs: list[Sequence]) -> SamplingTensors:
         """The sampling tensors of a drafting flight launched from the host (nothing in
@@ -312,8 +319,8 @@ class OverlappedSteps:
             self._planned = plan
             return None
         plain = not any(wanted)
-        # (penalized sequences' counts hold the flight's kept tokens, which the host has not:
-        # the step asks for the flight's mark)
+        # (penalized sequences' counts hold the flight's kept tokens, which the host's output
+        # lacks, so a count made again from it would miss them: the step asks for the mark)
         if any(seq.adjuster.active and seq.params.needs_penalties
                and self.slot_adjustments.counted.get(seq.slot) is not flight.counted
                for seq in seqs):
@@ -364,7 +371,7 @@ class OverlappedSteps:
         return (self.proposer.drafts_on_device
                 and (flight.forwarded.output.hidden is not None or not self.keep_hidden)
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
-                and all(plan.drafts_ahead(seq, 1) > 0 and overlappable(seq)
+                and all(plan.drafts_ahead(seq, 1) > 0 and self._drafts_ahead(seq)
                         and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
                         for seq in seqs))
 

@@ -54,7 +54,7 @@ from engine.forward_inputs import forward_inputs, non_finite_rows
 from engine.grammar_steps import GrammarMasks, forced_drafts, one_hot, prepend_forced
 from engine.logprobs import to_values
 from engine.metrics import MetricsCollector
-from engine.overlap import InFlight, Pending, TokenCopies, overlappable
+from engine.overlap import InFlight, Pending, TokenCopies
 from engine.prefix_caching import attach_hits, leaving_tokens, prefix_hit
 from engine.request_checks import check_sampling_params, request_error
 from engine.runner.cuda_graphs import batch_bucket
@@ -372,7 +372,7 @@ class LLMEngine(OverlappedSteps):
         # (the step may verify ahead: flight_steps.OverlappedSteps._overlaps_drafting)
         uniform = (self.overlap and self.proposer.drafts_on_device and not forced
                    and not any(tree) and len(wanted) == len(items)
-                   and all(item.num_context_tokens == 1 and overlappable(item.seq)
+                   and all(item.num_context_tokens == 1 and self._drafts_ahead(item.seq)
                            for item in items))
         proposal = self.proposer.propose([
             ProposeRequest(seq.seq_id, seq.all_token_ids + forced[i] if i in forced

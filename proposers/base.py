@@ -123,6 +123,10 @@ class Proposer(ABC):
     # ``drafts_on_device``: :meth:`draft_after` drafts a step's next drafts on the device from
     # its verification there (overlapped drafting steps), :meth:`advance` tells it the outcome
     drafts_on_device: bool = False
+    # ``adjusts_drafts``: :meth:`propose` drafts from logits the request's ``adjust_logits``
+    # adjusted, which :meth:`draft_after` does not (its drafts would be rejected more often):
+    # a request with adjustments then drafts from the host
+    adjusts_drafts: bool = False
     # ``pairs_on_device``: :meth:`write_after` takes a plain step's features and sampled tokens
     # on the device (overlapped plain steps), :meth:`advance` tells it they were committed
     pairs_on_device: bool = False

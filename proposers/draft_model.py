@@ -95,6 +95,7 @@ class DraftModelProposer(Proposer):
     """
 
     drafts_on_device = True
+    adjusts_drafts = True  # (draft_after's argmax is of the draft's logits unadjusted)
 
     def __init__(self, runner: DraftRunner, greedy: bool = False,
                  target_vocab_size: int | None = None,

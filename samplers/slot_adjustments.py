@@ -113,8 +113,8 @@ class AdjustedChains:
             state.counted[slot] = self.mark
 
     def forget(self) -> None:
-        """The step was dropped after :meth:`count`: its slots' counts are made again when
-        next used (from the host's output: a chain fed from it cannot launch)."""
+        """The step was dropped (before or after :meth:`count`): its slots' counts are made
+        again when next used (from the host's output: no step fed from its chains launches)."""
         for slot in self._slot_list:
             self._state.counted.pop(slot, None)
 
@@ -135,7 +135,9 @@ class SlotAdjustments:
         self._width = torch.tensor(vocab_size, dtype=torch.long, device=self.device)
         self.owner: dict[int, object] = {}  # slot -> the sequence its rows are
         self.has: dict[int, frozenset[str]] = {}  # slot -> the rows its sequence uses
-        self.counted: dict[int, int] = {}  # slot -> output tokens its counts hold (-1: none)
+        # slot -> output tokens its counts hold (-1: none), or the mark of the drafting step
+        # that counted its kept tokens (AdjustedChains)
+        self.counted: dict[int, object] = {}
         # the last step's index layout (host list) and its copy on the device
         self._layout: tuple[list[int] | None, torch.Tensor | None] = (None, None)
 
@@ -203,12 +205,12 @@ class SlotAdjustments:
         ``logits [num_chains * width, vocab_size]`` (float32, a chain's rows consecutive) from
         their slots' state: row ``j`` of a chain as its sequence's output followed by its first
         ``j`` drafts (``drafts [num_chains, width - 1]`` on the device), as
-        :meth:`LogitsAdjuster.apply` adjusts it. A row's slot must hold what ``holds`` names (a
-        chain's mark: the chain it is fed from counted its kept tokens), else ValueError; a
-        row without ``holds`` has its counts made again from its output (and its ``fed``
-        token) where they are not that. A sequence's ``min_tokens`` must be behind it (its
-        mask would depend on how many tokens the chain before kept): ValueError. Returns what
-        the step's kept tokens must add (:meth:`AdjustedChains.count`)."""
+        :meth:`LogitsAdjuster.apply` adjusts it. A penalized row's slot must hold what
+        ``holds`` names (a chain's mark: the chain it is fed from counted its kept tokens),
+        else ValueError; one without ``holds`` has its counts made again from its output (and
+        its ``fed`` token) where they are not that. A sequence's ``min_tokens`` must be behind
+        it (its mask would depend on how many tokens the chain before kept): ValueError.
+        Returns what the step's kept tokens must add (:meth:`AdjustedChains.count`)."""
         num_chains, width = drafts.shape[0], drafts.shape[1] + 1
         vocab_size = self.vocab_size
         if logits.shape != (num_chains * width, vocab_size):

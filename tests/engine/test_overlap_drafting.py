@@ -231,7 +231,8 @@ def test_drafting_flights_give_the_logprobs_of_synchronous_steps(target, head_di
     assert_engine_empty(llm)
 
 
-# penalties, bias, allowed ids, a one-token bad word and a min_tokens that ends early, beside
+# penalties, bias, allowed ids, a one-token bad word and a min_tokens (of stop tokens) that ends
+# early, beside
 # a request without adjustments; greedy and seeded samples; with and without logprobs
 PENALIZED = [
     SamplingParams(temperature=0.0, max_tokens=23, ignore_eos=True, repetition_penalty=1.3),
@@ -239,8 +240,8 @@ PENALIZED = [
                    presence_penalty=0.3, logprobs=2),
     SamplingParams(temperature=0.8, seed=11, top_k=12, max_tokens=26, repetition_penalty=1.2,
                    logit_bias={3: 2.0, 9: -1.0}, logprobs=3),
-    SamplingParams(temperature=0.0, max_tokens=25, ignore_eos=True, min_tokens=4,
-                   frequency_penalty=0.4),
+    SamplingParams(temperature=0.0, max_tokens=25, stop_token_ids=[5, 11, 17, 23],
+                   min_tokens=9, frequency_penalty=0.4),
     SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True),
     SamplingParams(temperature=1.0, seed=3, top_p=0.9, max_tokens=27, ignore_eos=True,
                    allowed_token_ids=list(range(8, 40)), presence_penalty=0.6,
@@ -367,6 +368,36 @@ def test_a_draft_model_drafting_on_the_device_equals_plain_decoding(target, monk
         draft_runner = engine.proposer.runner
         assert draft_runner.num_cached_tokens == 0
         assert draft_runner.num_free_slots == engine.config.max_num_seqs
+
+
+def test_a_draft_model_keeps_adjusted_requests_drafting_from_the_host(target):
+    """A draft model adjusts its drafts on the host with each request's penalties, bias and
+    allowed ids (``adjust_logits``); its drafts on the device would not be. With a draft model
+    that is the target itself, every draft of such requests is accepted overlapped as it is
+    synchronously, and the output is the synchronous engine's."""
+    batch = prompts(4, seed=23)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, repetition_penalty=1.8),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, frequency_penalty=1.0,
+                       presence_penalty=0.5),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                       allowed_token_ids=list(range(20, 30))),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, logit_bias={5: 5.0},
+                       frequency_penalty=2.0),
+    ]
+    runs = []
+    for overlap in (False, True):
+        llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=overlap,
+                  speculative_config={"method": "draft_model", "model": noisy_copy(target, 0.0),
+                                      "tokenizer": tiny_tokenizer(VOCAB),
+                                      "num_speculative_tokens": K, "adaptive_k": False,
+                                      "draft_sample_method": "greedy"})
+        metrics = llm.llm_engine.metrics
+        runs.append((outputs(llm, batch, params), metrics.num_accepted, metrics.num_drafted))
+        assert_engine_empty(llm)
+    (sync, *_), (got, accepted, drafted) = runs
+    assert got == sync
+    assert drafted >= 60 and accepted == drafted
 
 
 def abort_in_a_chain(engine, monkeypatch, batch, max_tokens: int) -> dict:
