@@ -29,6 +29,15 @@ after stories), and the controller's own probes find it.
 The guard's overhead is bounded: after a back-off, at most ``MIN_EVIDENCE`` losing steps come
 before the next, which is twice as long. It judges only with measured costs (a configuration
 that fixes ``verify_cost_per_token`` asked for the model's costs, not the clock's).
+
+It needs a plain step measured at the bucket. A batch that drafts from its first step on (a
+closed batch of requests admitted together, every one drafting) never makes one, and the
+controller's model then prices its drafting steps from another batch size's costs, where a
+verification step costs less beside a plain one: penalized requests at batch 32 drafted that
+way at 0.44-0.49× of plain decoding on an H200 (docs/performance.md, "Penalties in drafting
+flights"). So after ``MIN_EVIDENCE`` drafting steps without that price, the bucket's next
+``PRICE_STEPS`` steps are plain (enough for a first step and a graph's capture, which are not
+steady, and two kept samples), not counted as a back-off.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ HALF_LIFE = 32  # drafting steps over which the evidence's weight halves
 MIN_EVIDENCE = 12.0  # the window's weight (drafting steps) before it is judged
 FIRST_BACKOFF = 64  # steps of the bucket made plain at the first back-off ...
 MAX_BACKOFF = 2048  # ... doubling each time drafting loses again, up to this many
+PRICE_STEPS = 8  # plain steps planned where drafting ran without a plain step to compare with
 _DECAY = 0.5 ** (1.0 / HALF_LIFE)
 
 
@@ -57,6 +67,7 @@ class BucketPayoff:
     until: int = -1  # the step clock at which the current back-off ends (-1: none)
     admitted_at: int = 0  # requests admitted when the current back-off began
     batch: int = 1  # the batch size that began it
+    unpriced: int = 0  # drafting steps recorded since the last plain stretch, none measured
 
     def payoff(self) -> float:
         return self.plain_seconds / self.seconds if self.seconds > 0 else 1.0
@@ -101,10 +112,17 @@ class PayoffGuard:
         plain decoding (``tokens / batch_size`` plain steps; in a closed batch, ``batch_size``
         times its front's advance) in ``seconds`` (the step and its proposal); ``kv``: its
         longest context."""
+        if seconds <= 0 or batch_size <= 0:
+            return
         plain = self.costs.plain_seconds(batch_size, kv)
-        if plain is None or seconds <= 0 or batch_size <= 0:
-            return  # (no plain step measured at this bucket yet: nothing to compare with)
         state = self._bucket(batch_size)
+        if plain is None:  # (no plain step measured at this bucket: a few plain steps first)
+            state.unpriced += 1
+            if state.unpriced >= MIN_EVIDENCE:
+                state.unpriced = 0
+                state.until = self.clock + PRICE_STEPS
+                state.admitted_at, state.batch = self.admitted, batch_size
+            return
         state.seconds = state.seconds * _DECAY + seconds
         state.plain_seconds = state.plain_seconds * _DECAY + plain * tokens / batch_size
         state.weight = state.weight * _DECAY + 1.0

@@ -10,7 +10,13 @@ from engine.sequence import Sequence
 from proposers import Proposal
 from samplers import SamplingParams
 from scheduler import ScheduledSequence, StepOutcome, StepTiming, make_controller
-from scheduler.payoff_guard import FIRST_BACKOFF, MARGIN, MIN_EVIDENCE, PayoffGuard
+from scheduler.payoff_guard import (
+    FIRST_BACKOFF,
+    MARGIN,
+    MIN_EVIDENCE,
+    PRICE_STEPS,
+    PayoffGuard,
+)
 from scheduler.step_costs import StepCostTable
 
 PLAIN_S = 0.010  # a plain step's seconds in these streams
@@ -85,10 +91,20 @@ def test_new_requests_end_a_back_off_early():
     assert guard.allows(8)
 
 
-def test_nothing_is_judged_before_a_plain_step_is_measured():
-    guard = PayoffGuard(StepCostTable())
-    assert all(feed(guard, 100, 8, 1.0, 3.0))
-    assert guard.backoffs == 0
+def test_drafting_without_a_plain_step_to_compare_with_makes_room_for_one():
+    """Nothing is judged before a plain step is measured at the bucket; every MIN_EVIDENCE
+    drafting steps without one, PRICE_STEPS plain steps follow (not a back-off). Once they are
+    measured, the drafting is judged: here it loses, and backs off."""
+    costs = StepCostTable()
+    guard = PayoffGuard(costs)
+    allowed = feed(guard, 3 * (int(MIN_EVIDENCE) + PRICE_STEPS), 8, 1.0, 3.0)
+    cycle = [True] * int(MIN_EVIDENCE) + [False] * PRICE_STEPS
+    assert allowed == cycle * 3 and guard.backoffs == 0
+    assert all(feed(guard, 2, 1, 1.0, 3.0))  # (another bucket: its own count)
+    for _ in range(3):  # the plain steps measured (the first one a warm-up)
+        costs.record("step", 8, 1, PLAIN_S)
+    allowed = feed(guard, 40, 8, 1.0, 3.0)
+    assert guard.backoffs == 1 and allowed.index(False) <= MIN_EVIDENCE + 4
 
 
 def test_a_step_is_compared_with_a_plain_step_at_its_own_context():
