@@ -140,6 +140,7 @@ class SlotAdjustments:
         self.counted: dict[int, object] = {}
         # the last step's index layout (host list) and its copy on the device
         self._layout: tuple[list[int] | None, torch.Tensor | None] = (None, None)
+        self._chain_layout: tuple[list[int] | None, torch.Tensor | None] = (None, None)
 
     def apply(self, logits: torch.Tensor, rows: list[AdjustedRow],
               fed: torch.Tensor | None = None) -> Adjusted:
@@ -236,11 +237,11 @@ class SlotAdjustments:
                     rebuild.append(i)
                 penalized_rows.append(i)
         n, m = len(rows), len(penalized_rows)
-        index = self._to_device(np.array(
-            [r.row for r in rows] + [r.slot for r in rows]
-            + [rows[i].row for i in penalized_rows] + [rows[i].slot for i in penalized_rows],
-            dtype=np.int64))
-        chains_t, slots_t, pen_chains_t, pen_slots_t = index.split([n, n, m, m])
+        layout = ([r.row for r in rows] + [r.slot for r in rows]
+                  + [rows[i].row for i in penalized_rows] + [rows[i].slot for i in penalized_rows])
+        if layout != self._chain_layout[0]:  # (chains like the flight before reuse its indices)
+            self._chain_layout = layout, self._to_device(np.array(layout, dtype=np.int64))
+        chains_t, slots_t, pen_chains_t, pen_slots_t = self._chain_layout[1].split([n, n, m, m])
         if rebuild:
             self._rebuild([rows[i] for i in rebuild], fed)
         # [n, width, vocab_size]: the chains to adjust (all of them, in order: the logits)
