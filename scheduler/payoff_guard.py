@@ -33,11 +33,11 @@ that fixes ``verify_cost_per_token`` asked for the model's costs, not the clock'
 It needs a plain step measured at the bucket. A batch that drafts from its first step on (a
 closed batch of requests admitted together, every one drafting) never makes one, and the
 controller's model then prices its drafting steps from another batch size's costs, where a
-verification step costs less beside a plain one: penalized requests at batch 32 drafted that
-way at 0.44-0.49× of plain decoding on an H200 (docs/performance.md, "Penalties in drafting
-flights"). So after ``MIN_EVIDENCE`` drafting steps without that price, the bucket's next
-``PRICE_STEPS`` steps are plain (enough for a first step and a graph's capture, which are not
-steady, and two kept samples), not counted as a back-off.
+verification step costs less beside a plain one, and drafting that loses goes on unjudged
+(docs/performance.md, "Penalties in drafting flights"). So after ``MIN_EVIDENCE`` drafting
+steps without that price, the bucket's next ``PRICE_STEPS`` steps are plain (enough for a
+first step and a graph's capture, which are not steady, and two kept samples), not counted
+as a back-off.
 """
 
 from __future__ import annotations
