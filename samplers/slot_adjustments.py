@@ -107,8 +107,8 @@ class AdjustedChains:
             width = ids.shape[1]
             kept = (torch.arange(width, device=ids.device)[None, :]
                     <= accepted.index_select(0, self._chains)[:, None])  # [m, width]
-            flat = torch.addcmul(ids, self._slots[:, None], state._width)  # slot * vocab + id
-            state.counts.view(-1).index_add_(0, flat.view(-1), kept.view(-1).to(torch.float32))
+            state.add(self._slots[:, None].expand(-1, width).reshape(-1), ids.view(-1),
+                      kept.view(-1).to(torch.float32))
         for slot in self._slot_list:
             state.counted[slot] = self.mark
 
@@ -154,18 +154,12 @@ class SlotAdjustments:
         used: set[str] = set()
         active, rebuild, counted = [], [], {}
         for i, r in enumerate(rows):
-            if self.owner.get(r.slot) is not r.owner:
-                self._take(r.slot, r.owner, r.adjuster)
-            used |= self.has[r.slot]
+            used |= self._owned(r)
             done = len(r.output) + (r.fed is not None)  # (the output before this position)
             p = r.adjuster.params
             active.append(int(bool(r.adjuster.min_tokens_ids) and done < p.min_tokens))
             if p.needs_penalties:
-                holds = done if r.holds is None else r.holds
-                if self.counted.get(r.slot) != holds:  # (a mark: equal only to itself)
-                    if r.holds is not None:
-                        raise ValueError(f"slot {r.slot}'s counts are not those of the chain "
-                                         "it is fed from")
+                if not self._counts_hold(r):
                     rebuild.append(i)
                 counted[r.slot] = done + 1 if r.holds is None else object()
         n = len(rows)
@@ -225,15 +219,9 @@ class SlotAdjustments:
             if r.adjuster.min_tokens_ids and len(r.output) < p.min_tokens:
                 raise ValueError(f"slot {r.slot}: min_tokens={p.min_tokens} with "
                                  f"{len(r.output)} output tokens cannot adjust chains")
-            if self.owner.get(r.slot) is not r.owner:
-                self._take(r.slot, r.owner, r.adjuster)
-            used |= self.has[r.slot]
+            used |= self._owned(r)
             if p.needs_penalties:
-                holds = r.holds if r.holds is not None else len(r.output) + (r.fed is not None)
-                if self.counted.get(r.slot) != holds:  # (a mark: equal only to itself)
-                    if r.holds is not None:
-                        raise ValueError(f"slot {r.slot}'s counts are not those of the chain "
-                                         "it is fed from")
+                if not self._counts_hold(r):
                     rebuild.append(i)
                 penalized_rows.append(i)
         n, m = len(rows), len(penalized_rows)
@@ -273,6 +261,22 @@ class SlotAdjustments:
         return AdjustedChains(self, pen_chains_t, pen_slots_t,
                               [rows[i].slot for i in penalized_rows], mark)
 
+    def _owned(self, r: AdjustedRow) -> frozenset[str]:
+        """The rows ``r``'s slot uses, written first where it held another sequence."""
+        if self.owner.get(r.slot) is not r.owner:
+            self._take(r.slot, r.owner, r.adjuster)
+        return self.has[r.slot]
+
+    def _counts_hold(self, r: AdjustedRow) -> bool:
+        """Whether ``r``'s slot's counts hold what its row needs: its output and its token in
+        flight, or the mark ``r.holds`` (else ValueError: the host cannot count them again)."""
+        holds = len(r.output) + (r.fed is not None) if r.holds is None else r.holds
+        if self.counted.get(r.slot) == holds:  # (a mark: equal only to itself)
+            return True
+        if r.holds is not None:
+            raise ValueError(f"slot {r.slot}'s counts are not those of the chain it is fed from")
+        return False
+
     def release(self, slot: int) -> None:
         """``slot``'s sequence left it: its rows are written again by the next to use it (and
         the sequence is not kept alive here)."""
@@ -280,12 +284,15 @@ class SlotAdjustments:
         self.has.pop(slot, None)
         self.counted.pop(slot, None)
 
-    def add(self, slots: torch.Tensor, ids: torch.Tensor) -> None:
-        """Count token ``ids[i]`` once more in slot ``slots[i]`` (both ``[n]`` on the device):
-        one atomic add each, exact in any order (whole numbers below 2**24), where an
-        accumulating ``index_put_`` sorts its indices first (several launches)."""
+    def add(self, slots: torch.Tensor, ids: torch.Tensor,
+            weights: torch.Tensor | None = None) -> None:
+        """Count token ``ids[i]`` ``weights[i]`` times more (None: once) in slot ``slots[i]``
+        (each ``[n]`` on the device): one atomic add each, exact in any order (whole numbers
+        below 2**24), where an accumulating ``index_put_`` sorts its indices first (several
+        launches)."""
         flat = torch.addcmul(ids, slots, self._width)  # slot * vocab_size + id
-        self.counts.view(-1).index_add_(0, flat, self.ones[:ids.numel()])
+        self.counts.view(-1).index_add_(0, flat, self.ones[:ids.numel()] if weights is None
+                                        else weights)
 
     def _reserve(self, num_slots: int, num_rows: int) -> None:
         """Room for slots ``0 .. num_slots - 1`` (doubling) and ``num_rows`` count updates."""
