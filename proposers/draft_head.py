@@ -52,6 +52,7 @@ from torch import nn
 
 from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
 from proposers.chain_inputs import chain_inputs
+from proposers.deferred_pairs import DeferredPairs
 from proposers.head_cache import HeadKVCache
 from proposers.head_drafting import (
     DraftTree,
@@ -76,6 +77,7 @@ def _pow2(n: int) -> int:
 
 
 LAZY_PENDING = 64  # pending pairs a request may hold before they are written without a proposal
+DEFER_STEPS = 8  # plain steps whose pairs wait on the device before they are written
 TOP_CHUNK = 128  # top_indices: the columns of one chunk of its first pass
 TOP_MAX_ROWS = 16  # top_indices: rows past which one topk is faster
 
@@ -152,7 +154,7 @@ class DraftHeadProposer(Proposer):
     def __init__(self, head: DraftHead, embed: nn.Module, lm_head: nn.Module, vocab_size: int,
                  max_num_seqs: int, max_model_len: int, max_pending: int,
                  graphs: bool = False, capture: bool = True,
-                 tree: list[int] | None = None) -> None:
+                 tree: list[int] | None = None, defer_steps: int = DEFER_STEPS) -> None:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         # candidates per node at each depth (1 past the list), or None: chains only
         self.branching = None if tree is None else list(tree)
@@ -193,6 +195,10 @@ class DraftHeadProposer(Proposer):
         self.cache = HeadKVCache(max_num_seqs, head.num_kv_heads, head.head_dim, weight.dtype,
                                  weight.device, max_model_len + room + 1)
         self._pending: dict[str | int, _Pending] = {}
+        # plain steps' pairs waiting on the device (write_after): made at the first, its width
+        # the features'
+        self.defer_steps = defer_steps
+        self._deferred: DeferredPairs | None = None
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = KeyedGraphs(weight.device, capture) if graphs else None
@@ -257,6 +263,7 @@ class DraftHeadProposer(Proposer):
         """Write each request's pending pairs but its newest into the cache, one batched
         projection (the newest stays pending: the next proposal queries it; ``keep_newest``
         False: it is written too, for drafts from the device, :meth:`draft_after`)."""
+        self._write_deferred()  # (first: pairs are written in the order they came)
         feats: list[Chunk] = []  # every request's rows but its newest, in row order
         newest: list[Chunk] = []  # each request's newest row
         tokens, slots, positions = [], [], []
@@ -329,6 +336,7 @@ class DraftHeadProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
+        self._write_deferred()
         drafts: list[list[int]] = [[] for _ in requests]
         ready = [i for i, r in enumerate(requests) if r.num_spec_tokens > 0
                  and self._ready(r.req_id, len(r.token_ids))]
@@ -408,35 +416,51 @@ class DraftHeadProposer(Proposer):
     @torch.inference_mode()
     def write_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
                     tokens: torch.Tensor, positions: Sequence[int]) -> None:
-        """:meth:`Proposer.write_after`: the step's pairs (``features [batch, hidden_size]``,
-        each with the token sampled after it, ``tokens [batch]``) written at ``positions`` on
-        the device, in one graph a batch bucket; pairs still pending on the host (a step
-        whose features came to :meth:`on_features`) are written first, from the host. Each
-        request's pair stays its newest until :meth:`advance` (a plain step without this
-        cost a host write of every request's pairs every ``max_pending`` steps)."""
+        """:meth:`Proposer.write_after`: the step's pairs (``features [batch, width]``, each
+        with the token sampled after it, ``tokens [batch]``) to be written at ``positions``
+        on the device; pairs still pending on the host (a step whose features came to
+        :meth:`on_features`) are written first, from the host. The rows wait on the device
+        (:class:`~proposers.deferred_pairs.DeferredPairs`) and are written with those of
+        the next plain steps, in one projection, at the cache's next read. Each request's pair
+        stays its newest until :meth:`advance` (a plain step without this cost a host write
+        of every request's pairs every ``max_pending`` steps)."""
         self._write_behind(req_ids)
         self._ensure(max(positions) + 1)
         slots = [self.cache.slot_of[r] for r in req_ids]
-        batch = len(req_ids)
-        feats = features.to(self.cache.dtype)
+        if self._deferred is None:
+            self._deferred = DeferredPairs(_pow2(_pow2(self.cache.num_slots) * self.defer_steps),
+                                           self.defer_steps, features.shape[-1],
+                                           self.cache.dtype, self.cache.device)
+        if not self._deferred.fits(len(slots)):
+            self._write_deferred()
+        self._deferred.add(features, tokens, slots, list(positions))
+
+    @torch.inference_mode()
+    def _write_deferred(self) -> None:
+        """The pairs of plain steps held on the device, into the cache: one projection (one
+        graph a bucket of rows, padding rows writing the scratch slot's position 0). Called
+        before anything reads or writes the cache."""
+        if not self._deferred:
+            return
+        slots, positions = self._deferred.take()
+        rows = len(slots)
 
         def body(f: torch.Tensor, t: torch.Tensor, s: torch.Tensor, p: torch.Tensor
                  ) -> torch.Tensor:  # (a row marked invalid is any token: its request fails)
             return write_pairs(self.head, self.cache, self.embed, f, t.clamp_min(0), s, p)
 
         if self.graphs is None:
-            index = self._to_device(np.array(slots + list(positions), dtype=np.int64))
-            body(feats, tokens, index[:batch], index[batch:])
+            index = self._to_device(np.array(slots + positions, dtype=np.int64))
+            body(self._deferred.features[:rows], self._deferred.tokens[:rows], index[:rows],
+                 index[rows:])
             return
-        padded = _pow2(batch)  # (padding rows write the scratch slot's position 0)
-        pad = padded - batch
-        index = self._to_device(np.array(slots + [self.cache.scratch] * pad + list(positions)
+        padded = _pow2(rows)  # (the held rows past ``rows`` are stale: they go to scratch)
+        pad = padded - rows
+        index = self._to_device(np.array(slots + [self.cache.scratch] * pad + positions
                                          + [0] * pad, dtype=np.int64))  # slots, positions
-        if pad:
-            feats = nn.functional.pad(feats, (0, 0, 0, pad))
-            tokens = nn.functional.pad(tokens, (0, pad))
         self.graphs.run(("pairs", padded), lambda f, t, i: body(f, t, i[:padded], i[padded:]),
-                        [feats, tokens, index])
+                        [self._deferred.features[:padded], self._deferred.tokens[:padded],
+                         index])
 
     @torch.inference_mode()
     def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
@@ -448,6 +472,7 @@ class DraftHeadProposer(Proposer):
         overwrite them unread), and the pair at ``base[b] + accepted[b]`` (the recovered or
         bonus token's) queries the chain, as :meth:`propose` queries a request's newest
         pending pair. The head's host bookkeeping follows at :meth:`advance`."""
+        self._write_deferred()
         batch, width = tokens.shape
         slots = [self.cache.slot_of[req_id] for req_id in req_ids]
         steps_run = steps if self.graphs is None else max(steps, self.max_pending - 1)
@@ -490,6 +515,7 @@ class DraftHeadProposer(Proposer):
         """:meth:`Proposer.flush`: every pending pair, the newest too, into the cache (the
         pairs hold the contexts' tokens already); pairs written on the device are only
         counted."""
+        self._write_deferred()
         self._write_behind(req_ids)
         for req_id in req_ids:
             pending = self._pending[req_id]

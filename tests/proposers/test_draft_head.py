@@ -12,7 +12,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from proposers.base import FeatureUpdate, ProposeRequest
-from proposers.draft_head import DraftHeadProposer, beside
+from proposers.draft_head import DEFER_STEPS, DraftHeadProposer, beside
 from proposers.head_model import DraftHead, head_for
 from tests.conftest import tiny_model
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
@@ -105,11 +105,12 @@ def hidden_of(model, tokens: list[int]) -> torch.Tensor:
                      output_hidden_states=True).hidden_states[-1][0]  # [len, hidden]
 
 
-def make_proposer(target, head, graphs: bool = False, max_pending: int = 4):
+def make_proposer(target, head, graphs: bool = False, max_pending: int = 4,
+                  defer_steps: int = DEFER_STEPS):
     return DraftHeadProposer(head, target.get_input_embeddings(),
                              target.get_output_embeddings(), VOCAB, max_num_seqs=4,
                              max_model_len=64, max_pending=max_pending, graphs=graphs,
-                             capture=False)
+                             capture=False, defer_steps=defer_steps)
 
 
 def feed(proposer, target, contexts: dict, verified: dict) -> None:
@@ -716,16 +717,20 @@ def plain_step_on_device(proposer, target, contexts: dict, req_ids: list, salt: 
         proposer.advance(r, len(contexts[r]) - 1, features, row, token)
 
 
+@pytest.mark.parametrize("defer_steps", [1, 3, DEFER_STEPS],
+                         ids=["each-step", "held-3-steps", "held-to-the-read"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
-def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle(target, graphs):
+def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle(
+        target, graphs, defer_steps):
     """Plain steps that keep their pairs on the device (``write_after``, then ``advance`` when
     the step is read), the first after pairs still pending on the host, some steps for a part
     of the batch, one request's last pair handed on the host: chains drafted on the device
     after them (``flush``, then ``draft_after``), and a proposal from the host, equal the
-    oracle over the whole context."""
+    oracle over the whole context; the pairs written at each step, every ``defer_steps``
+    steps (a full hold: 7 steps), or all at the cache's next read."""
     head = random_head(target.config, seed=6)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    proposer = make_proposer(target, head, graphs=graphs)
+    proposer = make_proposer(target, head, graphs=graphs, defer_steps=defer_steps)
     k = 3
     contexts = {"a": [5, 6, 7, 8, 2], "b": [9, 3], "c": [4, 4, 1, 2, 7, 7, 30]}
     feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
@@ -760,7 +765,7 @@ def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle
             torch.testing.assert_close(mine[proposer.cache.slot_of[r], :n],
                                        theirs[written.cache.slot_of[r], :n])
     # and from the host, a fresh proposer state's way: every pending pair of the plain steps
-    proposer = make_proposer(target, head, graphs=graphs)
+    proposer = make_proposer(target, head, graphs=graphs, defer_steps=defer_steps)
     contexts = {"a": [5, 6, 7, 8, 2, 11, 12], "b": [9, 3, 40]}
     feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
     for step in range(5):
@@ -770,6 +775,33 @@ def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle
     for r, chain in zip(contexts, proposal, strict=True):
         assert chain == oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
                                       contexts[r], k), r
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_held_pairs_of_a_request_that_left_do_not_reach_the_next_one_in_its_slot(target, graphs):
+    """A request's plain-step pairs wait on the device (``write_after``); it leaves before they
+    are written, and a new request takes its slot: the new request's drafts are the oracle's
+    over its own context, in its first proposal and after a plain step (the held pairs, at
+    positions the new one fills, go in before anything of the new one's)."""
+    head = random_head(target.config, seed=8)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    contexts = {"a": [5, 6, 7, 8, 2], "b": [9, 3, 4]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    for step in range(4):
+        plain_step_on_device(proposer, target, contexts, list(contexts), step * 11)
+    slot = proposer.cache.slot_of["a"]
+    proposer.remove("a")
+    fresh = {"d": [31, 2, 17, 9, 40, 3, 22, 8, 1, 5]}  # (positions 4 .. 7 were a's held ones)
+    feed(proposer, target, fresh, {"d": (0, len(fresh["d"]) - 1)})
+    assert proposer.cache.slot_of["d"] == slot
+    k = 3
+    for step in range(2):  # (a proposal, then a plain step held on the device and another)
+        proposal = proposer.propose([ProposeRequest("d", fresh["d"], k, SamplingParams(
+            temperature=0))]).draft_token_ids
+        assert proposal[0] == oracle_drafts(head, embed, lm_head,
+                                            hidden_of(target, fresh["d"])[:-1], fresh["d"], k)
+        plain_step_on_device(proposer, target, fresh, ["d"], 13 + step)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
