@@ -22,7 +22,10 @@ requests whose pairs fill that room are written there, in the forward's shadow, 
 after plain steps finds no more than its layout holds. Writing at every plain step would cost
 each plain step host time, and writing everything at the next proposal would make that
 proposal more than twice a steady one (docs/design.md, "Measured reasons behind the runner's
-choices").
+choices"). An overlapped plain step hands its pairs on the device instead
+(:meth:`DraftHeadProposer.write_after`): they wait there
+(:class:`~proposers.deferred_pairs.DeferredPairs`, up to ``DEFER_STEPS`` steps) and go in with
+the next steps' in one projection, before anything else reads or writes the cache.
 
 On CUDA (graphs on) the whole proposal (writes, queries and every draft) replays one CUDA graph
 per layout: batch rounded up to a power of two, pending rows padded to ``num_speculative_tokens +
