@@ -6,9 +6,10 @@ fed token, with the token sampled after it) while the step is still on the GPU
 projection of its own (a graph of about twenty small kernels on the GPU, and its inputs laid
 out on the host), which an `eagle` engine's plain steps paid and a plain engine's did not
 (docs/performance.md, "Overlapped drafting steps"). A pair's keys and values depend on that pair
-alone, so the pairs of several steps can be written later in one batched projection, with the
-same bits: each step copies its rows here (two launches), and the head writes them all at its
-next read of the cache, or when this holds ``max_steps`` steps or is full.
+alone, so the pairs of several steps can be written later in one batched projection (the same
+values; on a CPU a float32 product's last bits may move with its number of rows): each step
+copies its rows here (two launches), and the head writes them all at its next read or write of
+the cache, or when this holds ``max_steps`` steps or is full.
 
 The rows are device tensors that only the stream's order protects: a step's rows are copied in
 before anything later reads them, and :meth:`take` hands them out once; a later :meth:`add`

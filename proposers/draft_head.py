@@ -339,7 +339,9 @@ class DraftHeadProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[ProposeRequest]) -> Proposal:
-        self._write_deferred()
+        # (held rows first; a write whose graph ran eager or was captured makes the proposal's
+        # time not a steady one, as its own graph's would)
+        held_steady = self._write_deferred()
         drafts: list[list[int]] = [[] for _ in requests]
         ready = [i for i, r in enumerate(requests) if r.num_spec_tokens > 0
                  and self._ready(r.req_id, len(r.token_ids))]
@@ -381,7 +383,7 @@ class DraftHeadProposer(Proposer):
         else:
             out = self._draft_graphed(gather_rows(feats), tokens, row_slots, row_pos, last_rows,
                                       slots, last_pos, steps, num_keys, body, tree)
-        self.last_proposal_steady = generation == self.cache.generation and (
+        self.last_proposal_steady = held_steady and generation == self.cache.generation and (
             self.graphs is None or self.graphs.last_steady)
         for i in ready:
             req_id = requests[i].req_id
@@ -439,12 +441,13 @@ class DraftHeadProposer(Proposer):
         self._deferred.add(features, tokens, slots, list(positions))
 
     @torch.inference_mode()
-    def _write_deferred(self) -> None:
+    def _write_deferred(self) -> bool:
         """The pairs of plain steps held on the device, into the cache: one projection (one
         graph a bucket of rows, padding rows writing the scratch slot's position 0). Called
-        before anything reads or writes the cache."""
+        before anything reads or writes the cache. Whether its time was a steady one: nothing
+        held, or a captured graph's replay (not an eager first run or a capture)."""
         if not self._deferred:
-            return
+            return True
         slots, positions = self._deferred.take()
         rows = len(slots)
 
@@ -456,7 +459,7 @@ class DraftHeadProposer(Proposer):
             index = self._to_device(np.array(slots + positions, dtype=np.int64))
             body(self._deferred.features[:rows], self._deferred.tokens[:rows], index[:rows],
                  index[rows:])
-            return
+            return True
         padded = _pow2(rows)  # (the held rows past ``rows`` are stale: they go to scratch)
         pad = padded - rows
         index = self._to_device(np.array(slots + [self.cache.scratch] * pad + positions
@@ -464,6 +467,7 @@ class DraftHeadProposer(Proposer):
         self.graphs.run(("pairs", padded), lambda f, t, i: body(f, t, i[:padded], i[padded:]),
                         [self._deferred.features[:padded], self._deferred.tokens[:padded],
                          index])
+        return self.graphs.last_steady
 
     @torch.inference_mode()
     def draft_after(self, req_ids: Sequence[str | int], features: torch.Tensor,

@@ -781,8 +781,9 @@ def test_pairs_of_plain_steps_written_on_the_device_equal_the_written_out_oracle
 def test_held_pairs_of_a_request_that_left_do_not_reach_the_next_one_in_its_slot(target, graphs):
     """A request's plain-step pairs wait on the device (``write_after``); it leaves before they
     are written, and a new request takes its slot: the new request's drafts are the oracle's
-    over its own context, in its first proposal and after a plain step (the held pairs, at
-    positions the new one fills, go in before anything of the new one's)."""
+    over its own context, in its first proposal (after a plain step that wrote its pending
+    pairs from the host, ``observe``) and after a plain step held on the device (the held
+    pairs, at positions the new one fills, go in before anything of the new one's)."""
     head = random_head(target.config, seed=8)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     proposer = make_proposer(target, head, graphs=graphs)
@@ -797,11 +798,39 @@ def test_held_pairs_of_a_request_that_left_do_not_reach_the_next_one_in_its_slot
     assert proposer.cache.slot_of["d"] == slot
     k = 3
     for step in range(2):  # (a proposal, then a plain step held on the device and another)
-        proposal = proposer.propose([ProposeRequest("d", fresh["d"], k, SamplingParams(
-            temperature=0))]).draft_token_ids
+        request = ProposeRequest("d", fresh["d"], k, SamplingParams(temperature=0))
+        if step == 0:  # (a plain step from the host first: its pairs written from there)
+            proposer.observe([request])
+        proposal = proposer.propose([request]).draft_token_ids
         assert proposal[0] == oracle_drafts(head, embed, lm_head,
                                             hidden_of(target, fresh["d"])[:-1], fresh["d"], k)
         plain_step_on_device(proposer, target, fresh, ["d"], 13 + step)
+
+
+def test_a_proposal_whose_held_pairs_meet_a_new_layout_is_not_steady(target):
+    """The proposal writes the plain steps' held pairs first: when that write's layout runs
+    eager (its first meeting) or is captured (its second), the proposal's time is not a steady
+    one (``last_proposal_steady``), though its own layout replays; the third is."""
+    head = random_head(target.config, seed=9)
+    proposer = make_proposer(target, head, graphs=True)
+    contexts = {"a": [5, 6, 7, 8, 2], "b": [9, 3, 4]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+
+    def proposal() -> bool:
+        proposer.propose([ProposeRequest(r, t, 3, SamplingParams(temperature=0))
+                          for r, t in contexts.items()])
+        return proposer.last_proposal_steady
+
+    steady = []
+    for step in range(3):  # (the proposal's own layout: eager, captured, replayed)
+        for r in contexts:
+            contexts[r].append(step + 11)
+        feed(proposer, target, contexts, {r: (len(t) - 2, 1) for r, t in contexts.items()})
+        steady.append(proposal())
+    for step in range(3):  # (a plain step's pairs held, then a proposal)
+        plain_step_on_device(proposer, target, contexts, list(contexts), step * 5)
+        steady.append(proposal())
+    assert steady == [False, False, True, False, False, True]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
