@@ -24,11 +24,14 @@ __all__ = ["DeferredPairs"]
 
 
 class DeferredPairs:
-    """Up to ``rows`` pairs of at most ``max_steps`` steps: features ``[rows, width]`` (the
-    cache's dtype), sampled tokens ``[rows]``, and on the host each row's slot and position."""
+    """The pairs of at most ``max_steps`` steps of at most ``max_batch`` rows each: features
+    ``[rows, width]`` (the cache's dtype), sampled tokens ``[rows]``, and on the host each
+    row's slot and position. ``rows`` is a power of two at least ``max_batch * max_steps``, so
+    every bucket of held rows rounded up to a power of two is a slice of them."""
 
-    def __init__(self, rows: int, max_steps: int, width: int, dtype: torch.dtype,
+    def __init__(self, max_batch: int, max_steps: int, width: int, dtype: torch.dtype,
                  device: torch.device) -> None:
+        rows = 1 << (max_batch * max_steps - 1).bit_length()
         self.features = torch.zeros((rows, width), dtype=dtype, device=device)
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.max_steps = max_steps
@@ -39,15 +42,16 @@ class DeferredPairs:
     def __len__(self) -> int:
         return len(self.slots)
 
-    def fits(self, batch: int) -> bool:
-        """Whether a step of ``batch`` rows goes in without a write first."""
-        return self._steps < self.max_steps and len(self.slots) + batch <= len(self.tokens)
+    @property
+    def full(self) -> bool:
+        """Whether it holds ``max_steps`` steps: the next one goes in after a write."""
+        return self._steps == self.max_steps
 
     def add(self, features: torch.Tensor, tokens: torch.Tensor, slots: list[int],
             positions: list[int]) -> None:
         """A step's pairs: ``features [batch, width]`` and ``tokens [batch]`` (copied: the
         step's own tensors are reused by the next step), written at ``slots`` and
-        ``positions``. The caller checked :meth:`fits`."""
+        ``positions``; at most ``max_batch`` rows, and not when :attr:`full`."""
         start, batch = len(self.slots), len(slots)
         self.features[start:start + batch].copy_(features)
         self.tokens[start:start + batch].copy_(tokens)

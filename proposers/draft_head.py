@@ -426,17 +426,17 @@ class DraftHeadProposer(Proposer):
         on the device; pairs still pending on the host (a step whose features came to
         :meth:`on_features`) are written first, from the host. The rows wait on the device
         (:class:`~proposers.deferred_pairs.DeferredPairs`) and are written with those of
-        the next plain steps, in one projection, at the cache's next read. Each request's pair
+        the next plain steps, in one projection, at the cache's next use. Each request's pair
         stays its newest until :meth:`advance` (a plain step without this cost a host write
         of every request's pairs every ``max_pending`` steps)."""
         self._write_behind(req_ids)
         self._ensure(max(positions) + 1)
         slots = [self.cache.slot_of[r] for r in req_ids]
-        if self._deferred is None:
-            self._deferred = DeferredPairs(_pow2(_pow2(self.cache.num_slots) * self.defer_steps),
-                                           self.defer_steps, features.shape[-1],
-                                           self.cache.dtype, self.cache.device)
-        if not self._deferred.fits(len(slots)):
+        if self._deferred is None:  # (a step's rows: one a request, each in a slot of its own)
+            self._deferred = DeferredPairs(self.cache.num_slots, self.defer_steps,
+                                           features.shape[-1], self.cache.dtype,
+                                           self.cache.device)
+        if self._deferred.full:
             self._write_deferred()
         self._deferred.add(features, tokens, slots, list(positions))
 
