@@ -156,10 +156,15 @@ class OverlappedSteps:
         # [batch] the drafts accepted; [batch, 1] the last token; [batch] the next fed position
         # (a graph's own argmax is of the logits unadjusted)
         argmax = forwarded.output.argmax if adjusted is None else None
-        if sampler is self.greedy_sampler and argmax is not None:  # (the graph's argmax:
-            # one launch decides every chain)
-            tokens, accepted, last, nxt = accept_chains(argmax, drafted, base,
-                                                        forwarded.logits.shape[1])
+        features = self._features(forwarded.output)
+        ids = [item.seq.seq_id for item in items]
+        drafts = None
+        if sampler is self.greedy_sampler and argmax is not None:  # (the graph's argmax: one
+            # launch decides every chain, in the proposer's graph of the next drafts where it
+            # has one)
+            (tokens, accepted, last, nxt), drafts = self.proposer.verify_and_draft(
+                ids, features, partial(accept_chains, vocab_size=forwarded.logits.shape[1]),
+                (argmax, drafted, base), base, base_hi, width - 1)
         else:
             if sampler is self.greedy_sampler and self._greedy_chains is not None:
                 tokens = self._greedy_chains.verify(forwarded.logits, drafted, sampling)
@@ -173,9 +178,9 @@ class OverlappedSteps:
             adjusted.count(tokens, accepted)
         logprobs = self._chain_logprobs(forwarded.logits if raw is None else raw, tokens,
                                         [item.seq for item in items], width)
-        features = self._features(forwarded.output)
-        drafts = self.proposer.draft_after([item.seq.seq_id for item in items], features,
-                                           tokens, accepted, base, base_hi, width - 1)
+        if drafts is None:
+            drafts = self.proposer.draft_after(ids, features, tokens, accepted, base, base_hi,
+                                               width - 1)
         chain = (torch.cat([last, drafts], dim=1), nxt)
         host, copied = self._token_copies.start(tokens.reshape(-1))
         # (the next flight's sampling: each request made accepted + 1 tokens; keyed rows move)

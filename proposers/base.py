@@ -25,6 +25,10 @@ from samplers.sampling_params import SamplingParams
 
 # adjust_logits(prefix_token_ids, logits [vocab_size]) -> logits [vocab_size]
 AdjustLogits = Callable[[Sequence[int], torch.Tensor], torch.Tensor]
+# A verification still to run on the device (Proposer.verify_and_draft): its inputs, each with
+# the batch first, give (tokens [batch, width], accepted [batch], *more), each output with the
+# batch first (samplers.chain_accept.accept_chains is one)
+Verification = Callable[..., tuple[torch.Tensor, ...]]
 
 
 @dataclass
@@ -169,6 +173,18 @@ class Proposer(ABC):
         then the recovered or bonus token, then negative placeholders), ``accepted [batch]``
         how many drafts it accepted. Nothing may wait for the device."""
         raise NotImplementedError(f"{type(self).__name__} drafts on the host only")
+
+    def verify_and_draft(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                         verify: Verification, inputs: Sequence[torch.Tensor],
+                         base: torch.Tensor, base_hi: Sequence[int], steps: int
+                         ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Only with ``drafts_on_device``: :meth:`draft_after` from the outputs of
+        ``verify(*inputs)`` (``(tokens, accepted, *more)``, see :data:`Verification`); returns
+        those outputs and the drafts. A proposer that drafts in a CUDA graph may run the
+        verification inside it (one replay for both, the step's host time); here it runs
+        first."""
+        outs = tuple(verify(*inputs))
+        return outs, self.draft_after(req_ids, features, outs[0], outs[1], base, base_hi, steps)
 
     def write_after(self, req_ids: Sequence[str | int], features: torch.Tensor,
                     tokens: torch.Tensor, positions: Sequence[int]) -> None:

@@ -43,6 +43,7 @@ model (:data:`DEFAULT_HEAD_DIR`). Training: ``examples/train_draft_head.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 from itertools import chain
@@ -53,7 +54,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from proposers.base import FeatureUpdate, Proposal, Proposer, ProposerContext, ProposeRequest
+from proposers.base import (
+    FeatureUpdate,
+    Proposal,
+    Proposer,
+    ProposerContext,
+    ProposeRequest,
+    Verification,
+)
 from proposers.chain_inputs import chain_inputs
 from proposers.deferred_pairs import DeferredPairs
 from proposers.head_cache import HeadKVCache
@@ -203,6 +211,8 @@ class DraftHeadProposer(Proposer):
         self.defer_steps = defer_steps
         self._deferred: DeferredPairs | None = None
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
+        # a verify_and_draft layout -> its verification outputs' shapes past the batch
+        self._verified_shapes: dict[tuple, list[torch.Size]] = {}
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = KeyedGraphs(weight.device, capture) if graphs else None
         self._to_device = PinnedStaging(weight.device)  # index columns, without waiting
@@ -495,13 +505,11 @@ class DraftHeadProposer(Proposer):
                        steps=steps_run, num_keys=num_keys)
             return out[:, :steps]
         # the layout of _draft_graphed, its device columns padded on the device (one launch)
-        padded, scratch = _pow2(batch), self.cache.scratch
+        padded = _pow2(batch)
         rows = padded * self.max_pending
-        pad, pad_b = rows - batch * width, padded - batch
-        index = self._to_device(np.array([s for s in slots for _ in range(width)]
-                                         + [scratch] * pad + slots + [scratch] * pad_b,
-                                         dtype=np.int64))  # row slots, then slots
-        flat = chain_inputs(tokens, accepted, base, index, rows, padded)
+        pad = rows - batch * width
+        flat = chain_inputs(tokens, accepted, base, self._chain_slots(slots, width, padded),
+                            rows, padded)
         sizes = [rows] * 3 + [padded] * 3
         if pad:  # (the padding rows' features: zeros)
             if self._zero_rows is None or self._zero_rows.shape[0] < rows:
@@ -513,6 +521,65 @@ class DraftHeadProposer(Proposer):
         out = self.graphs.run(key, lambda f, i: body(f, *i.split(sizes), steps=steps_run,
                                                      num_keys=num_keys), [feats, flat])
         return out[:batch, :steps]
+
+    @torch.inference_mode()
+    def verify_and_draft(self, req_ids: Sequence[str | int], features: torch.Tensor,
+                         verify: Verification, inputs: Sequence[torch.Tensor],
+                         base: torch.Tensor, base_hi: Sequence[int], steps: int
+                         ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """:meth:`Proposer.verify_and_draft`: with graphs, the verification, the chains'
+        inputs and the chain are one replay of a graph a layout (``(padded batch, width,
+        steps)``); the verification's outputs and the drafts come back in one copy out of the
+        graph's output. The inputs' padding rows hold what the layout's last larger call left
+        (its static buffers are not cleared): their outputs are never read, and their pairs
+        and drafts go to the scratch slot, at positions a chain of this layout wrote (within
+        the cache: the layout's key holds its capacity)."""
+        if self.graphs is None:
+            return super().verify_and_draft(req_ids, features, verify, inputs, base, base_hi,
+                                            steps)
+        self._write_deferred()
+        batch = len(req_ids)
+        width = features.shape[0] // batch
+        slots = [self.cache.slot_of[req_id] for req_id in req_ids]
+        steps_run = max(steps, self.max_pending - 1)
+        self._ensure(max(base_hi) + width + steps_run + 1)
+        padded = _pow2(batch)
+        rows = padded * self.max_pending
+        index = self._chain_slots(slots, width, padded)
+        sizes = [rows] * 3 + [padded] * 3
+        num_keys = self.cache.capacity
+        key = ("verified", padded, width, steps_run, num_keys)
+        shapes = self._verified_shapes
+
+        def body(feats: torch.Tensor, index: torch.Tensor, base: torch.Tensor,
+                 *given: torch.Tensor) -> torch.Tensor:  # -> [padded * (columns + steps_run)]
+            outs = verify(*given)
+            flat = chain_inputs(outs[0], outs[1], base, index, rows, padded)
+            drafts = draft_chain(self.head, self.cache, self.embed, self._readout, feats,
+                                 *flat.split(sizes), steps=steps_run, num_keys=num_keys)
+            shapes[key] = [o.shape[1:] for o in outs] + [drafts.shape[1:]]
+            # (each output whole, one after the other: the batch's rows of each a prefix)
+            return torch.cat([o.reshape(-1) for o in outs] + [drafts.reshape(-1)])
+
+        given = [features.to(self.cache.dtype), index, base, *inputs]
+        static_rows = [rows, index.shape[0], padded] + [x.shape[0] // batch * padded
+                                                        for x in inputs]
+        # (one copy out of the graph's output, which its next replay overwrites)
+        packed = self.graphs.run(key, body, given, rows=static_rows).clone()
+        columns = [math.prod(shape) for shape in shapes[key]]
+        parts = [part[:batch * n].view(batch, *shape) for part, n, shape in zip(
+            packed.split([padded * n for n in columns]), columns, shapes[key], strict=True)]
+        return tuple(parts[:-1]), parts[-1][:, :steps]
+
+    def _chain_slots(self, slots: list[int], width: int, padded: int) -> torch.Tensor:
+        """A chain layout's slot columns on the device (one copy): each of the ``padded *
+        max_pending`` pair rows' slot (``width`` rows a chain), then each chain's; padding
+        rows and chains write the scratch slot."""
+        scratch = self.cache.scratch
+        pad = padded * self.max_pending - len(slots) * width
+        return self._to_device(np.array([s for s in slots for _ in range(width)]
+                                        + [scratch] * pad + slots
+                                        + [scratch] * (padded - len(slots)), dtype=np.int64))
 
     def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
         """:meth:`Proposer.ready_on_device`: its features reach the newest host token."""

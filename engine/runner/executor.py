@@ -154,11 +154,13 @@ def auto_backend(model: nn.Module, layer_devices: dict[int, torch.device],
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
-# A graph bucket of several new tokens a row runs the output head inside when it has at most
-# this many rows: every such graph keeps its logits (and a folded step's prompt rows get the
-# head too), 64 rows of a 128k vocabulary in bf16 are 16 MiB a graph, beside the KV budget;
-# a verification of 4 drafts at batch 12 fits (measured: batch 1, docs/performance.md).
-HEAD_GRAPH_ROWS = 64
+# A graph bucket of several new tokens a row runs the output head inside when its logits hold
+# at most this many values (rows times the vocabulary): every such graph keeps its logits (and a
+# folded step's prompt rows get the head too), 16 MiB a graph in bf16. That is 64 rows of a 128k
+# vocabulary (a verification of 4 drafts at batch 12) and 170 of the default model's 49k (4
+# drafts at batch 32, whose greedy chains are then decided from the graph's argmax in one
+# launch: docs/performance.md, "A drafting step's host work").
+HEAD_GRAPH_LOGITS = 64 * 131072
 
 
 def check_deterministic(model: nn.Module, config: PretrainedConfig, attention_backend: str,
@@ -449,20 +451,20 @@ class Executor:
                                           torch.Tensor | None]:
         """What a graph bucket runs: :meth:`hidden` (``[batch_size * num_new, width]``), and
         for a bucket of at most the runner's sequences (not under tensor parallelism) whose
-        rows are one new token each, or at most ``HEAD_GRAPH_ROWS`` (a verification step of a
-        few sequences), the output head on every row, ``[batch_size * num_new, vocab_size]``
-        in the model's dtype, and each row's argmax (:func:`samplers.greedy.argmax_tokens`:
-        a plain greedy step's sample, and what a greedy drafting step verifies its chains
-        from, :mod:`samplers.chain_accept`; the float32 cast the engine's logits get is exact,
-        so the argmax is theirs). After such a replay only the logits' float32 copy is
-        launched: the head, the cast and the argmax were four launches a step of host work on
-        an overlapped step's critical path and of kernels on a drafting step's (docs/design.md,
-        "Measured reasons behind the runner's choices"). Other buckets' head runs after the
-        replay on the rows asked for (their logits would hold ``num_new`` times the rows, or a
-        folded step's prompt rows, in every graph's memory)."""
+        rows are one new token each, or whose logits hold at most ``HEAD_GRAPH_LOGITS`` values
+        (a verification step of a few sequences), the output head on every row, ``[batch_size
+        * num_new, vocab_size]`` in the model's dtype, and each row's argmax
+        (:func:`samplers.greedy.argmax_tokens`: a plain greedy step's sample, and what a greedy
+        drafting step verifies its chains from, :mod:`samplers.chain_accept`; the float32 cast
+        the engine's logits get is exact, so the argmax is theirs). After such a replay only
+        the logits' float32 copy is launched: the head, the cast and the argmax were four
+        launches a step of host work on an overlapped step's critical path and of kernels on a
+        drafting step's (docs/design.md, "Measured reasons behind the runner's choices"). Other
+        buckets' head runs after the replay on the rows asked for (their logits would hold
+        ``num_new`` times the rows, or a folded step's prompt rows, in every graph's memory)."""
         hidden = self.hidden(inputs, batch_size, num_new, kv_len)
-        if batch_size > self._head_max_batch or (num_new != 1
-                                                 and batch_size * num_new > HEAD_GRAPH_ROWS):
+        if batch_size > self._head_max_batch or (
+                num_new != 1 and batch_size * num_new * self.vocab_size > HEAD_GRAPH_LOGITS):
             return hidden, None, None
         with self._invariant_products():
             logits = self._lm_head(hidden[:, :self.hidden_size])

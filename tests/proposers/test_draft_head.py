@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from engine import LLM, SamplingParams
 from proposers.base import FeatureUpdate, ProposeRequest
 from proposers.draft_head import DEFER_STEPS, DraftHeadProposer, beside
 from proposers.head_model import DraftHead, head_for
+from samplers.chain_accept import accept_chains
 from tests.conftest import tiny_model
 from tests.engine.llm_helpers import hf_greedy, tiny_tokenizer
 
@@ -702,6 +704,62 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
     for r, chain in zip(contexts, proposal, strict=True):
         assert chain == oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
                                       contexts[r], k), r
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
+def test_drafts_after_a_verification_in_the_heads_graph_equal_the_written_out_oracle(target,
+                                                                                    graphs):
+    """``verify_and_draft``: greedy acceptance from the target's argmax
+    (``accept_chains``) runs with the head's chain (in its graph where it has one). Each
+    step's outputs equal the verification run alone, and the next chains equal the oracle over
+    the whole context. A request leaves after the second step, so the padded layout's last
+    row holds its stale inputs from then on: nothing of it reaches the others."""
+    head = random_head(target.config, seed=6)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    proposer = make_proposer(target, head, graphs=graphs)
+    k = 3
+    contexts = {"a": [5, 6, 7, 8], "b": [9, 3], "c": [4, 4, 1, 2, 7, 7, 30], "d": [11, 12, 13]}
+    feed(proposer, target, contexts, {r: (0, len(t) - 1) for r, t in contexts.items()})
+    drafts = proposer.propose([ProposeRequest(r, t, k, SamplingParams(temperature=0))
+                               for r, t in contexts.items()]).draft_token_ids
+    verify = partial(accept_chains, vocab_size=VOCAB)
+    g = torch.Generator().manual_seed(2)
+    before = None  # (the step before's outputs and copies of them: a flight reads them later)
+    for step in range(5):
+        if step == 2:
+            proposer.remove("d")
+            del contexts["d"]
+            drafts = drafts[:3]
+        req_ids = list(contexts)
+        want_accepted = torch.randint(0, k + 1, (len(req_ids),), generator=g)
+        want_accepted[step % len(req_ids)] = k if step % 2 else 0  # (both ends)
+        rows, argmax = [], []
+        for r, d, a in zip(req_ids, drafts, want_accepted.tolist(), strict=True):
+            rows.append(hidden_of(target, contexts[r] + d)[-(k + 1):])  # the step's features
+            bonus = (step * 11 + len(contexts[r])) % VOCAB
+            differs = (d[a] + 1) % VOCAB if a < k else bonus  # (rejects draft a)
+            argmax += d[:a] + [differs] + [(bonus + j) % VOCAB for j in range(k - a)]
+        base = [len(contexts[r]) - 1 for r in req_ids]
+        inputs = (torch.tensor(argmax), torch.tensor(drafts), torch.tensor(base))
+        outs, got = proposer.verify_and_draft(req_ids, torch.cat(rows), verify, inputs,
+                                              inputs[2], base, k)
+        alone = verify(*inputs)
+        if before is not None:  # (not views of what the graph's next run overwrote)
+            assert all(torch.equal(x, y) for x, y in zip(*before, strict=True))
+        before = ([*outs, got], [t.clone() for t in [*outs, got]])
+        assert len(outs) == len(alone)
+        for out, want in zip(outs, alone, strict=True):
+            assert out.shape == want.shape and torch.equal(out, want), step
+        tokens, accepted = outs[0].tolist(), outs[1].tolist()
+        assert accepted == want_accepted.tolist()
+        for r, row, a in zip(req_ids, tokens, accepted, strict=True):
+            contexts[r] += row[:a + 1]
+        for r, chain, a, step_rows in zip(req_ids, got.tolist(), accepted, rows, strict=True):
+            want = oracle_drafts(head, embed, lm_head, hidden_of(target, contexts[r])[:-1],
+                                 contexts[r], k)
+            assert chain == want, (step, r)
+            proposer.advance(r, len(contexts[r]) - 1, step_rows, a, contexts[r][-1])
+        drafts = got.tolist()
 
 
 def plain_step_on_device(proposer, target, contexts: dict, req_ids: list, salt: int) -> None:

@@ -576,8 +576,8 @@ def test_logits_indices_select_rows():
 def test_a_decode_graphs_head_gives_the_rows_asked_for(indices, monkeypatch):
     """A decode bucket's graph runs the head and the argmax on every row: the rows asked for,
     in their order, are the oracle's logits, and the argmax is theirs; so does a verification
-    bucket of a few rows (every new token's), and one past ``HEAD_GRAPH_ROWS`` brings no
-    argmax."""
+    bucket of a few rows (every new token's), and one whose logits are past
+    ``HEAD_GRAPH_LOGITS`` brings no argmax."""
     model = tiny_model("llama", vocab_size=96, seed=7)
     runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=90, max_model_len=30)
     runner.use_graph_buckets(3, capture=False)
@@ -594,7 +594,7 @@ def test_a_decode_graphs_head_gives_the_rows_asked_for(indices, monkeypatch):
     assert verify.argmax.tolist() == [
         int(full_logits(model, prompts[r] + [10 + r, 1, 2])[-2 + t].argmax())
         for r in range(3) for t in range(2)]
-    monkeypatch.setattr(executor_module, "HEAD_GRAPH_ROWS", 4)  # (3 rows of 2: past it)
+    monkeypatch.setattr(executor_module, "HEAD_GRAPH_LOGITS", 5 * 96)  # (3 rows of 2: past it)
     runner = ModelRunner(model, max_num_seqs=4, max_num_tokens=90, max_model_len=30)
     runner.use_graph_buckets(3, capture=False)
     slots = [runner.allocate_slot() for _ in prompts]
