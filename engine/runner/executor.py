@@ -55,6 +55,7 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from functools import partial
+from itertools import chain
 
 import numpy as np
 import torch
@@ -388,7 +389,12 @@ class Executor:
         cells, rows = point if point is not None else ([], [])
         # one host-to-device copy: layout, hidden rows, kept rows, fed positions and sources,
         # slot-table cells and their rows
-        meta = self.to_device(host + token_rows[:num_all] + kept + at + sources + cells + rows)
+        if isinstance(host, np.ndarray):  # (a fed-chains layout: arrays)
+            meta = self.to_device(np.concatenate([host, token_rows[:num_all], kept, np.fromiter(
+                chain(at, sources, cells, rows), np.int64)]))
+        else:
+            meta = self.to_device(host + token_rows[:num_all] + kept + at + sources + cells
+                                  + rows)
         num_fed = len(at)
         end = len(host) + num_all + len(kept)
         if cells:
@@ -426,7 +432,11 @@ class Executor:
             features = hidden.index_select(0, all_rows).to(self.device)  # [num_tokens, width]
             if self.aux_layers:  # (the final states, then the aux layers' inputs)
                 features, aux = features[:, :size], features[:, size:]
-        first = not on_device and kept == list(range(len(kept)))  # (the first rows: views)
+        # (the first rows: views; a fed-chains layout's rows increase from 0, so they are when
+        # its last is theirs)
+        first = not on_device and ((not len(kept) or kept[-1] == len(kept) - 1)
+                                   if isinstance(kept, np.ndarray)
+                                   else kept == list(range(len(kept))))
         logits, argmax = head
         if logits is not None:  # (the graph ran the head: only the float32 copy is left)
             if first:

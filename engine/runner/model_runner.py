@@ -33,7 +33,7 @@ from engine.runner.executor import Executor, attention_devices, cache_argument, 
 from engine.runner.forward_output import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.slot_rows import SlotRows
-from engine.runner.step_inputs import lay_out
+from engine.runner.step_inputs import lay_out, lay_out_chains
 from engine.runner.step_layout import (
     MAX_TREE_NODES,
     LayoutLimits,
@@ -324,11 +324,8 @@ class ModelRunner:
         if self.before_launch is not None:
             self.before_launch(NO_DECISION if graphs is None else graphs.decision)
         rows_batch, rows_new = (len(slots), width) if bucket is None else bucket[:2]
-        scratch = self._executor.scratch
-        # (positions, rows and cells here are stand-ins: the executor writes them on the device)
-        inputs = lay_out(list(slots), [[0] * width] * len(slots), fed.base_hi,
-                         [[scratch.row] * width] * len(slots), [None] * len(slots), rows_batch,
-                         rows_new, scratch)
+        # (the chains' rows are written on the device, in the executor)
+        inputs = lay_out_chains(slots, width, rows_batch, rows_new, self._executor.scratch)
         logits, argmax, hidden, aux, steady = self._executor.run(
             inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=(cells, rows))
         return ForwardOutput(logits, hidden, steady, None, kv_len, aux, argmax)

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from engine.runner.step_layout import Tree
 
@@ -48,11 +51,12 @@ class Scratch:
 @dataclass(frozen=True)
 class StepInputs:
     """One forward's layout: ``host`` (see the module docstring), ``token_rows [num_tokens]``
-    the padded index of every new token (slot order then token order), and the padded sizes
-    ``batch_size`` x ``num_new``."""
+    the padded index of every new token (slot order then token order, increasing), and the
+    padded sizes ``batch_size`` x ``num_new``. Lists, or int64 arrays (a fed-chains step's:
+    :func:`lay_out_chains`)."""
 
-    host: list[int]
-    token_rows: list[int]
+    host: list[int] | np.ndarray
+    token_rows: list[int] | np.ndarray
     batch_size: int
     num_new: int
 
@@ -134,4 +138,33 @@ def _lay_out_rows(slots: Sequence[int], token_ids: Sequence[Sequence[int]], star
         if tree is not None:  # (the scratch layout's ancestor bits are 0 already)
             host[5 * padded + base:5 * padded + base + n] = ancestors
         token_rows.extend(range(base, base + n))
+    return StepInputs(host, token_rows, batch_size, num_new)
+
+
+@lru_cache(maxsize=64)
+def _scratch_array(scratch: Scratch, batch_size: int, num_new: int) -> np.ndarray:
+    """:func:`scratch_inputs` as an int64 array (read-only: callers copy it)."""
+    array = np.array(scratch_inputs(scratch, batch_size, num_new), dtype=np.int64)
+    array.flags.writeable = False
+    return array
+
+
+def lay_out_chains(slots: Sequence[int], width: int, batch_size: int, num_new: int,
+                   scratch: Scratch) -> StepInputs:
+    """The host's part of a fed-chains forward's layout (``ModelRunner.forward_chains``): chain
+    ``b`` of ``width`` tokens in slot ``slots[b]``, padded to ``batch_size`` rows of
+    ``num_new``. The chains' ids, positions, pool rows, cells and limits are written on the
+    device (:func:`engine.runner.chain_layout.write_chains`: every column's positions and
+    limits, the first ``width`` columns' ids, rows and cells), so the host's layout is the
+    scratch layout with the slots and each chain's padding columns' cells (its own slot's
+    scratch column, as :func:`lay_out` gives them): a copy and two array writes, no Python a
+    row (the layout's host time is on an overlapped drafting step's critical path)."""
+    host = _scratch_array(scratch, batch_size, num_new).copy()
+    padded, n = batch_size * num_new, len(slots)
+    chained = np.asarray(slots, dtype=np.int64)
+    host[LAYOUT_ROWS * padded:LAYOUT_ROWS * padded + n] = chained
+    if width < num_new:
+        cells = host[3 * padded:3 * padded + n * num_new].reshape(n, num_new)
+        cells[:, width:] = chained[:, None] * scratch.table_width + scratch.column
+    token_rows = (np.arange(n)[:, None] * num_new + np.arange(width)).reshape(-1)
     return StepInputs(host, token_rows, batch_size, num_new)

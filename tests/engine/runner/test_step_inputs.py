@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
+import torch
+
+from engine.runner.chain_layout import write_chains_reference
 from engine.runner.step_inputs import (
     LAYOUT_ROWS,
     Scratch,
     StepInputs,
     _lay_out_rows,
     lay_out,
+    lay_out_chains,
     scratch_inputs,
     tree_columns,
 )
@@ -68,6 +73,35 @@ def test_decode_layouts_built_whole_equal_the_row_by_row_layout():
         bucket = n + rng.choice([0, 0, 1, 7])
         assert lay_out(slots, ids, starts, rows, [None] * n, bucket, 1, scratch) == _lay_out_rows(
             slots, ids, starts, rows, [None] * n, bucket, 1, scratch)
+
+
+def test_a_fed_chains_layout_is_the_row_by_row_layout_once_its_chains_are_written():
+    """``lay_out_chains`` (arrays, no row by row Python) against ``lay_out`` of stand-ins (ids 0,
+    the scratch pool row), as a fed-chains forward laid them out before: equal token rows, and
+    equal layouts once the chains' rows are written on the device (``write_chains``), which
+    overwrites the stand-ins; padding columns and rows keep the host's."""
+    rng = random.Random(5)
+    scratch = Scratch(slot=40, row=999, table_width=300)
+    table = torch.arange(41 * 300).view(41, 300) + 5000  # (cell c points at pool row 5000 + c)
+    for case in range(60):
+        n = rng.randint(1, 33)
+        width = rng.randint(1, 5)
+        num_new = width + rng.choice([0, 0, 1, 3])
+        bucket = n + rng.choice([0, 0, 1, 7])
+        slots = rng.sample(range(40), n)
+        base = [rng.randrange(300 - num_new) for _ in slots]
+        old = lay_out(slots, [[0] * width] * n, base, [[scratch.row] * width] * n, [None] * n,
+                      bucket, num_new, scratch)
+        new = lay_out_chains(slots, width, bucket, num_new, scratch)
+        assert isinstance(new.host, np.ndarray) and (new.batch_size, new.num_new) == (
+            bucket, num_new)
+        assert new.token_rows.tolist() == old.token_rows, case
+        tokens = torch.tensor([[rng.randrange(5000) for _ in range(width)] for _ in slots])
+        layouts = []
+        for host in (torch.tensor(old.host), torch.from_numpy(new.host.copy())):
+            write_chains_reference(host, bucket, num_new, tokens, torch.tensor(base), table)
+            layouts.append(host)
+        assert torch.equal(*layouts), case
 
 
 def test_tree_nodes_sit_past_their_parents_and_see_their_ancestors():
