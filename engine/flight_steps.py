@@ -164,7 +164,7 @@ class OverlappedSteps:
             # has one)
             (tokens, accepted, last, nxt), drafts = self.proposer.verify_and_draft(
                 ids, features, partial(accept_chains, vocab_size=forwarded.logits.shape[1]),
-                (argmax, drafted, base), base, base_hi, width - 1)
+                (argmax, drafted, base), base, base_hi, self._chain_drafts(width))
         else:
             if sampler is self.greedy_sampler and self._greedy_chains is not None:
                 tokens = self._greedy_chains.verify(forwarded.logits, drafted, sampling)
@@ -180,7 +180,7 @@ class OverlappedSteps:
                                         [item.seq for item in items], width)
         if drafts is None:
             drafts = self.proposer.draft_after(ids, features, tokens, accepted, base, base_hi,
-                                               width - 1)
+                                               self._chain_drafts(width))
         chain = (torch.cat([last, drafts], dim=1), nxt)
         host, copied = self._token_copies.start(tokens.reshape(-1))
         # (the next flight's sampling: each request made accepted + 1 tokens; keyed rows move)
@@ -188,6 +188,13 @@ class OverlappedSteps:
         return InFlight(forwarded, tokens, host, copied, failed, plan_step, ahead, began,
                         width, chain, features, advanced, ahead, logprobs=logprobs,
                         counted=None if adjusted is None else adjusted.mark)
+
+    def _chain_drafts(self, width: int) -> int:
+        """The drafts a drafting flight of ``width`` has the proposer make for the step after
+        it: a free proposer's (the draft head's graph drafts its k whatever is asked for;
+        n-gram looks up) the configured k, so that the next step verifies as many as the
+        controller chooses then (``device_width``); a costly one's the flight's own."""
+        return self.max_chain_drafts if self.proposer.drafts_are_free else width - 1
 
     def _chain_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence],
                         width: int) -> FlightLogprobs | None:
@@ -255,10 +262,13 @@ class OverlappedSteps:
         if flight.chain is not None:
             return self._launch_chained(flight, seqs, plan)
         if self.proposer is not None and any(plan.drafts_for(seq) for seq in seqs):
-            if self._drafts_after_plain(flight, seqs, plan):
-                return self._launch_drafting(flight, seqs, plan)
-            self._planned = plan  # (the step's plan: _schedule takes it)
-            return None
+            if not self._drafts_after_plain(flight, seqs, plan):
+                self._planned = plan  # (the step's plan: _schedule takes it)
+                return None
+            k = self.controller.device_width(seqs, plan, 1)  # (the flight's token: one)
+            if k:
+                return self._launch_drafting(flight, seqs, plan, k)
+            # (the controller's width for drafts made on the device is none: a plain step)
         self._proposed_last_step = False
         # (the flight's pairs into the draft head's cache on the device, first: a raise here
         # leaves nothing taken; the head learns of them when the flight commits)
@@ -316,14 +326,16 @@ class OverlappedSteps:
                         plan: DraftPlan) -> InFlight | None:
         """The step after drafting flight ``flight``, launched from its chains on the device
         (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``
-        (the flight's ``k`` drafts each), a plain one (each sequence's recovered or bonus token,
-        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept for
-        the synchronous step."""
+        (or they ride along: :meth:`_rides_along`), each verifying the first ``k`` drafts of
+        its chain (the controller's ``device_width``; more than the flight's only where every
+        sequence has room for them), a plain one (each sequence's recovered or bonus token,
+        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept
+        for the synchronous step."""
         wanted = [plan.drafts_for(seq) > 0 for seq in seqs]
-        if any(wanted) and not all(wanted):
+        if any(wanted) and not all(w or self._rides_along(seq)
+                                   for w, seq in zip(wanted, seqs, strict=True)):
             self._planned = plan
             return None
-        plain = not any(wanted)
         # (penalized sequences' counts hold the flight's kept tokens, which the host's output
         # lacks, so a count made again from it would miss them: the step asks for the mark)
         if any(seq.adjuster.active and seq.params.needs_penalties
@@ -331,9 +343,15 @@ class OverlappedSteps:
                for seq in seqs):
             self._planned = plan
             return None
+        k = self.controller.device_width(seqs, plan) if any(wanted) else 0
+        width = flight.width  # (the most the flight advances a sequence)
+        if any(seq.num_tokens - 1 + width + k + 1 > self.max_model_len for seq in seqs):
+            k = min(k, width - 1)  # (the flight's own width has room: next_sequences)
+        k = min(k, flight.chain[0].shape[1] - 1)  # (the drafts the chains hold)
+        plain = not k
         self._proposed_last_step = not plain
-        width, k = flight.width, flight.width - 1
-        tokens, base = flight.chain  # [batch, width], [batch] on the device
+        tokens, base = flight.chain  # [batch, 1 + drafts], [batch] on the device
+        tokens = tokens[:, :k + 1]
         sampling = flight.sampling
         if len(seqs) < len(flight.sequences):  # (the rows of the sequences that go on)
             rows = flight.rows_of(seqs)
@@ -371,23 +389,35 @@ class OverlappedSteps:
 
     def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
                             plan: DraftPlan) -> bool:
-        """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
-        proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
+        """The plan drafts for every one of ``seqs`` after plain flight ``flight`` (or it
+        may ride along: :meth:`_rides_along`), and the proposer can draft from the flight on
+        the device (:meth:`_launch_drafting`)."""
         return (self.proposer.drafts_on_device
                 and (flight.forwarded.output.hidden is not None or not self.keep_hidden)
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
-                and all(plan.drafts_ahead(seq, 1) > 0 and self._drafts_ahead(seq)
+                and all((plan.drafts_ahead(seq, 1) > 0 or self._rides_along(seq))
+                        and self._drafts_ahead(seq)
                         and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
                         for seq in seqs))
 
+    @staticmethod
+    def _rides_along(seq: Sequence) -> bool:
+        """A sequence the plan gives no drafts may verify a drafting flight's anyway, where its
+        cap is spent only by its end (``max_tokens`` or the context, which the flight has room
+        for: :func:`engine.overlap.next_sequences`), not by its request's
+        ``num_speculative_tokens``: the tokens past its end are dropped by the stop checks,
+        and the batch's step stays on the device (a plan that drafts for some sequences and
+        not others ran from the host, about twice a flight's time at batch 32)."""
+        return seq.speculation.limit > 0
+
     def _launch_drafting(self, flight: InFlight, seqs: list[Sequence],
-                         plan: DraftPlan) -> InFlight | None:
+                         plan: DraftPlan, k: int) -> InFlight | None:
         """The drafting step after plain flight ``flight``, launched before its tokens are
         read: the proposer drafts on the device from the flight's token and features (each
         sequence's fed token at ``num_tokens - 1``, its sampled one next), and the step feeds
         that token and the drafts (:class:`FedChains`, positions known here). None when the
-        KV cache cannot hold the drafts (the step then runs from the host)."""
-        k = max(plan.drafts_ahead(seq, 1) for seq in seqs)  # (the flight's token: one)
+        KV cache cannot hold the drafts (the step then runs from the host). ``k``: the drafts
+        a sequence verifies (``device_width``)."""
         if any(seq.num_tokens + k >= self.max_model_len for seq in seqs):  # (one width for all:
             self._planned = plan  # a short cap elsewhere may not bring it past the context)
             return None

@@ -127,6 +127,9 @@ class LLMEngine(OverlappedSteps):
         self.overlap = (config.async_scheduling if config.async_scheduling is not None
                         else self.forward_is_async)
         self.overlap = self.overlap and getattr(self.runner, "takes_fed_tokens", False)
+        # the most drafts a drafting flight's chains hold for the next step (the configured
+        # k), of which that step verifies what the controller chooses then (device_width)
+        self.max_chain_drafts = max_k
         # (a drafting flight copies max_k + 1 tokens a sequence)
         self._token_copies = (TokenCopies(self.device, config.max_num_seqs * (max_k + 1))
                               if self.overlap else None)

@@ -238,6 +238,28 @@ class GoodputPolicy:
             got = [min(g, width) for g in got]
         return got
 
+    def device_width(self, seqs: list[SpeculatingSequence], plan: DraftPlan,
+                     ahead: int = 0) -> int:
+        """:meth:`FixedK.device_width`'s answer, the controller's: a free proposer's plan asks
+        for every sequence's cap, and where its drafts are made on the device there is no
+        proposal for :meth:`trim` to choose the width after; so it is chosen here, before
+        the launch, as :meth:`trim` would with every draft backed (the draft head drafts every
+        sequence's cap). Without this a drafting flight verified the configured k at every
+        batch size (docs/performance.md, "A drafting step's host work")."""
+        avail = [plan.drafts_ahead(seq, ahead) for seq in seqs]
+        most = max(avail, default=0)
+        if not self.free or not most:
+            return most
+        steered = [seq.speculation for seq in seqs]
+        critical = [spec.critical for spec in steered]
+        n = len(seqs)
+        width = min(most, self.controller.choose_width(
+            steered, avail, None, 0, None if all(critical) else critical,
+            max(self._batch_size, n), (n, 1, n), record=False))
+        if not width:  # (a plain step: not the payoff guard's evidence of drafting)
+            self._fronts.pop(plan.step, None)
+        return width
+
     def allows_tree(self, batch_size: int) -> bool:
         """Whether a step of ``batch_size`` sequences that may draft trees does: where trees
         measured faster than chains (:mod:`scheduler.tree_gate`), always without the gate."""

@@ -168,6 +168,13 @@ class SpeculationController(Protocol):
         tree's levels) to verify. ``others``: the step's sequences that asked for no drafts,
         as (how many, the most new tokens of one, their new tokens)."""
 
+    def device_width(self, seqs: list[SpeculatingSequence], plan: DraftPlan,
+                     ahead: int = 0) -> int:
+        """A step of ``seqs`` whose drafts a proposer makes on the device after ``plan``
+        (every sequence gets up to its cap, ``DraftPlan.drafts_ahead`` with ``ahead`` of its
+        tokens still on the device; none is checked on the host): the most drafts a sequence
+        verifies, 0 for a plain step instead."""
+
     def allows_tree(self, batch_size: int) -> bool:
         """While proposing a step of ``batch_size`` sequences that may draft trees: whether it
         does (else chains)."""
@@ -231,6 +238,10 @@ class FixedK:
         """A plan made while the step before it was in flight, taken now: its caps cut to the
         sequences' tokens (:meth:`DraftPlan.refresh`)."""
         plan.refresh(running)
+
+    def device_width(self, seqs: list[SpeculatingSequence], plan: DraftPlan,
+                     ahead: int = 0) -> int:
+        return max((plan.drafts_ahead(seq, ahead) for seq in seqs), default=0)
 
     def allows_tree(self, batch_size: int) -> bool:
         return True

@@ -622,8 +622,8 @@ def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_di
     drafting_after_plain = []
     launch_drafting = engine._launch_drafting
 
-    def drafting(flight, seqs, planned):
-        nxt = launch_drafting(flight, seqs, planned)
+    def drafting(flight, seqs, planned, k):
+        nxt = launch_drafting(flight, seqs, planned, k)
         drafting_after_plain.append(nxt is not None)
         return nxt
 

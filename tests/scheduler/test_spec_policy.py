@@ -63,6 +63,34 @@ def test_a_free_proposers_drafts_are_verified_up_to_the_chosen_width():
     assert kept(policy(adaptive=False), items, proposal) == [4, 4, 1]
 
 
+def test_drafts_made_on_the_device_are_verified_up_to_the_width_trim_would_choose():
+    """A drafting step whose drafts the proposer makes on the device has no proposal to trim:
+    ``device_width`` chooses its width before the launch, as trim would with every draft
+    backed; none once the drafts fail. A fixed k verifies every cap (the widest one), and a
+    step with ``ahead`` tokens on the device sees its caps that much nearer the end."""
+    drafts = policy()
+    items = [item(drafts, n, 4) for n in "abc"]
+    seqs = [i.seq for i in items]
+    for _ in range(30):  # two drafts pass, those after them fail
+        update(drafts, seqs, [4] * 3, [2] * 3, [4] * 3)
+    plan = drafts.plan(seqs)
+    assert [plan.drafts_for(seq) for seq in seqs] == [4] * 3  # (a free proposer: every cap)
+    width = drafts.device_width(seqs, plan)
+    assert width == 2
+    proposal = Proposal([[1, 2, 3, 4]] * 3, None, [4] * 3)
+    assert kept(drafts, items, proposal) == [width] * 3
+    for _ in range(60):  # now every draft fails
+        update(drafts, seqs, [4] * 3, [0] * 3, [4] * 3)
+    assert drafts.device_width(seqs, drafts.plan(seqs)) == 0
+    fixed = policy(adaptive=False)
+    short = item(fixed, "short", 0, SamplingParams(temperature=0, max_tokens=3))  # (cap 2)
+    default = item(fixed, "default", 0)
+    plan = fixed.plan([short.seq, default.seq], False)
+    assert fixed.device_width([short.seq, default.seq], plan) == 4
+    assert fixed.device_width([short.seq], plan) == 2
+    assert fixed.device_width([short.seq], plan, 1) == 1
+
+
 def test_a_seeded_sample_is_steered_like_any_other():
     """Its tokens do not depend on its drafts (keyed sampling), so it gets no fixed k: where its
     drafts fail the controller stops drafting for it too."""
