@@ -325,15 +325,14 @@ class OverlappedSteps:
     def _launch_chained(self, flight: InFlight, seqs: list[Sequence],
                         plan: DraftPlan) -> InFlight | None:
         """The step after drafting flight ``flight``, launched from its chains on the device
-        (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``
-        (or they ride along: :meth:`_rides_along`), each verifying the first ``k`` drafts of
-        its chain (the controller's ``device_width``; more than the flight's only where every
-        sequence has room for them), a plain one (each sequence's recovered or bonus token,
-        its sample taken ahead) when it drafts for none of them; otherwise the plan is kept
-        for the synchronous step."""
+        (:class:`FedChains`): a drafting step when the plan drafts for every one of ``seqs``,
+        each verifying the first ``k`` drafts of its chain (the controller's ``device_width``;
+        more than the flight's only where every sequence has room for them), a plain one (each
+        sequence's recovered or bonus token, its sample taken ahead) when it drafts for none
+        of them, or when ``device_width`` chooses none; otherwise the plan is kept for the
+        synchronous step."""
         wanted = [plan.drafts_for(seq) > 0 for seq in seqs]
-        if any(wanted) and not all(w or self._rides_along(seq)
-                                   for w, seq in zip(wanted, seqs, strict=True)):
+        if any(wanted) and not all(wanted):
             self._planned = plan
             return None
         # (penalized sequences' counts hold the flight's kept tokens, which the host's output
@@ -389,26 +388,14 @@ class OverlappedSteps:
 
     def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
                             plan: DraftPlan) -> bool:
-        """The plan drafts for every one of ``seqs`` after plain flight ``flight`` (or it
-        may ride along: :meth:`_rides_along`), and the proposer can draft from the flight on
-        the device (:meth:`_launch_drafting`)."""
+        """The plan drafts for every one of ``seqs`` after plain flight ``flight``, and the
+        proposer can draft from the flight on the device (:meth:`_launch_drafting`)."""
         return (self.proposer.drafts_on_device
                 and (flight.forwarded.output.hidden is not None or not self.keep_hidden)
                 and all(item.num_context_tokens == 1 for item in flight.forwarded.items)
-                and all((plan.drafts_ahead(seq, 1) > 0 or self._rides_along(seq))
-                        and self._drafts_ahead(seq)
+                and all(plan.drafts_ahead(seq, 1) > 0 and self._drafts_ahead(seq)
                         and self.proposer.ready_on_device(seq.seq_id, seq.num_tokens)
                         for seq in seqs))
-
-    @staticmethod
-    def _rides_along(seq: Sequence) -> bool:
-        """A sequence the plan gives no drafts may verify a drafting flight's anyway, where its
-        cap is spent only by its end (``max_tokens`` or the context, which the flight has room
-        for: :func:`engine.overlap.next_sequences`), not by its request's
-        ``num_speculative_tokens``: the tokens past its end are dropped by the stop checks,
-        and the batch's step stays on the device (a plan that drafts for some sequences and
-        not others ran from the host, about twice a flight's time at batch 32)."""
-        return seq.speculation.limit > 0
 
     def _launch_drafting(self, flight: InFlight, seqs: list[Sequence],
                          plan: DraftPlan, k: int) -> InFlight | None:

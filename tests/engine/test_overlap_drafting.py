@@ -674,63 +674,6 @@ def test_each_drafting_flight_verifies_the_width_chosen_at_its_launch(target, he
     assert_engine_empty(llm)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_sequence_at_its_end_rides_along_in_a_drafting_flight(target, head_dir, monkeypatch,
-                                                                device):
-    """Plans that switch between plain and drafting steps over sequences that end one after
-    another: a sequence whose cap its end has spent verifies the flight's drafts anyway (the
-    tokens past its end dropped) instead of sending the step to the host; one whose request
-    asked for no drafts never does (its steps run from the host). Output equals plain
-    decoding's."""
-    from scheduler import DraftPlan
-
-    batch = prompts(6, seed=17)
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-              for n in (9, 10, 11, 12, 13, 30)]
-    greedy = greedy_continuations(target, batch, device, params)
-    plain = LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB), device=device,
-                async_scheduling=False)
-    expected = outputs(plain, batch, params)
-    riders = []  # (per drafting flight launched after a plain one: its sequences at their end)
-
-    def scripted_llm() -> LLM:
-        llm, oracle = oracle_llm(target, head_dir, greedy, device)
-        engine = llm.llm_engine
-        plan, launch = engine.controller.plan, engine._launch_drafting
-
-        def ready(req_id, num_tokens):  # (every request, as the head's features make it)
-            seq = next(s for s in engine.scheduler.running if s.seq_id == req_id)
-            oracle.full.setdefault(req_id, next(g for g in greedy
-                                                if g[:seq.num_tokens] == seq.all_token_ids))
-            return True
-
-        def scripted(running, waiting):  # (a plain step, then three drafting ones)
-            planned = plan(running, waiting)
-            return DraftPlan(K if planned.step % 4 else 0, planned.step)
-
-        def drafting(flight, seqs, planned, k):
-            nxt = launch(flight, seqs, planned, k)
-            if nxt is not None:
-                riders.append([s.seq_id for s in seqs if planned.drafts_ahead(s, 1) == 0])
-                assert all(seq.speculation.limit > 0 for seq in seqs)
-            return nxt
-
-        monkeypatch.setattr(engine.controller, "plan", scripted)
-        monkeypatch.setattr(engine, "_launch_drafting", drafting)
-        monkeypatch.setattr(oracle, "ready_on_device", ready)
-        return llm
-
-    llm = scripted_llm()
-    assert outputs(llm, batch, params) == expected
-    assert any(riders), riders
-    assert_engine_empty(llm)
-    # (a request that asked for no drafts, beside the others: never in a flight's drafts)
-    params[5] = replace(params[5], num_speculative_tokens=0)
-    llm = scripted_llm()
-    assert outputs(llm, batch, params) == outputs(plain, batch, params)
-    assert_engine_empty(llm)
-
-
 def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monkeypatch):
     """A request near ``max_model_len`` beside one with room, plans that switch: the width a
     drafting step after a plain flight takes (the most drafts any sequence may ask for) must
