@@ -342,10 +342,13 @@ class OverlappedSteps:
                for seq in seqs):
             self._planned = plan
             return None
-        k = self.controller.device_width(seqs, plan) if any(wanted) else 0
+        # (the flight in flight brings each sequence at least one token nearer its end)
+        k = self.controller.device_width(seqs, plan, 1) if any(wanted) else 0
         width = flight.width  # (the most the flight advances a sequence)
-        if any(seq.num_tokens - 1 + width + k + 1 > self.max_model_len for seq in seqs):
-            k = min(k, width - 1)  # (the flight's own width has room: next_sequences)
+        if k >= width and (  # (wider than the flight: only where the context and cache allow)
+                any(seq.num_tokens - 1 + width + k + 1 > self.max_model_len for seq in seqs)
+                or len(seqs) * (k + 1) > self.runner.num_free_tokens):
+            k = width - 1  # (the flight's own width has room: next_sequences)
         k = min(k, flight.chain[0].shape[1] - 1)  # (the drafts the chains hold)
         plain = not k
         self._proposed_last_step = not plain

@@ -340,10 +340,13 @@ class Executor:
             warm_up_paged(self.device, self.dtype, self._heads, self._kv_heads, self._head_dim,
                           chain_order=self.deterministic)
 
-    def to_device(self, values: Sequence[int]) -> torch.Tensor:
+    def to_device(self, values: Sequence[int] | np.ndarray) -> torch.Tensor:
         """``values`` as a long tensor ``[len(values)]`` on the model's device, through a
         persistent pinned buffer on CUDA (page-locking a fresh tensor every step costs more
-        than the copy; numpy builds the array several times faster than ``torch.tensor``)."""
+        than the copy; numpy builds the array several times faster than ``torch.tensor``). An
+        int64 array goes as it is (``np.fromiter`` over one walks it an element at a time)."""
+        if isinstance(values, np.ndarray):
+            return self._staging(values.astype(np.int64, copy=False))
         return self._staging(np.fromiter(values, np.int64, len(values)))
 
     def order_to_device(self, values: np.ndarray) -> torch.Tensor:

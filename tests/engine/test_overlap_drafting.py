@@ -674,6 +674,53 @@ def test_each_drafting_flight_verifies_the_width_chosen_at_its_launch(target, he
     assert_engine_empty(llm)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="the head's graphs (a free proposer, verify_and_draft) need CUDA")
+def test_the_heads_graphed_flights_verify_the_width_chosen_at_each_launch(target, head_dir,
+                                                                          monkeypatch):
+    """The real head with its CUDA graphs: greedy chains are verified inside its graph of the
+    next chain (``verify_and_draft``), its chains hold K drafts, and each flight launched
+    from them verifies the width scripted at its launch (narrowed, widened, none); output
+    equals plain decoding's."""
+    batch = prompts(6, seed=21)
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+              for n in (23, 30, 9, 26, 17, 30)]
+    expected = outputs(LLM(model=target.to("cuda"), tokenizer=tiny_tokenizer(VOCAB),
+                           device="cuda", async_scheduling=False), batch, params)
+    llm = LLM(model=target.to("cuda"), tokenizer=tiny_tokenizer(VOCAB), device="cuda",
+              async_scheduling=True, max_num_seqs=8,
+              speculative_config={"method": "eagle", "model": str(head_dir),
+                                  "num_speculative_tokens": K, "adaptive_k": False})
+    engine = llm.llm_engine
+    assert engine.proposer.drafts_are_free  # (graphs: its chains hold K drafts)
+    script, chosen, launched, fused = [3, 1, 2, 3, 1, 0, 2, 3, 3, 1], [], [], []
+    device_width, launch = engine.controller.device_width, engine._launch_chained
+    verify_and_draft = engine.proposer.verify_and_draft
+
+    def scripted(seqs, plan, ahead=0):
+        chosen.append(min(device_width(seqs, plan, ahead), script[len(chosen) % len(script)]))
+        return chosen[-1]
+
+    def counted(flight, seqs, plan):
+        asked = len(chosen)
+        nxt = launch(flight, seqs, plan)
+        if nxt is not None and len(chosen) > asked:
+            launched.append((chosen[-1], nxt.width))
+        return nxt
+
+    def graphed(*args):
+        fused.append(1)
+        return verify_and_draft(*args)
+
+    monkeypatch.setattr(engine.controller, "device_width", scripted)
+    monkeypatch.setattr(engine, "_launch_chained", counted)
+    monkeypatch.setattr(engine.proposer, "verify_and_draft", graphed)
+    assert outputs(llm, batch, params) == expected
+    assert len(launched) >= 6 and all(width == k + 1 for k, width in launched), launched
+    assert {0, 1, 2, 3} <= {k for k, _ in launched} and len(fused) >= 6
+    assert_engine_empty(llm)
+
+
 def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monkeypatch):
     """A request near ``max_model_len`` beside one with room, plans that switch: the width a
     drafting step after a plain flight takes (the most drafts any sequence may ask for) must

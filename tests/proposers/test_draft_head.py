@@ -711,9 +711,10 @@ def test_drafts_after_a_verification_in_the_heads_graph_equal_the_written_out_or
                                                                                     graphs):
     """``verify_and_draft``: greedy acceptance from the target's argmax
     (``accept_chains``) runs with the head's chain (in its graph where it has one). Each
-    step's outputs equal the verification run alone, and the next chains equal the oracle over
-    the whole context. A request leaves after the second step, so the padded layout's last
-    row holds its stale inputs from then on: nothing of it reaches the others."""
+    step verifies the first 1-3 of its chains' 3 drafts (a graph a width); its outputs equal
+    the verification run alone, and the next chains equal the oracle over the whole context.
+    A request leaves after the second step, so the padded layout's last row holds its stale
+    inputs from then on: nothing of it reaches the others."""
     head = random_head(target.config, seed=6)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
     proposer = make_proposer(target, head, graphs=graphs)
@@ -731,14 +732,16 @@ def test_drafts_after_a_verification_in_the_heads_graph_equal_the_written_out_or
             del contexts["d"]
             drafts = drafts[:3]
         req_ids = list(contexts)
-        want_accepted = torch.randint(0, k + 1, (len(req_ids),), generator=g)
-        want_accepted[step % len(req_ids)] = k if step % 2 else 0  # (both ends)
+        n = [3, 1, 2, 3, 2][step]  # (the drafts this step verifies)
+        drafts = [d[:n] for d in drafts]
+        want_accepted = torch.randint(0, n + 1, (len(req_ids),), generator=g)
+        want_accepted[step % len(req_ids)] = n if step % 2 else 0  # (both ends)
         rows, argmax = [], []
         for r, d, a in zip(req_ids, drafts, want_accepted.tolist(), strict=True):
-            rows.append(hidden_of(target, contexts[r] + d)[-(k + 1):])  # the step's features
+            rows.append(hidden_of(target, contexts[r] + d)[-(n + 1):])  # the step's features
             bonus = (step * 11 + len(contexts[r])) % VOCAB
-            differs = (d[a] + 1) % VOCAB if a < k else bonus  # (rejects draft a)
-            argmax += d[:a] + [differs] + [(bonus + j) % VOCAB for j in range(k - a)]
+            differs = (d[a] + 1) % VOCAB if a < n else bonus  # (rejects draft a)
+            argmax += d[:a] + [differs] + [(bonus + j) % VOCAB for j in range(n - a)]
         base = [len(contexts[r]) - 1 for r in req_ids]
         inputs = (torch.tensor(argmax), torch.tensor(drafts), torch.tensor(base))
         outs, got = proposer.verify_and_draft(req_ids, torch.cat(rows), verify, inputs,
