@@ -119,7 +119,7 @@ class OverlappedSteps:
         drafted = metadata.draft_token_ids.view(len(items), width - 1)
         raw = (forwarded.logits.clone() if self.config.logprobs_mode.startswith("raw")
                and any(s.logprobs is not None and s.adjuster.active for s in seqs) else None)
-        adjusted = self._adjust_chains(forwarded.logits, seqs, drafted, holds, fed)
+        adjusted = self._adjust_chains(forwarded.logits, seqs, drafted, holds, fed, base)
         try:
             return self._verified_ahead(forwarded, plan_step, base, base_hi, metadata,
                                         sampling, began, ahead, drafted, adjusted, raw)
@@ -129,16 +129,18 @@ class OverlappedSteps:
             raise
 
     def _adjust_chains(self, logits: torch.Tensor, seqs: list[Sequence], drafts: torch.Tensor,
-                       holds: object, fed: torch.Tensor | None) -> AdjustedChains | None:
+                       holds: object, fed: torch.Tensor | None,
+                       base: torch.Tensor) -> AdjustedChains | None:
         """Adjust in place the chains of ``logits [batch * width, vocab_size]`` whose sequences
-        have adjustments, from their slots' state (``drafts [batch, width - 1]``; see
+        have adjustments, from their slots' state (``drafts [batch, width - 1]``, ``base
+        [batch]`` each chain's fed position, where a ``min_tokens`` still ahead masks; see
         :meth:`_verify_ahead`); None when none has one."""
         rows = [AdjustedRow(j, seq.slot, seq, seq.adjuster, seq.output_token_ids,
-                            None if fed is None else j, holds)
+                            None if fed is None else j, holds, seq.num_prompt_tokens)
                 for j, seq in enumerate(seqs) if seq.adjuster.active and not seq.is_finished]
         if not rows:
             return None
-        return self.slot_adjustments.apply_chains(logits, rows, drafts, fed)
+        return self.slot_adjustments.apply_chains(logits, rows, drafts, fed, base)
 
     def _verified_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
                         base_hi: list[int], metadata: SpecDecodeMetadata,

@@ -60,15 +60,14 @@ from samplers import SamplingTensors
 
 def overlappable(seq: Sequence) -> bool:
     """A sequence whose drafts a drafting flight can verify on the device: no grammar mask, no
-    bad word of several tokens (those read its newest tokens on the host), its ``min_tokens``
-    behind it (its mask would depend on how many tokens the flight before kept). Penalties,
-    bias, allowed ids and one-token bad words come from its slot's state on the device, each
-    chain row's counts with the chain's drafts before it
-    (:meth:`samplers.slot_adjustments.SlotAdjustments.apply_chains`); its logprobs are
-    gathered there, every row of its chain (:class:`FlightLogprobs`)."""
-    adjuster = seq.adjuster
-    return (seq.grammar is None and not adjuster.needs_history
-            and (not adjuster.min_tokens_ids or seq.num_output_tokens >= seq.params.min_tokens))
+    bad word of several tokens (those read its newest tokens on the host). Penalties, bias,
+    allowed ids and one-token bad words come from its slot's state on the device, each chain
+    row's counts with the chain's drafts before it, and a ``min_tokens`` still ahead masks by
+    where the chain sits there (the flight before's kept tokens are not read on the host:
+    :meth:`samplers.slot_adjustments.SlotAdjustments.apply_chains`); its logprobs are
+    gathered there, every row of its chain (:class:`FlightLogprobs`). What a plain step
+    sampled ahead needs (:func:`samples_ahead`)."""
+    return samples_ahead(seq)
 
 
 def samples_ahead(seq: Sequence) -> bool:

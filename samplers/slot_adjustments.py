@@ -59,6 +59,7 @@ class AdjustedRow:
     output: Sequence[int]
     fed: int | None = None
     holds: object = None  # (a chain's: the mark its slot's counts must hold; None: the output)
+    first_output: int = 0  # the position of its first output token (its prompt's length)
 
 
 class Adjusted:
@@ -195,7 +196,8 @@ class SlotAdjustments:
         return Adjusted(self, pen_rows_t, pen_slots_t, counted)
 
     def apply_chains(self, logits: torch.Tensor, rows: list[AdjustedRow], drafts: torch.Tensor,
-                     fed: torch.Tensor | None = None) -> AdjustedChains:
+                     fed: torch.Tensor | None = None, base: torch.Tensor | None = None
+                     ) -> AdjustedChains:
         """Adjust in place the chains ``rows`` (each one's ``row``: its chain's index) of
         ``logits [num_chains * width, vocab_size]`` (float32, a chain's rows consecutive) from
         their slots' state: row ``j`` of a chain as its sequence's output followed by its first
@@ -203,9 +205,12 @@ class SlotAdjustments:
         :meth:`LogitsAdjuster.apply` adjusts it. A penalized row's slot must hold what
         ``holds`` names (a chain's mark: the chain it is fed from counted its kept tokens),
         else ValueError; one without ``holds`` has its counts made again from its output (and
-        its ``fed`` token) where they are not that. A sequence's ``min_tokens`` must be behind
-        it (its mask would depend on how many tokens the chain before kept): ValueError.
-        Returns what the step's kept tokens must add (:meth:`AdjustedChains.count`)."""
+        its ``fed`` token) where they are not that. A sequence whose ``min_tokens`` may still
+        be ahead (its committed output is shorter) is masked by where its chain sits, ``base
+        [num_chains]`` on the device (each chain's fed token's position: row ``j`` samples
+        output token ``base + j + 1 - first_output``, so the chain before it need not be read
+        on the host); without ``base``: ValueError. Returns what the step's kept tokens must
+        add (:meth:`AdjustedChains.count`)."""
         num_chains, width = drafts.shape[0], drafts.shape[1] + 1
         vocab_size = self.vocab_size
         if logits.shape != (num_chains * width, vocab_size):
@@ -214,22 +219,31 @@ class SlotAdjustments:
         self._reserve(max(r.slot for r in rows) + 1, num_chains * width)
         used: set[str] = set()
         rebuild, penalized_rows, mark = [], [], object()
+        # each row's masked positions: a chain row samples at base + j + 1, masked while that is
+        # before first_output + min_tokens (-1: none can be: min_tokens behind its output)
+        short = [-1] * len(rows)
         for i, r in enumerate(rows):
             p = r.adjuster.params
             if r.adjuster.min_tokens_ids and len(r.output) < p.min_tokens:
-                raise ValueError(f"slot {r.slot}: min_tokens={p.min_tokens} with "
-                                 f"{len(r.output)} output tokens cannot adjust chains")
+                if base is None:
+                    raise ValueError(f"slot {r.slot}: min_tokens={p.min_tokens} with "
+                                     f"{len(r.output)} output tokens needs the chains' "
+                                     f"positions")
+                short[i] = r.first_output + p.min_tokens - 1
             used |= self._owned(r)
             if p.needs_penalties:
                 if not self._counts_hold(r):
                     rebuild.append(i)
                 penalized_rows.append(i)
         n, m = len(rows), len(penalized_rows)
+        masks = any(t >= 0 for t in short)
         layout = ([r.row for r in rows] + [r.slot for r in rows]
-                  + [rows[i].row for i in penalized_rows] + [rows[i].slot for i in penalized_rows])
+                  + [rows[i].row for i in penalized_rows] + [rows[i].slot for i in penalized_rows]
+                  + (short if masks else []))
         if layout != self._chain_layout[0]:  # (chains like the flight before reuse its indices)
             self._chain_layout = layout, self._to_device(np.array(layout, dtype=np.int64))
-        chains_t, slots_t, pen_chains_t, pen_slots_t = self._chain_layout[1].split([n, n, m, m])
+        chains_t, slots_t, pen_chains_t, pen_slots_t, short_t = self._chain_layout[1].split(
+            [n, n, m, m, n if masks else 0])
         if rebuild:
             self._rebuild([rows[i] for i in rebuild], fed)
         # [n, width, vocab_size]: the chains to adjust (all of them, in order: the logits)
@@ -238,6 +252,11 @@ class SlotAdjustments:
         x = chains if whole else chains.index_select(0, chains_t)
         if "banned" in used:
             x.masked_fill_(self.rows["banned"].index_select(0, slots_t)[:, None], float("-inf"))
+        if masks:  # [n, width]: the rows sampling before their sequence's min_tokens
+            at = (base if whole else base.index_select(0, chains_t))[:, None] + torch.arange(
+                width, device=x.device)
+            x.masked_fill_(self.rows["min_tokens"].index_select(0, slots_t)[:, None]
+                           & (at < short_t[:, None])[:, :, None], float("-inf"))
         if "bias" in used:  # (-0.0 elsewhere: no bit changes)
             x += self.rows["bias"].index_select(0, slots_t)[:, None]
         if m:

@@ -259,7 +259,8 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     each chain row adjusted on the device from its slot's counts and the drafts before it,
     the kept tokens counted there: tokens, finish and logprobs equal those of the same engine
     stepping synchronously over the same drafts (the oracle's), through partial acceptance,
-    stops inside a chain and a min_tokens that holds the first steps back. ``plain_every``:
+    stops inside a chain and a min_tokens that holds the first steps back (masked in the
+    chains by where they sit on the device). ``plain_every``:
     every such step of the overlapped engine plans no drafts (a plain flight fed from chains,
     its counts the chains' on the device; chains fed from a plain flight's token)."""
     from scheduler import DraftPlan
@@ -290,9 +291,13 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     adjusted = []
     apply_chains = llm.llm_engine.slot_adjustments.apply_chains
 
-    def spied(logits, rows, drafts, fed=None):
+    short = []  # (chains of a sequence whose min_tokens was ahead of its committed output)
+
+    def spied(logits, rows, drafts, fed=None, base=None):
         adjusted.append((len(rows), fed is not None, rows[0].holds is not None))
-        return apply_chains(logits, rows, drafts, fed)
+        short.append(any(r.adjuster.min_tokens_ids and len(r.output) < r.adjuster.params.min_tokens
+                         for r in rows))
+        return apply_chains(logits, rows, drafts, fed, base)
 
     monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply_chains", spied)
     apply, from_chains = llm.llm_engine.slot_adjustments.apply, []
@@ -319,6 +324,7 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     assert max(n for n, _, _ in adjusted) >= 3
     assert sum(fed for _, fed, _ in adjusted) >= (3 if plain_every else 0)
     assert sum(from_chains) >= (3 if plain_every else 0)
+    assert sum(short) >= 2  # (min_tokens ahead: masked by the chains' positions on the device)
     metrics = llm.llm_engine.metrics
     assert 0 < metrics.num_accepted < metrics.num_drafted  # (partial acceptance)
     assert_engine_empty(llm)

@@ -42,6 +42,7 @@ class Sample:
 
     def __init__(self, i: int, rng: random.Random) -> None:
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randrange(2, 7))]
+        self.first_output = len(prompt)  # (the position of its first output token)
         self.adjuster = LogitsAdjuster(SamplingParams(**PARAMS[i % len(PARAMS)]), prompt,
                                        frozenset({EOS_ID}), TOK)
         assert not self.adjuster.needs_history  # (the engine adjusts those on the host)
@@ -147,15 +148,18 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
     sample's adjuster over its history and its chain's drafts, bit for bit, through a run of
     steps: chains fed from the chain before (its kept tokens counted on the device only, the
     host's output behind), chains launched from the host (counts made again), from a token in
-    flight, and chains of other samples left as they are."""
+    flight, and chains of other samples left as they are; samples whose min_tokens is still
+    ahead are masked by their chains' positions on the device, its last masked row inside a
+    chain."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(10 + seed)
     state = SlotAdjustments(VOCAB, torch.device(device),
                             lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device))
     slots = {s: Sample(s, rng) for s in range(len(PARAMS))}
-    for sample in slots.values():  # (min_tokens behind every sample: 6 output tokens)
-        sample.output = [rng.randrange(VOCAB) for _ in range(6)]
+    for sample in slots.values():  # (min_tokens of 3 and 5 ahead of some samples)
+        sample.output = [rng.randrange(VOCAB) for _ in range(rng.choice([0, 0, 1, 6]))]
         sample.kept: list[int] = []  # (counted on the device, not on the host yet)
+    inside = 0  # (chains whose last row before their sample's min_tokens is not their last)
     mark, modes = None, []
     for step in range(40):
         chained = mark is not None and rng.random() < 0.6
@@ -173,6 +177,7 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
         logits = (torch.randn(num_chains * width, VOCAB, generator=gen) * 3).to(device)
         logits[:, 6] = -0.0
         expected, rows, fed = logits.clone(), [], []
+        base = [rng.randrange(100) for _ in range(num_chains)]  # (others' chains: anywhere)
         for j, (slot, chain) in enumerate(zip(order, where, strict=True)):
             sample = slots[slot]
             if fed_token:
@@ -181,12 +186,17 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
             history = sample.output + sample.kept
             sample.adjuster.apply(expected[chain * width:(chain + 1) * width], history,
                                   drafts[chain])
+            base[chain] = sample.first_output + len(history) - 1  # (its fed token's position)
+            min_tokens = sample.adjuster.params.min_tokens
+            inside += 0 < min_tokens - len(history) < width
             rows.append(AdjustedRow(chain, slot, sample, sample.adjuster, list(sample.output),
-                                    j if fed_token else None, mark if chained else None))
+                                    j if fed_token else None, mark if chained else None,
+                                    sample.first_output))
         got = logits.clone()
         adjusted = state.apply_chains(
             got, rows, torch.tensor(drafts, device=device).view(num_chains, width - 1),
-            torch.tensor(fed, dtype=torch.long, device=device) if fed_token else None)
+            torch.tensor(fed, dtype=torch.long, device=device) if fed_token else None,
+            torch.tensor(base, device=device))
         assert torch.equal(got, expected), f"step {step} ({modes[-1]})"
         assert torch.equal(got.signbit(), expected.signbit()), f"step {step}"
         # verification keeps each chain's first accepted + 1 tokens
@@ -200,12 +210,13 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
                 sample.output += sample.kept
             sample.kept = (sample.kept if chained else []) + tokens[chain][:accepted[chain] + 1]
         mark = adjusted.mark
-    assert {"chained", "host", "fed"} <= set(modes)
+    assert {"chained", "host", "fed"} <= set(modes) and inside > 0
 
 
 def test_chains_refuse_counts_they_cannot_trust():
     """A chain (or a plain step) fed from chains whose counts the slot does not hold, and a
-    sample whose min_tokens is still ahead: ValueError, nothing adjusted."""
+    sample whose min_tokens may still be ahead without its chain's position: ValueError,
+    nothing adjusted."""
     state = SlotAdjustments(VOCAB, torch.device("cpu"), lambda a: torch.from_numpy(
         np.asarray(a, dtype=np.int64)))
     rng = random.Random(0)
@@ -217,7 +228,7 @@ def test_chains_refuse_counts_they_cannot_trust():
         state.apply_chains(logits.clone(), [row], drafts)
     with pytest.raises(ValueError, match="not those of the chain"):  # (a plain step's too)
         state.apply(logits[:1].clone(), [row])
-    short = Sample(6, rng)  # (min_tokens=5)
-    with pytest.raises(ValueError, match="min_tokens=5 with 0 output tokens"):
+    short = Sample(6, rng)  # (min_tokens=5: masked by where its chain sits, so it needs that)
+    with pytest.raises(ValueError, match="min_tokens=5 with 0 output tokens needs"):
         state.apply_chains(logits.clone(), [AdjustedRow(0, 1, short, short.adjuster, [])],
                            drafts)
