@@ -353,6 +353,12 @@ class OverlappedSteps:
             k = width - 1  # (the flight's own width has room: next_sequences)
         k = min(k, flight.chain[0].shape[1] - 1)  # (the drafts the chains hold)
         plain = not k
+        if plain and any(seq.adjuster.min_tokens_ids
+                         and seq.num_output_tokens < seq.params.min_tokens for seq in seqs):
+            # (a plain step masks min_tokens by the host's output count, which lacks the
+            # tokens the flight keeps: such a step runs from the host after the commit)
+            self._planned = plan
+            return None
         self._proposed_last_step = not plain
         tokens, base = flight.chain  # [batch, 1 + drafts], [batch] on the device
         tokens = tokens[:, :k + 1]

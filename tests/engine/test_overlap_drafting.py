@@ -727,6 +727,60 @@ def test_the_heads_graphed_flights_verify_the_width_chosen_at_each_launch(target
     assert_engine_empty(llm)
 
 
+@pytest.mark.parametrize("plain_every", [2, 3])
+def test_a_stop_token_held_back_by_min_tokens_ends_where_the_host_ends_it(target, head_dir,
+                                                                          monkeypatch,
+                                                                          plain_every):
+    """Requests whose stop token greedy decoding first reaches right at their ``min_tokens``
+    (masking one row too many there ends them late), under plans that switch between drafting
+    flights and plain steps fed from their chains: a chain masks by where it sits on the
+    device, and a plain step after chains runs from the host while a ``min_tokens`` may be
+    ahead (its mask would read the host's output, short of the flight's kept tokens). Each
+    request stops where the synchronous engine stops it."""
+    from scheduler import DraftPlan
+
+    batch = prompts(3, seed=41)
+    greedy = greedy_continuations(target, batch, "cpu")
+    requests, params = [], []
+    for prompt, full in zip(batch, greedy, strict=True):
+        output = full[len(prompt):]
+        for m in range(2, 16):
+            if output[m] not in output[:m]:  # (its first time at output token m)
+                requests.append(prompt)
+                params.append(SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True,
+                                             stop_token_ids=[output[m]], min_tokens=m))
+    assert len(requests) >= 12
+    expected = outputs(LLM(model=target, tokenizer=tiny_tokenizer(VOCAB),
+                           async_scheduling=False), requests, params)
+    llm = LLM(model=target, tokenizer=tiny_tokenizer(VOCAB), async_scheduling=True,
+              max_num_seqs=64,
+              speculative_config={"method": "eagle", "model": str(head_dir),
+                                  "num_speculative_tokens": K, "adaptive_k": False})
+    engine = llm.llm_engine
+    engine.proposer = Oracle(greedy)
+    plan = engine.controller.plan
+
+    def scripted(running, waiting):
+        planned = plan(running, waiting)
+        return DraftPlan(0 if planned.step % plain_every == 0 else K, planned.step)
+
+    monkeypatch.setattr(engine.controller, "plan", scripted)
+    launched = []  # (drafting flights launched on the device, after plain ones or chains)
+
+    def counting(launch):
+        def counted(*args):
+            nxt = launch(*args)
+            launched.append(nxt is not None and nxt.chain is not None)
+            return nxt
+        return counted
+
+    for name in ("_launch_drafting", "_launch_chained"):
+        monkeypatch.setattr(engine, name, counting(getattr(engine, name)))
+    assert outputs(llm, requests, params) == expected
+    assert sum(launched) >= 3
+    assert_engine_empty(llm)
+
+
 def test_one_width_for_all_never_writes_past_the_context(target, head_dir, monkeypatch):
     """A request near ``max_model_len`` beside one with room, plans that switch: the width a
     drafting step after a plain flight takes (the most drafts any sequence may ask for) must
