@@ -653,18 +653,23 @@ def test_each_drafting_flight_verifies_the_width_chosen_at_its_launch(target, he
     expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
                            device=device, async_scheduling=False), batch, GREEDY)
     llm, _ = oracle_llm(target, head_dir, greedy, device)
-    engine = llm.llm_engine
-    script = [3, 1, 2, 3, 1, 0, 2, 3, 3, 1]
-    chosen = []
-    device_width = engine.controller.device_width
+    launched = scripted_widths(monkeypatch, llm.llm_engine)
+    assert outputs(llm, batch, GREEDY) == expected
+    assert len(launched) >= 6 and all(width == k + 1 for k, width in launched), launched
+    assert {0, 1, 2, 3} <= {k for k, _ in launched}  # (narrowed, widened, plain)
+    assert_engine_empty(llm)
+
+
+def scripted_widths(monkeypatch, engine) -> list[tuple[int, int]]:
+    """The engine's drafting widths scripted (narrow, widen, none; within what its controller
+    allows); returns, as flights are launched from chains, each one's (width chosen, width
+    launched)."""
+    script, chosen, launched = [3, 1, 2, 3, 1, 0, 2, 3, 3, 1], [], []
+    device_width, launch = engine.controller.device_width, engine._launch_chained
 
     def scripted(seqs, plan, ahead=0):
         chosen.append(min(device_width(seqs, plan, ahead), script[len(chosen) % len(script)]))
         return chosen[-1]
-
-    monkeypatch.setattr(engine.controller, "device_width", scripted)
-    launched = []  # (the width chosen, the width of the flight launched from the chains)
-    launch = engine._launch_chained
 
     def counted(flight, seqs, plan):
         asked = len(chosen)
@@ -673,11 +678,9 @@ def test_each_drafting_flight_verifies_the_width_chosen_at_its_launch(target, he
             launched.append((chosen[-1], nxt.width))
         return nxt
 
+    monkeypatch.setattr(engine.controller, "device_width", scripted)
     monkeypatch.setattr(engine, "_launch_chained", counted)
-    assert outputs(llm, batch, GREEDY) == expected
-    assert len(launched) >= 6 and all(width == k + 1 for k, width in launched), launched
-    assert {0, 1, 2, 3} <= {k for k, _ in launched}  # (narrowed, widened, plain)
-    assert_engine_empty(llm)
+    return launched
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
@@ -699,27 +702,13 @@ def test_the_heads_graphed_flights_verify_the_width_chosen_at_each_launch(target
                                   "num_speculative_tokens": K, "adaptive_k": False})
     engine = llm.llm_engine
     assert engine.proposer.drafts_are_free  # (graphs: its chains hold K drafts)
-    script, chosen, launched, fused = [3, 1, 2, 3, 1, 0, 2, 3, 3, 1], [], [], []
-    device_width, launch = engine.controller.device_width, engine._launch_chained
+    launched, fused = scripted_widths(monkeypatch, engine), []
     verify_and_draft = engine.proposer.verify_and_draft
-
-    def scripted(seqs, plan, ahead=0):
-        chosen.append(min(device_width(seqs, plan, ahead), script[len(chosen) % len(script)]))
-        return chosen[-1]
-
-    def counted(flight, seqs, plan):
-        asked = len(chosen)
-        nxt = launch(flight, seqs, plan)
-        if nxt is not None and len(chosen) > asked:
-            launched.append((chosen[-1], nxt.width))
-        return nxt
 
     def graphed(*args):
         fused.append(1)
         return verify_and_draft(*args)
 
-    monkeypatch.setattr(engine.controller, "device_width", scripted)
-    monkeypatch.setattr(engine, "_launch_chained", counted)
     monkeypatch.setattr(engine.proposer, "verify_and_draft", graphed)
     assert outputs(llm, batch, params) == expected
     assert len(launched) >= 6 and all(width == k + 1 for k, width in launched), launched
