@@ -213,6 +213,8 @@ class DraftHeadProposer(Proposer):
         self._zero_rows: torch.Tensor | None = None  # [rows, hidden_size]: a graph's padding
         # a verify_and_draft layout -> its verification outputs' shapes past the batch
         self._verified_shapes: dict[tuple, list[torch.Size]] = {}
+        # the last chain layout's slot columns on the device, by (slots, width, padded batch)
+        self._slots_layout: tuple[tuple, torch.Tensor] | None = None
         self._broken: set[str | int] = set()  # requests whose features have a gap: no drafts
         self.graphs = KeyedGraphs(weight.device, capture) if graphs else None
         self._to_device = PinnedStaging(weight.device)  # index columns, without waiting
@@ -574,12 +576,18 @@ class DraftHeadProposer(Proposer):
     def _chain_slots(self, slots: list[int], width: int, padded: int) -> torch.Tensor:
         """A chain layout's slot columns on the device (one copy): each of the ``padded *
         max_pending`` pair rows' slot (``width`` rows a chain), then each chain's; padding
-        rows and chains write the scratch slot."""
+        rows and chains write the scratch slot. The last one is kept: a batch drafting flight
+        after flight has the same slots and width (read only, by copies into graph inputs)."""
+        key = (tuple(slots), width, padded)
+        if self._slots_layout is not None and self._slots_layout[0] == key:
+            return self._slots_layout[1]
         scratch = self.cache.scratch
         pad = padded * self.max_pending - len(slots) * width
-        return self._to_device(np.array([s for s in slots for _ in range(width)]
-                                        + [scratch] * pad + slots
-                                        + [scratch] * (padded - len(slots)), dtype=np.int64))
+        columns = self._to_device(np.array([s for s in slots for _ in range(width)]
+                                           + [scratch] * pad + slots
+                                           + [scratch] * (padded - len(slots)), dtype=np.int64))
+        self._slots_layout = (key, columns)
+        return columns
 
     def ready_on_device(self, req_id: str | int, num_tokens: int) -> bool:
         """:meth:`Proposer.ready_on_device`: its features reach the newest host token."""
