@@ -28,7 +28,6 @@ from engine.overlap import (
     InFlight,
     Pending,
     next_sequences,
-    overlappable,
     samples_ahead,
 )
 from engine.runner import FedChains, FedTokens, ForwardOutput
@@ -83,10 +82,10 @@ class OverlappedSteps:
 
     def _drafts_ahead(self, seq: Sequence) -> bool:
         """``seq`` may verify in a drafting flight and have the proposer draft its next drafts
-        on the device (:func:`engine.overlap.overlappable`), where those drafts are what the
+        on the device (:func:`engine.overlap.samples_ahead`), where those drafts are what the
         host would draft: not a request with adjustments whose proposer adjusts its drafts on
         the host only (``Proposer.adjusts_drafts``)."""
-        return overlappable(seq) and not (seq.adjuster.active and self.proposer.adjusts_drafts)
+        return samples_ahead(seq) and not (seq.adjuster.active and self.proposer.adjusts_drafts)
 
     def _chain_sampling(self, seqs: list[Sequence]) -> SamplingTensors:
         """The sampling tensors of a drafting flight launched from the host (nothing in

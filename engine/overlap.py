@@ -58,23 +58,13 @@ from engine.step_records import Forwarded
 from samplers import SamplingTensors
 
 
-def overlappable(seq: Sequence) -> bool:
-    """A sequence whose drafts a drafting flight can verify on the device: no grammar mask, no
-    bad word of several tokens (those read its newest tokens on the host). Penalties, bias,
-    allowed ids and one-token bad words come from its slot's state on the device, each chain
-    row's counts with the chain's drafts before it, and a ``min_tokens`` still ahead masks by
-    where the chain sits there (the flight before's kept tokens are not read on the host:
-    :meth:`samplers.slot_adjustments.SlotAdjustments.apply_chains`); its logprobs are
-    gathered there, every row of its chain (:class:`FlightLogprobs`). What a plain step
-    sampled ahead needs (:func:`samples_ahead`)."""
-    return samples_ahead(seq)
-
-
 def samples_ahead(seq: Sequence) -> bool:
-    """A sequence whose plain step can be sampled before the host has committed the step
-    before: no grammar mask, no bad word of several tokens (those read its newest tokens on
-    the host). Its other adjustments come from its slot's state on the device
-    (:mod:`samplers.slot_adjustments`), its logprobs are gathered there."""
+    """A sequence whose plain step can be sampled, or whose drafts a drafting flight can
+    verify, before the host has committed the step before: no grammar mask, no bad word of
+    several tokens (those read its newest tokens on the host). Its other adjustments come from
+    its slot's state on the device (:mod:`samplers.slot_adjustments`: a chain row's counts
+    with the chain's drafts before it, and a ``min_tokens`` still ahead masked by where the
+    chain sits), its logprobs are gathered there (:class:`FlightLogprobs`)."""
     return seq.grammar is None and not seq.adjuster.needs_history
 
 
@@ -229,10 +219,10 @@ class InFlight:
 class Pending:
     """A plain step launched before the flight before it was committed, whose sampling waits
     for that commit (its sequences' logits need what the host learns there: not
-    :func:`overlappable`). It is sampled right after the commit, while its forward runs, and becomes
-    a flight (``OverlappedSteps._sample_hosted``). Its forward, the controller's step number,
-    the event recorded before its forward (CUDA), and whether its launch wrote the flight
-    before's pairs into the draft head's cache (as :attr:`InFlight.pairs_written`)."""
+    :func:`samples_ahead`). It is sampled right after the commit, while its forward runs, and
+    becomes a flight (``OverlappedSteps._sample_hosted``). Its forward, the controller's step
+    number, the event recorded before its forward (CUDA), and whether its launch wrote the
+    flight before's pairs into the draft head's cache (as :attr:`InFlight.pairs_written`)."""
 
     forwarded: Forwarded
     plan_step: int
