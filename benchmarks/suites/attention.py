@@ -43,7 +43,7 @@ from engine.runner.attention_backend import (
 from engine.runner.cuda_graphs import kv_bucket
 from engine.runner.executor import Executor
 from engine.runner.kv_cache import PagedKVCache
-from engine.runner.paged_attention import split_count
+from engine.runner.paged_attention import split_plan
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, lay_out
 
 
@@ -126,7 +126,7 @@ def bodies(cache: PagedKVCache, shape: _Shape, inputs: torch.Tensor, batch: int,
         _positions=torch.arange(cache.slot_table.shape[1] + 16, device=device),
         _zero=torch.zeros((), dtype=dtype, device=device),
         _min=torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device))
-    splits = split_count(batch, shape.heads, shape.kv_heads, num_new, kv_len, device)
+    plan = split_plan(batch, shape.heads, shape.kv_heads, num_new, kv_len, device)
 
     def gather() -> torch.Tensor:
         cache.read_in_place = False
@@ -141,14 +141,14 @@ def bodies(cache: PagedKVCache, shape: _Shape, inputs: torch.Tensor, batch: int,
     def paged() -> torch.Tensor:
         cache.read_in_place = True
         cache.prepare_step(slots, write_rows, cells.reshape(-1), kv_len)
-        step = PagedStep(cache.slot_table, slots, limits, ancestors, kv_len, splits)
+        step = PagedStep(cache.slot_table, slots, limits, ancestors, kv_len, plan)
         with paged_attention_step(step):
             for layer in range(shape.layers):
                 keys, values = cache.update(new_kv, new_kv, layer)
                 out, _ = gqa_sdpa_attention(module, q, keys, values, None, scaling=shape.scale)
         return out
 
-    return gather, paged, splits
+    return gather, paged, plan
 
 
 def step_us(fn, device: torch.device) -> float:
@@ -175,17 +175,18 @@ def run(args: argparse.Namespace) -> Result:
                 for num_new in widths:
                     inputs = step_inputs(cache, batch, context, num_new, device)
                     kv_len = kv_bucket(context + num_new, cache.slot_table.shape[1])
-                    gather, paged, splits = bodies(cache, shape, inputs, batch, num_new, kv_len,
+                    gather, paged, plan = bodies(cache, shape, inputs, batch, num_new, kv_len,
                                                    dtype, device)
                     diff = (gather().float() - paged().float()).abs().max().item()
                     gather_us, paged_us = step_us(gather, device), step_us(paged, device)
                     row = {"shape": name, "layers": shape.layers, "batch_size": batch,
                            "context": context, "num_new": num_new, "kv_len": kv_len,
-                           "num_splits": splits, "gather_us": gather_us, "paged_us": paged_us,
+                           "num_splits": plan.num_splits, "block_n": plan.block_n,
+                           "prefetch": plan.prefetch, "gather_us": gather_us, "paged_us": paged_us,
                            "speedup": gather_us / paged_us, "max_abs_diff": diff}
                     rows.append(row)
                     print(f"{name:<20} b={batch:<3} ctx={context:<5} new={num_new} "
-                          f"splits={splits:<2} gather {gather_us:9.1f} us  paged "
+                          f"splits={plan.num_splits:<2} gather {gather_us:9.1f} us  paged "
                           f"{paged_us:9.1f} us  x{row['speedup']:.2f}  diff {diff:.2e}",
                           flush=True)
         del cache

@@ -64,15 +64,16 @@ class PagedStep:
     """What a forward's paged attention reads besides the queries and the pool: ``slot_table
     [num_slots, table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]``
     (device tensors: a CUDA graph's static inputs), ``kv_len`` (the longest row's key columns;
-    the CPU reference reads that many), ``num_splits`` (the kernel's split-K shares) and
-    ``chain_order`` (deterministic mode: the kernel's chain order, one split)."""
+    the CPU reference reads that many), ``plan`` (the kernel's launch: split-K shares, key
+    block, loading ahead) and ``chain_order`` (deterministic mode: the kernel's chain order,
+    one split)."""
 
     slot_table: torch.Tensor
     slots: torch.Tensor
     limits: torch.Tensor
     ancestors: torch.Tensor
     kv_len: int
-    num_splits: int
+    plan: paged.SplitPlan
     chain_order: bool = False
 
 
@@ -151,8 +152,9 @@ def paged_sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, st
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     args = (query, keys, values, step.slot_table, step.slots, step.limits, step.ancestors, scale)
     if query.device.type == "cuda" or paged._INTERPRETED:
-        return paged.paged_attention(*args, num_splits=step.num_splits,
-                                     chain_order=step.chain_order)
+        plan = step.plan
+        return paged.paged_attention(*args, num_splits=plan.num_splits, block_n=plan.block_n,
+                                     chain_order=step.chain_order, prefetch=plan.prefetch)
     return paged.paged_attention_reference(*args, kv_len=step.kv_len)
 
 

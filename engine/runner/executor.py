@@ -81,7 +81,7 @@ from engine.runner.fused_ops import fused_forward, install_fused_ops
 from engine.runner.fused_projections import install_fused_projections, remove_fused_projections
 from engine.runner.invariant_matmul import InvariantLinears, linear_modules
 from engine.runner.kv_cache import ATTENTION_BACKENDS, PagedKVCache
-from engine.runner.paged_attention import split_bucket, split_count
+from engine.runner.paged_attention import SplitPlan, split_bucket, split_plan
 from engine.runner.paged_attention import warm_up as warm_up_paged
 from engine.runner.rotary_table import install_rotary_table
 from engine.runner.step_inputs import LAYOUT_ROWS, Scratch, StepInputs, scratch_inputs
@@ -338,7 +338,7 @@ class Executor:
         reads on CUDA only)."""
         if self.paged and self.device.type == "cuda":
             warm_up_paged(self.device, self.dtype, self._heads, self._kv_heads, self._head_dim,
-                          chain_order=self.deterministic)
+                          chain_order=self.deterministic, max_kv_len=self.max_model_len + 1)
 
     def to_device(self, values: Sequence[int] | np.ndarray) -> torch.Tensor:
         """``values`` as a long tensor ``[len(values)]`` on the model's device, through a
@@ -502,13 +502,13 @@ class Executor:
         paged = None  # (the fast path's lone run of rows is read as a view, paged or not)
         if self.paged and run is None:
             if self.deterministic:  # (one split, chain order: module docstring)
-                paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len, 1,
-                                  chain_order=True)
-            else:
-                splits = split_count(batch_size, self._heads, self._kv_heads, num_new, kv_len,
-                                     self.device)
                 paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len,
-                                  splits)
+                                  SplitPlan(1), chain_order=True)
+            else:
+                plan = split_plan(batch_size, self._heads, self._kv_heads, num_new, kv_len,
+                                  self.device)
+                paged = PagedStep(self.cache.slot_table, slots_t, limits, ancestors, kv_len,
+                                  plan)
         mask = None if uniform or paged else self.mask(limits, ancestors, kv_len)
         # (engine/runner/attention_backend.py: no per-shape plan builds, no key/value head copies)
         with without_cudnn_attention(self.device), gqa_attention(mask is not None or num_new > 1), \

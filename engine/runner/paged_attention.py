@@ -34,9 +34,10 @@ few to fill a GPU of ~132 SMs, and each walks its whole key range one block afte
 chain of dependent loads even at a few hundred keys (docs/design.md, "Measured reasons behind
 the runner's choices"). With ``num_splits > 1`` each program takes one of ``num_splits`` equal
 shares of its key blocks and writes a normalised partial output and its log-sum-exp (base 2;
-``-inf`` for a share with no visible column); a second kernel combines the shares. The count is
-chosen on the host (:func:`split_count`) from the step's sizes, which are static per CUDA-graph
-bucket. With one split, the loop loads each block's pool rows a block ahead (``PREFETCH``).
+``-inf`` for a share with no visible column); a second kernel combines the shares. The count,
+the key block (64 or 128 columns) and whether each block's pool rows are loaded a block ahead
+(``PREFETCH``) are chosen on the host (:func:`split_plan`) from the step's sizes, which are
+static per CUDA-graph bucket.
 
 Chain order (deterministic mode). A token's result depends on where its visible keys sit among
 the column blocks: the products and sums of a block run over its columns in a fixed tree, and
@@ -49,12 +50,13 @@ would, and with one split and one tile height for every step, a token's output d
 its context, never on the step around it.
 
 Compiled variants. Triton compiles a kernel per value of its constexprs (the tile height
-``BLOCK_M``, the split count, chain order) and, unless told otherwise, per class of its integer
-arguments (1, a multiple of 16, other) and of its pointers' alignment (16 bytes or not). The
-sizes that change from step to step (``batch``, ``num_new`` and the strides that follow them)
-are not specialised, nor the alignment of the slots, limits and ancestors (views into one index
-tensor, where the ancestors' row starts 16-byte aligned only for an even number of tokens), so
-the variants are only the constexprs' (three tile heights, five split counts); :func:`warm_up`
+``BLOCK_M``, the split count, the key block, loading ahead, chain order) and, unless told
+otherwise, per class of its integer arguments (1, a multiple of 16, other) and of its pointers'
+alignment (16 bytes or not). The sizes that change from step to step (``batch``, ``num_new``
+and the strides that follow them) are not specialised, nor the alignment of the slots, limits
+and ancestors (views into one index tensor, where the ancestors' row starts 16-byte aligned only
+for an even number of tokens), so the variants are only the constexprs' (three tile heights,
+each with the plans :func:`split_plan` can give up to the slot table's width); :func:`warm_up`
 compiles them all before the first request, which would otherwise wait for them (a server's
 first requests waited seconds).
 """
@@ -64,12 +66,14 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from functools import cache
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_attention", "paged_attention_reference", "split_bucket", "split_count",
+__all__ = ["SplitPlan", "paged_attention", "paged_attention_reference", "split_bucket",
+           "split_plan",
            "visible_columns", "warm_up"]
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
@@ -77,8 +81,9 @@ ANCESTOR_BITS = 64  # a token's tree-ancestor set: the bits of one int64
 _LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 BLOCK_N = 64  # key columns a block (the launcher's default)
-SPLIT_PROGRAMS_PER_SM = 4  # split_count: programs a step may have per SM ...
+SPLIT_PROGRAMS_PER_SM = 4  # split_plan: programs a step may have per SM ...
 SPLIT_BUSY_BLOCKS = 8  # ... and key blocks a share takes at least once they are many
+LONG_COLUMNS = 16 * BLOCK_N  # split_plan: a key range long enough for 128-column blocks
 SPLIT_COLUMNS = 4 * BLOCK_N  # split_bucket: the shortest graph key length ...
 MAX_SPLIT_COLUMNS = MAX_SPLITS * SPLIT_BUSY_BLOCKS * BLOCK_N  # ... and past this, the table's
 
@@ -181,11 +186,10 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base-2 logits)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # With one split (PREFETCH) a program walks its row's whole key range, and the loop's time
-    # was its chain of dependent loads (table, then keys, then values): each block's pool rows
-    # are then loaded one block ahead and its values with its keys. With several, the programs
-    # are many and the extra live registers cost more resident programs than they save
-    # (docs/design.md, "Measured reasons behind the runner's choices").
+    # With few programs an SM (PREFETCH) each one's time was its chain of dependent loads
+    # (table, then keys, then values): each block's pool rows are then loaded one block ahead
+    # and its values with its keys. With more, the extra live registers cost more resident
+    # programs than they save (docs/design.md, "Measured reasons behind the runner's choices").
     if PREFETCH:
         pool_rows = _pool_rows(table_ptr, slot * s_table, lo + tl.arange(0, BLOCK_N), hi,
                                limit_t, anc_t, CHAIN_ORDER)
@@ -286,7 +290,8 @@ def _block_m(num_rows: int) -> int:
 def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     slot_table: torch.Tensor, slots: torch.Tensor, limits: torch.Tensor,
                     ancestors: torch.Tensor, scale: float, num_splits: int = 1,
-                    block_n: int = BLOCK_N, chain_order: bool = False) -> torch.Tensor:
+                    block_n: int = BLOCK_N, chain_order: bool = False,
+                    prefetch: bool | None = None) -> torch.Tensor:
     """The kernel's launcher (see the module docstring): ``query [batch, heads, num_new,
     head_dim]``, ``keys``/``values [kv_heads, num_rows, head_dim]``, ``slot_table [num_slots,
     table_width]``, ``slots [batch]``, ``limits``/``ancestors [batch, num_new]`` (integer
@@ -296,7 +301,9 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
     block (a power of two >= 16). ``chain_order`` (deterministic mode; one split): one program
     per token, and a draft-tree node reads its ancestors' keys as the columns right after its
     limit, in depth order, where a chain token at that depth reads its own: every token's sums
-    then run over the same values in the same places, whatever the step (module docstring)."""
+    then run over the same values in the same places, whatever the step (module docstring).
+    ``prefetch``: load each block's pool rows a block ahead (None: with one split only; the
+    same result either way, :func:`split_plan` says when it pays)."""
     batch, heads, num_new, head_dim = query.shape
     kv_heads = keys.shape[0]
     if keys.dim() != 3 or values.shape != keys.shape or keys.shape[2] != head_dim:
@@ -348,7 +355,8 @@ def paged_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tenso
             batch, kv_heads, num_new, head_dim, slot_table.shape[1], scale * _LOG2E,
             GROUPS=groups, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             NUM_SPLITS=num_splits, PRECISION=precision, DOT_F32=dot_f32,
-            CHAIN_ORDER=chain_order, PREFETCH=num_splits == 1, num_warps=4)
+            CHAIN_ORDER=chain_order,
+            PREFETCH=num_splits == 1 if prefetch is None else prefetch, num_warps=4)
         if num_splits > 1:
             _combine_splits_kernel[grid[:2]](
                 part_o, part_lse, out, *out.stride(), batch, kv_heads, num_new, head_dim,
@@ -369,33 +377,69 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_count(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int,
-                device: torch.device, block_n: int = BLOCK_N) -> int:
-    """Shares of the key range for a step of these sizes (``kv_len``: the longest row's key
-    columns, static per CUDA-graph bucket): 1 off CUDA; else as many as keep the programs
-    within ``SPLIT_PROGRAMS_PER_SM`` per SM, each share at least one key block while the
-    programs are fewer than half the SMs and ``SPLIT_BUSY_BLOCKS`` blocks once they are more
-    (then a split only shortens each program's walk and pays the combining launch), at most
-    ``MAX_SPLITS``, rounded down to a power of two (each count is a kernel compiled on first
-    use). The thresholds are the measured best counts of docs/design.md ("Measured reasons
-    behind the runner's choices")."""
+class SplitPlan(NamedTuple):
+    """How a step's paged attention launches: ``num_splits`` shares of each row's key range,
+    ``block_n`` key columns a block, and whether the loop loads each block's pool rows a block
+    ahead (``prefetch``)."""
+
+    num_splits: int
+    block_n: int = BLOCK_N
+    prefetch: bool = True
+
+
+def split_plan(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int,
+               device: torch.device) -> SplitPlan:
+    """The launch for a step of these sizes (``kv_len``: the longest row's key columns, static
+    per CUDA-graph bucket); one split of 64-column blocks off CUDA. The rules are the measured
+    best launches of docs/design.md ("Measured reasons behind the runner's choices"):
+
+    - programs (rows x kv heads x tiles) fewer than the SMs, or key ranges shorter than
+      ``LONG_COLUMNS``: 64-column blocks in as many shares as keep ``SPLIT_PROGRAMS_PER_SM``
+      programs per SM, at most ``MAX_SPLITS``, each share at least one block while the programs
+      are fewer than half the SMs and ``SPLIT_BUSY_BLOCKS`` once they are more (then a split
+      only shortens each program's walk and pays the combining launch); loaded a block ahead
+      only with one share;
+    - at least a program per SM and longer ranges: 128-column blocks, and the fewest shares
+      (within that programs-per-SM cap and shares of ``SPLIT_BUSY_BLOCKS // 2`` such blocks)
+      that give at least ``1.5`` programs per SM in waves at least 90% full (a last wave a
+      third full kept most SMs waiting on the rest), else the fullest waves; loaded ahead while
+      at most two programs share an SM (with more, the ahead load's registers cost resident
+      programs).
+
+    Counts are powers of two (each launch is a kernel variant, compiled by :func:`warm_up`)."""
     if device.type != "cuda":
-        return 1
+        return SplitPlan(1)
     rows = heads // kv_heads * num_new
-    programs = batch * kv_heads * triton.cdiv(rows, _block_m(rows))
-    sms = _sm_count(device)
-    share = 1 if 2 * programs < sms else SPLIT_BUSY_BLOCKS  # key blocks a share at least
-    wanted = max(1, min(MAX_SPLITS, kv_len // block_n // share,
-                        SPLIT_PROGRAMS_PER_SM * sms // programs))
-    return 1 << (wanted.bit_length() - 1)
+    return _plan(batch * kv_heads * triton.cdiv(rows, _block_m(rows)), kv_len, _sm_count(device))
+
+
+def _plan(programs: int, kv_len: int, sms: int) -> SplitPlan:
+    """:func:`split_plan` for a step of ``programs`` programs before splitting, on ``sms``
+    SMs."""
+    per_sm_cap = SPLIT_PROGRAMS_PER_SM * sms // programs
+    if programs < sms or kv_len < LONG_COLUMNS:  # 64-column blocks
+        share = 1 if 2 * programs < sms else SPLIT_BUSY_BLOCKS  # key blocks a share at least
+        wanted = max(1, min(MAX_SPLITS, kv_len // BLOCK_N // share, per_sm_cap))
+        splits = 1 << (wanted.bit_length() - 1)
+        return SplitPlan(splits, BLOCK_N, splits == 1)
+    cap = max(1, min(MAX_SPLITS, kv_len // (2 * BLOCK_N * (SPLIT_BUSY_BLOCKS // 2)), per_sm_cap))
+    counts = _powers_of_two(cap)
+
+    def fill(splits: int) -> float:  # how full the waves of programs are, 1 at best
+        total = programs * splits
+        return total / (triton.cdiv(total, sms) * sms)
+
+    good = [s for s in counts if 2 * programs * s >= 3 * sms and fill(s) >= 0.9]
+    splits = good[0] if good else max(counts, key=lambda s: (fill(s), -s))
+    return SplitPlan(splits, 2 * BLOCK_N, programs * splits <= 2 * sms)
 
 
 def split_bucket(kv_len: int, limit: int) -> int:
     """The key length of the CUDA graph that serves a paged step of ``kv_len`` key columns (at
     most ``limit``, the slot table's width). The kernel finds each row's last visible column on
     the device, so a graph replays for any length up to the table's width, and the key length
-    picks only the split count (:func:`split_count`), which moves where ``kv_len // BLOCK_N``
-    passes a power of two: ``kv_len`` rounds up to ``SPLIT_COLUMNS`` times a power of two (at
+    picks only the launch (:func:`split_plan`), which moves where ``kv_len // BLOCK_N`` passes
+    a power of two: ``kv_len`` rounds up to ``SPLIT_COLUMNS`` times a power of two (at
     least ``SPLIT_COLUMNS``), or to ``limit`` past ``MAX_SPLIT_COLUMNS``, where every count has
     reached its most. Seven graphs per batch and width then serve every context, where rounding
     for the gather path's copies (:func:`engine.runner.cuda_graphs.kv_bucket`) captures about
@@ -439,26 +483,34 @@ def paged_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: t
 
 
 def warm_up(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int,
-            chain_order: bool = False, block_n: int = BLOCK_N) -> int:
-    """Compile, before any request, every variant of the kernel (each tile height with every
-    split count; chain order: its one tile and one split) by running it on a few rows. Returns
-    how many variants ran. No-op (0) off CUDA."""
+            chain_order: bool = False, max_kv_len: int = 2 * MAX_SPLIT_COLUMNS) -> int:
+    """Compile, before any request, every variant of the kernel a step can launch (each tile
+    height with every :class:`SplitPlan` that :func:`split_plan` gives for some step of at most
+    ``max_kv_len`` key columns, the slot table's width; chain order: its one tile and one
+    split) by running it on a few rows. Returns how many variants ran. No-op (0) off CUDA."""
     if device.type != "cuda":
         return 0
     groups = heads // kv_heads
     if chain_order:
-        shapes = [(1, 1)]
+        shapes = [(1, SplitPlan(1))]
     else:  # (a width for each tile height: 16, 32 or 64 rows, as the groups allow)
-        heights = {_block_m(groups * n): n for n in range(64, 0, -1)}
-        shapes = [(n, s) for n in heights.values() for s in _powers_of_two(MAX_SPLITS)]
+        # (a plan is a function of the programs and the key length: past 4 programs an SM it
+        # stops changing, and its thresholds are powers of two of key blocks)
+        sms = _sm_count(device)
+        lengths = [BLOCK_N << i for i in range((max_kv_len // BLOCK_N).bit_length())]
+        lengths.append(max_kv_len)
+        plans = sorted({_plan(programs, kv_len, sms) for kv_len in lengths
+                        for programs in range(1, SPLIT_PROGRAMS_PER_SM * sms + 2)})
+        shapes = [(n, plan) for n in {_block_m(groups * n): n for n in range(64, 0, -1)}.values()
+                  for plan in plans]
     keys = torch.zeros(kv_heads, 4, head_dim, dtype=dtype, device=device)
     table = torch.zeros(1, 4, dtype=torch.int64, device=device)
-    for num_new, splits in shapes:
+    for num_new, plan in shapes:
         query = torch.zeros(1, heads, num_new, head_dim, dtype=dtype, device=device)
         slots = torch.zeros(1, dtype=torch.int64, device=device)
         limits = torch.zeros(1, num_new, dtype=torch.int64, device=device)
-        paged_attention(query, keys, keys, table, slots, limits, limits, 1.0, splits, block_n,
-                        chain_order)
+        paged_attention(query, keys, keys, table, slots, limits, limits, 1.0, plan.num_splits,
+                        plan.block_n, chain_order, plan.prefetch)
     torch.cuda.synchronize(device)
     return len(shapes)
 

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from engine.runner import paged_attention as pa
 from engine.runner.paged_attention import (
+    SplitPlan,
     paged_attention,
     paged_attention_reference,
-    split_count,
+    split_plan,
 )
 from engine.runner.step_inputs import tree_columns
 from tests.conftest import DEVICE, needs_triton
@@ -243,29 +244,70 @@ def test_the_launcher_refuses_bad_arguments():
                         limits, 1.0, num_splits=0)
 
 
-def test_split_count_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
+def test_split_plan_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
     monkeypatch.setattr(pa, "_sm_count", lambda device: 132)
     cuda = torch.device("cuda")
+
+    def splits(*sizes) -> int:
+        return split_plan(*sizes, cuda).num_splits
+
     # 1B shape (32 heads over 8), batch 1: 8 programs (fewer than 66, half the SMs), so a
     # share takes one 64-key block at least; up to 4 * 132 / 8 = 66 programs each
-    assert split_count(1, 32, 8, 1, 8192, cuda) == pa.MAX_SPLITS  # 128 blocks: capped
-    assert split_count(1, 32, 8, 1, 512, cuda) == 8  # 8 blocks
-    assert split_count(1, 32, 8, 1, 256, cuda) == 4
-    assert split_count(1, 32, 8, 1, 64, cuda) == 1  # one block: nothing to split
-    assert split_count(1, 32, 8, 1, 384, cuda) == 4  # 6 blocks -> a power of two
-    # batch 32: 256 programs (more than 66): shares of 8 blocks at least, at most 528 / 256
-    # = 2 shares
-    assert split_count(32, 32, 8, 1, 256, cuda) == 1  # 4 blocks: less than a share
-    assert split_count(32, 32, 8, 1, 2048, cuda) == 2
-    assert split_count(32, 32, 8, 1, 8192, cuda) == 2
-    # default model (9 heads over 3): batch 32 has 96 programs -> 528 / 96 = 5 -> 4 shares
-    assert split_count(32, 9, 3, 1, 2048, cuda) == 4  # 32 blocks: 4 shares of 8
-    assert split_count(32, 9, 3, 1, 512, cuda) == 1  # 8 blocks: one share
+    assert splits(1, 32, 8, 1, 8192) == pa.MAX_SPLITS  # 128 blocks: capped
+    assert splits(1, 32, 8, 1, 512) == 8  # 8 blocks
+    assert splits(1, 32, 8, 1, 256) == 4
+    assert splits(1, 32, 8, 1, 64) == 1  # one block: nothing to split
+    assert splits(1, 32, 8, 1, 384) == 4  # 6 blocks -> a power of two
+    assert split_plan(1, 32, 8, 1, 512, cuda) == SplitPlan(8, 64, False)
+    assert split_plan(1, 32, 8, 1, 64, cuda) == SplitPlan(1, 64, True)  # (one share: ahead)
+    # batch 32: 256 programs (more than 66): one share of 64-key blocks below 1,024 keys
+    assert split_plan(32, 32, 8, 1, 512, cuda) == SplitPlan(1, 64, True)
+    # from 1,024: 128-key blocks; 256 programs fill two waves (256 / 264), at most 2 an SM:
+    # one share, loaded ahead
+    assert split_plan(32, 32, 8, 1, 2048, cuda) == SplitPlan(1, 128, True)
+    assert split_plan(32, 32, 8, 1, 8192, cuda) == SplitPlan(1, 128, True)
+    # batch 16: 128 programs, fewer than the SMs: 64-key blocks, shares of 8 blocks at least,
+    # 4 * 132 / 128 = 4 programs an SM at most
+    assert split_plan(16, 32, 8, 1, 2048, cuda) == SplitPlan(4, 64, False)
+    assert split_plan(16, 32, 8, 1, 8192, cuda) == SplitPlan(4, 64, False)
+    assert split_plan(16, 32, 8, 1, 1024, cuda) == SplitPlan(2, 64, False)  # 16 blocks
+    assert split_plan(16, 32, 8, 1, 512, cuda) == SplitPlan(1, 64, True)  # 8 blocks: one share
+    # default model (9 heads over 3): batch 32 has 96 programs: the same
+    assert split_plan(32, 9, 3, 1, 2048, cuda) == SplitPlan(4, 64, False)
+    # batch 48, 144 programs: at most 528 / 144 = 3 -> 2 shares; no count fills 90% of its
+    # waves (1: 144 of 264, 2: 288 of 396): the fuller, 2
+    assert split_plan(48, 9, 3, 1, 2048, cuda) == SplitPlan(2, 128, False)
+    # batch 64, 192 programs: at most 528 / 192 = 2 shares; 2 give 384 of 396 (at least 1.5 an
+    # SM, 97% full), 2.9 an SM: not ahead
+    assert split_plan(64, 9, 3, 1, 2048, cuda) == SplitPlan(2, 128, False)
+    # a share of 128-key blocks holds 4 at least: 1,024 keys give 2 shares at most; neither
+    # fills 90% (144 of 264, 288 of 396): the fuller, 2
+    assert split_plan(48, 9, 3, 1, 1024, cuda) == SplitPlan(2, 128, False)
+    # batch 32 of the 1B shape at 1,024 keys: 256 programs, one share fills 97% of two waves
+    assert split_plan(32, 32, 8, 1, 1024, cuda) == SplitPlan(1, 128, True)
+    assert split_plan(48, 9, 3, 1, 512, cuda) == SplitPlan(1, 64, True)  # below 1,024
     # batch 8: 24 programs (few): up to 22 shares of one block -> 16
-    assert split_count(8, 9, 3, 1, 8192, cuda) == 16
+    assert splits(8, 9, 3, 1, 8192) == 16
     # a verification of 4 tokens a row at batch 1: 9 * 4 = 36 rows in one 64-row tile
-    assert split_count(1, 36, 4, 4, 512, cuda) == 8
-    assert split_count(1, 32, 8, 1, 8192, torch.device("cpu")) == 1
+    assert splits(1, 36, 4, 4, 512) == 8
+    assert split_plan(1, 32, 8, 1, 8192, torch.device("cpu")) == SplitPlan(1)
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits,block_n,prefetch", [(1, 32, True), (2, 32, True),
+                                                         (3, 32, False), (2, 16, True),
+                                                         (1, 16, False)])
+def test_every_launch_a_plan_can_choose_gives_dense_attention(num_splits, block_n, prefetch):
+    """Wider key blocks, and loading ahead with several shares (what :func:`split_plan` may
+    choose), read the same columns: rows that end inside, at and past a block's end."""
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=4, width=112, seed=5)
+    lengths, slots = [3, 63, 95], [2, 0, 3]
+    limits, ancestors, visible = chain_inputs(lengths, 2)
+    q = torch.randn(3, 8, 2, 16, generator=torch.Generator().manual_seed(4))
+    got, _ = run_both(q, pool, slots, limits, ancestors, 0.3, num_splits=num_splits,
+                      block_n=block_n, prefetch=prefetch)
+    torch.testing.assert_close(got, dense_expected(q, pool, slots, visible, 0.3), atol=1e-5,
+                               rtol=1e-5)
 
 
 def _compiled(kernel) -> int:
@@ -293,7 +335,10 @@ def test_after_warm_up_no_step_size_compiles_a_kernel():
     compile nothing."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     heads, kv_heads, head_dim = 9, 3, 64
-    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim) == 3 * 5  # (3 tiles, 5 splits)
+    # (3 tile heights, each with the plans a step can get: a table 301 columns wide gives one
+    # split or 2 or 4 shares of 64-column blocks; at the default 16,384, 9 plans)
+    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim, max_kv_len=301) == 3 * 3
+    assert pa.warm_up(device, dtype, heads, kv_heads, head_dim) == 3 * 9
     before = _compiled(pa._paged_attention_kernel), _compiled(pa._combine_splits_kernel)
     pool = Pool(kv_heads, head_dim, num_slots=64, width=2048, seed=3, dtype=dtype)
     keys, values, table = pool.keys.to(device), pool.values.to(device), pool.table.to(device)
@@ -302,8 +347,9 @@ def test_after_warm_up_no_step_size_compiles_a_kernel():
             for kv_len in (40, 1000, 2000):
                 q = torch.randn(batch, heads, num_new, head_dim, dtype=dtype, device=device)
                 slots, limits, ancestors = _index_views(batch, num_new, kv_len, device)
-                splits = split_count(batch, heads, kv_heads, num_new, kv_len, device)
-                paged_attention(q, keys, values, table, slots, limits, ancestors, 0.125, splits)
+                plan = split_plan(batch, heads, kv_heads, num_new, kv_len, device)
+                paged_attention(q, keys, values, table, slots, limits, ancestors, 0.125,
+                                plan.num_splits, plan.block_n, prefetch=plan.prefetch)
     # a prompt chunk: 64-row tiles
     q = torch.randn(1, heads, 300, head_dim, dtype=dtype, device=device)
     slots, limits, ancestors = _index_views(1, 300, 300, device)
