@@ -352,12 +352,6 @@ class OverlappedSteps:
             k = width - 1  # (the flight's own width has room: next_sequences)
         k = min(k, flight.chain[0].shape[1] - 1)  # (the drafts the chains hold)
         plain = not k
-        if plain and any(seq.adjuster.min_tokens_ids
-                         and seq.num_output_tokens < seq.params.min_tokens for seq in seqs):
-            # (a plain step masks min_tokens by the host's output count, which lacks the
-            # tokens the flight keeps: such a step runs from the host after the commit)
-            self._planned = plan
-            return None
         self._proposed_last_step = not plain
         tokens, base = flight.chain  # [batch, 1 + drafts], [batch] on the device
         tokens = tokens[:, :k + 1]
@@ -387,9 +381,11 @@ class OverlappedSteps:
         if plain:  # (a plain flight: its features go to the head when it commits)
             forwarded = Forwarded([SeqStep(seq, 1, True) for seq in seqs], out, out.logits,
                                   started)
+            # (a min_tokens still ahead is masked by where each chain sits: base)
             return replace(self._sample_ahead(forwarded, plan.step,
                                               None if sampling.all_greedy else sampling, began,
-                                              True, holds=flight.counted), reserved=True)
+                                              True, holds=flight.counted, base=base),
+                           reserved=True)
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
         return self._verify_ahead(forwarded, plan.step, base, base_hi,
@@ -495,7 +491,8 @@ class OverlappedSteps:
     def _sample_ahead(self, forwarded: Forwarded, plan_step: int,
                       sampling: SamplingTensors | None, began: torch.cuda.Event | None = None,
                       ahead: bool = False, fed: FedTokens | None = None,
-                      raw: torch.Tensor | None = None, holds: object = None) -> InFlight:
+                      raw: torch.Tensor | None = None, holds: object = None,
+                      base: torch.Tensor | None = None) -> InFlight:
         """Sample one token per sequence of ``forwarded`` on the device (``sampling`` None: the
         argmax, which a decode step's CUDA graph computed already, else two kernels) and queue
         their copy to the host; ``ahead``: launched before the step before it was committed;
@@ -504,7 +501,9 @@ class OverlappedSteps:
         (:meth:`_adjust_on_device`; ``fed``: the tokens in flight the forward was fed, the
         last output token of each sequence, not on the host yet; ``holds``: the mark of the
         drafting flight whose chains fed it, which its penalized slots' counts hold, as the host
-        cannot count them: :class:`~samplers.slot_adjustments.AdjustedRow`); logprobs are gathered
+        cannot count them: :class:`~samplers.slot_adjustments.AdjustedRow`; ``base [batch]``:
+        with ``holds``, each sequence's fed token's position on the device, where a
+        ``min_tokens`` still ahead masks); logprobs are gathered
         there, from ``raw`` (the forward's logits, where the host processed a copy: None,
         ``forwarded.logits``) or the processed logits, and copied behind the tokens."""
         items = forwarded.items
@@ -515,7 +514,7 @@ class OverlappedSteps:
         lp_index = self.runner.to_device(lp_rows) if lp_rows else None
         values = ((logits if raw is None else raw).index_select(0, lp_index)  # (before any
                   if lp_index is not None and mode.startswith("raw") else None)  # adjustment)
-        adjusted = self._adjust_on_device(logits, seqs, fed, holds)
+        adjusted = self._adjust_on_device(logits, seqs, fed, holds, base)
         try:
             failed = non_finite_rows(logits, [[] for _ in items])  # (CPU only)
             # (a decode graph's own argmax, where it computed one: of the logits unadjusted)
@@ -567,20 +566,23 @@ class OverlappedSteps:
         return tokens, forwarded
 
     def _adjust_on_device(self, logits: torch.Tensor, seqs: list[Sequence],
-                          fed: FedTokens | None, holds: object = None) -> Adjusted | None:
+                          fed: FedTokens | None, holds: object = None,
+                          base: torch.Tensor | None = None) -> Adjusted | None:
         """Adjust in place the rows of ``logits [batch, vocab_size]`` whose sequences' adjusters
         need no history, from their slots' state on the device
-        (:mod:`samplers.slot_adjustments`; ``holds``: see :meth:`_sample_ahead`); None when no
-        row has one. A sequence that stopped at the commit before (its row dropped later) is
-        left as it is."""
+        (:mod:`samplers.slot_adjustments`; ``holds``, ``base``: see :meth:`_sample_ahead`);
+        None when no row has one. A sequence that stopped at the commit before (its row
+        dropped later) is left as it is."""
         rows = [AdjustedRow(j, seq.slot, seq, seq.adjuster, seq.output_token_ids,
-                            None if fed is None else fed.sources[j], holds)
+                            None if fed is None else fed.sources[j], holds,
+                            seq.num_prompt_tokens)
                 for j, seq in enumerate(seqs)
                 if seq.adjuster.active and not seq.adjuster.needs_history
                 and not seq.is_finished]
         if not rows:
             return None
-        return self.slot_adjustments.apply(logits, rows, None if fed is None else fed.values)
+        return self.slot_adjustments.apply(logits, rows, None if fed is None else fed.values,
+                                           base)
 
     def _sample_hosted(self, pending: Pending, ahead: bool = True) -> InFlight:
         """Sample ``pending``'s tokens on the device once the host knows what its sequences'

@@ -144,33 +144,44 @@ class SlotAdjustments:
         self._chain_layout: tuple[list[int] | None, torch.Tensor | None] = (None, None)
 
     def apply(self, logits: torch.Tensor, rows: list[AdjustedRow],
-              fed: torch.Tensor | None = None) -> Adjusted:
+              fed: torch.Tensor | None = None, base: torch.Tensor | None = None) -> Adjusted:
         """Adjust ``rows`` of ``logits [num_rows, vocab_size]`` (float32) in place from their
         slots' state; ``fed [m]``: tokens in flight on the device (each row's ``fed`` indexes
         it: its output's next token, sampled but not on the host). A row with ``holds`` (a
         step fed from a drafting flight's chains) needs its slot to hold that mark
         (ValueError otherwise), and its slot holds a new mark once the step counts its token.
-        Returns what the step's sampled tokens must add (:meth:`Adjusted.count`)."""
+        ``base [num_rows]`` (on the device; a step fed from chains, whose kept tokens the host
+        has not read): each row's fed token's position, so a row whose committed output is
+        short of its ``min_tokens`` is masked by where it sits (it samples output token
+        ``base + 1 - first_output``), as :meth:`apply_chains` masks a chain's first row;
+        without it, by the host's count. Returns what the step's sampled tokens must add
+        (:meth:`Adjusted.count`)."""
         self._reserve(max(r.slot for r in rows) + 1, len(rows))
         used: set[str] = set()
         active, rebuild, counted = [], [], {}
+        short = []  # (with base: the first fed position no longer masked; -1: none masked)
         for i, r in enumerate(rows):
             used |= self._owned(r)
             done = len(r.output) + (r.fed is not None)  # (the output before this position)
             p = r.adjuster.params
-            active.append(int(bool(r.adjuster.min_tokens_ids) and done < p.min_tokens))
+            ahead = bool(r.adjuster.min_tokens_ids) and done < p.min_tokens
+            if base is not None:  # (the host's count may lack kept tokens: the device tells)
+                short.append(r.first_output + p.min_tokens - 1 if ahead else -1)
+                ahead = False
+            active.append(int(ahead))
             if p.needs_penalties:
                 if not self._counts_hold(r):
                     rebuild.append(i)
                 counted[r.slot] = done + 1 if r.holds is None else object()
         n = len(rows)
+        masks = any(t >= 0 for t in short)
         layout = ([r.row for r in rows] + [r.slot for r in rows] + active
                   + [r.row for r in rows if r.slot in counted]
-                  + [r.slot for r in rows if r.slot in counted])
+                  + [r.slot for r in rows if r.slot in counted] + (short if masks else []))
         if layout != self._layout[0]:  # (a step like the one before reuses its indices)
             self._layout = layout, self._to_device(np.array(layout, dtype=np.int64))
-        rows_t, slots_t, active_t, pen_rows_t, pen_slots_t = self._layout[1].split(
-            [n, n, n, len(counted), len(counted)])
+        rows_t, slots_t, active_t, pen_rows_t, pen_slots_t, short_t = self._layout[1].split(
+            [n, n, n, len(counted), len(counted), n if masks else 0])
         if rebuild:
             self._rebuild([rows[i] for i in rebuild], fed)
         # [n, vocab_size]: the rows to adjust (all of them, in order: the logits themselves)
@@ -182,6 +193,9 @@ class SlotAdjustments:
         if "min_tokens" in used and any(active):
             x.masked_fill_(self.rows["min_tokens"].index_select(0, slots_t)
                            & active_t[:, None].bool(), neg_inf)
+        if masks:  # [n]: the rows whose fed position is before their min_tokens' last mask
+            x.masked_fill_(self.rows["min_tokens"].index_select(0, slots_t)
+                           & (base.index_select(0, rows_t) < short_t)[:, None], neg_inf)
         if "bias" in used:
             x += self.rows["bias"].index_select(0, slots_t)  # (-0.0 elsewhere: no bit changes)
         if counted:

@@ -302,9 +302,9 @@ def test_penalized_requests_verify_in_drafting_flights(target, head_dir, monkeyp
     monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply_chains", spied)
     apply, from_chains = llm.llm_engine.slot_adjustments.apply, []
 
-    def spied_plain(logits, rows, fed=None):  # (plain steps fed from chains: their mark)
-        from_chains.append(any(r.holds is not None for r in rows))
-        return apply(logits, rows, fed)
+    def spied_plain(logits, rows, fed=None, base=None):  # (plain steps fed from chains:
+        from_chains.append(any(r.holds is not None for r in rows))  # their mark)
+        return apply(logits, rows, fed, base)
 
     monkeypatch.setattr(llm.llm_engine.slot_adjustments, "apply", spied_plain)
     got = with_logprobs(llm, batch, PENALIZED, arrivals)
@@ -722,10 +722,10 @@ def test_a_stop_token_held_back_by_min_tokens_ends_where_the_host_ends_it(target
                                                                           plain_every):
     """Requests whose stop token greedy decoding first reaches right at their ``min_tokens``
     (masking one row too many there ends them late), under plans that switch between drafting
-    flights and plain steps fed from their chains: a chain masks by where it sits on the
-    device, and a plain step after chains runs from the host while a ``min_tokens`` may be
-    ahead (its mask would read the host's output, short of the flight's kept tokens). Each
-    request stops where the synchronous engine stops it."""
+    flights and plain steps fed from their chains: both mask by where each chain sits on the
+    device (the host's output is short of the flight's kept tokens), and plain steps after
+    chains run launched from them while a ``min_tokens`` is ahead. Each request stops where
+    the synchronous engine stops it."""
     from scheduler import DraftPlan
 
     batch = prompts(3, seed=41)
@@ -755,18 +755,22 @@ def test_a_stop_token_held_back_by_min_tokens_ends_where_the_host_ends_it(target
 
     monkeypatch.setattr(engine.controller, "plan", scripted)
     launched = []  # (drafting flights launched on the device, after plain ones or chains)
+    plain_short = []  # (plain steps launched from chains while a min_tokens was ahead)
 
     def counting(launch):
-        def counted(*args):
-            nxt = launch(*args)
+        def counted(flight, seqs, *args):
+            short = any(seq.num_output_tokens < seq.params.min_tokens for seq in seqs)
+            nxt = launch(flight, seqs, *args)
             launched.append(nxt is not None and nxt.chain is not None)
+            plain_short.append(short and flight.chain is not None and nxt is not None
+                               and nxt.chain is None)
             return nxt
         return counted
 
     for name in ("_launch_drafting", "_launch_chained"):
         monkeypatch.setattr(engine, name, counting(getattr(engine, name)))
     assert outputs(llm, requests, params) == expected
-    assert sum(launched) >= 3
+    assert sum(launched) >= 3 and sum(plain_short) >= 2
     assert_engine_empty(llm)
 
 

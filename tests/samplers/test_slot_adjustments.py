@@ -213,6 +213,50 @@ def test_chains_equal_each_samples_adjuster_with_their_drafts(device, seed):
     assert {"chained", "host", "fed"} <= set(modes) and inside > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plain_step_fed_from_chains_masks_min_tokens_by_its_position(device):
+    """A plain step fed from a drafting flight's chains (``apply`` with ``base``): the host's
+    output lacks the tokens the flight kept, so a ``min_tokens`` is masked by where each row's
+    fed token sits on the device; bit for bit against each sample's adjuster over its whole
+    history, at and around the last masked position, rows of other samples left as they are.
+    By the host's count alone the rows would differ (checked)."""
+    rng = random.Random(4)
+    gen = torch.Generator().manual_seed(4)
+    state = SlotAdjustments(VOCAB, torch.device(device),
+                            lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device))
+    params = [dict(min_tokens=3, stop_token_ids=[5]), dict(min_tokens=5, logit_bias={1: 4.0}),
+              dict(min_tokens=4, bad_words=["w7"]), dict(logit_bias={3: 2.0})]
+    samples = []
+    for i, kwargs in enumerate(params):
+        prompt = [rng.randrange(VOCAB) for _ in range(2 + i)]
+        samples.append((len(prompt), LogitsAdjuster(SamplingParams(**kwargs), prompt,
+                                                    frozenset({EOS_ID}), TOK)))
+    differs = 0  # (rows the host's count alone would mask otherwise)
+    for step in range(30):
+        extra = rng.choice([0, 2])
+        num_rows = len(samples) + extra
+        where = rng.sample(range(num_rows), len(samples))
+        logits = (torch.randn(num_rows, VOCAB, generator=gen) * 3).to(device)
+        logits[:, EOS_ID] = 9.0
+        expected, by_host, rows = logits.clone(), logits.clone(), []
+        base = [rng.randrange(100) for _ in range(num_rows)]  # (others' rows: anywhere)
+        for slot, ((first_output, adjuster), row) in enumerate(zip(samples, where,
+                                                                   strict=True)):
+            output = [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 6))]  # (host's)
+            kept = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]  # (device's)
+            history = output + kept
+            adjuster.apply(expected[row:row + 1], history)
+            adjuster.apply(by_host[row:row + 1], output)
+            base[row] = first_output + len(history) - 1  # (its fed token: the last kept)
+            rows.append(AdjustedRow(row, slot, adjuster, adjuster, output, None, None,
+                                    first_output))
+        got = logits.clone()
+        state.apply(got, rows, base=torch.tensor(base, device=device))
+        assert torch.equal(got, expected), f"step {step}"
+        differs += not torch.equal(by_host, expected)
+    assert differs > 0
+
+
 def test_chains_refuse_counts_they_cannot_trust():
     """A chain (or a plain step) fed from chains whose counts the slot does not hold, and a
     sample whose min_tokens may still be ahead without its chain's position: ValueError,
