@@ -331,7 +331,7 @@ def _index_views(batch: int, num_new: int, kv_len: int, device: torch.device):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiles CUDA kernels (a GPU)")
 def test_after_warm_up_no_step_size_compiles_a_kernel():
     """What a server's first requests used to wait for: after :func:`pa.warm_up`, steps of any
-    batch, width, context length and split count, their index tensors views at any alignment,
+    batch, width, context length and launch plan, their index tensors views at any alignment,
     compile nothing."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     heads, kv_heads, head_dim = 9, 3, 64

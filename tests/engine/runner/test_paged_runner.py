@@ -122,9 +122,9 @@ def test_cuda_graphs_match_the_gather_backend(dtype):
     assert runner.graphs.num_replays > 4
 
 
-def test_paged_graphs_are_keyed_by_the_split_count_only():
+def test_paged_graphs_are_keyed_by_the_launch_plan_only():
     """The paged kernel reads each row's length on the device, so a graph's key length only
-    picks the split count: seven key lengths serve every context of a 16,384-token table (each
+    picks the launch plan: seven key lengths serve every context of a 16,384-token table (each
     one at least the step's own, never past the table), where the gather runner's rounding
     (a copy of that many columns a layer) keeps 15."""
     from engine.runner.cuda_graphs import kv_bucket
