@@ -296,12 +296,15 @@ def test_split_plan_fills_the_sms_only_when_the_programs_are_few(monkeypatch):
 @needs_triton
 @pytest.mark.parametrize("num_splits,block_n,prefetch", [(1, 32, True), (2, 32, True),
                                                          (3, 32, False), (2, 16, True),
-                                                         (1, 16, False)])
+                                                         (1, 16, False), (2, 128, True),
+                                                         (1, 128, False)])
 def test_every_launch_a_plan_can_choose_gives_dense_attention(num_splits, block_n, prefetch):
-    """Wider key blocks, and loading ahead with several shares (what :func:`split_plan` may
-    choose), read the same columns: rows that end inside, at and past a block's end."""
-    pool = Pool(kv_heads=2, head_dim=16, num_slots=4, width=112, seed=5)
-    lengths, slots = [3, 63, 95], [2, 0, 3]
+    """Other key blocks (the plans' own 128 too), and loading ahead with several shares (what
+    :func:`split_plan` may choose), read the same columns: rows that end inside, at and past a
+    block's end."""
+    wide = block_n >= 128
+    pool = Pool(kv_heads=2, head_dim=16, num_slots=4, width=300 if wide else 112, seed=5)
+    lengths, slots = [3, 127, 290] if wide else [3, 63, 95], [2, 0, 3]
     limits, ancestors, visible = chain_inputs(lengths, 2)
     q = torch.randn(3, 8, 2, 16, generator=torch.Generator().manual_seed(4))
     got, _ = run_both(q, pool, slots, limits, ancestors, 0.3, num_splits=num_splits,
