@@ -83,7 +83,9 @@ MAX_SPLITS = 16
 BLOCK_N = 64  # key columns a block (the launcher's default)
 SPLIT_PROGRAMS_PER_SM = 4  # split_plan: programs a step may have per SM ...
 SPLIT_BUSY_BLOCKS = 8  # ... and key blocks a share takes at least once they are many
-LONG_COLUMNS = 16 * BLOCK_N  # split_plan: a key range long enough for 128-column blocks
+LONG_COLUMNS = 16 * BLOCK_N  # split_plan: a key range long enough for 128-column blocks ...
+WAVE_PROGRAMS = 1.5  # ... where the shares give at least this many programs an SM ...
+WAVE_FILL = 0.9  # ... in waves of programs at least this full
 SPLIT_COLUMNS = 4 * BLOCK_N  # split_bucket: the shortest graph key length ...
 MAX_SPLIT_COLUMNS = MAX_SPLITS * SPLIT_BUSY_BLOCKS * BLOCK_N  # ... and past this, the table's
 
@@ -401,10 +403,10 @@ def split_plan(batch: int, heads: int, kv_heads: int, num_new: int, kv_len: int,
       only with one share;
     - at least a program per SM and longer ranges: 128-column blocks, and the fewest shares
       (within that programs-per-SM cap and shares of ``SPLIT_BUSY_BLOCKS // 2`` such blocks)
-      that give at least ``1.5`` programs per SM in waves at least 90% full (a last wave a
-      third full kept most SMs waiting on the rest), else the fullest waves; loaded ahead while
-      at most two programs share an SM (with more, the ahead load's registers cost resident
-      programs).
+      that give at least ``WAVE_PROGRAMS`` programs per SM in waves at least ``WAVE_FILL``
+      full (a last wave a third full kept most SMs waiting on the rest), else the fullest
+      waves; loaded ahead while at most two programs share an SM (with more, the ahead load's
+      registers cost resident programs).
 
     Counts are powers of two (each launch is a kernel variant, compiled by :func:`warm_up`)."""
     if device.type != "cuda":
@@ -429,7 +431,7 @@ def _plan(programs: int, kv_len: int, sms: int) -> SplitPlan:
         total = programs * splits
         return total / (triton.cdiv(total, sms) * sms)
 
-    good = [s for s in counts if 2 * programs * s >= 3 * sms and fill(s) >= 0.9]
+    good = [s for s in counts if programs * s >= WAVE_PROGRAMS * sms and fill(s) >= WAVE_FILL]
     splits = good[0] if good else max(counts, key=lambda s: (fill(s), -s))
     return SplitPlan(splits, 2 * BLOCK_N, programs * splits <= 2 * sms)
 
