@@ -73,8 +73,7 @@ import triton
 import triton.language as tl
 
 __all__ = ["SplitPlan", "paged_attention", "paged_attention_reference", "split_bucket",
-           "split_plan",
-           "visible_columns", "warm_up"]
+           "split_plan", "visible_columns", "warm_up"]
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 ANCESTOR_BITS = 64  # a token's tree-ancestor set: the bits of one int64
