@@ -21,6 +21,12 @@ from scheduler import GoodputPolicy
 from scheduler.goodput import expected_by_width
 
 STAGES = ("_schedule", "_propose", "_forward", "_learn", "_verify", "_commit", "_record")
+# How a step's forward was launched (overlapped steps, engine.overlap): from the host (the
+# synchronous stages ran: a prefill, a plan that cannot overlap), ahead from a drafting flight's
+# chains (a drafting flight, or a plain one), ahead as a drafting flight after a plain one, a
+# plain flight after a plain one, a step sampled once the one before commits, or none (the step
+# only committed the flight in flight: the next one starts from the host).
+LAUNCHES = ("host", "chained", "chained_plain", "drafting", "plain", "pending", "none")
 
 
 class StepClock:
@@ -40,6 +46,10 @@ class StepClock:
         for name in STAGES:
             setattr(engine, name, self._timed(name, getattr(engine, name)))
         self._step, engine.step = engine.step, self._timed_step
+        self._launched: str | None = None  # how the step's next flight was launched
+        if hasattr(engine, "_launch_next"):  # (an engine that overlaps steps)
+            for name in ("_launch_next", "_launch_chained", "_launch_drafting"):
+                setattr(engine, name, self._noted(name, getattr(engine, name)))
         controller = engine.controller
         self._learn, controller.learn = controller.learn, self._on_learn
         if isinstance(controller, GoodputPolicy):
@@ -62,6 +72,20 @@ class StepClock:
                 self.stage_s[name] += own
                 key = name.strip("_")
                 self._cur[key] = self._cur.get(key, 0.0) + own
+        return run
+
+    def _noted(self, name, fn):
+        """``fn``, noting the kind of flight it launched (:data:`LAUNCHES`): the innermost
+        launch names it (``_launch_next`` calls the other two)."""
+        def run(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if name == "_launch_next" and self._launched is None:
+                self._launched = ("none" if out is None else "pending" if out.__class__.__name__
+                                  == "Pending" else "plain")
+            elif out is not None and name != "_launch_next":
+                self._launched = ("drafting" if name == "_launch_drafting"
+                                  else "chained" if out.chain is not None else "chained_plain")
+            return out
         return run
 
     def _on_choose_width(self, accs, avail, backed, min_width, critical=None, batch_size=None,
@@ -109,10 +133,16 @@ class StepClock:
             "typical_proposal": proposed is not None and proposed.typical,
             "after_idle": proposed is not None and proposed.after_idle,
             "graphs": 0 if graphs is None else graphs.num_graphs,
-            "head_graphs": head_graphs(self.engine.proposer)}
+            "head_graphs": head_graphs(self.engine.proposer),
+            "launch": "host" if "_forward" in self._started else self._launched or "none"}
 
     def _timed_step(self):
         self._now, self._cur, self._values, self._started = {"recorded": None}, {}, {}, set()
+        self._launched = None
+        # the sequences not finished when the step starts (fewer than the batch's: a closed
+        # batch's tail)
+        scheduler = self.engine.scheduler
+        self._now["running"] = len(scheduler.running) + len(scheduler.waiting)
         start = time.perf_counter()
         out = self._step()
         self._now.update(start=start, s=time.perf_counter() - start, stages=self._cur,

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from benchmarks.suites.step_clock import STAGES, StepClock
+from benchmarks.suites.step_clock import LAUNCHES, STAGES, StepClock
 from benchmarks.timing import percentiles
+
+
+def timed(seconds: list[float]) -> dict:
+    """How many steps, their seconds in all and their median in ms."""
+    return {"n": len(seconds), "s": sum(seconds),
+            "ms_median": 1e3 * sorted(seconds)[len(seconds) // 2] if seconds else 0.0}
 
 
 def decision_summary(decisions: list[dict]) -> dict:
@@ -39,6 +45,7 @@ def summary(clock: StepClock, wall: float) -> dict:
         for name, took in s["stages"].items():
             stages_by_width[s["recorded"][0]][name] += took
     left_out = [s["s"] for s in steps if s["recorded"] is None]
+    most = max((s["running"] for s in steps), default=0)  # (the run's whole batch)
     return {
         "wall_s": wall, "steps": len(steps), "ms_per_step": 1e3 * wall / max(len(steps), 1),
         "inside_step_s": inside, "outside_step_s": wall - inside,
@@ -63,6 +70,13 @@ def summary(clock: StepClock, wall: float) -> dict:
                                                           if s.get("decode_only")]),
                                          ("with_prefill", [s["s"] for s in steps
                                                            if not s.get("decode_only")]))},
+        # steps by how their next flight was launched (overlapped steps: step_clock.LAUNCHES)
+        "by_launch": {name: timed([s["s"] for s in steps if s.get("launch") == name])
+                      for name in LAUNCHES},
+        # steps of the whole batch against those of fewer sequences (a closed batch's tail:
+        # speculation ends its sequences at different steps)
+        "by_batch": {"whole": timed([s["s"] for s in steps if s["running"] == most]),
+                     "tail": timed([s["s"] for s in steps if s["running"] < most])},
         "stage_ms_percentiles": {name.strip("_"): percentiles(
             [s["stages"].get(name.strip("_"), 0.0) for s in recorded])
             for name in STAGES},
@@ -75,6 +89,9 @@ def summary(clock: StepClock, wall: float) -> dict:
         # every step in order: [width recorded (0: not recorded), ms, graphs captured so far]
         "trace": [[s["recorded"][0] if s["recorded"] else 0, round(1e3 * s["s"], 3),
                    s.get("graphs", 0)] for s in steps],
+        # every step in order: how its next forward was launched, its unfinished sequences
+        "launches": [s.get("launch") for s in steps],
+        "running": [s["running"] for s in steps],
         "left_out": [{**{k: v for k, v in s.items() if k not in ("start", "recorded",
                                                                  "stages")},
                       "index": i, "ms": 1e3 * s["s"]}

@@ -5,9 +5,12 @@ The controller decides from the steps it times; time it does not see (steps it l
 outside ``step()``) is a loss it cannot weigh. For one warm ``LLM.generate`` per method over the
 workload's prompts, the methods taking turns round by round: wall time, steps, milliseconds per
 step, the sum of the stages, the time outside ``step()``, the steps the controller recorded
-(their count, mean time, and by width), the garbage collector's pauses. On CUDA a stage's time
-is host time until the first synchronisation, which is verification (``.tolist()``). One row per
-(method, round).
+(their count, mean time, and by width), the garbage collector's pauses; the steps by how their
+next forward was launched (overlapped steps: from the host, from a drafting flight's chains, a
+plain flight ...; ``step_clock.LAUNCHES``), and those of the whole batch against a closed
+batch's tail (fewer sequences: speculation ends them at different steps). On CUDA a stage's
+time is host time until the first synchronisation, which is verification (``.tolist()``). One
+row per (method, round).
 
     python -m benchmarks steps --device cuda --kind open --batch-size 32 --methods none,ngram
 
@@ -67,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gc-freeze", action="store_true",
                    help="move every object alive after the warm-ups out of the collector's "
                         "reach (gc.freeze) before the timed runs")
+    p.add_argument("--async-scheduling", default="default", choices=("default", "on", "off"),
+                   help="EngineConfig.async_scheduling (default: on where the forward runs "
+                        "behind the host, CUDA)")
     p.add_argument("--threads", type=int, default=None,
                    help="the engines' torch threads (default: EngineConfig.num_threads's)")
 
@@ -103,7 +109,8 @@ def run(args: argparse.Namespace) -> Result:
         return LLM(model=model, tokenizer=tokenizer, device=args.device, dtype=args.dtype,
                    speculative_config=spec, max_num_seqs=args.batch_size,
                    max_model_len=max_model_len, kv_cache_tokens=args.batch_size * max_model_len,
-                   num_threads=args.threads)
+                   num_threads=args.threads,
+                   async_scheduling={"on": True, "off": False}.get(args.async_scheduling))
 
     want = None
     if oracle:  # the oracle drafts the plain engine's greedy continuation
@@ -169,6 +176,12 @@ def report(args: argparse.Namespace, oracle: bool, rows: list[dict]) -> None:
         print(f"{'':>12}host: gc {r['gc_collections']} ({r['gc_ms']} ms), process CPU "
               f"{r['process_cpu_s'] * 1e3:.1f} ms, {r['python_threads']} Python threads, "
               f"{r['torch_threads']} torch threads")
+        print(f"{'':>12}by launch: " + ", ".join(
+            f"{name} {t['n']} ({t['s'] * 1e3:.1f} ms, median {t['ms_median']:.2f})"
+            for name, t in r["by_launch"].items() if t["n"]))
+        print(f"{'':>12}whole batch / tail: " + ", ".join(
+            f"{name} {t['n']} steps ({t['s'] * 1e3:.1f} ms, median {t['ms_median']:.2f})"
+            for name, t in r["by_batch"].items()))
         print(f"{'':>12}by width: {r['recorded_by_width']}")
         print(f"{'':>12}recorded ms: {r['recorded_ms_percentiles']}; stages: "
               + ", ".join(f"{k} {v}" for k, v in r["stage_ms_percentiles"].items()))

@@ -2,7 +2,7 @@
 
 import gc
 
-from benchmarks.suites.step_clock import STAGES
+from benchmarks.suites.step_clock import LAUNCHES, STAGES
 from tests.benchmarks.suite_helpers import run_suite
 
 STEPS = ("--device", "cpu", "--batch-size", "2", "--warmups", "1", "--repeats", "1")
@@ -86,3 +86,28 @@ def test_steps_on_a_real_text_kind(tiny_dir, capsys):
                              "--kind", "code_edit", "--max-tokens", "8", "--methods", "none"))
     assert results["none"]["steps"] == 8  # (no proposer: one token a step for both prompts)
     assert "code_edit prompts (real)" in capsys.readouterr().out
+
+
+def test_overlapped_steps_by_launch_and_the_closed_batchs_tail(tiny_dir):
+    """Overlapped steps (--async-scheduling on): each step is counted under how its next
+    forward was launched, and under the whole batch or its tail. Plain decoding launches from
+    the host once (the prefill), then each plain flight from the one before, and its last step
+    only commits; its sequences all end at the last step (no tail). n-gram at fixed k launches
+    drafting flights from the chains of the one before (its lookup on the device), and one of
+    its two sequences ends steps before the other (a tail)."""
+    results = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--kind", "open",
+                             "--max-tokens", "24", "--methods", "none,ngram-fixed",
+                             "--async-scheduling", "on"))
+    plain, fixed = results["none"], results["ngram-fixed"]
+    assert plain["launches"] == ["host"] + ["plain"] * 22 + ["none"]
+    assert plain["running"] == [2] * 24 and plain["by_batch"]["tail"]["n"] == 0
+    for run in results.values():
+        launches, running = run["launches"], run["running"]
+        assert set(run["by_launch"]) == set(LAUNCHES) and set(launches) <= set(LAUNCHES)
+        for name, timed in run["by_launch"].items():
+            assert timed["n"] == launches.count(name)
+        assert run["by_batch"]["whole"]["n"] == running.count(2)
+        assert run["by_batch"]["whole"]["n"] + run["by_batch"]["tail"]["n"] == run["steps"]
+        assert abs(sum(t["s"] for t in run["by_launch"].values()) - run["inside_step_s"]) < 1e-9
+    assert fixed["launches"][0] == "host" and fixed["by_launch"]["chained"]["n"] > 0
+    assert fixed["by_batch"]["tail"]["n"] > 0 and fixed["running"][-1] == 1
