@@ -360,9 +360,7 @@ class OverlappedSteps:
             rows = flight.rows_of(seqs)
             index = self.runner.to_device(rows)
             tokens, base = tokens.index_select(0, index), base.index_select(0, index)
-            sampling = sampling.select(rows, index)
-            if sampling.all_greedy:  # (the greedy tensors of this many)
-                sampling = self._greedy_sampling.get(len(seqs)) or sampling
+            sampling = self._sampling_of(sampling, rows, index)
         # (the flight's fed token sits at num_tokens - 1, and it advances at most width)
         base_hi = [seq.num_tokens - 1 + width for seq in seqs]
         began = self._flight_start()
@@ -469,6 +467,23 @@ class OverlappedSteps:
             return None
         return out.aux_hidden if self.proposer.feature_layers else out.hidden
 
+    def _sampling_of(self, sampling: SamplingTensors, rows: list[int],
+                     index: torch.Tensor) -> SamplingTensors:
+        """A drafting flight's sampling tensors of its ``rows`` that go on (``index``: the same
+        on the device): the greedy tensors of that many requests where all are greedy, made
+        once a batch size from the first such rows (any greedy rows stand for any others: a
+        closed batch's tail meets each size and would select six tensors at every step it
+        shrinks), else the rows selected on the device."""
+        if sampling.all_greedy:
+            cached = self._greedy_sampling.get(len(rows))
+            if cached is None:
+                cached = self._greedy_sampling[len(rows)] = sampling.select(rows, index)
+            return cached
+        sampling = sampling.select(rows, index)
+        if sampling.all_greedy:  # (the sampled ones left)
+            return self._greedy_sampling.get(len(rows)) or sampling
+        return sampling
+
     def _next_sampling(self, flight: InFlight, seqs: list[Sequence]) -> SamplingTensors | None:
         """The sampling tensors of the step after plain flight ``flight`` for ``seqs`` (its
         sequences that go on): the flight's own, their keyed positions already moved on on the
@@ -478,8 +493,9 @@ class OverlappedSteps:
         if sampling is None or len(seqs) == len(flight.sequences):
             return sampling
         rows = flight.rows_of(seqs)
-        sampling = sampling.select(rows, self.runner.to_device(rows))
-        return None if sampling.all_greedy else sampling
+        if all(sampling.greedy[j] for j in rows):  # (the sampled ones left: one argmax)
+            return None
+        return sampling.select(rows, self.runner.to_device(rows))
 
     def _flight_sampling(self, seqs: list[Sequence]) -> SamplingTensors | None:
         """The sampling tensors of a flight of ``seqs`` launched from the host (nothing in

@@ -170,6 +170,47 @@ def test_drafting_flights_equal_plain_decoding(target, head_dir, monkeypatch, de
     assert_engine_empty(llm)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_greedy_batch_shrinking_in_flight_reuses_its_sizes_greedy_tensors(target, head_dir,
+                                                                           monkeypatch, device):
+    """A greedy batch whose requests end at different steps: each drafting flight launched
+    from chains for fewer sequences than the flight before takes the greedy sampling tensors
+    of that many (made once a size), so a second run of the same batch selects none on the
+    device; the output equals plain decoding's both times."""
+    from samplers import SamplingTensors
+
+    batch = prompts(6, seed=41)
+    params = [GREEDY[0], GREEDY[1], GREEDY[2], GREEDY[4],
+              SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=18, ignore_eos=True)]
+    greedy = greedy_continuations(target, batch, device, params)
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params)
+    llm, _ = oracle_llm(target, head_dir, greedy, device)
+    engine = llm.llm_engine
+    shrinks, selects = [], []
+    sampling_of, select = engine._sampling_of, SamplingTensors.select
+
+    def counted_sampling_of(*args):
+        shrinks.append(len(args[1]))
+        return sampling_of(*args)
+
+    def counted_select(self, *args):
+        selects.append(len(args[0]))
+        return select(self, *args)
+
+    monkeypatch.setattr(engine, "_sampling_of", counted_sampling_of)
+    monkeypatch.setattr(SamplingTensors, "select", counted_select)
+    assert outputs(llm, batch, params) == expected
+    first = list(shrinks)
+    assert len(set(first)) >= 2 and sorted(set(selects)) == sorted(set(first))
+    shrinks.clear()
+    selects.clear()
+    assert outputs(llm, batch, params) == expected
+    assert sorted(shrinks) == sorted(first) and selects == []  # (every size's tensors made)
+    assert_engine_empty(llm)
+
+
 def with_logprobs(llm: LLM, batch, params, arrivals=None) -> list[tuple]:
     """Each request's tokens, finish and logprob entries (every listed value and rank), and
     its cumulative logprob."""
