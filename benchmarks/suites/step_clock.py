@@ -3,7 +3,10 @@ decisions, and the garbage collector's pauses.
 
 The clock wraps methods on the instance (nothing of the engine changes for other engines). It
 knows the engine's stage methods by name (:data:`STAGES`, the stages ``LLMEngine._run_step``
-calls; ``_learn`` may run twice a step, both counted) and reads the values they return (the
+calls; ``_learn`` may run twice a step, both counted; an overlapped step's :data:`FLIGHT_STAGES`
+and, in an engine that overlaps, its runner's and proposer's :data:`PART_STAGES`; while
+:func:`reads_timed` is on, the read of a flight's tokens, the one class method it wraps) and
+reads the values they return (the
 ``Proposed`` proposal, the ``Forwarded`` forward with its ``ForwardOutput``: steady, packed);
 whether the controller timed a step it reads from the ``StepOutcome`` the controller learns
 (``SpeculationController.learn``; on a GPU during the next step). When the step's stages change,
@@ -15,8 +18,11 @@ from __future__ import annotations
 import gc
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from engine.overlap import InFlight
 from scheduler import GoodputPolicy
 from scheduler.goodput import expected_by_width
 
@@ -27,6 +33,20 @@ STAGES = ("_schedule", "_propose", "_forward", "_learn", "_verify", "_commit", "
 # plain flight after a plain one, a step sampled once the one before commits, or none (the step
 # only committed the flight in flight: the next one starts from the host).
 LAUNCHES = ("host", "chained", "chained_plain", "drafting", "plain", "pending", "none")
+# An overlapped step's own stages (engine.flight_steps), timed as STAGES are: launching the next
+# flight (from the one before, from its chains, as a drafting flight after a plain one; writing
+# a plain flight's pairs into a draft head's cache), sampling or verifying it ahead, committing
+# the one before; and ``_read``: the commit's read of that flight's tokens, the host waiting
+# for the device (``InFlight.token_ids``, timed while :func:`reads_timed` is on).
+FLIGHT_STAGES = ("_launch_next", "_launch_chained", "_launch_drafting", "_write_pairs",
+                 "_sample_ahead", "_verify_ahead", "_commit_flight")
+# Inside them, an overlapping engine's parts, timed the same way (the stages above then count
+# their own time without these): the runner's forwards (their layout, graph replay and launch)
+# and the proposer's work on the device (its drafts, its pairs written).
+PART_STAGES = (("runner", ("forward", "forward_chains")),
+               ("proposer", ("verify_and_draft", "draft_after", "write_after")))
+READ = "_read"
+_stepping: list[StepClock] = []  # the clock whose step is running (reads_timed's)
 
 
 class StepClock:
@@ -47,9 +67,17 @@ class StepClock:
             setattr(engine, name, self._timed(name, getattr(engine, name)))
         self._step, engine.step = engine.step, self._timed_step
         self._launched: str | None = None  # how the step's next flight was launched
-        if hasattr(engine, "_launch_next"):  # (an engine that overlaps steps)
-            for name in ("_launch_next", "_launch_chained", "_launch_drafting"):
-                setattr(engine, name, self._noted(name, getattr(engine, name)))
+        for name in FLIGHT_STAGES:  # (an engine that overlaps steps)
+            if hasattr(engine, name):
+                fn = getattr(engine, name)
+                if name.startswith("_launch_"):
+                    fn = self._noted(name, fn)
+                setattr(engine, name, self._timed(name, fn))
+        for part, names in PART_STAGES if getattr(engine, "overlap", False) else ():
+            owner = getattr(engine, part, None)
+            for name in names if owner is not None else ():
+                if hasattr(owner, name):
+                    setattr(owner, name, self._timed(f"{part}.{name}", getattr(owner, name)))
         controller = engine.controller
         self._learn, controller.learn = controller.learn, self._on_learn
         if isinstance(controller, GoodputPolicy):
@@ -136,6 +164,10 @@ class StepClock:
             "head_graphs": head_graphs(self.engine.proposer),
             "launch": "host" if "_forward" in self._started else self._launched or "none"}
 
+    def read_timed(self, read, flight):
+        """A flight's token read, timed as stage :data:`READ` of this clock's step."""
+        return self._timed(READ, read)(flight)
+
     def _timed_step(self):
         self._now, self._cur, self._values, self._started = {"recorded": None}, {}, {}, set()
         self._launched = None
@@ -144,7 +176,11 @@ class StepClock:
         scheduler = self.engine.scheduler
         self._now["running"] = len(scheduler.running) + len(scheduler.waiting)
         start = time.perf_counter()
-        out = self._step()
+        _stepping.append(self)
+        try:
+            out = self._step()
+        finally:
+            _stepping.pop()
         self._now.update(start=start, s=time.perf_counter() - start, stages=self._cur,
                          **self._info())
         self.steps.append(self._now)
@@ -154,6 +190,23 @@ class StepClock:
         self.stage_s.clear()
         self.steps.clear()
         self.decisions.clear()
+
+
+@contextmanager
+def reads_timed() -> Iterator[None]:
+    """While on, a flight's token read (``InFlight.token_ids``: the wait for the device and the
+    list) inside a clocked step is that step's :data:`READ` stage; off, the class is as found
+    (the read is a class's method: every engine of the process shares it)."""
+    read = InFlight.token_ids
+
+    def timed_read(flight: InFlight) -> list[int]:
+        return _stepping[-1].read_timed(read, flight) if _stepping else read(flight)
+
+    InFlight.token_ids = timed_read
+    try:
+        yield
+    finally:
+        InFlight.token_ids = read
 
 
 def head_graphs(proposer: Any) -> int | None:

@@ -10,10 +10,18 @@ from benchmarks.suites.step_clock import LAUNCHES, STAGES, StepClock
 from benchmarks.timing import percentiles
 
 
-def timed(seconds: list[float]) -> dict:
-    """How many steps, their seconds in all and their median in ms."""
-    return {"n": len(seconds), "s": sum(seconds),
-            "ms_median": 1e3 * sorted(seconds)[len(seconds) // 2] if seconds else 0.0}
+def timed(steps: list[dict]) -> dict:
+    """How many steps, their seconds in all, their median in ms and each stage's mean in ms
+    (a stage's own time, less the stages it calls; 0 where a step did not run it)."""
+    seconds = sorted(s["s"] for s in steps)
+    stages = defaultdict(float)
+    for s in steps:
+        for name, took in s["stages"].items():
+            stages[name] += took
+    return {"n": len(steps), "s": sum(seconds),
+            "ms_median": 1e3 * seconds[len(seconds) // 2] if seconds else 0.0,
+            "stages_ms_mean": {name: round(1e3 * took / len(steps), 3)
+                               for name, took in sorted(stages.items(), key=lambda p: -p[1])}}
 
 
 def decision_summary(decisions: list[dict]) -> dict:
@@ -71,12 +79,12 @@ def summary(clock: StepClock, wall: float) -> dict:
                                          ("with_prefill", [s["s"] for s in steps
                                                            if not s.get("decode_only")]))},
         # steps by how their next flight was launched (overlapped steps: step_clock.LAUNCHES)
-        "by_launch": {name: timed([s["s"] for s in steps if s.get("launch") == name])
+        "by_launch": {name: timed([s for s in steps if s.get("launch") == name])
                       for name in LAUNCHES},
         # steps of the whole batch against those of fewer sequences (a closed batch's tail:
         # speculation ends its sequences at different steps)
-        "by_batch": {"whole": timed([s["s"] for s in steps if s["running"] == most]),
-                     "tail": timed([s["s"] for s in steps if s["running"] < most])},
+        "by_batch": {"whole": timed([s for s in steps if s["running"] == most]),
+                     "tail": timed([s for s in steps if s["running"] < most])},
         "stage_ms_percentiles": {name.strip("_"): percentiles(
             [s["stages"].get(name.strip("_"), 0.0) for s in recorded])
             for name in STAGES},

@@ -8,9 +8,12 @@ step, the sum of the stages, the time outside ``step()``, the steps the controll
 (their count, mean time, and by width), the garbage collector's pauses; the steps by how their
 next forward was launched (overlapped steps: from the host, from a drafting flight's chains, a
 plain flight ...; ``step_clock.LAUNCHES``), and those of the whole batch against a closed
-batch's tail (fewer sequences: speculation ends them at different steps). On CUDA a stage's
-time is host time until the first synchronisation, which is verification (``.tolist()``). One
-row per (method, round).
+batch's tail (fewer sequences: speculation ends them at different steps), each with its stages'
+mean times (an overlapped step's: its launch, the runner's forward, the proposer's drafts, the
+commit, and ``read``, the wait for the flight's tokens: what is left of the step is host time
+on the critical path). On CUDA a stage's time is host time until the first synchronisation,
+which is verification (``.tolist()``) or an overlapped step's ``read``. One row per (method,
+round).
 
     python -m benchmarks steps --device cuda --kind open --batch-size 32 --methods none,ngram
 
@@ -36,7 +39,7 @@ from benchmarks.engines import engine_generate, speculative_config
 from benchmarks.oracle import METHOD as ORACLE_METHOD
 from benchmarks.oracle import ORACLE
 from benchmarks.record import Result
-from benchmarks.suites.step_clock import GcPauses, StepClock
+from benchmarks.suites.step_clock import GcPauses, StepClock, reads_timed
 from benchmarks.suites.step_summary import summary
 from benchmarks.workloads import PROMPT_SETS, build_prompts, text_prompts
 from engine import LLM
@@ -137,28 +140,33 @@ def timed_rounds(args: argparse.Namespace, engines: dict, prompts: list[list[int
         gc.collect()
         gc.freeze()
     pauses = GcPauses()
-    rows = []
-    try:
-        for round_ in range(args.repeats):
-            for method, (llm, clock) in engines.items():
-                clock.reset()
-                if args.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                pauses.reset()
-                start, cpu = time.perf_counter(), time.process_time()
-                got = engine_generate(llm, prompts, args.max_tokens, args.temperature)
-                wall = time.perf_counter() - start
-                rows.append({"method": method, "round": round_, **summary(clock, wall),
-                             **pauses.summary(), "process_cpu_s": time.process_time() - cpu,
-                             "python_threads": threading.active_count(),
-                             "torch_threads": torch.get_num_threads()})
-                if want is not None and got != want:
-                    raise RuntimeError(f"{method}: the output differs from the plain engine's")
+    try:  # (each flight's token read timed too: the host waiting for the device)
+        with reads_timed():
+            return [timed_run(args, method, round_, llm, clock, prompts, want, pauses)
+                    for round_ in range(args.repeats)
+                    for method, (llm, clock) in engines.items()]
     finally:  # (the collector's state and callbacks are the process's, not this run's)
         pauses.close()
         if args.gc_freeze:
             gc.unfreeze()
-    return rows
+
+
+def timed_run(args: argparse.Namespace, method: str, round_: int, llm: LLM, clock: StepClock,
+              prompts: list[list[int]], want: list[list[int]] | None, pauses: GcPauses) -> dict:
+    """One timed ``generate`` of ``method``'s engine: its summary row."""
+    clock.reset()
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    pauses.reset()
+    start, cpu = time.perf_counter(), time.process_time()
+    got = engine_generate(llm, prompts, args.max_tokens, args.temperature)
+    wall = time.perf_counter() - start
+    if want is not None and got != want:
+        raise RuntimeError(f"{method}: the output differs from the plain engine's")
+    return {"method": method, "round": round_, **summary(clock, wall), **pauses.summary(),
+            "process_cpu_s": time.process_time() - cpu,
+            "python_threads": threading.active_count(),
+            "torch_threads": torch.get_num_threads()}
 
 
 def report(args: argparse.Namespace, oracle: bool, rows: list[dict]) -> None:
@@ -176,12 +184,12 @@ def report(args: argparse.Namespace, oracle: bool, rows: list[dict]) -> None:
         print(f"{'':>12}host: gc {r['gc_collections']} ({r['gc_ms']} ms), process CPU "
               f"{r['process_cpu_s'] * 1e3:.1f} ms, {r['python_threads']} Python threads, "
               f"{r['torch_threads']} torch threads")
-        print(f"{'':>12}by launch: " + ", ".join(
-            f"{name} {t['n']} ({t['s'] * 1e3:.1f} ms, median {t['ms_median']:.2f})"
-            for name, t in r["by_launch"].items() if t["n"]))
-        print(f"{'':>12}whole batch / tail: " + ", ".join(
-            f"{name} {t['n']} steps ({t['s'] * 1e3:.1f} ms, median {t['ms_median']:.2f})"
-            for name, t in r["by_batch"].items()))
+        for group in ("by_launch", "by_batch"):
+            for name, t in r[group].items():
+                if t["n"]:
+                    stages = ", ".join(f"{k} {v:.3f}" for k, v in t["stages_ms_mean"].items())
+                    print(f"{'':>12}{name}: {t['n']} steps, {t['s'] * 1e3:.1f} ms, median "
+                          f"{t['ms_median']:.2f}; stages ms/step: {stages}")
         print(f"{'':>12}by width: {r['recorded_by_width']}")
         print(f"{'':>12}recorded ms: {r['recorded_ms_percentiles']}; stages: "
               + ", ".join(f"{k} {v}" for k, v in r["stage_ms_percentiles"].items()))

@@ -2,6 +2,8 @@
 
 import gc
 
+import pytest
+
 from benchmarks.suites.step_clock import LAUNCHES, STAGES
 from tests.benchmarks.suite_helpers import run_suite
 
@@ -111,3 +113,28 @@ def test_overlapped_steps_by_launch_and_the_closed_batchs_tail(tiny_dir):
         assert abs(sum(t["s"] for t in run["by_launch"].values()) - run["inside_step_s"]) < 1e-9
     assert fixed["launches"][0] == "host" and fixed["by_launch"]["chained"]["n"] > 0
     assert fixed["by_batch"]["tail"]["n"] > 0 and fixed["running"][-1] == 1
+    # each kind's stages: an overlapped step's own (its launch, the flight's sampling or
+    # verification, the commit and its read of the flight's tokens) and its parts' (the
+    # runner's forward, the proposer's drafts), their own times within the step's
+    for run, kind, stages in ((plain, "plain", {"launch_next", "runner.forward",
+                                                "sample_ahead", "commit_flight", "read"}),
+                              (fixed, "chained", {"launch_chained", "runner.forward_chains",
+                                                  "verify_ahead", "proposer.draft_after",
+                                                  "commit_flight", "read"})):
+        timed = run["by_launch"][kind]
+        assert stages <= set(timed["stages_ms_mean"])
+        assert sum(timed["stages_ms_mean"].values()) <= 1e3 * timed["s"] / timed["n"] + 0.01
+
+
+def test_the_token_read_is_timed_only_inside_a_clocked_run():
+    """``reads_timed`` puts the flight's token read back as it found it, raise or not."""
+    from benchmarks.suites.step_clock import reads_timed
+    from engine.overlap import InFlight
+
+    read = InFlight.token_ids
+    with reads_timed():
+        assert InFlight.token_ids is not read
+    assert InFlight.token_ids is read
+    with pytest.raises(RuntimeError), reads_timed():
+        raise RuntimeError("a run that failed")
+    assert InFlight.token_ids is read
