@@ -470,19 +470,23 @@ class OverlappedSteps:
     def _sampling_of(self, sampling: SamplingTensors, rows: list[int],
                      index: torch.Tensor) -> SamplingTensors:
         """A drafting flight's sampling tensors of its ``rows`` that go on (``index``: the same
-        on the device): the greedy tensors of that many requests where all are greedy, made
-        once a batch size from the first such rows (any greedy rows stand for any others: a
-        closed batch's tail meets each size and would select six tensors at every step it
+        on the device): where all of them are greedy, the greedy tensors of that many requests,
+        made once a batch size from the first such rows (any greedy rows stand for any others:
+        a closed batch's tail meets each size and would select six tensors at every step it
         shrinks), else the rows selected on the device."""
-        if sampling.all_greedy:
-            cached = self._greedy_sampling.get(len(rows))
-            if cached is None:
-                cached = self._greedy_sampling[len(rows)] = sampling.select(rows, index)
-            return cached
-        sampling = sampling.select(rows, index)
-        if sampling.all_greedy:  # (the sampled ones left)
-            return self._greedy_sampling.get(len(rows)) or sampling
-        return sampling
+        selected = None
+        if not sampling.all_greedy:
+            selected = sampling.select(rows, index)
+            if not selected.all_greedy:
+                return selected
+        cached = self._greedy_sampling.get(len(rows))
+        if cached is None:
+            if selected is None:
+                selected = sampling.select(rows, index)
+            # (greedy rows filter nothing: not the flags that select keeps of a mixed batch)
+            cached = self._greedy_sampling[len(rows)] = replace(
+                selected, max_top_k=0, any_top_p=False, any_min_p=False)
+        return cached
 
     def _next_sampling(self, flight: InFlight, seqs: list[Sequence]) -> SamplingTensors | None:
         """The sampling tensors of the step after plain flight ``flight`` for ``seqs`` (its

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from engine.overlap import InFlight
+from engine.overlap import InFlight, Pending
 from scheduler import GoodputPolicy
 from scheduler.goodput import expected_by_width
 
@@ -108,8 +108,8 @@ class StepClock:
         def run(*args, **kwargs):
             out = fn(*args, **kwargs)
             if name == "_launch_next" and self._launched is None:
-                self._launched = ("none" if out is None else "pending" if out.__class__.__name__
-                                  == "Pending" else "plain")
+                self._launched = ("none" if out is None else "pending"
+                                  if isinstance(out, Pending) else "plain")
             elif out is not None and name != "_launch_next":
                 self._launched = ("drafting" if name == "_launch_drafting"
                                   else "chained" if out.chain is not None else "chained_plain")
@@ -171,10 +171,11 @@ class StepClock:
     def _timed_step(self):
         self._now, self._cur, self._values, self._started = {"recorded": None}, {}, {}, set()
         self._launched = None
-        # the sequences not finished when the step starts (fewer than the batch's: a closed
-        # batch's tail)
+        # the sequences the step can run: those not finished when it starts, at most a batch
+        # (fewer: a closed batch's tail)
         scheduler = self.engine.scheduler
-        self._now["running"] = len(scheduler.running) + len(scheduler.waiting)
+        self._now["running"] = min(len(scheduler.running) + len(scheduler.waiting),
+                                   scheduler.max_num_seqs)
         start = time.perf_counter()
         _stepping.append(self)
         try:
@@ -187,6 +188,7 @@ class StepClock:
         return out
 
     def reset(self) -> None:
+        self._values = {}  # (the last step's outputs: device tensors, let go)
         self.stage_s.clear()
         self.steps.clear()
         self.decisions.clear()

@@ -11,9 +11,11 @@ plain flight ...; ``step_clock.LAUNCHES``), and those of the whole batch against
 batch's tail (fewer sequences: speculation ends them at different steps), each with its stages'
 mean times (an overlapped step's: its launch, the runner's forward, the proposer's drafts, the
 commit, and ``read``, the wait for the flight's tokens: what is left of the step is host time
-on the critical path). On CUDA a stage's time is host time until the first synchronisation,
-which is verification (``.tolist()``) or an overlapped step's ``read``. One row per (method,
-round).
+on the critical path). In an engine that overlaps (CUDA's default), ``forward`` is the
+engine's part of a synchronous step's forward and ``runner.forward`` the runner's; without
+overlap ``forward`` holds both, as before. On CUDA a stage's time is host time until the
+first synchronisation, which is verification (``.tolist()``) or an overlapped step's ``read``.
+One row per (method, round).
 
     python -m benchmarks steps --device cuda --kind open --batch-size 32 --methods none,ngram
 

@@ -106,9 +106,7 @@ def test_overlapped_steps_by_launch_and_the_closed_batchs_tail(tiny_dir):
     for run in results.values():
         launches, running = run["launches"], run["running"]
         assert set(run["by_launch"]) == set(LAUNCHES) and set(launches) <= set(LAUNCHES)
-        for name, timed in run["by_launch"].items():
-            assert timed["n"] == launches.count(name)
-        assert run["by_batch"]["whole"]["n"] == running.count(2)
+        assert max(running) == 2  # (at most the batch)
         assert run["by_batch"]["whole"]["n"] + run["by_batch"]["tail"]["n"] == run["steps"]
         assert abs(sum(t["s"] for t in run["by_launch"].values()) - run["inside_step_s"]) < 1e-9
     assert fixed["launches"][0] == "host" and fixed["by_launch"]["chained"]["n"] > 0
@@ -124,6 +122,16 @@ def test_overlapped_steps_by_launch_and_the_closed_batchs_tail(tiny_dir):
         timed = run["by_launch"][kind]
         assert stages <= set(timed["stages_ms_mean"])
         assert sum(timed["stages_ms_mean"].values()) <= 1e3 * timed["s"] / timed["n"] + 0.01
+
+
+def test_a_refilled_batch_is_whole_until_its_queue_is_empty(tiny_dir):
+    """With --waves 2 a finished request's place is refilled from the queue: the batch stays
+    whole (the plain engine's never shrinks), though more requests than a batch are unfinished
+    at the start."""
+    plain = runs(run_suite("steps", "--model", tiny_dir, *STEPS, "--kind", "open",
+                           "--max-tokens", "6", "--methods", "none", "--waves", "2",
+                           "--async-scheduling", "on"))["none"]
+    assert plain["running"] == [2] * plain["steps"] and plain["by_batch"]["tail"]["n"] == 0
 
 
 def test_the_token_read_is_timed_only_inside_a_clocked_run():

@@ -193,7 +193,9 @@ def test_a_greedy_batch_shrinking_in_flight_reuses_its_sizes_greedy_tensors(targ
 
     def counted_sampling_of(*args):
         shrinks.append(len(args[1]))
-        return sampling_of(*args)
+        out = sampling_of(*args)
+        assert out.batch_size == len(args[1]) and out.all_greedy and not out.needs_filters
+        return out
 
     def counted_select(self, *args):
         selects.append(len(args[0]))
@@ -203,7 +205,7 @@ def test_a_greedy_batch_shrinking_in_flight_reuses_its_sizes_greedy_tensors(targ
     monkeypatch.setattr(SamplingTensors, "select", counted_select)
     assert outputs(llm, batch, params) == expected
     first = list(shrinks)
-    assert len(set(first)) >= 2 and sorted(set(selects)) == sorted(set(first))
+    assert len(set(first)) >= 2 and selects and set(selects) <= set(first)
     shrinks.clear()
     selects.clear()
     assert outputs(llm, batch, params) == expected
