@@ -39,6 +39,8 @@ from benchmarks.timing import sync
 from engine import LLM, SamplingParams
 
 COPY_BYTES = 1 << 30  # the bandwidth probe's buffer
+COPY_REPEATS = 10  # copies timed together (device events) ...
+COPY_TRIALS = 5  # ... the best of this many
 PREFILL_CHUNK = 2048  # EngineConfig.max_num_batched_tokens: the prefill's tokens per step
 PROFILE_STEPS = 8  # steps under the profiler after the timed ones (CUDA)
 # Gaps between device activities shorter than this are launch gaps (a CUDA graph's kernels
@@ -76,19 +78,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def copy_bandwidth(device: torch.device) -> float | None:
-    """Bytes per second a device-to-device copy moves (read plus write), best of 5 (None on
-    CPU: no limit is computed there)."""
+    """Bytes per second a device-to-device copy moves (read plus write): ``COPY_REPEATS``
+    copies of ``COPY_BYTES`` back to back between two events (the device's clock: a host clock
+    around one copy of half a millisecond also counted the synchronisation, which moved the
+    limit by several percent between runs), the best of ``COPY_TRIALS`` (None on CPU: no limit
+    is computed there)."""
     if device.type != "cuda":
         return None
     src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
+    dst.copy_(src)  # (a first copy: nothing timed waits for a first launch)
     best = float("inf")
-    for _ in range(6):
-        sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
+    for _ in range(COPY_TRIALS):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        stream = torch.cuda.current_stream(device)  # (the device's, not the current one's)
+        start.record(stream)
+        for _ in range(COPY_REPEATS):
+            dst.copy_(src)
+        end.record(stream)
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3 / COPY_REPEATS)
     del src, dst
     return 2 * COPY_BYTES / best
 
