@@ -321,7 +321,11 @@ class EngineConfig:
     ``model``: hub id, local directory, ``.gguf`` file, the alias ``smollm2-135m``, or an already
     loaded HF causal LM (then ``tokenizer`` must be given too).
     ``max_num_seqs``: sequences decoded together (each of ``n`` samples counts).
-    ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode).
+    ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode);
+    8192 by default, vLLM's serving default on large GPUs: a prefill too large for a CUDA graph
+    runs eagerly, and an eager forward's launches cost about 20 ms of host on an H200 whatever
+    its size, so 32 prompts of 104 tokens took 44-46 ms to their first token in two chunks of
+    2048 and 25 in one (docs/performance.md, "A closed batch of 32, step by step").
     ``max_model_len``: prompt + output limit; None = the model's own.
     ``kv_cache_tokens``: tokens the KV cache holds over all sequences; None = enough for
     ``max_num_seqs`` full-length sequences, capped on CUDA by ``gpu_memory_utilization`` and on
@@ -400,7 +404,7 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "auto"
     max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
     kv_cache_tokens: int | None = None
     seed: int | None = 0
