@@ -323,9 +323,9 @@ class EngineConfig:
     ``max_num_seqs``: sequences decoded together (each of ``n`` samples counts).
     ``max_num_batched_tokens``: token budget of one forward (prefill chunks + k+1 per decode);
     8192 by default, vLLM's serving default on large GPUs: a prefill too large for a CUDA graph
-    runs eagerly, and an eager forward's launches cost about 20 ms of host on an H200 whatever
-    its size, so 32 prompts of 104 tokens took 44-46 ms to their first token in two chunks of
-    2048 and 25 in one (docs/performance.md, "A closed batch of 32, step by step").
+    bucket runs eagerly, and an eager forward's host time hardly grows with its tokens, so fewer,
+    larger chunks bring the first token sooner (docs/performance.md, "One prefill chunk of 8,192
+    tokens").
     ``max_model_len``: prompt + output limit; None = the model's own.
     ``kv_cache_tokens``: tokens the KV cache holds over all sequences; None = enough for
     ``max_num_seqs`` full-length sequences, capped on CUDA by ``gpu_memory_utilization`` and on

@@ -85,20 +85,20 @@ def copy_bandwidth(device: torch.device) -> float | None:
     is computed there)."""
     if device.type != "cuda":
         return None
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # (a first copy: nothing timed waits for a first launch)
     best = float("inf")
-    for _ in range(COPY_TRIALS):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        stream = torch.cuda.current_stream(device)  # (the device's, not the current one's)
-        start.record(stream)
-        for _ in range(COPY_REPEATS):
-            dst.copy_(src)
-        end.record(stream)
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / COPY_REPEATS)
-    del src, dst
+    with torch.cuda.device(device):  # (events and copies on that device, whichever is current)
+        src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # (a first copy: nothing timed waits for a first launch)
+        for _ in range(COPY_TRIALS):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            for _ in range(COPY_REPEATS):
+                dst.copy_(src)
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / COPY_REPEATS)
+        del src, dst
     return 2 * COPY_BYTES / best
 
 
