@@ -98,11 +98,13 @@ class OverlappedSteps:
         return sampling
 
     def _verify_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
-                      base_hi: list[int], metadata: SpecDecodeMetadata,
+                      base_hi: list[int], drafted: torch.Tensor,
                       sampling: SamplingTensors, began: torch.cuda.Event | None = None,
                       ahead: bool = False, holds: object = None,
                       fed: torch.Tensor | None = None) -> InFlight:
-        """Verify a drafting step's chains on the device (``metadata``: their drafts; each
+        """Verify a drafting step's chains on the device (``drafted [batch, k]``: their drafts,
+        a view of the chains is enough (the head's are its argmax: one-hot, draft_probs None,
+        exact for sampling too); each
         sequence's fed token at position ``base[b]``, at most ``base_hi[b]``; ``sampling``: its
         requests' tensors, seeded ones keyed at this step's output positions), have the
         proposer draft the next step from what they gave, and queue the tokens' copy to the
@@ -110,18 +112,13 @@ class OverlappedSteps:
         adjusted from their slots' state first (:meth:`_adjust_chains`: ``holds``, the mark of
         the flight the chains are fed from; ``fed [batch]``, a plain flight's tokens they
         follow), and the tokens kept raise their counts."""
-        items = forwarded.items
-        seqs = [item.seq for item in items]
-        width = metadata.max_spec_len + 1
-        # [batch, width - 1] the drafts (the head's are its argmax: one-hot, draft_probs None,
-        # exact for sampling too)
-        drafted = metadata.draft_token_ids.view(len(items), width - 1)
+        seqs = [item.seq for item in forwarded.items]
         raw = (forwarded.logits.clone() if self.config.logprobs_mode.startswith("raw")
                and any(s.logprobs is not None and s.adjuster.active for s in seqs) else None)
         adjusted = self._adjust_chains(forwarded.logits, seqs, drafted, holds, fed, base)
         try:
-            return self._verified_ahead(forwarded, plan_step, base, base_hi, metadata,
-                                        sampling, began, ahead, drafted, adjusted, raw)
+            return self._verified_ahead(forwarded, plan_step, base, base_hi, sampling, began,
+                                        ahead, drafted, adjusted, raw)
         except BaseException:  # (a step dropped after counting its tokens: counted again)
             if adjusted is not None:
                 adjusted.forget()
@@ -142,14 +139,14 @@ class OverlappedSteps:
         return self.slot_adjustments.apply_chains(logits, rows, drafts, fed, base)
 
     def _verified_ahead(self, forwarded: Forwarded, plan_step: int, base: torch.Tensor,
-                        base_hi: list[int], metadata: SpecDecodeMetadata,
-                        sampling: SamplingTensors, began: torch.cuda.Event | None,
-                        ahead: bool, drafted: torch.Tensor, adjusted: AdjustedChains | None,
+                        base_hi: list[int], sampling: SamplingTensors,
+                        began: torch.cuda.Event | None, ahead: bool, drafted: torch.Tensor,
+                        adjusted: AdjustedChains | None,
                         raw: torch.Tensor | None) -> InFlight:
         """:meth:`_verify_ahead` once its logits are adjusted (``raw``: a copy from before,
         where logprobs are raw and rows were adjusted)."""
         items = forwarded.items
-        width = metadata.max_spec_len + 1
+        width = drafted.shape[1] + 1
         failed = non_finite_rows(forwarded.logits, [item.drafts for item in items])  # (CPU)
         sampler = (self.greedy_sampler if self.greedy_sampler is not None and sampling.all_greedy
                    else self.sampler)
@@ -172,7 +169,8 @@ class OverlappedSteps:
             elif sampler is self.sampler:
                 tokens, forwarded = self._sample_chains(forwarded, drafted, sampling)
             else:
-                tokens = sampler.verify(forwarded.logits, metadata, sampling, None)
+                tokens = sampler.verify(forwarded.logits, SpecDecodeMetadata.uniform(drafted),
+                                        sampling, None)
             accepted = ((tokens != PLACEHOLDER_TOKEN_ID).sum(dim=1) - 1).clamp(0, width - 1)
             last, nxt = tokens.gather(1, accepted[:, None]).clamp_min(0), base + accepted + 1
         if adjusted is not None:  # (the next chains' penalties count the tokens kept)
@@ -386,9 +384,8 @@ class OverlappedSteps:
                            reserved=True)
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
-        return self._verify_ahead(forwarded, plan.step, base, base_hi,
-                                  SpecDecodeMetadata.uniform(tokens[:, 1:]), sampling, began,
-                                  ahead=True, holds=flight.counted)
+        return self._verify_ahead(forwarded, plan.step, base, base_hi, tokens[:, 1:], sampling,
+                                  began, ahead=True, holds=flight.counted)
 
     def _drafts_after_plain(self, flight: InFlight, seqs: list[Sequence],
                             plan: DraftPlan) -> bool:
@@ -445,9 +442,8 @@ class OverlappedSteps:
             raise
         items = [SeqStep(seq, 1, True, k, [PLACEHOLDER_TOKEN_ID] * k, depth=k) for seq in seqs]
         forwarded = Forwarded(items, out, out.logits, started)
-        return self._verify_ahead(forwarded, plan.step, base, base_hi,
-                                  SpecDecodeMetadata.uniform(drafts), sampling, began, True,
-                                  fed=sampled.view(-1))
+        return self._verify_ahead(forwarded, plan.step, base, base_hi, drafts, sampling, began,
+                                  True, fed=sampled.view(-1))
 
     def _flight_start(self) -> torch.cuda.Event | None:
         """An event recorded before a flight's forward is queued, for its device time

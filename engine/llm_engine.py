@@ -294,10 +294,11 @@ class LLMEngine(OverlappedSteps):
         if self._overlaps_drafting(forwarded, proposed):
             seqs = [item.seq for item in forwarded.items]
             base = [seq.num_tokens - 1 for seq in seqs]  # (each fed token's position)
+            # (one copy: the positions, then the drafts [batch, k])
+            values = self.runner.to_device(base + [t for i in forwarded.items for t in i.drafts])
             self._in_flight = self._verify_ahead(
-                forwarded, plan_step, self.runner.to_device(base), base,
-                SpecDecodeMetadata.from_lists([i.drafts for i in forwarded.items], self.device),
-                self._chain_sampling(seqs))
+                forwarded, plan_step, values[:len(seqs)], base,
+                values[len(seqs):].view(len(seqs), -1), self._chain_sampling(seqs))
             return self._overlapped(start)
         verified = self._verify(forwarded)
         updated = self._commit(forwarded, verified)

@@ -550,24 +550,28 @@ class DraftHeadProposer(Proposer):
         index = self._chain_slots(slots, width, padded)
         sizes = [rows] * 3 + [padded] * 3
         num_keys = self.cache.capacity
-        key = ("verified", padded, width, steps_run, num_keys)
+        # (the verification's inputs, and base unless it is one of them: one copy each)
+        at = next((i for i, x in enumerate(inputs) if x is base), None)
+        key = ("verified", padded, width, steps_run, num_keys, len(inputs), at)
         shapes = self._verified_shapes
 
-        def body(feats: torch.Tensor, index: torch.Tensor, base: torch.Tensor,
+        def body(feats: torch.Tensor, index: torch.Tensor,
                  *given: torch.Tensor) -> torch.Tensor:  # -> [padded * (columns + steps_run)]
-            outs = verify(*given)
-            flat = chain_inputs(outs[0], outs[1], base, index, rows, padded)
+            outs = verify(*given[:len(inputs)])
+            flat = chain_inputs(outs[0], outs[1], given[-1 if at is None else at], index, rows,
+                                padded)
             drafts = draft_chain(self.head, self.cache, self.embed, self._readout, feats,
                                  *flat.split(sizes), steps=steps_run, num_keys=num_keys)
             shapes[key] = [o.shape[1:] for o in outs] + [drafts.shape[1:]]
             # (each output whole, one after the other: the batch's rows of each a prefix)
             return torch.cat([o.reshape(-1) for o in outs] + [drafts.reshape(-1)])
 
-        given = [features.to(self.cache.dtype), index, base, *inputs]
-        static_rows = [rows, index.shape[0], padded] + [x.shape[0] // batch * padded
-                                                        for x in inputs]
-        # (one copy out of the graph's output, which its next replay overwrites)
-        packed = self.graphs.run(key, body, given, rows=static_rows).clone()
+        given = [features.to(self.cache.dtype), index, *inputs] + ([base] if at is None else [])
+        static_rows = [rows, index.shape[0]] + [x.shape[0] // batch * padded
+                                                for x in given[2:]]
+        # (one copy out of the graph's output, which its next replay overwrites; the slot
+        # columns are copied in only when they are another tensor than the last replay's)
+        packed = self.graphs.run(key, body, given, rows=static_rows, fixed=(1,)).clone()
         columns = [math.prod(shape) for shape in shapes[key]]
         parts = [part[:batch * n].view(batch, *shape) for part, n, shape in zip(
             packed.split([padded * n for n in columns]), columns, shapes[key], strict=True)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,8 @@ class _Captured:
     graph: torch.cuda.CUDAGraph | None
     inputs: list[torch.Tensor]  # static inputs, in the body's argument order
     out: torch.Tensor  # static output
+    # input index -> the fixed input (KeyedGraphs.run's ``fixed``) its buffer holds
+    fixed: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -81,13 +83,15 @@ class KeyedGraphs:
             self._graphs[key] = self._capture(body, inputs)
 
     def run(self, key: Hashable, body: Body, inputs: Sequence[torch.Tensor],
-            rows: Sequence[int] | None = None) -> torch.Tensor:
+            rows: Sequence[int] | None = None, fixed: Sequence[int] = ()) -> torch.Tensor:
         """``body(*inputs)``, replayed from the graph of ``key`` once it has one. Every call
         with one ``key`` must pass inputs of the same shapes and dtypes, but for ``rows``:
         input ``i``'s static buffer has ``rows[i]`` rows (its first dimension), the input
         fills its first ones and the rest keep what they held (zeros at first: rows the
         body's output holds answers for that the caller drops). A key then serves every
-        smaller input; its first run, eager, pads them too."""
+        smaller input; its first run, eager, pads them too. ``fixed``: inputs whose tensors
+        the caller never writes after handing them in; such an input is copied in only when
+        it is another tensor than the one the graph's last replay took there."""
         captured = self._graphs.get(key)
         self.last_steady = captured is not None
         if captured is None:
@@ -97,7 +101,12 @@ class KeyedGraphs:
             if self._met[key] < CAPTURE_AT:
                 return body(*padded)
             captured = self._graphs[key] = self._capture(body, padded)
-        for static, value in zip(captured.inputs, inputs, strict=True):
+        last = captured.fixed
+        for i, (static, value) in enumerate(zip(captured.inputs, inputs, strict=True)):
+            if i in fixed:
+                if last.get(i) is value:
+                    continue
+                last[i] = value
             (static if static.shape[0] == value.shape[0] else static[:value.shape[0]]).copy_(value)
         if captured.graph is None:  # (capture=False: the static layout, eagerly)
             captured.out.copy_(body(*captured.inputs))

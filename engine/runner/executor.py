@@ -289,6 +289,8 @@ class Executor:
         self._min = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype,
                                  device=self.device)  # []
         self._staging = PinnedStaging(self.device)  # the step layout's host-to-device copy
+        # (the last fed-chains layout's device copy: (its StepInputs, its hidden rows, meta))
+        self._chains_meta: tuple[StepInputs, int, torch.Tensor] | None = None
         self._order_staging = PinnedStaging(self.device)  # a split step's reordering indices
         self.graphs: CudaGraphs | None = None
         self._head_max_batch = 0  # decode buckets of at most this many rows run the head in
@@ -391,10 +393,18 @@ class Executor:
         at, sources = (feed[1], feed[2]) if feed is not None else ([], [])
         cells, rows = point if point is not None else ([], [])
         # one host-to-device copy: layout, hidden rows, kept rows, fed positions and sources,
-        # slot-table cells and their rows
-        if isinstance(host, np.ndarray):  # (a fed-chains layout: arrays)
+        # slot-table cells and their rows; none for a fed-chains layout that is the last
+        # one's again with no cell to point (what the host wrote is on the device still, and
+        # write_chains writes the rest again)
+        reuse = self._chains_meta
+        if (chains is not None and not cells and reuse is not None and reuse[0] is inputs
+                and reuse[1] == num_all):
+            meta = reuse[2]
+        elif isinstance(host, np.ndarray):  # (a fed-chains layout: arrays)
             meta = self.to_device(np.concatenate([host, token_rows[:num_all], kept, np.fromiter(
                 chain(at, sources, cells, rows), np.int64)]))
+            if chains is not None and feed is None and logits_indices is None:
+                self._chains_meta = (inputs, num_all, meta)
         else:
             meta = self.to_device(host + token_rows[:num_all] + kept + at + sources + cells
                                   + rows)

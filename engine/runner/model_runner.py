@@ -33,7 +33,7 @@ from engine.runner.executor import Executor, attention_devices, cache_argument, 
 from engine.runner.forward_output import FedChains, FedTokens, ForwardOutput
 from engine.runner.kv_cache import KVCacheFull, PagedKVCache
 from engine.runner.slot_rows import SlotRows
-from engine.runner.step_inputs import lay_out, lay_out_chains
+from engine.runner.step_inputs import StepInputs, lay_out, lay_out_chains
 from engine.runner.step_layout import (
     MAX_TREE_NODES,
     LayoutLimits,
@@ -45,6 +45,8 @@ from engine.runner.step_layout import (
     split_order,
 )
 from samplers.metadata import PinnedStaging
+
+SPARE_ROWS = 16  # the spare rows a slot fed from chains takes with fresh ones (SlotRows.extend)
 
 __all__ = ["FedTokens", "ForwardOutput", "KVCacheFull", "ModelRunner", "Tree", "attention_devices",
            "cache_argument", "execution_device"]
@@ -109,6 +111,9 @@ class ModelRunner:
         self.gathered_head: bool = executor.gathered_head
         self._slots = SlotRows(max_num_seqs, max_num_tokens, max_model_len + 1, prefix_caching)
         self._staging = PinnedStaging(self.device)  # (the caller's indices: to_device)
+        self.spare_rows = SPARE_ROWS  # (0: a fed-chains step takes only the rows it needs)
+        # (the last fed-chains layout: (its key, its StepInputs), see forward_chains)
+        self._chains_layout: tuple[tuple, StepInputs] | None = None
         self._twin_width = twin_width
         # a step of decoding and prefilling sequences is folded into one graph bucket, or else
         # runs as two forwards; a verification of unequal rows is packed, one token a row
@@ -294,7 +299,8 @@ class ModelRunner:
         """A forward of ``fed.width`` new tokens per slot whose ids and positions are on the
         device (:class:`FedChains`: an overlapped drafting step). Each slot first gets KV rows
         for every position it may write (up to ``fed.base_hi[b] + fed.width - 1``; the rows
-        past what the step writes stay the slot's until :meth:`truncate`), then the step runs
+        past what the step writes stay the slot's until :meth:`truncate`, which keeps them as
+        the slot's spare rows: :class:`~engine.runner.slot_rows.SlotRows`), then the step runs
         as one padded forward, its layout's positions, pool rows, slot-table cells and mask
         limits computed on the device. Logits (and hidden states) of every new token, slot
         order then token order. Raises :class:`KVCacheFull` before changing anything when the
@@ -307,27 +313,29 @@ class ModelRunner:
         if max(ends) > self.max_model_len:
             raise ValueError(f"fed chains reach position {max(ends) - 1}; max_model_len is "
                              f"{self.max_model_len}")
-        held = [len(self._slots.rows(slot)) for slot in slots]
-        needed = sum(max(0, end - n) for end, n in zip(ends, held, strict=True))
-        if needed > self._slots.num_free_tokens:
+        # (rows a slot lacks come with spare_rows more, already pointed at: the steps after
+        # this one then mostly take rows the slot table points at, and point none)
+        taken = self._slots.extend(slots, ends, self.spare_rows)
+        if taken is None:
+            needed = sum(max(0, end - self.seq_len(slot))
+                         for slot, end in zip(slots, ends, strict=True))
             raise KVCacheFull(needed, self._slots.num_free_tokens)
-        cells: list[int] = []
-        rows: list[int] = []
-        table_width = self.max_model_len + 1
-        for slot, end, n in zip(slots, ends, held, strict=True):
-            if end > n:  # (the slot table points at them before the layout is made)
-                rows += self._slots.take(slot, end - n)
-                cells += range(slot * table_width + n, slot * table_width + end)
         kv_len = max(ends)
         graphs = self.graphs
         bucket = None if graphs is None else graphs.bucket(len(slots), width, kv_len)
         if self.before_launch is not None:
             self.before_launch(NO_DECISION if graphs is None else graphs.decision)
         rows_batch, rows_new = (len(slots), width) if bucket is None else bucket[:2]
-        # (the chains' rows are written on the device, in the executor)
-        inputs = lay_out_chains(slots, width, rows_batch, rows_new, self._executor.scratch)
+        # (the chains' rows are written on the device, in the executor; the host's part is
+        # the last step's again while the batch and its layout stay: the executor then
+        # reuses its device copy when no cell changes)
+        key = (tuple(slots), width, rows_batch, rows_new)
+        if self._chains_layout is None or self._chains_layout[0] != key:
+            self._chains_layout = (key, lay_out_chains(slots, width, rows_batch, rows_new,
+                                                       self._executor.scratch))
+        inputs = self._chains_layout[1]
         logits, argmax, hidden, aux, steady = self._executor.run(
-            inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=(cells, rows))
+            inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=taken)
         return ForwardOutput(logits, hidden, steady, None, kv_len, aux, argmax)
 
     def forward_fed(self, slots: Sequence[int], tokens: torch.Tensor, base: torch.Tensor,

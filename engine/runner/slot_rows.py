@@ -9,6 +9,14 @@ freeing only move rows back to the free list: no device work, and the rows in us
 tokens kept. Nothing here touches the device: :meth:`SlotRows.keep_paths` returns the slot-table
 cells to rewrite and the runner writes them.
 
+A slot fed from chains on the device (``ModelRunner.forward_chains``) may take *spare* rows
+(:meth:`SlotRows.extend`): rows past its cached tokens whose slot-table cells already point at
+them, the row of position ``len(rows) + i`` at ``spare[i]``. Its next rows come from them first
+(no cell to write, and a fed-chains layout that is the step before's again), and its rollbacks
+put the rows they cut back in front of them (at most ``MAX_SPARE_ROWS`` kept). Spare rows count
+as free: a take that finds too few free rows reclaims every slot's spare rows first (their cells
+go stale, which nothing reads: a slot without spare rows points its cells before it writes).
+
 With a prefix cache (:mod:`engine.runner.prefix_cache`) a slot may start with *shared* rows
 (:meth:`SlotRows.attach`): the tree's rows of a cached prefix, locked while the slot holds them and
 never written or freed by it. A slot freed with the tokens its rows hold gives them to the tree
@@ -23,6 +31,7 @@ from collections.abc import Sequence
 from engine.runner.prefix_cache import Node, RadixCache
 
 EVICT_FRACTION = 64  # an eviction frees at least this share (1 / it) of the pool's rows
+MAX_SPARE_ROWS = 32  # the most spare rows a slot keeps (see the module docstring)
 
 
 class SlotRows:
@@ -41,11 +50,16 @@ class SlotRows:
         self.cache = RadixCache() if prefix_cache else None
         # slot -> (the cache node its lock holds, how many of its first rows are shared)
         self._shared: dict[int, tuple[Node, int]] = {}
+        # slot -> its spare rows, position order (only slots that took some: extend)
+        self._spare: dict[int, list[int]] = {}
+        self._num_spare = 0
 
     @property
     def num_free_tokens(self) -> int:
-        """Rows a forward may take: free ones and those the prefix cache would evict."""
-        return len(self._free_rows) + (self.cache.num_evictable if self.cache else 0)
+        """Rows a forward may take: free ones, spare ones and those the prefix cache would
+        evict."""
+        return (len(self._free_rows) + self._num_spare
+                + (self.cache.num_evictable if self.cache else 0))
 
     @property
     def num_cached_tokens(self) -> int:
@@ -103,6 +117,7 @@ class SlotRows:
             back = self.cache.insert(tokens[:n], rows[:n]) + rows[max(n, shared):]
         else:
             back = rows[shared:]
+        back += self._drop_spare(slot)
         if node is not None:
             self.cache.unlock(node)
         self._free_rows.extend(sorted(back, reverse=True))
@@ -117,18 +132,31 @@ class SlotRows:
         return rows
 
     def take(self, slot: int, n: int) -> list[int]:
-        """Append ``n`` free rows to the slot (the caller checked that they are free); returns
-        them, ascending while the pool is unfragmented."""
-        rows = self._cut(n)
+        """Append ``n`` free rows to the slot (the caller checked that they are free): its
+        spare rows first; returns them, ascending while the pool is unfragmented."""
+        spare = self._spare.get(slot)
+        if spare:
+            rows = spare[:n]
+            del spare[:n]
+            self._num_spare -= len(rows)
+            if len(rows) < n:
+                rows += self._cut(n - len(rows))
+        else:
+            rows = self._cut(n)
         held = self._rows[slot]
         self._ascending[slot] = self._ascending[slot] and rows == list(
             range(held[-1] + 1 if held else rows[0], rows[-1] + 1))
         held.extend(rows)
         return rows
 
-    def _cut(self, n: int) -> list[int]:
-        """The ``n`` lowest free rows, off the free list; when the free rows run short, rows the
-        prefix cache holds unlocked are evicted first (the caller counted them as free)."""
+    def _cut(self, n: int, reclaim: bool = True) -> list[int]:
+        """The ``n`` lowest free rows, off the free list; when the free rows run short, every
+        slot's spare rows come back (``reclaim``), then rows the prefix cache holds unlocked
+        are evicted (the caller counted them as free)."""
+        if reclaim and n > len(self._free_rows) and self._num_spare:
+            for slot in list(self._spare):
+                self._free_rows.extend(self._drop_spare(slot))
+            self._free_rows.sort(reverse=True)
         if n > len(self._free_rows):
             # (in batches of a 64th of the pool at least: an eviction walks the whole tree)
             evicted = self.cache.evict(max(n - len(self._free_rows),
@@ -145,6 +173,8 @@ class SlotRows:
         if len(slots) > self.num_free_tokens:  # (before any change)
             raise RuntimeError(f"no free pool rows for {len(slots)} slots: "
                                f"{self.num_free_tokens} free")
+        if self._num_spare and any(self._spare.get(slot) for slot in slots):
+            return [self.take(slot, 1)[0] for slot in slots]
         rows: list[int] = []
         while len(rows) < len(slots):  # (the free rows, then evictions as take makes them)
             rows += self._cut(min(len(slots) - len(rows), len(self._free_rows)) or 1)
@@ -154,6 +184,59 @@ class SlotRows:
                 self._ascending[slot] = False
             held.append(row)
         return rows
+
+    def extend(self, slots: Sequence[int], ends: Sequence[int], spare: int
+               ) -> tuple[list[int], list[int]] | None:
+        """Grow each of ``slots`` to ``ends[i]`` cached rows (at most ``table_width - 1``),
+        from its spare rows first; where it needs fresh rows it also takes up to ``spare`` more
+        as spare rows, while the pool has them past what every slot needs. Returns the
+        slot-table cells of the fresh rows and those rows (``(cells, rows)``, for the caller
+        to point), or None when the rows do not fit: nothing changed then but that every
+        slot's spare rows may be free again."""
+        need = self._needs(slots, ends)
+        fresh = sum(max(n, 0) for n in need)
+        if fresh > self._fresh_rows() and self._num_spare:  # (short: spare rows back first)
+            for slot in list(self._spare):
+                self._free_rows.extend(self._drop_spare(slot))
+            self._free_rows.sort(reverse=True)
+            need = self._needs(slots, ends)
+            fresh = sum(max(n, 0) for n in need)
+        if fresh > self._fresh_rows():
+            return None
+        if fresh + spare * sum(n > 0 for n in need) > self._fresh_rows():
+            spare = 0  # (the pool is short: no spare rows)
+        cells: list[int] = []
+        rows: list[int] = []
+        width = self.table_width
+        for slot, end, n in zip(slots, ends, need, strict=True):
+            held = self._rows[slot]
+            if n > 0:  # (its spare rows, then fresh ones, and spare ones past them)
+                own = self._spare.setdefault(slot, [])
+                first = len(held) + len(own)
+                taken = self._cut(min(n + spare, width - 1 - first), reclaim=False)
+                own += taken
+                self._num_spare += len(taken)
+                cells += range(slot * width + first, slot * width + first + len(taken))
+                rows += taken
+            if end > len(held):
+                self.take(slot, end - len(held))
+        return cells, rows
+
+    def _needs(self, slots: Sequence[int], ends: Sequence[int]) -> list[int]:
+        """The fresh rows each slot needs to reach its end (negative: spare rows to spare)."""
+        spare = self._spare
+        return [end - len(self._rows[slot]) - len(spare.get(slot, ()))
+                for slot, end in zip(slots, ends, strict=True)]
+
+    def _fresh_rows(self) -> int:
+        """Rows a take can have without reclaiming spare rows: free and evictable ones."""
+        return len(self._free_rows) + (self.cache.num_evictable if self.cache else 0)
+
+    def _drop_spare(self, slot: int) -> list[int]:
+        """The slot's spare rows, no longer its own."""
+        spare = self._spare.pop(slot, [])
+        self._num_spare -= len(spare)
+        return spare
 
     def run_start(self, slot: int) -> int | None:
         """The slot's first pool row when its rows are one ascending run, else None."""
@@ -174,8 +257,21 @@ class SlotRows:
             self._shared[slot] = (keep, length)
             if not length:
                 del self._shared[slot]
+        cut = rows[max(length, shared):]
+        spare = self._spare.get(slot)
+        if spare is not None and length >= shared:  # (in front of its spare rows, in order)
+            spare[:0] = cut
+            self._num_spare += len(cut)
+            if len(spare) > MAX_SPARE_ROWS:
+                cut = spare[MAX_SPARE_ROWS:]
+                del spare[MAX_SPARE_ROWS:]
+                self._num_spare -= len(cut)
+            else:
+                cut = []
+        elif spare is not None:  # (a cut into the shared prefix: its spare rows go too)
+            cut += self._drop_spare(slot)
         # (the lowest row is handed out first; shared rows stay the cache's)
-        self._free_rows.extend(reversed(rows[max(length, shared):]))
+        self._free_rows.extend(reversed(cut))
         del rows[length:]
         self._ascending[slot] = self._ascending[slot] or not rows
 
@@ -201,6 +297,9 @@ class SlotRows:
             if list(path) == list(range(len(path))):
                 continue  # (the first nodes already: nothing moves)
             rows = self._rows[slot]
+            # (the nodes after the kept ones move, their cells unchanged: spare rows would no
+            # longer follow cells that point at them)
+            self._free_rows.extend(reversed(self._drop_spare(slot)))
             nodes = rows[first:]
             kept = [nodes[j] for j in path]
             chosen = set(path)

@@ -916,3 +916,56 @@ def test_fewer_chains_than_a_bucket_holds_leave_the_other_rows_alone(target):
     runners[0].forward([2], [chains[2]])
     torch.testing.assert_close(runners[1].forward([0, 1, 2], nxt).logits,
                                runners[0].forward([0, 1, 2], nxt).logits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_drafting_flights_take_spare_rows_and_reuse_their_layout(target, head_dir, monkeypatch,
+                                                                device):
+    """A batch drafting flight after flight: each slot's fed-chains rows come with spare ones
+    (``ModelRunner.spare_rows``), pointed once, so most flights point no slot-table cell and
+    send no layout to the device (the last flight's device copy serves again); the output
+    equals plain decoding's with spare rows and without, and without them most flights point
+    cells and copy their layout (but where the rows a rollback gave back serve again)."""
+    from engine.runner.executor import Executor
+
+    batch = prompts(6, seed=31)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 6
+    greedy = greedy_continuations(target, batch, device, params)
+    expected = outputs(LLM(model=target.to(device), tokenizer=tiny_tokenizer(VOCAB),
+                           device=device, async_scheduling=False), batch, params)
+    run, to_device = Executor.run, Executor.to_device
+    copies = [0]
+
+    def counted_copy(self, values):
+        copies[0] += 1
+        return to_device(self, values)
+
+    for spare in (16, 0):
+        llm, _ = oracle_llm(target, head_dir, greedy, device)
+        llm.llm_engine.runner.spare_rows = spare
+        chained = Chained(monkeypatch, llm.llm_engine)
+        flights = []  # (each fed-chains forward: (cells pointed, layouts copied))
+
+        def counted(self, inputs, *args, chains=None, point=None, flights=flights, **kwargs):
+            before = copies[0]
+            out = run(self, inputs, *args, chains=chains, point=point, **kwargs)
+            if chains is not None:
+                flights.append((len(point[0]), copies[0] - before, len(chains.base_hi)))
+            return out
+
+        monkeypatch.setattr(Executor, "run", counted)
+        monkeypatch.setattr(Executor, "to_device", counted_copy)
+        assert outputs(llm, batch, params) == expected
+        monkeypatch.setattr(Executor, "run", run)
+        monkeypatch.setattr(Executor, "to_device", to_device)
+        assert chained.count >= 10 and len(flights) == chained.count
+        pointing = sum(cells > 0 for cells, _, _ in flights)
+        assert all(copied == 1 for cells, copied, _ in flights if cells)
+        if spare:  # (a slot runs out of spare rows about every spare / (k + 1) flights; a
+            # flight of the batch before's pointing none copies nothing)
+            assert pointing <= len(flights) // 2
+            assert all(copied == 0 for (cells, copied, n), (_, _, m) in zip(
+                flights[1:], flights, strict=False) if not cells and n == m)
+        else:  # (only rows a rollback gave back serve again)
+            assert pointing > len(flights) // 2
+        assert_engine_empty(llm)

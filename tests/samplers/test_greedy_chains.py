@@ -101,3 +101,23 @@ def test_a_shrinking_batch_is_served_by_one_graph_a_power_of_two(capture):
         assert chains.verify(logits, drafts, _greedy(batch)).tolist() == want.tolist()
     assert set(chains.graphs._graphs) <= {(8, K), (4, K), (2, K), (1, K)}
     assert chains.graphs.num_graphs == 2  # (8 and 4 met twice or more: captured)
+
+
+@pytest.mark.parametrize("capture", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device"))])
+def test_a_fixed_input_is_copied_in_only_when_it_is_another_tensor(capture):
+    """``KeyedGraphs.run(fixed=...)``: an input the caller never writes again is copied into
+    the layout's buffer once per tensor. Writing it in place anyway (what the promise rules
+    out) shows the skipped copy: the replay still reads the values it had; another tensor
+    of those values is copied in; the other inputs are copied every time."""
+    device = torch.device("cuda" if capture else "cpu")
+    graphs = KeyedGraphs(device, capture=capture)
+    fixed, x = torch.arange(4, device=device), torch.ones(4, dtype=torch.long, device=device)
+    for _ in range(3):  # (eager, then captured, then replayed)
+        assert graphs.run("k", torch.add, [fixed, x], fixed=(0,)).tolist() == [1, 2, 3, 4]
+    fixed += 10  # (against the promise: not copied again)
+    x = x * 2  # (another tensor: copied)
+    assert graphs.run("k", torch.add, [fixed, x], fixed=(0,)).tolist() == [2, 3, 4, 5]
+    again = fixed.clone()  # (another tensor: copied in)
+    assert graphs.run("k", torch.add, [again, x], fixed=(0,)).tolist() == [12, 13, 14, 15]
+    assert graphs.run("k", torch.add, [again, x]).tolist() == [12, 13, 14, 15]

@@ -93,3 +93,131 @@ def test_one_row_each_is_one_take_a_slot_in_order(prefix_cache):
     with pytest.raises(RuntimeError, match="no free pool rows"):
         rows.take_each([a, b, a, b])  # (3 rows left: the caller's check was skipped)
     assert rows.num_free_tokens == 3 and rows.rows(a) == [1, 2]  # (nothing taken)
+
+
+class _Table:
+    """A slot table kept as the runner keeps it: the host path points every row it takes at
+    its position; extend's and keep_paths' cells are pointed as returned."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.cells = width, {}
+
+    def point(self, cells, rows) -> None:
+        self.cells.update(zip(cells, rows, strict=True))
+
+    def take(self, slot_rows: SlotRows, slot: int, n: int) -> None:
+        first = len(slot_rows.rows(slot))
+        taken = slot_rows.take(slot, n)
+        self.point(range(slot * self.width + first, slot * self.width + first + n), taken)
+
+
+def _check(rows: SlotRows, table: _Table, slots, total: int) -> None:
+    """Every cached row and spare row sits where its slot's cell points; every row is
+    exactly one of free, held or spare (or, with a prefix cache, the cache's: then no held
+    or spare row is free)."""
+    held = []
+    for slot in slots:
+        own, spare = rows.rows(slot), rows._spare.get(slot, [])
+        for p, row in enumerate(own + spare):
+            assert table.cells.get(slot * table.width + p) == row, (slot, p)
+        held += own[rows.num_shared(slot):] + spare
+    assert len(set(held)) == len(held)
+    if rows.cache is not None:
+        assert not set(held) & set(rows._free_rows)
+        return
+    assert sorted(held + rows._free_rows) == list(range(total))
+    assert rows.num_free_tokens == total - sum(len(rows.rows(s)) for s in slots)
+
+
+def test_extend_points_fresh_and_spare_rows_once_and_later_steps_reuse_them():
+    """A slot fed from chains takes its rows with spare ones past them, pointed once: the
+    next steps within them point nothing; a rollback puts the cut rows back in front of its
+    spare rows, which the next step takes again without pointing them."""
+    rows = SlotRows(max_num_seqs=2, max_num_tokens=40, table_width=21)
+    table = _Table(21)
+    a, b = rows.allocate(), rows.allocate()
+    table.take(rows, a, 3)
+    table.take(rows, b, 2)
+    cells, taken = rows.extend([a, b], [5, 4], spare=4)
+    # a: positions 3-4 and 4 spare (3..8); b: 2-3 and 4 spare (2..7)
+    assert cells == [a * 21 + p for p in range(3, 9)] + [b * 21 + p for p in range(2, 8)]
+    assert len(taken) == 12 and len(rows.rows(a)) == 5 and len(rows.rows(b)) == 4
+    table.point(cells, taken)
+    _check(rows, table, [a, b], 40)
+    assert rows.extend([a, b], [7, 6], spare=4) == ([], [])  # (within the spare rows)
+    rows.truncate(a, 4)  # (a rollback: its rows 4-6 go in front of its spare rows)
+    assert rows.extend([a, b], [8, 8], spare=4) == ([], [])
+    _check(rows, table, [a, b], 40)
+    cells, taken = rows.extend([a], [10], spare=4)  # (past them: fresh rows and spare)
+    assert cells == [a * 21 + p for p in range(9, 14)]
+    table.point(cells, taken)
+    _check(rows, table, [a, b], 40)
+    rows.free(a)
+    rows.free(b)
+    assert rows.num_free_tokens == 40 and not rows._spare
+
+
+def test_spare_rows_count_as_free_and_come_back_when_the_pool_runs_short():
+    """A pool of 12 rows: two slots with spare rows leave 2 rows free; a take of 5 reclaims
+    every spare row (their slots point their cells again when they next extend), and an
+    extend that does not fit even then returns None."""
+    rows = SlotRows(max_num_seqs=3, max_num_tokens=12, table_width=13)
+    table = _Table(13)
+    a, b, c = rows.allocate(), rows.allocate(), rows.allocate()
+    table.point(*rows.extend([a, b], [1, 1], spare=4))
+    assert rows.num_free_tokens == 10 and rows._num_spare == 8
+    table.take(rows, c, 5)  # (only 2 free rows: the spare rows come back)
+    assert rows._num_spare == 0 and rows.num_free_tokens == 5
+    _check(rows, table, [a, b, c], 12)
+    cells, taken = rows.extend([a, b], [3, 3], spare=4)  # (fresh again; no room for spare)
+    assert len(taken) == 4 and rows._num_spare == 0
+    table.point(cells, taken)
+    _check(rows, table, [a, b, c], 12)
+    assert rows.extend([a, b], [6, 6], spare=0) is None  # (6 needed, 3 free)
+    _check(rows, table, [a, b, c], 12)
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_random_histories_keep_spare_rows_where_their_cells_point(prefix_cache):
+    """Random extends (fed chains), host takes, one-row takes, rollbacks, tree paths and
+    frees: every held and spare row stays where its slot's cell points, and no row is lost."""
+    import random
+
+    rng = random.Random(11)
+    total, width = 60, 31
+    for _ in range(40):
+        rows = SlotRows(max_num_seqs=4, max_num_tokens=total, table_width=width,
+                        prefix_cache=prefix_cache)
+        table = _Table(width)
+        slots = [rows.allocate() for _ in range(4)]
+        for _ in range(25):
+            op = rng.random()
+            slot = rng.choice(slots)
+            n = len(rows.rows(slot))
+            if op < 0.35:
+                batch = rng.sample(slots, rng.randint(1, 4))
+                ends = [min(len(rows.rows(s)) + rng.randint(0, 4), width - 1) for s in batch]
+                got = rows.extend(batch, ends, spare=rng.choice([0, 3, 8]))
+                if got is not None:
+                    table.point(*got)
+            elif op < 0.5 and n + 2 < width and rows.num_free_tokens >= 2:
+                table.take(rows, slot, 2)
+            elif op < 0.6:
+                batch = rng.sample(slots, rng.randint(1, 4))
+                if len(batch) <= rows.num_free_tokens and all(
+                        len(rows.rows(s)) + 1 < width for s in batch):
+                    firsts = [len(rows.rows(s)) for s in batch]
+                    taken = rows.take_each(batch)
+                    table.point([s * width + f for s, f in zip(batch, firsts, strict=True)], taken)
+            elif op < 0.8:
+                rows.truncate(slot, rng.randint(rows.num_shared(slot), n))
+            elif op < 0.9 and n >= 3:
+                first = n - 3
+                if first >= rows.num_shared(slot):
+                    table.point(*rows.keep_paths([(slot, first, [2, 0])]))
+                    rows.truncate(slot, first + 2)
+            else:
+                tokens = list(range(n)) if prefix_cache else None
+                rows.free(slot, tokens)
+                assert rows.allocate() == slot
+            _check(rows, table, slots, total)
