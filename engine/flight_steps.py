@@ -223,10 +223,10 @@ class OverlappedSteps:
         flight = self._in_flight
         if isinstance(flight, Pending):  # (a raise after its launch left it unsampled)
             flight = self._in_flight = self._sample_hosted(flight)
-        # (the step before's outcome, before planning: with the next few, as host time here
-        # delays the next launch)
-        self._learn(defer=True)
         self._in_flight = nxt = self._launch_next(flight)  # (a raise leaves it to commit)
+        # (the step before's outcome, with the next few, once the next step is launched: the
+        # device runs it meanwhile, and the plan just made lags one more step)
+        self._learn(defer=True)
         if nxt is not None and nxt.pairs_written:  # (the head has the flight's pairs)
             self._proposed_last_step = True
         elif nxt is not None:  # (a proposer keeping state of the text sees it)
