@@ -88,6 +88,7 @@ class SlotRows:
             raise ValueError(f"attach: slot {slot} must be empty and the prefix cache on")
         if not tokens:
             return []
+        self._free_rows.extend(reversed(self._drop_spare(slot)))  # (they followed no rows)
         rows, node = self.cache.lock(tokens)
         self._rows[slot] = list(rows)
         self._shared[slot] = (node, len(rows))
