@@ -45,5 +45,7 @@ def test_make_test_adds_the_test_tools_and_an_empty_index_means_pypi():
     assert any(c.endswith('-m pip install -q -e ".[dev]"') for c in commands)
     (torch,) = [c for c in commands if "torch==" in c]
     assert "--index-url" not in torch
-    assert any(c.startswith("TRITON_INTERPRET=1 /nonexistent/venv/bin/python -m pytest")
-               for c in commands)
+    (pytest,) = [c for c in commands if " -m pytest " in c]
+    # (the Triton kernels interpreted on CPU; two worker processes of one thread each)
+    assert pytest.startswith("OMP_NUM_THREADS=1 TRITON_INTERPRET=1 /nonexistent/venv/bin/python")
+    assert " -n 2 " in pytest
