@@ -224,13 +224,18 @@ class OverlappedSteps:
         if isinstance(flight, Pending):  # (a raise after its launch left it unsampled)
             flight = self._in_flight = self._sample_hosted(flight)
         self._in_flight = nxt = self._launch_next(flight)  # (a raise leaves it to commit)
-        # (the step before's outcome, with the next few, once the next step is launched: the
-        # device runs it meanwhile, and the plan just made lags one more step)
-        self._learn(defer=True)
         if nxt is not None and nxt.pairs_written:  # (the head has the flight's pairs)
             self._proposed_last_step = True
         elif nxt is not None:  # (a proposer keeping state of the text sees it)
             self._observe(nxt.forwarded.items, Proposed(nxt.chain is not None))
+        # (the step before's outcome, with the next few, once the next step is launched: the
+        # device runs it meanwhile, and the plan just made lags one more step)
+        try:
+            self._learn(defer=True)
+        except BaseException:  # (``flight`` is committed still: the next step commits
+            # ``nxt``, fed from its tokens; what it updated, the next step reports)
+            self._finished_outside_step.extend(self._commit_flight(flight, start))
+            raise
         updated = self._commit_flight(flight, start)
         if isinstance(nxt, Pending) and self._in_flight is nxt:  # (not every one stopped)
             try:

@@ -321,21 +321,25 @@ class ModelRunner:
                          for slot, end in zip(slots, ends, strict=True))
             raise KVCacheFull(needed, self._slots.num_free_tokens)
         kv_len = max(ends)
-        graphs = self.graphs
-        bucket = None if graphs is None else graphs.bucket(len(slots), width, kv_len)
-        if self.before_launch is not None:
-            self.before_launch(NO_DECISION if graphs is None else graphs.decision)
-        rows_batch, rows_new = (len(slots), width) if bucket is None else bucket[:2]
-        # (the chains' rows are written on the device, in the executor; the host's part is
-        # the last step's again while the batch and its layout stay: the executor then
-        # reuses its device copy when no cell changes)
-        key = (tuple(slots), width, rows_batch, rows_new)
-        if self._chains_layout is None or self._chains_layout[0] != key:
-            self._chains_layout = (key, lay_out_chains(slots, width, rows_batch, rows_new,
-                                                       self._executor.scratch))
-        inputs = self._chains_layout[1]
-        logits, argmax, hidden, aux, steady = self._executor.run(
-            inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=taken)
+        try:
+            graphs = self.graphs
+            bucket = None if graphs is None else graphs.bucket(len(slots), width, kv_len)
+            if self.before_launch is not None:
+                self.before_launch(NO_DECISION if graphs is None else graphs.decision)
+            rows_batch, rows_new = (len(slots), width) if bucket is None else bucket[:2]
+            # (the chains' rows are written on the device, in the executor; the host's part
+            # is the last step's again while the batch and its layout stay: the executor
+            # then reuses its device copy when no cell changes)
+            key = (tuple(slots), width, rows_batch, rows_new)
+            if self._chains_layout is None or self._chains_layout[0] != key:
+                self._chains_layout = (key, lay_out_chains(slots, width, rows_batch, rows_new,
+                                                           self._executor.scratch))
+            inputs = self._chains_layout[1]
+            logits, argmax, hidden, aux, steady = self._executor.run(
+                inputs, bucket, kv_len, None, keep_hidden, chains=fed, point=taken)
+        except BaseException:  # (the rows taken may not be pointed at: none kept as spare)
+            self._slots.forget_spare(slots)
+            raise
         return ForwardOutput(logits, hidden, steady, None, kv_len, aux, argmax)
 
     def forward_fed(self, slots: Sequence[int], tokens: torch.Tensor, base: torch.Tensor,
@@ -401,25 +405,34 @@ class ModelRunner:
             self.before_launch(NO_DECISION if graphs is None else graphs.decision)
         # a bucket pads with scratch sequences, and each sequence with scratch tokens
         rows_batch, rows_new = (batch_size, num_new) if bucket is None else bucket[:2]
-        if num_new == 1:  # (one token a slot: its rows in one cut of the free list)
-            pool_rows = [[row] for row in self._slots.take_each(slots)]
-        else:
-            pool_rows = [self._slots.take(slot, len(ids))
-                         for slot, ids in zip(slots, token_ids, strict=True)]
-        inputs = lay_out(slots, token_ids, starts, pool_rows, trees, rows_batch, rows_new,
-                         self._executor.scratch)
-        # one length and one number of new tokens for all: transformers' causal mask is exact
-        uniform = (len(set(starts)) == 1 and sum(len(t) for t in token_ids) == batch_size * num_new
-                   and not any(trees))
-        # (a lone sequence's rows read as one view go through SDPA: not in deterministic mode)
-        run = (self._slots.run_start(slots[0])
-               if batch_size == 1 and not self._executor.deterministic else None)
-        feed = None
-        if fed is not None:  # (row b's first token sits at index b * rows_new of the layout)
-            rows = [b for b, source in enumerate(fed.sources) if source >= 0]
-            feed = (fed.values, [b * rows_new for b in rows], [fed.sources[b] for b in rows])
-        return self._executor.run(inputs, bucket, kv_len, logits_indices, keep_hidden, starts[0],
-                                  uniform, run, feed)
+        try:
+            if num_new == 1:  # (one token a slot: its rows in one cut of the free list)
+                pool_rows = [[row] for row in self._slots.take_each(slots)]
+            else:
+                pool_rows = [self._slots.take(slot, len(ids))
+                             for slot, ids in zip(slots, token_ids, strict=True)]
+            inputs = lay_out(slots, token_ids, starts, pool_rows, trees, rows_batch, rows_new,
+                             self._executor.scratch)
+            # one length and one number of new tokens for all: transformers' causal mask is
+            # exact
+            uniform = (len(set(starts)) == 1
+                       and sum(len(t) for t in token_ids) == batch_size * num_new
+                       and not any(trees))
+            # (a lone sequence's rows read as one view go through SDPA: not in deterministic
+            # mode)
+            run = (self._slots.run_start(slots[0])
+                   if batch_size == 1 and not self._executor.deterministic else None)
+            feed = None
+            if fed is not None:  # (row b's first token sits at index b * rows_new)
+                rows = [b for b, source in enumerate(fed.sources) if source >= 0]
+                feed = (fed.values, [b * rows_new for b in rows],
+                        [fed.sources[b] for b in rows])
+            return self._executor.run(inputs, bucket, kv_len, logits_indices, keep_hidden,
+                                      starts[0], uniform, run, feed)
+        except BaseException:  # (rows taken from the free list are pointed only as the step
+            # runs: the caller's rollback must not keep them as spare rows, as forward_chains)
+            self._slots.forget_spare(slots)
+            raise
 
     def _check_step(self, slots: Sequence[int], token_ids: Sequence[Sequence[int]]) -> list[int]:
         """Validate a step without changing anything; return each slot's seq_len."""

@@ -204,8 +204,8 @@ class SlotRows:
             fresh = sum(max(n, 0) for n in need)
         if fresh > self._fresh_rows():
             return None
-        if fresh + spare * sum(n > 0 for n in need) > self._fresh_rows():
-            spare = 0  # (the pool is short: no spare rows)
+        if fresh + spare * sum(n > 0 for n in need) > len(self._free_rows):
+            spare = 0  # (the pool is short: no spare rows, nor prefixes evicted for them)
         cells: list[int] = []
         rows: list[int] = []
         width = self.table_width
@@ -232,6 +232,15 @@ class SlotRows:
     def _fresh_rows(self) -> int:
         """Rows a take can have without reclaiming spare rows: free and evictable ones."""
         return len(self._free_rows) + (self.cache.num_evictable if self.cache else 0)
+
+    def forget_spare(self, slots: Sequence[int]) -> None:
+        """Each of ``slots``' spare rows back to the free rows. After a step that raised
+        between taking its rows and pointing their slot-table cells: the rows its caller's
+        :meth:`truncate` gives back must not pass for spare rows, which a later step takes
+        without pointing their cells."""
+        for slot in slots:
+            self._free_rows.extend(self._drop_spare(slot))
+        self._free_rows.sort(reverse=True)
 
     def _drop_spare(self, slot: int) -> list[int]:
         """The slot's spare rows, no longer its own."""

@@ -635,6 +635,43 @@ def test_a_failed_write_of_a_plain_flights_pairs_takes_nothing(target, head_dir)
     assert_engine_empty(llm)
 
 
+def test_a_raise_while_the_engine_learns_still_commits_the_flight(target, head_dir, monkeypatch):
+    """The controller's learning raising after the next step's launch (a drafting flight in
+    flight at fixed k): the flight it follows is committed all the same, the call raises, the
+    next call commits the step launched, and the requests end as plain decoding's with the
+    engine empty (a flight dropped there would lose its tokens)."""
+    batch = prompts(3, seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    greedy = greedy_continuations(target, batch, "cpu")
+    llm, _ = oracle_llm(target, head_dir, greedy)
+    engine = llm.llm_engine
+    engine.forward_is_async = True  # (as on CUDA: a step's outcome is learnt at the next)
+    chained = Chained(monkeypatch, engine)
+    learn = engine.controller.learn
+    calls = []
+
+    def failing(outcome, defer=False):
+        calls.append(defer)
+        if calls.count(True) == 3 and defer:  # (an overlapped step's, after its launch)
+            raise RuntimeError("injected")
+        return learn(outcome, defer)
+
+    engine.controller.learn = failing
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", None, p, params)
+    raised = 0
+    while engine.has_work():
+        try:
+            engine.step()
+        except RuntimeError:
+            raised += 1
+    assert raised == 1 and calls.count(True) > 5 and chained.count > 3
+    for i in range(3):
+        seq = engine.pop_request(f"r{i}")[0]
+        assert seq.output_token_ids == greedy[i][len(batch[i]):][:30]
+    assert_engine_empty(llm)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_plan_without_drafts_runs_a_plain_step_from_the_chains(target, head_dir, monkeypatch,
                                                                   device):
@@ -883,6 +920,61 @@ def test_fed_chains_score_like_the_same_chains_from_the_host(target, graphs):
     with pytest.raises(ValueError, match="max_model_len"):
         runners[1].forward_chains([0], FedChains(torch.tensor([[1, 2]]), torch.tensor([62]),
                                                  [63]))
+
+
+@pytest.mark.parametrize("fails_in", ["forward_chains", "forward"])
+def test_rows_of_a_step_that_raised_are_not_kept_as_spare_rows(target, monkeypatch, fails_in):
+    """A step that raises after taking its pool rows, before the executor points their
+    slot-table cells (a fed-chains step, or a plain one from the host after fed-chains steps
+    gave the slots spare rows), then the caller's rollback (``truncate``, as a flight's): no
+    rows are lost, and the next fed-chains steps score as on a runner that never failed (rows
+    kept as spare rows would be taken unpointed, their keys and values written through cells
+    that point at other rows)."""
+    from engine.runner import FedChains
+    from engine.runner.model_runner import ModelRunner
+
+    contexts = prompts(3, seed=13)
+    runners = [ModelRunner(target.to("cpu"), 4, 256, 64) for _ in range(2)]
+    for runner in runners:
+        # (no spare rows taken ahead: the next step's rows are the ones the raise gave back)
+        runner.spare_rows = 0
+        slots = [runner.allocate_slot() for _ in contexts]
+        runner.forward(slots, contexts)
+    base = [len(c) for c in contexts]
+
+    def chains(step: int):  # (each step's chains after the ones before: base moves on)
+        at = [b + 3 * step for b in base]
+        return FedChains(torch.tensor([[5 + step, 17, 40], [8, 1 + step, 2], [30, 31, 32]]),
+                         torch.tensor(at), at)
+
+    def commit(runner, step):
+        for s, b in enumerate(base):
+            runner.truncate(s, b + 3 * step + 3)
+
+    for runner in runners:  # (a first fed step each: the slots hold a spare list)
+        runner.forward_chains([0, 1, 2], chains(0))
+        commit(runner, 0)
+    free = runners[1].num_free_tokens
+    lengths = [runners[1].seq_len(s) for s in range(3)]
+
+    def injected(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(runners[1]._executor, "run", injected)
+    with pytest.raises(RuntimeError, match="injected"):
+        if fails_in == "forward_chains":
+            runners[1].forward_chains([0, 1, 2], chains(1))
+        else:  # (past the spare rows: fresh rows too)
+            runners[1].forward([0, 1, 2], [[3] * 20, [4] * 20, [5] * 20])
+    monkeypatch.undo()
+    for s, length in enumerate(lengths):  # (the caller's rollback)
+        runners[1].truncate(s, length)
+    assert runners[1].num_free_tokens == free
+    for step in (1, 2):
+        torch.testing.assert_close(runners[1].forward_chains([0, 1, 2], chains(step)).logits,
+                                   runners[0].forward_chains([0, 1, 2], chains(step)).logits)
+        for runner in runners:
+            commit(runner, step)
 
 
 def test_fewer_chains_than_a_bucket_holds_leave_the_other_rows_alone(target):

@@ -177,6 +177,35 @@ def test_spare_rows_count_as_free_and_come_back_when_the_pool_runs_short():
     _check(rows, table, [a, b, c], 12)
 
 
+def test_spare_rows_come_from_the_free_rows_only_never_from_evicted_prefixes():
+    """Most of the pool in the prefix cache (evictable), few rows free: an extend takes the
+    rows its step needs (evicting where those run short) but no spare rows, which would evict
+    cached prefixes for rows nobody may use; with free rows enough it takes them again."""
+    rows = SlotRows(max_num_seqs=2, max_num_tokens=40, table_width=41, prefix_cache=True)
+    table = _Table(41)
+    a = rows.allocate()
+    table.take(rows, a, 36)
+    rows.free(a, list(range(100, 136)))  # (its 36 rows stay in the cache, evictable)
+    assert rows.cache.num_evictable == 36
+    b = rows.allocate()
+    table.take(rows, b, 2)  # (2 rows free left)
+    cells, taken = rows.extend([b], [4], spare=4)
+    assert len(taken) == 2 and rows._num_spare == 0 and rows.cache.num_evictable == 36
+    table.point(cells, taken)
+    _check(rows, table, [b], 40)
+    cells, taken = rows.extend([b], [8], spare=4)  # (4 rows short: only they are evicted)
+    assert len(taken) == 4 and rows._num_spare == 0 and rows.cache.num_evictable < 36
+    table.point(cells, taken)
+    _check(rows, table, [b], 40)
+    rows.truncate(b, 2)  # (6 rows back: a spare list of them)
+    rows.forget_spare([b])  # (and back to the free rows)
+    assert rows._num_spare == 0 and len(rows._free_rows) >= 6
+    cells, taken = rows.extend([b], [3], spare=4)  # (free rows enough: spare ones again)
+    assert len(taken) == 5 and rows._num_spare == 4
+    table.point(cells, taken)
+    _check(rows, table, [b], 40)
+
+
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_random_histories_keep_spare_rows_where_their_cells_point(prefix_cache):
     """Random extends (fed chains), host takes, one-row takes, rollbacks, tree paths and
