@@ -155,9 +155,7 @@ class SlotRows:
         slot's spare rows come back (``reclaim``), then rows the prefix cache holds unlocked
         are evicted (the caller counted them as free)."""
         if reclaim and n > len(self._free_rows) and self._num_spare:
-            for slot in list(self._spare):
-                self._free_rows.extend(self._drop_spare(slot))
-            self._free_rows.sort(reverse=True)
+            self.forget_spare(list(self._spare))
         if n > len(self._free_rows):
             # (in batches of a 64th of the pool at least: an eviction walks the whole tree)
             evicted = self.cache.evict(max(n - len(self._free_rows),
@@ -197,9 +195,7 @@ class SlotRows:
         need = self._needs(slots, ends)
         fresh = sum(max(n, 0) for n in need)
         if fresh > self._fresh_rows() and self._num_spare:  # (short: spare rows back first)
-            for slot in list(self._spare):
-                self._free_rows.extend(self._drop_spare(slot))
-            self._free_rows.sort(reverse=True)
+            self.forget_spare(list(self._spare))
             need = self._needs(slots, ends)
             fresh = sum(max(n, 0) for n in need)
         if fresh > self._fresh_rows():
