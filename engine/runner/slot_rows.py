@@ -230,10 +230,10 @@ class SlotRows:
         return len(self._free_rows) + (self.cache.num_evictable if self.cache else 0)
 
     def forget_spare(self, slots: Sequence[int]) -> None:
-        """Each of ``slots``' spare rows back to the free rows. After a step that raised
-        between taking its rows and pointing their slot-table cells: the rows its caller's
-        :meth:`truncate` gives back must not pass for spare rows, which a later step takes
-        without pointing their cells."""
+        """Each of ``slots``' spare rows back to the free rows: when the pool runs short, and
+        after a step that raised between taking its rows and pointing their slot-table cells
+        (the rows its caller's :meth:`truncate` gives back must not pass for spare rows,
+        which a later step takes without pointing their cells)."""
         for slot in slots:
             self._free_rows.extend(self._drop_spare(slot))
         self._free_rows.sort(reverse=True)
