@@ -359,15 +359,19 @@ def held_out_sets(data: dict) -> dict[str, tuple[list[list[int]], list[int]]]:
 
 
 @torch.no_grad()
-def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
-                        sequences: list[list[int]], prompt_lens: list[int]) -> dict:
+def acceptance_counts(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
+                      sequences: list[list[int]],
+                      prompt_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Chained greedy drafts from every answer position against the target's greedy text
-    (through the head's draft vocabulary when it has one, as the proposer drafts)."""
-    accepted = torch.zeros(DRAFTS)
-    tried = torch.zeros(DRAFTS)
+    (through the head's draft vocabulary when it has one, as the proposer drafts), counted per
+    sequence: ``accepted, tried [sequences, DRAFTS]``, where ``tried[i, d]`` counts sequence
+    i's positions whose drafts 1..d were all accepted, and ``accepted[i, d]`` those whose draft
+    d + 1 was too (a row of zeros where a sequence has no answer position to draft from)."""
+    accepted = torch.zeros(len(sequences), DRAFTS)
+    tried = torch.zeros(len(sequences), DRAFTS)
     device = features[0].device
     readout = lm_head if head.vocab is None else VocabReadout(lm_head, head.vocab.to(device))
-    for f, seq, start in zip(features, sequences, prompt_lens, strict=True):
+    for i, (f, seq, start) in enumerate(zip(features, sequences, prompt_lens, strict=True)):
         # positions j with x_{j+1} in the answer and DRAFTS more tokens after it
         last = len(seq) - 1 - DRAFTS
         if last < start:
@@ -378,13 +382,27 @@ def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Te
         alive = torch.ones(len(js), dtype=torch.bool, device=device)
         for d, pred in enumerate(preds):
             hit = readout(pred[0, js]).argmax(-1) == ids[js + 2 + d]
-            tried[d] += alive.sum().item()
+            tried[i, d] = alive.sum().item()
             alive = alive & hit
-            accepted[d] += alive.sum().item()
+            accepted[i, d] = alive.sum().item()
+    return accepted, tried
+
+
+def acceptance_rates(accepted: torch.Tensor, tried: torch.Tensor) -> dict:
+    """The rates of counts ``accepted, tried [DRAFTS]`` (:func:`acceptance_counts`, summed over
+    the sequences wanted): the first draft's, each position's given the earlier ones, and the
+    mean number accepted."""
     rates = (accepted / tried.clamp(min=1)).tolist()  # P(draft d accepted | 1..d-1 were)
     return {"first_draft": rates[0], "per_position": rates,
             "mean_accepted": (accepted.sum() / tried[0].clamp(min=1)).item(),
             "positions": int(tried[0].item())}
+
+
+def held_out_acceptance(head: DraftHead, embed, lm_head, features: list[torch.Tensor],
+                        sequences: list[list[int]], prompt_lens: list[int]) -> dict:
+    """:func:`acceptance_rates` over all the sequences."""
+    accepted, tried = acceptance_counts(head, embed, lm_head, features, sequences, prompt_lens)
+    return acceptance_rates(accepted.sum(0), tried.sum(0))
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -33,7 +33,12 @@ from benchmarks.record import Result
 from benchmarks.workloads import COPY_HEAVY, OPEN_ENDED
 from engine import LLM
 from examples.draft_head_prompts import draft_head_prompts
-from examples.train_draft_head import features_of, generate, held_out_acceptance
+from examples.train_draft_head import (
+    acceptance_counts,
+    acceptance_rates,
+    features_of,
+    generate,
+)
 from proposers.draft_head import DEFAULT_HEAD_DIR
 from proposers.head_model import DraftHead
 
@@ -76,10 +81,10 @@ def run(args: argparse.Namespace) -> Result:
     for name, prompts in prompt_sets(names, args.num_prompts).items():
         seqs, starts = generate(llm, prompts, args.max_tokens, 0.0, 0)
         feats = features_of(model, seqs, device)
-        whole = held_out_acceptance(head, embed, lm_head, feats, seqs, starts)
-        each = [held_out_acceptance(head, embed, lm_head, feats[i:i + 1], seqs[i:i + 1],
-                                    starts[i:i + 1])["mean_accepted"]
-                for i in range(len(seqs))]
+        accepted, tried = acceptance_counts(head, embed, lm_head, feats, seqs, starts)
+        whole = acceptance_rates(accepted.sum(0), tried.sum(0))  # (each draft run once)
+        each = [acceptance_rates(a, t)["mean_accepted"]
+                for a, t in zip(accepted, tried, strict=True)]
         rows.append({"set": name, **whole, "per_prompt_mean_accepted": each})
         print(f"{name:<10} first draft {whole['first_draft']:.3f}, conditional per position "
               f"{[round(x, 3) for x in whole['per_position']]}, mean accepted "

@@ -192,6 +192,27 @@ def test_held_out_drafts_go_through_the_draft_vocabulary():
     assert got["first_draft"] == pytest.approx(sum(hits) / len(hits)) == 0.75
 
 
+def test_acceptance_is_counted_per_sequence_draft_by_draft():
+    """Through a vocabulary of one token (7) every draft is 7, so the counts follow from the
+    text by hand: from positions j = 0..3 of ``ids``, draft d is checked against ids[j + 2 + d]
+    while the earlier ones held; a sequence with no answer position to draft from counts
+    nothing. The rates are the summed counts'."""
+    from examples.train_draft_head import acceptance_counts, held_out_acceptance
+
+    head, embed, lm_head, feats, _, _ = _loss_setup(seed=3)
+    head.set_vocab(torch.tensor([7]))
+    ids = [4, 9, 7, 7, 2, 7, 8, 7, 7]
+    short = [7, 7, 7]
+    features = [feats[0], feats[1, :3]]
+    accepted, tried = acceptance_counts(head, embed, lm_head, features, [ids, short], [1, 1])
+    # d = 0: j 0,1,3 hit (ids 2..5 = 7 7 2 7); d = 1: only j = 0 (ids[3] = 7); d = 2: none
+    assert tried.tolist() == [[4, 3, 1, 0], [0, 0, 0, 0]]
+    assert accepted.tolist() == [[3, 1, 0, 0], [0, 0, 0, 0]]
+    got = held_out_acceptance(head, embed, lm_head, features, [ids, short], [1, 1])
+    assert got["per_position"] == [0.75, pytest.approx(1 / 3), 0.0, 0.0]
+    assert got["mean_accepted"] == 1.0 and got["positions"] == 4
+
+
 def test_features_are_each_sequences_own_final_hidden_states():
     """Batched by length and padded, in the sequences' order: each one's own forward's last
     hidden states."""
