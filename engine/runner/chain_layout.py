@@ -13,9 +13,11 @@ the layout's ``slots[b]``, ``width = tokens.shape[1]`` (at most ``num_new``):
 
 - positions ``[b, t] = base[b] + min(t, width - 1)`` for every ``t < num_new`` (padding columns
   repeat the last position, as the host's layout does), and the mask limits equal them;
-- input ids ``[b, t] = tokens[b, t]``, slot-table cells ``[b, t] = slots[b] * table_width +
-  positions[b, t]`` and pool rows ``[b, t] = slot_table[cells[b, t]]`` for ``t < width``; the
-  padding columns keep the host's (id 0, the scratch column and row).
+- input ids ``[b, t] = max(tokens[b, t], 0)`` (a negative token, a row the sampling kernels
+  marked invalid, goes in as id 0: its sequence fails at the commit), slot-table cells
+  ``[b, t] = slots[b] * table_width + positions[b, t]`` and pool rows ``[b, t] =
+  slot_table[cells[b, t]]`` for ``t < width``; the padding columns keep the host's (id 0, the
+  scratch column and row).
 
 The other rows (padding sequences) keep the host's scratch layout. Integer arithmetic only:
 :func:`write_chains` and :func:`write_chains_reference` write the same values.
@@ -47,7 +49,8 @@ def _chain_layout_kernel(layout_ptr, tokens_ptr, base_ptr, table_ptr, tokens_str
     positions = base + tl.minimum(t, width - 1)
     row = b * num_new + t
     cells = slot * table_width + positions
-    tl.store(layout_ptr + row, tl.load(tokens_ptr + b * tokens_stride + t, mask=real),
+    tl.store(layout_ptr + row,
+             tl.maximum(tl.load(tokens_ptr + b * tokens_stride + t, mask=real, other=0), 0),
              mask=real)
     tl.store(layout_ptr + part + row, positions, mask=columns)
     tl.store(layout_ptr + 2 * part + row, tl.load(table_ptr + cells, mask=real), mask=real)
@@ -86,7 +89,7 @@ def write_chains_reference(layout: torch.Tensor, batch_size: int, num_new: int,
     columns = torch.arange(num_new, device=layout.device).clamp_max(width - 1)
     positions = base[:, None] + columns  # [n, num_new]
     cells = slots[:, None] * slot_table.shape[1] + positions[:, :width]  # [n, width]
-    parts[0, :n, :width] = tokens
+    parts[0, :n, :width] = tokens.clamp_min(0)
     parts[1, :n] = positions
     parts[2, :n, :width] = slot_table.view(-1)[cells]
     parts[3, :n, :width] = cells

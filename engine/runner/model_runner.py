@@ -277,7 +277,8 @@ class ModelRunner:
 
         ``fed``: some slots' first new token is still on the device (an overlapped step feeds
         the tokens the step before it sampled; their ``token_ids`` entries are stand-ins); the
-        step must then run as one forward of chains without prompt chunks (ValueError).
+        step must then run as one forward of chains without prompt chunks (ValueError). Where
+        every slot is fed, the layout is written on the device (:meth:`_forward_fed_tokens`).
         """
         starts = self._check_step(slots, token_ids)
         if fed is not None and (len(fed.sources) != len(slots) or trees is not None
@@ -288,6 +289,8 @@ class ModelRunner:
         num_tokens = sum(len(t) for t in token_ids)
         if num_tokens > self._slots.num_free_tokens:
             raise KVCacheFull(num_tokens, self._slots.num_free_tokens)
+        if fed is not None and logits_indices is None and self._lays_out_fed(slots, fed):
+            return self._forward_fed_tokens(list(slots), starts, fed, keep_hidden)
         if logits_indices is not None and not isinstance(logits_indices, torch.Tensor):
             logits_indices = self._check_logits_indices(logits_indices, num_tokens)
         return self._forward(list(slots), token_ids, starts, trees, logits_indices, keep_hidden,
@@ -347,6 +350,32 @@ class ModelRunner:
         """:meth:`forward_chains` of ``FedChains(tokens, base, base_hi)``: a draft model's
         forward from tokens on the device (``proposers.base.DraftRunner``)."""
         return self.forward_chains(slots, FedChains(tokens, base, list(base_hi)))
+
+    def _lays_out_fed(self, slots: Sequence[int], fed: FedTokens) -> bool:
+        """Whether a fed step of one token a slot is laid out on the device
+        (:meth:`_forward_fed_tokens`): every slot fed, and not a lone sequence whose rows are
+        one run of the pool (its keys and values are then written by a slice and read as a
+        view, with no index kernel: the host's layout serves it)."""
+        if min(fed.sources) < 0:
+            return False
+        return (len(slots) > 1 or self._executor.deterministic
+                or self._slots.run_start(slots[0]) is None)
+
+    def _forward_fed_tokens(self, slots: list[int], starts: list[int], fed: FedTokens,
+                            keep_hidden: bool) -> ForwardOutput:
+        """A fed step of one token a slot (an overlapped plain step, every slot's token still
+        on the device) as :meth:`forward_chains` of width 1: the tokens and their positions go
+        into the layout on the device (one copy: the flight rows, then the positions), the
+        slots' spare rows are pointed at already, and while the batch stays the layout's
+        device copy is the last step's, so the host builds nothing per sequence."""
+        n, values = len(slots), fed.values
+        if len(values) == n and fed.sources == list(range(n)):  # (the whole flight, in order)
+            base = self.to_device(starts)  # [n]
+            tokens = values[:, None]  # [n, 1] (a negative one goes in as id 0: write_chains)
+        else:
+            index = self.to_device([*fed.sources, *starts])  # [2 * n]: flight rows, positions
+            base, tokens = index[n:], values.index_select(0, index[:n])[:, None]
+        return self.forward_chains(slots, FedChains(tokens, base, starts), keep_hidden)
 
     def _forward(self, slots: list[int], token_ids: Sequence[Sequence[int]], starts: list[int],
                  trees: list[Tree | None], logits_indices: list[int] | torch.Tensor | None,

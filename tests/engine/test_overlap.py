@@ -228,6 +228,52 @@ def test_fed_tokens_give_the_logits_of_the_same_tokens_from_the_host(target):
         runners[1].forward([0, 1], [[0, 1], [0]], fed=FedTokens(values, [0, 1]))
 
 
+def test_fed_tokens_laid_out_on_the_device_or_the_host_score_the_same(target, monkeypatch):
+    """Every slot fed: the step's layout is written on the device (a fed-chains forward of
+    width 1), a row the kernels marked invalid (negative) fed as id 0; a slot given from the
+    host, or a lone sequence whose rows are one run of the pool, takes the host's layout. Each
+    way, the logits are those of the same tokens given from the host, step after step."""
+    from engine.runner.executor import Executor
+
+    run = Executor.run
+    chained = []  # (per forward: whether its layout was written on the device)
+
+    def counted(self, inputs, *args, chains=None, **kwargs):
+        chained.append(chains is not None)
+        return run(self, inputs, *args, chains=chains, **kwargs)
+
+    monkeypatch.setattr(Executor, "run", counted)
+    runners = [ModelRunner(target.to("cpu"), 4, 256, 64) for _ in range(2)]
+    contexts = prompts(3, seed=8)
+    for runner in runners:
+        for context in contexts:
+            runner.forward([runner.allocate_slot()], [context])
+    rng = random.Random(2)
+    for step in range(4):  # (all fed, one from the host, a lone run, an invalid row)
+        if step == 2:  # (a lone sequence whose rows are one run: a fresh slot's)
+            for runner in runners:
+                runner.forward([runner.allocate_slot()], [prompts(1, seed=9)[0]])
+        slots = [[0, 1, 2], [0, 1, 2], [3], [0, 2]][step]
+        nxt = [rng.randrange(1, VOCAB) for _ in slots]
+        sources = [[2, 0, 1], [1, -1, 0], [0], [1, 0]][step]
+        values = torch.tensor([nxt[sources.index(i)] if i in sources else -3
+                               for i in range(max(sources) + 1)])
+        if step == 3:  # (slot 2's token marked invalid: fed as 0)
+            values[0], nxt[1] = -1, 0
+        given = [[t] for t in nxt]
+        chained.clear()
+        host = runners[0].forward(slots, given).logits
+        assert chained == [False]
+        fed_given = [[t if s < 0 else 0] for t, s in zip(nxt, sources, strict=True)]
+        fed = runners[1].forward(slots, fed_given, fed=FedTokens(values, sources)).logits
+        assert chained[1:] == [step in (0, 3)]
+        torch.testing.assert_close(fed, host)
+    chained.clear()  # (slot 1 alone, its rows no longer one run: laid out on the device)
+    assert runners[1]._slots.run_start(1) is None
+    runners[1].forward([1], [[0]], fed=FedTokens(torch.tensor([7]), [0]))
+    assert chained == [True]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_non_finite_logits_in_flight_fail_their_request_alone(device):
     """A model whose embedding of token 9 is NaN: a prompt holding it gets NaN logits in an
@@ -461,4 +507,43 @@ def test_a_flight_costs_the_controller_its_period_not_only_its_kernels(target, m
     # step takes far longer than the nanosecond)
     assert sum(c <= 1e-6 for c in costs) <= steady.count(False)
     assert sum(c > 1e-6 for c in costs) >= 5
+    assert_engine_empty(llm)
+
+
+def test_plain_flights_point_no_cells_and_send_no_layout_while_the_batch_stays(target,
+                                                                             monkeypatch):
+    """A batch decoding plainly flight after flight: each step's layout is written on the
+    device from the flight's tokens and the positions, into spare rows pointed at when a slot
+    last took rows, so most steps point no slot-table cell and send no layout (the last
+    step's device copy serves again); the output is the synchronous engine's."""
+    from engine.runner.executor import Executor
+
+    batch = prompts(6, seed=33)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 6
+    expected = outputs(make_llm(target, False), batch, params)
+    run, to_device = Executor.run, Executor.to_device
+    copies = [0]
+    steps = []  # (each fed forward: cells pointed, layouts copied)
+
+    def counted_copy(self, values):
+        copies[0] += 1
+        return to_device(self, values)
+
+    def counted(self, inputs, *args, chains=None, point=None, **kwargs):
+        before = copies[0]
+        out = run(self, inputs, *args, chains=chains, point=point, **kwargs)
+        if chains is not None:
+            steps.append((len(point[0]), copies[0] - before))
+        return out
+
+    llm = make_llm(target, True)
+    launches = Launches(monkeypatch, llm.llm_engine)
+    monkeypatch.setattr(Executor, "run", counted)
+    monkeypatch.setattr(Executor, "to_device", counted_copy)
+    assert outputs(llm, batch, params) == expected
+    assert launches.count >= 30 and len(steps) == launches.count
+    # (a slot points rows about once every spare_rows + 1 steps; a step pointing none of a
+    # batch as the step before copies nothing)
+    assert sum(cells > 0 for cells, _ in steps) <= len(steps) // 4
+    assert sum(copied == 0 for _, copied in steps) >= len(steps) // 2
     assert_engine_empty(llm)

@@ -59,6 +59,17 @@ def test_the_kernel_writes_what_the_reference_writes():
         assert torch.equal(layouts[0], layouts[1]), (n, width)
 
 
+@pytest.mark.parametrize("write", [write_chains, write_chains_reference],
+                         ids=["kernel", "reference"])
+def test_a_negative_token_goes_in_as_id_0(write):
+    """A row the sampling kernels marked invalid (a negative id) is fed as id 0."""
+    layout = host_layout()
+    write(layout, BATCH, NUM_NEW, torch.tensor([[-1], [12]], device=DEVICE),
+          torch.tensor([3, 6], device=DEVICE), table())
+    parts = layout[:LAYOUT_ROWS * BATCH * NUM_NEW].view(LAYOUT_ROWS, BATCH, NUM_NEW).cpu()
+    assert parts[0, :2, 0].tolist() == [0, 12]
+
+
 def test_a_chains_tensor_with_a_column_stride_is_read_as_its_values():
     """Tokens sliced out of a wider tensor (the drafting step feeds a view)."""
     wide = torch.tensor([[5, 9, 17, 9, 40, 9]], device=DEVICE)
