@@ -354,8 +354,8 @@ class ModelRunner:
     def _lays_out_fed(self, slots: Sequence[int], fed: FedTokens) -> bool:
         """Whether a fed step of one token a slot is laid out on the device
         (:meth:`_forward_fed_tokens`): every slot fed, and not a lone sequence whose rows are
-        one run of the pool (its keys and values are then written by a slice and read as a
-        view, with no index kernel: the host's layout serves it)."""
+        one run of the pool (an eager step then reads its keys and values as a view, with no
+        index kernel: the host's layout serves it)."""
         if min(fed.sources) < 0:
             return False
         return (len(slots) > 1 or self._executor.deterministic

@@ -194,7 +194,9 @@ class SlotRows:
         slot's spare rows may be free again."""
         need = self._needs(slots, ends)
         fresh = sum(max(n, 0) for n in need)
-        if fresh > self._fresh_rows() and self._num_spare:  # (short: spare rows back first)
+        # (free rows short: the idle spare rows come back before any cached prefix is evicted,
+        # as in _cut; the loop below cuts without reclaiming)
+        if fresh > len(self._free_rows) and self._num_spare:
             self.forget_spare(list(self._spare))
             need = self._needs(slots, ends)
             fresh = sum(max(n, 0) for n in need)

@@ -203,6 +203,10 @@ class LeaderRunner:
     are replayed by every follower rank (see the module docstring). Everything else (budget,
     ``vocab_size``, ``graphs`` ...) is the wrapped runner's."""
 
+    # (overlapped steps feed tokens left on the device, which no follower could replay: the
+    # engine asks, and must not read the wrapped runner's answer through __getattr__)
+    takes_fed_tokens = False
+
     def __init__(self, runner: ModelRunner):
         self._runner = runner
         self._pending: Calls = []

@@ -206,6 +206,26 @@ def test_spare_rows_come_from_the_free_rows_only_never_from_evicted_prefixes():
     _check(rows, table, [b], 40)
 
 
+def test_idle_spare_rows_come_back_before_a_cached_prefix_is_evicted():
+    """Free rows short, one slot holding spare rows, the prefix cache holding evictable ones:
+    an extend of another slot takes the spare rows back first, and evicts nothing."""
+    rows = SlotRows(max_num_seqs=3, max_num_tokens=40, table_width=41, prefix_cache=True)
+    table = _Table(41)
+    a = rows.allocate()
+    table.take(rows, a, 30)
+    rows.free(a, list(range(100, 130)))  # (its 30 rows stay in the cache, evictable)
+    b = rows.allocate()
+    table.take(rows, b, 2)
+    cells, taken = rows.extend([b], [4], spare=4)  # (8 rows free: 2 and 4 spare)
+    table.point(cells, taken)
+    assert rows._num_spare == 4 and len(rows._free_rows) == 2
+    c = rows.allocate()
+    cells, taken = rows.extend([c], [4], spare=4)  # (4 rows: 2 free, then b's spare ones)
+    table.point(cells, taken)
+    assert len(taken) == 4 and rows._num_spare == 0 and rows.cache.num_evictable == 30
+    _check(rows, table, [b, c], 40)
+
+
 @pytest.mark.parametrize("prefix_cache", [False, True])
 def test_random_histories_keep_spare_rows_where_their_cells_point(prefix_cache):
     """Random extends (fed chains), host takes, one-row takes, rollbacks, tree paths and

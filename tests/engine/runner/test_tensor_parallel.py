@@ -188,6 +188,28 @@ def test_a_follower_replays_the_leaders_calls_in_inference_mode(monkeypatch):
     assert seen == [("truncate", True), ("keep_paths", True)]
 
 
+def test_the_leader_takes_no_fed_tokens(monkeypatch):
+    """Overlapped steps feed tokens left on the device, which no follower could replay, so an
+    engine overlaps only where its runner takes them (``takes_fed_tokens``, what
+    ``LLMEngine`` reads): the leader says no, whatever the runner it wraps says (its other
+    attributes are the wrapped runner's). Without this a CUDA engine under tensor parallelism
+    overlapped by default and called the leader's forward with ``fed``, which it lacks."""
+    import atexit
+
+    from engine.runner.tensor_parallel import LeaderRunner
+
+    monkeypatch.setattr(atexit, "register", lambda fn: fn)  # (no followers to stop at exit)
+
+    class Runner:
+        takes_fed_tokens = True
+        vocab_size = 48
+        before_launch = None
+
+    leader = LeaderRunner(Runner())
+    assert getattr(leader, "takes_fed_tokens", False) is False
+    assert leader.vocab_size == 48
+
+
 def _sized(size: int) -> bytes:
     """A message of ``bytes`` that pickles (as ``broadcast`` pickles) to exactly ``size``."""
     n = size
