@@ -30,6 +30,22 @@ needs_triton = pytest.mark.skipif(
            "README's test command sets it)")
 
 
+@pytest.fixture(autouse=True)
+def _head_kernels_where_asked(request, monkeypatch):
+    """On CPU the draft head's fused kernels run under Triton's interpreter one program (a row
+    and a head) at a time: an engine test drafting with a head took minutes there
+    (tests/engine/test_llm_sampling.py's ``eagle-top_k_top_p``: 5:42, against 1.5 s through
+    the PyTorch reference). So a test drafts through the reference, which the kernels equal
+    (tests/proposers/test_head_kernels.py), unless it is marked ``head_kernels``: those
+    tests, and the head's drafts against a written-out oracle end to end
+    (tests/proposers/test_draft_head.py). Off CPU the kernels always run (compiled)."""
+    if INTERPRETED and request.node.get_closest_marker("head_kernels") is None:
+        from proposers import chain_inputs, head_kernels
+
+        monkeypatch.setattr(head_kernels, "_INTERPRETED", False)
+        monkeypatch.setattr(chain_inputs, "_INTERPRETED", False)
+
+
 def tiny_config(family: str, vocab_size: int = 128, num_layers: int = 2, **overrides):
     """A small config of ``family`` (grouped-query attention where the family has it);
     ``overrides`` go to the config's constructor."""

@@ -10,7 +10,7 @@ import torch
 from proposers.chain_inputs import chain_inputs, chain_inputs_reference
 from tests.conftest import DEVICE, needs_triton
 
-pytestmark = needs_triton
+pytestmark = [needs_triton, pytest.mark.head_kernels]  # (the kernel itself: tests/conftest.py)
 
 
 @pytest.mark.parametrize("build", [chain_inputs, chain_inputs_reference],

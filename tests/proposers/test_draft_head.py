@@ -125,6 +125,7 @@ def feed(proposer, target, contexts: dict, verified: dict) -> None:
     proposer.on_features(updates, torch.cat(rows))
 
 
+@pytest.mark.head_kernels  # (the fused kernels against the oracle: tests/conftest.py)
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
 def test_cached_drafts_equal_the_written_out_oracle_across_steps(target, graphs):
     """Prompts of several lengths (one longer than the pending bound: written at once), then
@@ -662,6 +663,7 @@ def test_steps_folded_around_admitted_prompts_keep_greedy_output(target, head_di
     assert counts[0][:2] == counts[1][:2] and counts[0][1] > 0
 
 
+@pytest.mark.head_kernels  # (the fused kernels against the oracle: tests/conftest.py)
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
 def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(target, graphs):
     """Overlapped drafting steps (``draft_after``, then ``advance`` when the step is read):
@@ -706,6 +708,7 @@ def test_drafts_from_a_verification_on_the_device_equal_the_written_out_oracle(t
                                       contexts[r], k), r
 
 
+@pytest.mark.head_kernels  # (the fused kernels against the oracle: tests/conftest.py)
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])
 def test_drafts_after_a_verification_in_the_heads_graph_equal_the_written_out_oracle(target,
                                                                                     graphs):
@@ -778,6 +781,7 @@ def plain_step_on_device(proposer, target, contexts: dict, req_ids: list, salt: 
         proposer.advance(r, len(contexts[r]) - 1, features, row, token)
 
 
+@pytest.mark.head_kernels  # (the fused kernels against the oracle: tests/conftest.py)
 @pytest.mark.parametrize("defer_steps", [1, 3, DEFER_STEPS],
                          ids=["each-step", "held-3-steps", "held-to-the-read"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["exact", "padded-layout"])

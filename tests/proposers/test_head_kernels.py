@@ -25,6 +25,8 @@ from proposers.head_kernels import (
 from proposers.head_model import ChainView, DraftHead, grouped_attention, rotate
 from tests.conftest import DEVICE, INTERPRETED, needs_triton
 
+pytestmark = pytest.mark.head_kernels  # (the kernels themselves, on CPU too: tests/conftest.py)
+
 
 def frequencies(head_dim: int) -> torch.Tensor:
     return 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
