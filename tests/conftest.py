@@ -37,8 +37,9 @@ def _head_kernels_where_asked(request, monkeypatch):
     (tests/engine/test_llm_sampling.py's ``eagle-top_k_top_p``: 5:42, against 1.5 s through
     the PyTorch reference). So a test drafts through the reference, which the kernels equal
     (tests/proposers/test_head_kernels.py), unless it is marked ``head_kernels``: those
-    tests, and the head's drafts against a written-out oracle end to end
-    (tests/proposers/test_draft_head.py). Off CPU the kernels always run (compiled)."""
+    tests, the head's drafts against a written-out oracle and the engine's greedy output
+    against Hugging Face's (tests/proposers/test_draft_head.py). Off CPU the kernels always
+    run (compiled)."""
     if INTERPRETED and request.node.get_closest_marker("head_kernels") is None:
         from proposers import chain_inputs, head_kernels
 

@@ -374,6 +374,7 @@ def test_the_engine_writes_every_verified_position_into_the_heads_cache(target, 
     assert drafts_seen  # (past the committed pairs: later overwritten, checked above)
 
 
+@pytest.mark.head_kernels  # (the engine end to end through the fused kernels: tests/conftest.py)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_output_with_the_draft_head_equals_hugging_face(target, head_dir, batch):
     prompts = [[5, 17, 3, 60, 22], [8, 8, 9], [30, 31, 32, 33, 30, 31], [40]][:batch]
