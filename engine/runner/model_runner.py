@@ -365,7 +365,8 @@ class ModelRunner:
                             keep_hidden: bool) -> ForwardOutput:
         """A fed step of one token a slot (an overlapped plain step, every slot's token still
         on the device) as :meth:`forward_chains` of width 1: the tokens and their positions go
-        into the layout on the device (one copy: the flight rows, then the positions), the
+        into the layout on the device (one copy: the positions, after the flight rows where
+        the step takes some of the flight's tokens or another order), the
         slots' spare rows are pointed at already, and while the batch stays the layout's
         device copy is the last step's, so the host builds nothing per sequence."""
         n, values = len(slots), fed.values
