@@ -45,6 +45,13 @@ def _head_kernels_where_asked(request, monkeypatch):
 
         monkeypatch.setattr(head_kernels, "_INTERPRETED", False)
         monkeypatch.setattr(chain_inputs, "_INTERPRETED", False)
+    # (likewise the fed chains' layout kernel, a program a sequence: an overlapped batch of
+    # 500 samples took minutes a generate call; tests/engine/runner/test_chain_layout.py
+    # checks the kernel against the reference)
+    if INTERPRETED and request.node.get_closest_marker("layout_kernel") is None:
+        from engine.runner import chain_layout
+
+        monkeypatch.setattr(chain_layout, "_INTERPRETED", False)
 
 
 def tiny_config(family: str, vocab_size: int = 128, num_layers: int = 2, **overrides):

@@ -11,7 +11,7 @@ from engine.runner.chain_layout import write_chains, write_chains_reference
 from engine.runner.step_inputs import LAYOUT_ROWS
 from tests.conftest import DEVICE, needs_triton
 
-pytestmark = needs_triton
+pytestmark = [needs_triton, pytest.mark.layout_kernel]  # (the kernel itself: tests/conftest.py)
 
 BATCH, NUM_NEW, TABLE_WIDTH = 4, 5, 20
 
