@@ -31,7 +31,7 @@ needs_triton = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _head_kernels_where_asked(request, monkeypatch):
+def _interpreted_kernels_where_asked(request, monkeypatch):
     """On CPU the draft head's fused kernels run under Triton's interpreter one program (a row
     and a head) at a time: an engine test drafting with a head took minutes there
     (tests/engine/test_llm_sampling.py's ``eagle-top_k_top_p``: 5:42, against 1.5 s through
