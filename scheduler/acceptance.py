@@ -37,6 +37,7 @@ verified step adds is looked up in a table by its (found, drafted, accepted, bac
 from __future__ import annotations
 
 import math
+from itertools import chain
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -271,12 +272,18 @@ class AcceptanceModel:
     def _codes(self, num_drafted: list[int], num_accepted: list[int],
                num_backed: list[int | None]) -> np.ndarray:
         """``[n]`` each verified step's code in ``_add`` before its proposal's (``found``)
-        part: ``(d * K1 + a) * K1 + b`` (see :meth:`_tables`)."""
+        part: ``(d * K1 + a) * K1 + b`` (see :meth:`_tables`), ``a`` and ``b`` capped at
+        ``d``, a ``b`` of None read as ``d``. In array operations, not a Python loop a step:
+        an overlapped engine's controller codes a batch's few steps at once, every entry on
+        the critical path (docs/design.md, "The speculation controller")."""
         k1 = self.max_k + 1
-        return np.fromiter(((d * k1 + min(a, d)) * k1 + (d if b is None else min(b, d))
-                            for d, a, b in zip(num_drafted, num_accepted, num_backed,
-                                               strict=True)), dtype=np.int64,
-                           count=len(num_drafted))
+        d = np.array(num_drafted, dtype=np.int64)  # [n]
+        a = np.minimum(np.array(num_accepted, dtype=np.int64), d)  # [n]
+        if None in num_backed:  # (None: every draft backed)
+            b = np.array([x if x is not None else k1 for x in num_backed], dtype=np.int64)
+        else:
+            b = np.array(num_backed, dtype=np.int64)
+        return (d * k1 + a) * k1 + np.minimum(b, d)
 
     def update(self, reqs: list[RequestAcceptance], num_drafted: list[int],
                num_accepted: list[int], num_backed: list[int | None],
@@ -347,9 +354,11 @@ class AcceptanceModel:
                     self._record_proposals(*step.proposals)
             return
         k1 = self.max_k + 1
-        rows = np.concatenate([self._live_rows(step.reqs) for step in steps])  # [E]
-        codes = np.concatenate([self._codes(step.drafted, step.accepted, step.backed)
-                                for step in steps])  # [E]
+        # [E] each: every step's entries, in step order (one conversion for all of them)
+        rows = self._live_rows(list(chain.from_iterable(step.reqs for step in steps)))
+        codes = self._codes(list(chain.from_iterable(step.drafted for step in steps)),
+                            list(chain.from_iterable(step.accepted for step in steps)),
+                            list(chain.from_iterable(step.backed for step in steps)))
         if any(step.proposals is not None for step in steps) or (self.found >= 0).any():
             found = np.empty(len(rows), dtype=np.int64)  # [E] (proposals: in step order)
             at = 0

@@ -37,7 +37,21 @@ from scheduler.speculation import (
 )
 from scheduler.tree_gate import TreeGate
 
-LEARN_EVERY = 4  # steps whose outcomes an overlapped engine's controller learns together
+LEARN_EVERY = 4  # steps whose outcomes an overlapped engine's controller learns together ...
+LEARN_EVERY_MOST = 16  # ... up to this many at larger batches (:func:`learn_every`)
+
+
+def learn_every(batch_size: int) -> int:
+    """How many steps' outcomes an overlapped engine's controller learns together at
+    ``batch_size`` sequences: ``LEARN_EVERY``, up to ``LEARN_EVERY_MOST`` from 8 sequences
+    (half the batch). An update's host time is mostly per call (a fixed number of array
+    operations, :meth:`~scheduler.acceptance.AcceptanceModel.update_steps`), and a larger
+    batch's step is the one bound by its host: at batch 32 on the H200, learning every four
+    steps cost 0.14-0.39 ms of a 1.2-1.7 ms chained step (docs/performance.md, "A closed batch
+    of 32, step by step"). Each step of a larger batch also brings more of the samples a
+    decision rests on, so fewer steps make as many (docs/design.md, "The speculation
+    controller")."""
+    return min(LEARN_EVERY_MOST, max(LEARN_EVERY, batch_size // 2))
 
 class SpeculationOptions(Protocol):
     """The knobs of ``engine.config.SpeculativeConfig`` that the controller reads."""
@@ -152,7 +166,7 @@ class GoodputPolicy:
                 and (waiting, self.controller.acceptance.version,
                      self.controller.costs.version) == steady[1:4]):
             # The same sequences as the last full decision, which drafted, and nothing learnt
-            # since (an overlapped engine learns every LEARN_EVERY steps): the same width
+            # since (an overlapped engine learns every learn_every() steps): the same width
             # (each cap is taken fresh by ``DraftPlan.drafts_for``).
             return self.controller.plan_again(len(running), steady[4])
         steered: list[RequestSpeculation] = []
@@ -275,7 +289,7 @@ class GoodputPolicy:
         (``GoodputController.prepare``). A GPU engine calls it while the next step's forward
         runs: a sequence aborted since is skipped. ``defer``: the engine overlaps its steps, so
         the host time here is on the critical path; while drafting, the outcome is kept and
-        learnt with the others every ``LEARN_EVERY`` steps (or when a sequence left), and the
+        learnt with the others every :func:`learn_every` steps (or when a sequence left), and the
         decisions in between repeat the last one (``_width``): a decision then lags a few
         steps, which costs less than the planning it saves (docs/design.md, "The speculation
         controller"). While drafting stopped, plain steps' outcomes wait too (their costs),
@@ -283,7 +297,8 @@ class GoodputPolicy:
         soon as without deferring)."""
         self._pending.append((outcome, self.controller.acceptance.clock))
         probe = not self.controller.drafting and any(outcome.drafted)
-        if defer and not probe and len(self._pending) < LEARN_EVERY and not outcome.finished:
+        if (defer and not probe and len(self._pending) < learn_every(len(outcome.seqs))
+                and not outcome.finished):
             return
         pending, self._pending = self._pending, []
         # (the acceptance of every pending step in one update, then their costs; a sequence

@@ -183,8 +183,12 @@ class StepCostTable:
             self._plain_batches.append(key[1])
             self._nearest.clear()
         bucket = key[1]
-        if key[0] in STEPS and self._drift.get(bucket):
-            ordered = sorted(seconds * self._at_ref(bucket, kv) for _, seconds, kv in samples)
+        drift, ref = self._drift.get(bucket), self._kv_ref.get(bucket)
+        if key[0] in STEPS and drift and ref is not None:
+            # (:meth:`_at_ref` of each sample, the bucket's drift and reference read once: an
+            # overlapped engine records a step's costs on the critical path)
+            exp = math.exp
+            ordered = sorted([seconds * exp(drift * (ref - kv)) for _, seconds, kv in samples])
         else:
             ordered = sorted(seconds for _, seconds, _ in samples)
         answer = ordered[len(ordered) // 4] if len(ordered) >= TRUSTED else ordered[0]

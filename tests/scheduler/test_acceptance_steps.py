@@ -114,3 +114,13 @@ def test_plain_steps_learnt_together_equal_one_at_a_time(waiting):
     for a, b in zip(_state(alone), _state(together), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
     assert (together.version > version) == waiting
+
+
+def test_step_codes_cap_the_accepted_and_backed_drafts_at_the_drafted_ones():
+    """``(d * K1 + min(a, d)) * K1 + min(b, d)`` with ``K1 = max_k + 1``, a ``b`` of None read
+    as ``d`` (every draft backed); worked out by hand for max_k = 3."""
+    model = AcceptanceModel(3)
+    codes = model._codes([2, 3, 0, 1, 3], [5, 1, 0, 0, 3], [None, 0, None, 3, 2])
+    assert codes.tolist() == [(2 * 4 + 2) * 4 + 2, (3 * 4 + 1) * 4 + 0, 0,
+                              (1 * 4 + 0) * 4 + 1, (3 * 4 + 3) * 4 + 2]
+    assert codes.tolist() == [42, 52, 0, 17, 62]

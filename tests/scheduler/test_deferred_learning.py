@@ -8,7 +8,7 @@ from engine.config import SpeculativeConfig
 from engine.sequence import Sequence
 from samplers import SamplingParams
 from scheduler import DraftPlan, StepOutcome, StepTiming, make_controller
-from scheduler.spec_policy import LEARN_EVERY
+from scheduler.spec_policy import LEARN_EVERY, LEARN_EVERY_MOST, learn_every
 
 PARAMS = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
 
@@ -141,3 +141,31 @@ def test_plain_outcomes_wait_while_drafting_stopped_and_a_probe_learns_them_all(
     # learnt immediately (not deferred): each plain outcome at once
     policy.learn(_outcome(seqs, plain, [0, 0], 100), defer=False)
     assert not policy._pending
+
+
+def test_a_larger_batch_learns_more_steps_together_and_the_same():
+    """From 8 sequences the outcomes wait for half the batch's size in steps, at most
+    ``LEARN_EVERY_MOST`` (an update's host time is mostly per call); what is learnt is what
+    learning each step at once teaches."""
+    assert [learn_every(n) for n in (1, 4, 8, 10, 16, 32, 64)] == [
+        LEARN_EVERY, LEARN_EVERY, LEARN_EVERY, 5, 8, LEARN_EVERY_MOST, LEARN_EVERY_MOST]
+    assert LEARN_EVERY_MOST == 16
+    n, steps = 32, 1 + 2 * LEARN_EVERY_MOST
+    alone, widths_alone, _ = _run(False, steps, n=n)
+    together, widths_together, full = _run(True, steps, n=n)
+    a, b = alone.controller, together.controller
+    np.testing.assert_allclose(b.acceptance.counts, a.acceptance.counts, rtol=1e-12)
+    np.testing.assert_allclose(b.acceptance.engine, a.acceptance.engine, rtol=1e-12)
+    assert b.acceptance.stamps.tolist() == a.acceptance.stamps.tolist()
+    assert widths_together == widths_alone == [4] * steps
+    assert full == 2  # (the first step's decision and the one after the first flush, at 16)
+    policy = _policy()
+    seqs = _decoding(policy, n)
+    _measured(policy, n)
+    plan = policy.plan(seqs, False)
+    version = policy.controller.acceptance.version
+    for _ in range(LEARN_EVERY_MOST - 1):
+        policy.learn(_outcome(seqs, plan, [2] * n, 100), defer=True)
+    assert policy.controller.acceptance.version == version  # (15 waiting)
+    policy.learn(_outcome(seqs, plan, [2] * n, 100), defer=True)
+    assert not policy._pending and policy.controller.acceptance.version > version
