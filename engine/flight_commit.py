@@ -17,6 +17,12 @@ check. On this project's 2-core CPU the stop decision of 32 sequences took 23.8 
 numpy against 6.6 µs in Python (256: 126 against 52 µs). Arrays pay only once the per-slot
 state lives in them across steps.
 
+A sequence whose tokens cannot stop it (each before ``min_tokens``, or none a stopping EOS
+and the last within both lengths) appends them at once (``Sequence.extend_tokens``), and a
+drafting flight's metrics are counted in one call (``MetricsCollector.record_request_steps``):
+a batch-32 drafting flight's commit of two drafts a sequence took 267 → 192 µs on this
+project's 2-core CPU (scratch timer, 400 flights).
+
 What it changes is the general commit's, token for token: the same tokens kept, the same finish
 and stop reasons and text, the same counters and metrics, the same cached lengths, the same
 proposer calls (tests/engine/test_flight_commit.py compares the two on random batches).
@@ -62,6 +68,14 @@ def append_tokens(seq: Sequence, tokens: list[int], eos_token_ids: frozenset[int
     if facts is None:  # (stop strings or stop token ids: the general rules)
         return append_until_stop(seq, tokens, eos_token_ids, max_model_len)
     num_output, num_total = len(seq.output_token_ids), len(seq.all_token_ids)
+    n = len(tokens)
+    if num_output + n < facts[0] or (
+            num_output + n < facts[1] and num_total + n < max_model_len
+            and (not facts[2] or eos_token_ids.isdisjoint(tokens))):
+        # (no token can stop it: each is before min_tokens, or none is a stopping EOS and the
+        # last stays within both lengths; fact_stop answers 0 for every one)
+        seq.extend_tokens(tokens)
+        return n
     for count, token in enumerate(tokens, start=1):
         stop = fact_stop(facts, token, num_output + count, num_total + count, eos_token_ids,
                          max_model_len)
@@ -115,6 +129,7 @@ def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: s
     sequence that goes on without the next flight tells the proposer its accepted context
     (``on_accepted(seq_id, num_tokens)``)."""
     done = FlightCommit()
+    accepted_all: list[int] = []  # (each verified sequence's accepted drafts: its metrics)
     for j, (seq, row) in enumerate(zip(seqs, rows, strict=True)):
         if seq.status is FINISHED:  # (aborted in flight: nothing)
             continue
@@ -131,11 +146,15 @@ def commit_chains(seqs: list[Sequence], rows: list[list[int]], k: int, failed: s
             done.num_kept += kept
             done.verified.append((j, accepted))
             account(seq, k, accepted, kept, now)
-            metrics.record_request_step(k, accepted, kept)
+            accepted_all.append(accepted)
         _keep_rows(seq, before, min(accepted, kept), ahead, done)
         if (on_accepted is not None and seq.status is not FINISHED
                 and id(seq) not in ahead):
             on_accepted(seq.seq_id, before + min(accepted, kept))
+    if k:
+        metrics.record_request_steps(k, accepted_all, done.num_kept)
+    else:  # (a flight of no drafts: its tokens as a plain flight's)
+        metrics.record_appended(done.num_kept)
     return done
 
 

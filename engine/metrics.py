@@ -65,6 +65,32 @@ class MetricsCollector:
             if pos < num_accepted:
                 self.accepted_at[pos] += 1
 
+    def record_request_steps(self, num_drafted: int, accepted: list[int],
+                             num_appended: int) -> None:
+        """:meth:`record_request_step` of each of a drafting flight's verified requests, every
+        one with ``num_drafted`` drafts (> 0), ``accepted[i]`` of them accepted; ``num_appended``
+        tokens kept in all. The same counts in one call: a flight's commit is on the critical
+        path of an overlapped step."""
+        n = len(accepted)
+        if not n:
+            return
+        self.num_generated += num_appended
+        self.num_drafted += num_drafted * n
+        total = sum(accepted)
+        self.num_accepted += total
+        self.num_tested += total + sum(a < num_drafted for a in accepted)
+        self.num_spec_request_steps += n
+        self.num_spec_generated += total + n
+        # (position p is drafted by every request and accepted by those that accepted > p)
+        at = [0] * (num_drafted + 1)
+        for a in accepted:
+            at[a] += 1
+        reached = n
+        for pos in range(min(num_drafted, self.max_k)):
+            self.drafted_at[pos] += n
+            reached -= at[pos]
+            self.accepted_at[pos] += reached
+
     def record_appended(self, num_appended: int) -> None:
         """Requests' steps without drafts (a plain flight's: engine.flight_commit), together:
         ``num_appended`` tokens kept."""

@@ -134,6 +134,14 @@ class Sequence:
         if with_text and self.params.detokenize:
             self._untexted.append(token_id)
 
+    def extend_tokens(self, token_ids: list[int]) -> None:
+        """:meth:`append_token` of each of ``token_ids``, with its text (a commit whose tokens
+        cannot stop the sample appends them at once)."""
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+        if self.params.detokenize:
+            self._untexted.extend(token_ids)
+
     def add_logprobs(self, values: torch.Tensor, token_ids: list[int]) -> None:
         """``values [len(token_ids), vocab_size]`` (see :mod:`engine.logprobs`) at the positions
         of the appended ``token_ids``: keeps each one's and the top ``logprobs`` ones."""

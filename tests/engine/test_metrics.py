@@ -29,3 +29,19 @@ def test_collector_snapshot():
     assert s.predicted_speedup == pytest.approx(predicted_speedup(0.8, 3.0, 0.0))
     m.reset()
     assert m.snapshot().num_generated == 0 and m.snapshot().predicted_speedup is None
+
+
+@pytest.mark.parametrize("max_k", [2, 4])
+def test_a_flights_requests_counted_at_once_count_as_one_at_a_time(max_k):
+    """``record_request_steps`` (a drafting flight's commit) against ``record_request_step`` of
+    each request: three drafts each (past ``max_k`` = 2: the positions counted stop there)."""
+    accepted, kept = [0, 3, 1, 3, 2, 0], [1, 4, 2, 2, 3, 1]
+    one, together = MetricsCollector(max_k=max_k), MetricsCollector(max_k=max_k)
+    for a, n in zip(accepted, kept, strict=True):
+        one.record_request_step(3, a, n)
+    together.record_request_steps(3, accepted, sum(kept))
+    assert vars(together) == vars(one)
+    # by hand: position 0 accepted by 4 of 6, position 1 by 3, position 2 by 2
+    assert together.accepted_at[:3] == [4, 3, 2][:max_k]
+    assert together.drafted_at[:3] == [6, 6, 6][:max_k]
+    assert (together.num_tested, together.num_spec_generated) == (9 + 4, 9 + 6)
