@@ -56,6 +56,7 @@ from engine.runner.fused_ops import (
     fused_active,
     runs_here,
 )
+from engine.runner.gemv import module_product
 
 __all__ = ["add_rms_norm", "add_rms_norm_reference", "install_fused_attention",
            "install_fused_layers"]
@@ -215,7 +216,7 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, *args,
                                   dropout=0.0 if not self.training else self.attention_dropout,
                                   scaling=self.scaling, **kwargs)
     attended = attended.reshape(*input_shape, -1).contiguous()
-    return self.o_proj(attended), weights
+    return module_product(self.o_proj, attended), weights  # (engine/runner/gemv.py)
 
 
 def _is_llama_attention(module: nn.Module) -> bool:

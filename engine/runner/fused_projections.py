@@ -40,6 +40,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from engine.runner.fused_ops import projections_active, runs_here, silu_mul
+from engine.runner.gemv import linear, module_product
 
 __all__ = ["install_fused_projections", "remove_fused_projections"]
 
@@ -72,7 +73,7 @@ class Stacked:
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` times the stacked weight: ``[..., sum(sizes)]``."""
-        return nn.functional.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)  # (a few rows: engine/runner/gemv.py)
 
 
 def _stackable(linears: list[object]) -> bool:
@@ -104,7 +105,7 @@ def _stack(linears: tuple[nn.Linear, ...]) -> Stacked:
 def _fused_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     group: Stacked = getattr(self, _GROUP)
     if projections_active() and group.intact() and runs_here(x, group.weight):
-        return self.down_proj(silu_mul(group.product(x)))  # [..., hidden]
+        return module_product(self.down_proj, silu_mul(group.product(x)))  # [..., hidden]
     return type(self).forward(self, x)
 
 
