@@ -19,9 +19,8 @@ state lives in them across steps.
 
 A sequence whose tokens cannot stop it (each before ``min_tokens``, or none a stopping EOS
 and the last within both lengths) appends them at once (``Sequence.extend_tokens``), and a
-drafting flight's metrics are counted in one call (``MetricsCollector.record_request_steps``):
-a batch-32 drafting flight's commit of two drafts a sequence took 267 → 192 µs on this
-project's 2-core CPU (scratch timer, 400 flights).
+drafting flight's metrics are counted in one call (``MetricsCollector.record_request_steps``)
+(docs/design.md, "Measured reasons behind the runner's choices").
 
 What it changes is the general commit's, token for token: the same tokens kept, the same finish
 and stop reasons and text, the same counters and metrics, the same cached lengths, the same

@@ -46,9 +46,8 @@ def learn_every(batch_size: int) -> int:
     ``batch_size`` sequences: ``LEARN_EVERY``, up to ``LEARN_EVERY_MOST`` from 8 sequences
     (half the batch). An update's host time is mostly per call (a fixed number of array
     operations, :meth:`~scheduler.acceptance.AcceptanceModel.update_steps`), and a larger
-    batch's step is the one bound by its host: at batch 32 on the H200, learning every four
-    steps cost 0.14-0.39 ms of a 1.2-1.7 ms chained step (docs/performance.md, "A closed batch
-    of 32, step by step"). Each step of a larger batch also brings more of the samples a
+    batch's step is the one bound by its host, where learning every four steps was a tenth to
+    a fifth of a chained step. Each step of a larger batch also brings more of the samples a
     decision rests on, so fewer steps make as many (docs/design.md, "The speculation
     controller")."""
     return min(LEARN_EVERY_MOST, max(LEARN_EVERY, batch_size // 2))

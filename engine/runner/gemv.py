@@ -1,27 +1,22 @@
 """Matrix products of one row (a batch-1 decode step), or a few rows of a small weight, in one
 Triton launch of many small programs, instead of cuBLAS.
 
-Why. A decode step of the default model at batch 1 is bound by its kernels, and its four matrix
+Why. A decode step of a small model at batch 1 is bound by its kernels, and its four matrix
 products a layer (stacked q/k/v, the attention's output, stacked gate/up, down) are most of
-their time. Timed in one CUDA graph of 30 layers' distinct weights (read from memory, not the
-L2), one row, bf16, H200 (scratch probe): cuBLAS took 3.74 / 3.16 / 4.09 / 5.16 µs a call for
-the default model's four shapes, this kernel 1.94 / 1.71 / 3.04 / 2.37. cuBLAS tiles for many
-rows; one row is a matrix-vector product bound by how many weight bytes are in flight, so here
-each program reads two weight rows whole (up to 2,048 columns in one load, a loop past that)
-and every program's loads go out at once. End to end (``decode_limit``, batch 1, 256 tokens):
-the default model's shape 972-978 -> 1,227-1,230 tokens/s, the 1B LLaMA's 872 -> 995, the
-8B's 211 -> 222 (docs/performance.md, "Plain decoding against the hardware").
+their time. cuBLAS tiles for many rows; one row is a matrix-vector product bound by how many
+weight bytes are in flight, so here each program reads two weight rows whole (up to 2,048
+columns in one load, a loop past that) and every program's loads go out at once: about half
+cuBLAS's time a product for the default model's weights, and a batch-1 step 1.26x as fast
+(docs/design.md, "Measured reasons behind the runner's choices").
 
 What. ``linear(x, weight, bias)`` is ``torch.nn.functional.linear`` for ``x [..., K]`` and a
 contiguous ``weight [N, K]``; it takes this kernel where ``x`` holds one row of bf16 or fp16 on
 CUDA (the weight's dtype too) and there is no bias, or up to ``GEMV_MAX_ROWS`` rows of a weight
 of at most ``GEMV_MANY_ROWS_ELEMENTS`` elements; cuBLAS otherwise. Each row is a pass of its
-own over the weight (the same bits at any row count), so the time grows with the rows: at 2-4
-rows the kernel stayed ahead for weights of at most 0.9 M elements (576 x 1536: 2.69 / 3.10 /
-3.65 µs against cuBLAS's 4.50 / 4.82 / 4.45) and fell behind for larger ones (3072 x 576 at 3
-rows 5.34 against 4.15; the 1B's 16384 x 2048 at 2 rows 26.4 against 17.8). An output is the
-float32 sum of the row's products rounded once to the dtype, as cuBLAS rounds (in another
-order: the last bit may differ). Only inside a runner forward with stacked products
+own over the weight (the same bits at any row count), so the time grows with the rows: past one
+row the kernel stays ahead of cuBLAS only for small weights (the same measurements). An output
+is the float32 sum of the row's products rounded once to the dtype, as cuBLAS rounds (in
+another order: the last bit may differ). Only inside a runner forward with stacked products
 (:func:`engine.runner.fused_ops.projections_active`), which deterministic mode and tensor
 parallelism leave off. :func:`gemv_reference` is the kernel's check under the interpreter.
 """
