@@ -52,6 +52,7 @@ def learn_every(batch_size: int) -> int:
     controller")."""
     return min(LEARN_EVERY_MOST, max(LEARN_EVERY, batch_size // 2))
 
+
 class SpeculationOptions(Protocol):
     """The knobs of ``engine.config.SpeculativeConfig`` that the controller reads."""
 

@@ -31,7 +31,8 @@ from torch.distributed.tensor import DTensor
 
 from engine.runner.fused_ops import _INTERPRETED, _on, projections_active
 
-__all__ = ["GEMV_MAX_ROWS", "gemv", "gemv_reference", "linear", "module_product"]
+__all__ = ["GEMV_MANY_ROWS_ELEMENTS", "GEMV_MAX_ROWS", "gemv", "gemv_reference", "linear",
+           "module_product"]
 
 GEMV_MAX_ROWS = 4  # rows the kernel takes ...
 GEMV_MANY_ROWS_ELEMENTS = 1 << 20  # ... past one row only for weights of at most this many
