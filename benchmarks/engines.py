@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import time
 from typing import Any
 
 import torch
@@ -63,12 +64,41 @@ def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int
     return [row[width:].tolist() for row in out]  # [batch, max_tokens] each
 
 
-def graph_stats(llm: Any) -> tuple[int, float]:
-    """(graphs captured, seconds spent capturing) so far by the engine's runners (the target's
-    and a draft's), (0, 0.0) without CUDA graphs."""
-    runners = [llm.engine.runner, getattr(llm.engine.proposer, "runner", None)]
-    graphs = [r.graphs for r in runners if r is not None and r.graphs is not None]
-    return sum(g.num_graphs for g in graphs), sum(g.capture_seconds for g in graphs)
+_CAPTURES = [0, 0.0, None]  # graphs captured in this process, their seconds, the open one's start
+
+
+def _count_captures() -> None:
+    """Count every CUDA graph capture of the process from now on (``torch.cuda.CUDAGraph``'s
+    ``capture_begin`` / ``capture_end`` wrapped once): the runner's, the draft head's, the
+    device n-gram proposer's and the samplers' graphs alike."""
+    cls = torch.cuda.CUDAGraph
+    if getattr(cls, "_counted_by_benchmarks", False):
+        return
+    begin, end = cls.capture_begin, cls.capture_end
+
+    def capture_begin(self, *args, **kwargs):
+        _CAPTURES[2] = time.perf_counter()
+        return begin(self, *args, **kwargs)
+
+    def capture_end(self, *args, **kwargs):
+        try:
+            return end(self, *args, **kwargs)
+        finally:
+            _CAPTURES[0] += 1
+            if _CAPTURES[2] is not None:
+                _CAPTURES[1] += time.perf_counter() - _CAPTURES[2]
+                _CAPTURES[2] = None
+
+    cls.capture_begin, cls.capture_end = capture_begin, capture_end
+    cls._counted_by_benchmarks = True
+
+
+def graph_captures() -> tuple[int, float]:
+    """(graphs captured, seconds spent capturing) so far in this process, by every part of
+    every engine, counted from the first call on ((0, 0.0) without CUDA)."""
+    if torch.cuda.is_available():
+        _count_captures()
+    return _CAPTURES[0], _CAPTURES[1]
 
 
 def controller_state(llm: Any, batch: int) -> dict | None:

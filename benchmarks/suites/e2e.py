@@ -30,7 +30,7 @@ from benchmarks import models
 from benchmarks.engines import (
     controller_state,
     engine_generate,
-    graph_stats,
+    graph_captures,
     hf_generate,
     speculative_config,
 )
@@ -188,23 +188,28 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
     for llm in llms.values():  # the engines' concurrency: b (they are built for the largest)
         llm.engine.scheduler.max_num_seqs = b
     systems = systems_for(args, llms, model, pad_id, kind, b, device)
-    # Untimed warm-up of every system at this batch size (allocator growth, kernels compiled
-    # for its shapes, the engine's CUDA graphs: a bucket is captured on its second step), so
-    # that no system pays those costs inside a timed run; captures that still happen there are
-    # counted (graph_captures, capture_seconds).
-    for _ in range(args.warmup_rounds):  # (a whole group: waves meet prefill shapes of theirs)
-        for _, generate in systems.values():
-            timed(partial(generate, prompts[:group_size]), device)
+    # Untimed warm-up of every system on every group it is timed on (allocator growth, kernels
+    # compiled for their shapes, every CUDA graph their steps meet: the runner's by context
+    # bucket, the draft head's, the device proposers'), so that no system pays those costs
+    # inside a timed run; captures that still happen there are counted (graph_captures,
+    # capture_seconds: every capture of the process while that system ran).
+    for _ in range(args.warmup_rounds):
+        for start in range(0, len(prompts), group_size):
+            for _, generate in systems.values():
+                timed(partial(generate, prompts[start:start + group_size]), device)
     for llm in llms.values():
         llm.reset_metrics()
-    graphs_before = {method: graph_stats(llm) for method, llm in llms.items()}
     for _ in range(args.repeats):
         for start in range(0, len(prompts), group_size):
             group = prompts[start:start + group_size]
             for run, generate in systems.values():
+                before = graph_captures()
                 run.add(*timed(partial(generate, group), device))
+                count, seconds = graph_captures()
+                run.graph_captures += count - before[0]
+                run.capture_seconds += seconds - before[1]
     for method, llm in llms.items():
-        note_engine(systems[method][0], llm, graphs_before[method], b)
+        note_engine(systems[method][0], llm, b)
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
                     if run.graph_captures else "")
@@ -215,10 +220,8 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
     return [run for run, _ in systems.values()]
 
 
-def note_engine(run: RunResult, llm: LLM, graphs_before: tuple[int, float], b: int) -> None:
-    """The engine's graph captures during the timed runs, acceptance and controller state."""
-    count, seconds = graph_stats(llm)
-    run.graph_captures, run.capture_seconds = count - graphs_before[0], seconds - graphs_before[1]
+def note_engine(run: RunResult, llm: LLM, b: int) -> None:
+    """The engine's steps, acceptance and controller state over the timed runs."""
     metrics = llm.get_metrics()
     run.engine_steps, run.step_seconds = metrics.num_steps, round(metrics.elapsed_s, 4)
     if run.method in ("none", "eager"):

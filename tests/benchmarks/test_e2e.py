@@ -3,6 +3,7 @@
 import sys
 
 import pytest
+import torch
 
 from tests.benchmarks.suite_helpers import run_suite
 
@@ -135,3 +136,33 @@ def test_e2e_runs_an_eagle3_head_and_needs_its_directory(tiny_dir, tmp_path):
     with pytest.raises(SystemExit, match="--eagle3-head"):
         run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--methods",
                   "eagle3")
+
+
+def test_graph_captures_counts_every_capture_of_the_process(monkeypatch):
+    """Every ``torch.cuda.CUDAGraph`` capture counts, whoever makes it (a stand-in graph class
+    here: no GPU on CI), and only from the first call on."""
+    import benchmarks.engines as engines
+
+    class FakeGraph:
+        def capture_begin(self, *args, **kwargs):
+            pass
+
+        def capture_end(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(engines, "_CAPTURES", [0, 0.0, None])
+    graph = FakeGraph()
+    graph.capture_begin()  # (before counting began: not counted)
+    graph.capture_end()
+    assert engines.graph_captures() == (0, 0.0)
+    for _ in range(3):
+        graph.capture_begin(pool=None)
+        graph.capture_end()
+    count, seconds = engines.graph_captures()
+    assert count == 3 and seconds >= 0.0
+    engines.graph_captures()  # (counting is set up once: a second call wraps nothing again)
+    graph.capture_begin()
+    graph.capture_end()
+    assert engines.graph_captures()[0] == 4

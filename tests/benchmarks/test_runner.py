@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from tests.benchmarks.suite_helpers import run_suite
 
 ONE_STEP = ("--model", "random-llama-tiny", "--device", "cpu", "--warmup", "1", "--iters", "1")
@@ -55,3 +58,10 @@ def test_vs_hf_times_decode_and_verify_steps_of_both(tmp_path):
     # (batch 1 under the profiler: each system's decode and verify step, their host ops)
     assert len(record.summary["profile"]) == 4
     assert "== runner decode" in (tmp_path / "profile.txt").read_text()
+
+
+def test_products_needs_cuda_and_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the suite runs (timed on the device, not tested here)")
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        run_suite("runner", "products", "--rows", "1")
