@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import torch
+import triton
 
 from samplers.sampling_params import SamplingParams
 from scheduler import GoodputPolicy
@@ -65,6 +66,7 @@ def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int
 
 
 _CAPTURES = [0, 0.0, None]  # graphs captured in this process, their seconds, the open one's start
+_COMPILES = [0, 0.0, None]  # Triton kernels compiled (or loaded from its disk cache), likewise
 
 
 def _count_captures() -> None:
@@ -84,21 +86,49 @@ def _count_captures() -> None:
         try:
             return end(self, *args, **kwargs)
         finally:
-            _CAPTURES[0] += 1
-            if _CAPTURES[2] is not None:
-                _CAPTURES[1] += time.perf_counter() - _CAPTURES[2]
-                _CAPTURES[2] = None
+            _stop(_CAPTURES)
 
     cls.capture_begin, cls.capture_end = capture_begin, capture_end
     cls._counted_by_benchmarks = True
 
 
-def graph_captures() -> tuple[int, float]:
-    """(graphs captured, seconds spent capturing) so far in this process, by every part of
-    every engine, counted from the first call on ((0, 0.0) without CUDA)."""
+def _count_compiles() -> None:
+    """Count every Triton kernel the process compiles (or loads from Triton's disk cache) from
+    now on, through Triton's JIT hooks (chained to any set before); nothing where this Triton
+    has no such hooks."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or getattr(runtime, "_counted_by_benchmarks", False):
+        return
+    before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+
+    def cache_hook(*args, **kwargs):
+        _COMPILES[2] = time.perf_counter()
+        return before(*args, **kwargs) if before is not None else None
+
+    def post_compile_hook(*args, **kwargs):
+        _stop(_COMPILES)
+        return after(*args, **kwargs) if after is not None else None
+
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = cache_hook, post_compile_hook
+    runtime._counted_by_benchmarks = True
+
+
+def _stop(counter: list) -> None:
+    """One more of ``counter``'s events ended now: counted, with its seconds since its start."""
+    counter[0] += 1
+    if counter[2] is not None:
+        counter[1] += time.perf_counter() - counter[2]
+        counter[2] = None
+
+
+def one_off_costs() -> tuple[int, float, int, float]:
+    """(CUDA graphs captured, seconds capturing, Triton kernels compiled, seconds compiling) so
+    far in this process, by every part of every engine, counted from the first call on (no
+    graphs without CUDA)."""
     if torch.cuda.is_available():
         _count_captures()
-    return _CAPTURES[0], _CAPTURES[1]
+    _count_compiles()
+    return _CAPTURES[0], _CAPTURES[1], _COMPILES[0], _COMPILES[1]
 
 
 def controller_state(llm: Any, batch: int) -> dict | None:

@@ -30,8 +30,8 @@ from benchmarks import models
 from benchmarks.engines import (
     controller_state,
     engine_generate,
-    graph_captures,
     hf_generate,
+    one_off_costs,
     speculative_config,
 )
 from benchmarks.record import Result
@@ -191,8 +191,9 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
     # Untimed warm-up of every system on every group it is timed on (allocator growth, kernels
     # compiled for their shapes, every CUDA graph their steps meet: the runner's by context
     # bucket, the draft head's, the device proposers'), so that no system pays those costs
-    # inside a timed run; captures that still happen there are counted (graph_captures,
-    # capture_seconds: every capture of the process while that system ran).
+    # inside a timed run; captures and Triton compiles that still happen there are counted
+    # (graph_captures, triton_compiles and their seconds: every one of the process while that
+    # system ran).
     for _ in range(args.warmup_rounds):
         for start in range(0, len(prompts), group_size):
             for _, generate in systems.values():
@@ -203,16 +204,20 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
         for start in range(0, len(prompts), group_size):
             group = prompts[start:start + group_size]
             for run, generate in systems.values():
-                before = graph_captures()
+                before = one_off_costs()
                 run.add(*timed(partial(generate, group), device))
-                count, seconds = graph_captures()
-                run.graph_captures += count - before[0]
-                run.capture_seconds += seconds - before[1]
+                after = one_off_costs()
+                run.graph_captures += after[0] - before[0]
+                run.capture_seconds += after[1] - before[1]
+                run.triton_compiles += after[2] - before[2]
+                run.compile_seconds += after[3] - before[3]
     for method, llm in llms.items():
         note_engine(systems[method][0], llm, b)
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
                     if run.graph_captures else "")
+        if run.triton_compiles:
+            captures += f" ({run.triton_compiles} Triton compiles, {run.compile_seconds:.2f} s)"
         if run.steal is not None:
             captures += f" (steal {run.steal:.0%})"
         print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s{captures}",

@@ -4,7 +4,10 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+import benchmarks.engines as engines
 from tests.benchmarks.suite_helpers import run_suite
 
 
@@ -138,11 +141,9 @@ def test_e2e_runs_an_eagle3_head_and_needs_its_directory(tiny_dir, tmp_path):
                   "eagle3")
 
 
-def test_graph_captures_counts_every_capture_of_the_process(monkeypatch):
+def test_one_off_costs_count_every_graph_capture_of_the_process(monkeypatch):
     """Every ``torch.cuda.CUDAGraph`` capture counts, whoever makes it (a stand-in graph class
     here: no GPU on CI), and only from the first call on."""
-    import benchmarks.engines as engines
-
     class FakeGraph:
         def capture_begin(self, *args, **kwargs):
             pass
@@ -156,13 +157,31 @@ def test_graph_captures_counts_every_capture_of_the_process(monkeypatch):
     graph = FakeGraph()
     graph.capture_begin()  # (before counting began: not counted)
     graph.capture_end()
-    assert engines.graph_captures() == (0, 0.0)
+    assert engines.one_off_costs()[:2] == (0, 0.0)
     for _ in range(3):
         graph.capture_begin(pool=None)
         graph.capture_end()
-    count, seconds = engines.graph_captures()
+    count, seconds = engines.one_off_costs()[:2]
     assert count == 3 and seconds >= 0.0
-    engines.graph_captures()  # (counting is set up once: a second call wraps nothing again)
+    engines.one_off_costs()  # (counting is set up once: a second call wraps nothing again)
     graph.capture_begin()
     graph.capture_end()
-    assert engines.graph_captures()[0] == 4
+    assert engines.one_off_costs()[0] == 4
+
+
+def test_one_off_costs_count_triton_compiles():
+    """A Triton kernel compiled for new arguments counts once (under the interpreter here,
+    which compiles nothing: then the count must stay, not fail)."""
+    @triton.jit
+    def _double(x_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+    before = engines.one_off_costs()
+    if not torch.cuda.is_available():
+        assert engines.one_off_costs()[2:] == before[2:]
+        return
+    x = torch.ones(8, device="cuda")
+    _double[(1,)](x, 8, BLOCK=8)
+    _double[(1,)](x, 8, BLOCK=8)  # (compiled already)
+    assert engines.one_off_costs()[2] == before[2] + 1
