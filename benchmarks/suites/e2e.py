@@ -28,6 +28,7 @@ import torch
 
 from benchmarks import models
 from benchmarks.engines import (
+    COMPILED,
     controller_state,
     engine_generate,
     hf_generate,
@@ -204,20 +205,22 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
         for start in range(0, len(prompts), group_size):
             group = prompts[start:start + group_size]
             for run, generate in systems.values():
-                before = one_off_costs()
+                before, compiled = one_off_costs(), len(COMPILED)
                 run.add(*timed(partial(generate, group), device))
                 after = one_off_costs()
                 run.graph_captures += after[0] - before[0]
                 run.capture_seconds += after[1] - before[1]
                 run.triton_compiles += after[2] - before[2]
                 run.compile_seconds += after[3] - before[3]
+                run.compiled_kernels += COMPILED[compiled:]
     for method, llm in llms.items():
         note_engine(systems[method][0], llm, b)
     for run, _ in systems.values():
         captures = (f" ({run.graph_captures} graph captures, {run.capture_seconds:.2f} s)"
                     if run.graph_captures else "")
         if run.triton_compiles:
-            captures += f" ({run.triton_compiles} Triton compiles, {run.compile_seconds:.2f} s)"
+            captures += (f" ({run.triton_compiles} Triton compiles, {run.compile_seconds:.2f} s:"
+                         f" {'; '.join(run.compiled_kernels)})")
         if run.steal is not None:
             captures += f" (steal {run.steal:.0%})"
         print(f"  {kind} b={b} {run.name}: {run.tokens_per_s:.1f} tok/s{captures}",

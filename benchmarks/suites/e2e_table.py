@@ -28,6 +28,7 @@ class RunResult:
     capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
     triton_compiles: int = 0      # Triton kernels compiled (or loaded from disk) inside them
     compile_seconds: float = 0.0  # host time those took (part of ``seconds``)
+    compiled_kernels: list[str] = field(default_factory=list)  # their signatures
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     # (stolen, all) CPU ticks of the machine during the timed runs; None off Linux
     cpu_ticks: tuple[int, int] | None = field(default=None, repr=False)
