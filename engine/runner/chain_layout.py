@@ -35,7 +35,12 @@ from engine.runner.step_inputs import LAYOUT_ROWS
 __all__ = ["write_chains", "write_chains_reference"]
 
 
-@triton.jit
+# (one compiled kernel for every step: its integers change from step to step, and a launch
+# outside any CUDA graph that met a new specialisation of one compiled again, about 0.05-0.1 s
+# on the H200's host, inside a request's decoding; docs/performance.md, "One-off costs inside
+# timed runs")
+@triton.jit(do_not_specialize=["tokens_stride", "part", "slots_at", "num_new", "width",
+                               "table_width"])
 def _chain_layout_kernel(layout_ptr, tokens_ptr, base_ptr, table_ptr, tokens_stride, part,
                          slots_at, num_new, width, table_width, BLOCK: tl.constexpr):
     """Chain ``b``'s row of every layout part (``part``: a part's length, ``batch_size *
@@ -58,6 +63,9 @@ def _chain_layout_kernel(layout_ptr, tokens_ptr, base_ptr, table_ptr, tokens_str
     tl.store(layout_ptr + 4 * part + row, positions, mask=columns)
 
 
+_MIN_BLOCK = 8  # columns a program covers at least: one compiled kernel for chains up to 8 wide
+
+
 def write_chains(layout: torch.Tensor, batch_size: int, num_new: int, tokens: torch.Tensor,
                  base: torch.Tensor, slot_table: torch.Tensor) -> None:
     """Write chains ``tokens`` (int64 ``[n, width]``, ``width <= num_new``, ``n <=
@@ -76,7 +84,8 @@ def write_chains(layout: torch.Tensor, batch_size: int, num_new: int, tokens: to
     with _on(layout):
         _chain_layout_kernel[(n,)](layout, tokens, base.contiguous(), slot_table,
                                    tokens.stride(0), part, LAYOUT_ROWS * part, num_new, width,
-                                   slot_table.shape[1], BLOCK=triton.next_power_of_2(num_new))
+                                   slot_table.shape[1],
+                                   BLOCK=max(_MIN_BLOCK, triton.next_power_of_2(num_new)))
 
 
 def write_chains_reference(layout: torch.Tensor, batch_size: int, num_new: int,
