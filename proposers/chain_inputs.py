@@ -35,7 +35,10 @@ __all__ = ["chain_inputs", "chain_inputs_reference"]
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
 
-@triton.jit
+# (one compiled kernel for every step: a new specialisation of a step's integers compiled again
+# inside decoding, 0.09-0.10 s on the H200: docs/performance.md, "One-off costs inside timed
+# runs")
+@triton.jit(do_not_specialize=["tokens_stride", "batch", "width", "rows", "padded"])
 def _chain_inputs_kernel(tokens_ptr, tokens_stride, accepted_ptr, base_ptr, slots_ptr, out_ptr,
                          batch, width, rows, padded, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # a pair row

@@ -40,7 +40,7 @@ __all__ = ["accept_chains", "accept_chains_reference"]
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU tensors too)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["drafts_stride", "width"])  # (one kernel for every step)
 def _accept_kernel(argmax_ptr, drafts_ptr, drafts_stride, base_ptr, tokens_ptr, accepted_ptr,
                    last_ptr, next_base_ptr, width, vocab_size, INVALID: tl.constexpr,
                    PLACEHOLDER: tl.constexpr, BLOCK: tl.constexpr):
