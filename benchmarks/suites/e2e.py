@@ -202,6 +202,7 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
     for llm in llms.values():
         llm.reset_metrics()
     for _ in range(args.repeats):
+        began = {name: run.seconds for name, (run, _) in systems.items()}
         for start in range(0, len(prompts), group_size):
             group = prompts[start:start + group_size]
             for run, generate in systems.values():
@@ -213,6 +214,8 @@ def measure(args, llms: dict, model, pad_id: int, kind: str, b: int,
                 run.triton_compiles += after[2] - before[2]
                 run.compile_seconds += after[3] - before[3]
                 run.compiled_kernels += COMPILED[compiled:]
+        for name, (run, _) in systems.items():
+            run.round_seconds.append(run.seconds - began[name])
     for method, llm in llms.items():
         note_engine(systems[method][0], llm, b)
     for run, _ in systems.values():

@@ -29,6 +29,8 @@ class RunResult:
     triton_compiles: int = 0      # Triton kernels compiled (or loaded from disk) inside them
     compile_seconds: float = 0.0  # host time those took (part of ``seconds``)
     compiled_kernels: list[str] = field(default_factory=list)  # their signatures
+    # seconds of each timed round (``--repeats``: every group once a round), in order
+    round_seconds: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
     # (stolen, all) CPU ticks of the machine during the timed runs; None off Linux
     cpu_ticks: tuple[int, int] | None = field(default=None, repr=False)
@@ -84,17 +86,26 @@ def _fmt(value: float | None, width: int) -> str:
     return format("-" if value is None else format(value, ".2f"), f">{width}")
 
 
+def _round_ratios(run: RunResult, base: RunResult | None) -> list[float]:
+    """``run``'s tokens/s over ``base``'s in each timed round (both decode the same tokens a
+    round, taking turns group by group): the spread of the run's ratio."""
+    if base is None or len(base.round_seconds) != len(run.round_seconds):
+        return []
+    return [b / r for r, b in zip(run.round_seconds, base.round_seconds, strict=True) if r > 0]
+
+
 def rows_of(results: list[RunResult]) -> list[dict]:
-    """One row per run: its record (no outputs, no tick counts: the steal share) and its ratios
-    to the engine without speculation and to HF generate in the same run."""
+    """One row per run: its record (no outputs, no tick counts: the steal share), its ratios
+    to the engine without speculation and to HF generate in the same run, and the first of
+    those in each timed round."""
     rows = []
     for r in results:
         hf_none = _find(results, "hf:none", r.kind, r.batch_size)
+        engine_none = _find(results, "engine:none", r.kind, r.batch_size)
         fields = {k: v for k, v in asdict(r).items() if k not in ("outputs", "cpu_ticks")}
         rows.append({**fields, "system": r.name, "tokens_per_s": r.tokens_per_s,
-                     "steal": r.steal,
-                     "vs_engine_none": _ratio(r, _find(results, "engine:none", r.kind,
-                                                       r.batch_size)),
+                     "steal": r.steal, "vs_engine_none": _ratio(r, engine_none),
+                     "vs_engine_none_rounds": _round_ratios(r, engine_none),
                      "vs_hf_none": _ratio(r, hf_none), "same_as_hf": _same_fraction(r, hf_none)})
     return rows
 
@@ -109,10 +120,16 @@ def print_table(rows: list[dict]) -> None:
               f"{r['num_tokens']:>6} {r['seconds']:>7.2f} {r['tokens_per_s']:>8.1f} "
               f"{_fmt(r['vs_engine_none'], 7)} {_fmt(r['vs_hf_none'], 6)} "
               f"{_fmt(r['acceptance_rate'], 6)} {_fmt(r['mean_accepted_length'], 5)} "
-              f"{_fmt(r['same_as_hf'], 5)}")
+              f"{_fmt(r['same_as_hf'], 5)}{_spread(r['vs_engine_none_rounds'])}")
     print("vs eng / vs HF: tokens/s over the engine without speculation / over HF generate, same "
           "prompts and batch; accept: acceptance rate; len: mean accepted length (tokens per "
-          "step); =HF: share of prompts whose greedy tokens equal HF generate's.")
+          "step); =HF: share of prompts whose greedy tokens equal HF generate's; rounds: the "
+          "least and most vs eng of the timed rounds (--repeats).")
+
+
+def _spread(ratios: list[float]) -> str:
+    """The rounds' least and most ratio, where there were two rounds or more."""
+    return f"  rounds {min(ratios):.2f}-{max(ratios):.2f}" if len(ratios) > 1 else ""
 
 
 def print_positions(rows: list[dict]) -> None:

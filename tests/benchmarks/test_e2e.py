@@ -185,3 +185,22 @@ def test_one_off_costs_count_triton_compiles():
     _double[(1,)](x, 8, BLOCK=8)
     _double[(1,)](x, 8, BLOCK=8)  # (compiled already)
     assert engines.one_off_costs()[2] == before[2] + 1
+
+
+def test_e2e_reports_each_rounds_ratio(tiny_dir, capsys):
+    """With ``--repeats 2`` every run keeps each round's seconds (their sum its seconds), and a
+    row's per-round ratios are the engine without speculation's round seconds over its own."""
+    record = run_suite("e2e", "--model", tiny_dir, "--device", "cpu", "--quick", "--kinds",
+                       "copy", "--batch-sizes", "2", "--methods", "ngram", "--no-hf",
+                       "--repeats", "2")
+    rows = {r["system"]: r for r in record.rows}
+    base, ngram = rows["engine:none"], rows["engine:ngram"]
+    for row in (base, ngram):
+        assert len(row["round_seconds"]) == 2
+        assert sum(row["round_seconds"]) == pytest.approx(row["seconds"])
+    assert base["vs_engine_none_rounds"] == pytest.approx([1.0, 1.0])
+    want = [b / s for b, s in zip(base["round_seconds"], ngram["round_seconds"], strict=True)]
+    assert ngram["vs_engine_none_rounds"] == pytest.approx(want)
+    assert min(want) <= ngram["vs_engine_none"] * (1 + 1e-9) and \
+        ngram["vs_engine_none"] <= max(want) * (1 + 1e-9)
+    assert "rounds " in capsys.readouterr().out
