@@ -40,14 +40,15 @@ _BLOCK_N = 2  # weight rows a program (the probe's fastest at every shape)
 _MAX_BLOCK_K = 2048  # columns a load
 
 
-# (the rows and strides not specialised: one compiled kernel a weight shape, whatever rows a
-# step brings; each new row count compiled again, about 0.05-0.1 s, inside a request's
-# decoding where a step first verified that many tokens: docs/performance.md, "One-off costs
-# inside timed runs")
-@triton.jit(do_not_specialize=["x_stride", "y_stride", "rows"])
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_out, n_in, x_stride, y_stride, rows,
+# (the rows a compile-time constant, the strides specialised: each row count of a weight shape
+# compiles once, 0.05-0.1 s, where a step first verifies that many tokens. Made run-time
+# values they stopped those compiles, and the H200's batch-1 plain decoding read about 6% slower
+# in that call (one fresh machine each side, not separable from lease noise): kept as measured;
+# docs/performance.md, "One-off costs inside timed runs")
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_out, n_in, x_stride, y_stride, ROWS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Outputs ``[rows, BLOCK_N]`` of weight rows ``pid * BLOCK_N ...``: ``y[m, n] = sum_k
+    """Outputs ``[ROWS, BLOCK_N]`` of weight rows ``pid * BLOCK_N ...``: ``y[m, n] = sum_k
     x[m, k] * w[n, k]`` in float32. Each row is its own pass over the weight tile (the rows
     after the first read it from the cache), so a row's sum is the same code, and the same
     bits, at any row count."""
@@ -55,7 +56,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_out, n_in, x_stride, y_stride, rows,
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     k = tl.arange(0, BLOCK_K)
     live_n = n < n_out
-    for m in range(rows):
+    for m in tl.static_range(ROWS):
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, n_in, BLOCK_K):
             live_k = k0 + k < n_in
@@ -81,7 +82,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     with _on(x):
         _gemv_kernel[(triton.cdiv(n_out, _BLOCK_N),)](
             rows, weight, out, n_out, n_in, rows.stride(0), out.stride(0),
-            m, BLOCK_N=_BLOCK_N,
+            ROWS=m, BLOCK_N=_BLOCK_N,
             BLOCK_K=min(triton.next_power_of_2(n_in), _MAX_BLOCK_K), num_warps=4)
     return out.view(*x.shape[:-1], n_out)
 
