@@ -67,7 +67,7 @@ def hf_generate(model: Any, group: list[list[int]], pad_id: int, max_tokens: int
 
 _CAPTURES = [0, 0.0, None]  # graphs captured in this process, their seconds, the open one's start
 _COMPILES = [0, 0.0, None]  # Triton kernels compiled (or loaded from its disk cache), likewise
-COMPILED: list[str] = []  # each such kernel's name and arguments' types, in order
+COMPILED: list[str] = []  # each such kernel's name, in order
 
 
 def _count_captures() -> None:
@@ -95,7 +95,7 @@ def _count_captures() -> None:
 
 def _count_compiles() -> None:
     """Count every Triton kernel the process compiles (or loads from Triton's disk cache) from
-    now on, through Triton's JIT hooks (chained to any set before), its signature listed in
+    now on, through Triton's JIT hooks (chained to any set before), its name listed in
     :data:`COMPILED`; nothing where this Triton has no such hooks."""
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
     if runtime is None or getattr(runtime, "_counted_by_benchmarks", False):
@@ -103,7 +103,7 @@ def _count_compiles() -> None:
     before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
 
     def cache_hook(*args, **kwargs):
-        COMPILED.append(str(kwargs.get("repr", "?")))
+        COMPILED.append(str(kwargs.get("repr", "?")).partition("[")[0])
         _COMPILES[2] = time.perf_counter()
         return before(*args, **kwargs) if before is not None else None
 

@@ -28,7 +28,7 @@ class RunResult:
     capture_seconds: float = 0.0  # host time those captures took (part of ``seconds``)
     triton_compiles: int = 0      # Triton kernels compiled (or loaded from disk) inside them
     compile_seconds: float = 0.0  # host time those took (part of ``seconds``)
-    compiled_kernels: list[str] = field(default_factory=list)  # their signatures
+    compiled_kernels: list[str] = field(default_factory=list)  # their names
     # seconds of each timed round (``--repeats``: every group once a round), in order
     round_seconds: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list, repr=False)
