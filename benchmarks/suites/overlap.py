@@ -4,10 +4,11 @@ Four engines share the model: no speculation (its plain steps overlapped, the de
 ``--method`` with ``k`` fixed synchronous (``async_scheduling=False``), the same overlapped
 (drafting flights where the proposer drafts on the device: ``engine.overlap``), and ``--method``
 with the default controller, overlapped. Each kind's prompts run one at a time (batch 1) or
-``--batch-size`` together, greedy, ``--max-tokens`` each; ``--rounds`` interleaved rounds, the
-last timed. A row: tokens/s, the ratio over the engine without speculation, engine steps and ms a
-step, and how many steps were launched from the device (``LLMEngine._launch_chained`` /
-``_launch_drafting`` answers, counted).
+``--batch-size`` together (``--num-prompts`` of them, the batch size by default), greedy,
+``--max-tokens`` each; ``--rounds`` interleaved rounds, the last timed. A row: tokens/s, the
+ratio over the engine without speculation, engine steps and ms a step, and how many steps were
+launched from the device (``LLMEngine._launch_chained`` / ``_launch_drafting`` answers,
+counted).
 
     python -m benchmarks overlap --device cuda --model smollm2-135m --prompt-set real
 """
@@ -33,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", type=int, default=4)
     p.add_argument("--kinds", default="open,copy")
     p.add_argument("--prompt-set", default="real", choices=("bench", "examples", "real"))
-    p.add_argument("--num-prompts", type=int, default=4)
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts a kind (default: 4 at batch 1, else the batch size)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
@@ -65,6 +67,11 @@ class Counted:
 
 def run(args: argparse.Namespace) -> Result:
     args = models.resolve(args)
+    if args.num_prompts is None:
+        args.num_prompts = 4 if args.batch_size == 1 else args.batch_size
+    if args.num_prompts < args.batch_size:  # (the batch would hold only the prompts there are)
+        raise SystemExit(f"--num-prompts {args.num_prompts} is below --batch-size "
+                         f"{args.batch_size}: a batch would hold {args.num_prompts} sequences")
     model, tokenizer = models.build_model(args.model, args.device, args.dtype)
     spec = {"fixed": speculative_config(args.method, args.k, adaptive=False),
             "controller": speculative_config(args.method, args.k)}
