@@ -36,8 +36,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # (Triton runs CPU ten
 
 
 # (one compiled kernel for every step: a new specialisation of a step's integers compiled again
-# inside decoding, 0.09-0.10 s on the H200: docs/performance.md, "One-off costs inside timed
-# runs")
+# inside decoding: docs/performance.md, "One-off costs inside timed runs")
 @triton.jit(do_not_specialize=["tokens_stride", "batch", "width", "rows", "padded"])
 def _chain_inputs_kernel(tokens_ptr, tokens_stride, accepted_ptr, base_ptr, slots_ptr, out_ptr,
                          batch, width, rows, padded, BLOCK: tl.constexpr):

@@ -36,9 +36,9 @@ __all__ = ["write_chains", "write_chains_reference"]
 
 
 # (one compiled kernel for every step: its integers change from step to step, and a launch
-# outside any CUDA graph that met a new specialisation of one compiled again, about 0.05-0.1 s
-# on the H200's host, inside a request's decoding; docs/performance.md, "One-off costs inside
-# timed runs")
+# outside any CUDA graph that met a new specialisation of one compiled again inside a request's
+# decoding, a stall of every running request: docs/performance.md, "One-off costs inside timed
+# runs")
 @triton.jit(do_not_specialize=["tokens_stride", "part", "slots_at", "num_new", "width",
                                "table_width"])
 def _chain_layout_kernel(layout_ptr, tokens_ptr, base_ptr, table_ptr, tokens_stride, part,

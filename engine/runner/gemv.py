@@ -41,10 +41,9 @@ _MAX_BLOCK_K = 2048  # columns a load
 
 
 # (the rows a compile-time constant, the strides specialised: each row count of a weight shape
-# compiles once, 0.05-0.1 s, where a step first verifies that many tokens. Made run-time
-# values they stopped those compiles, and the H200's batch-1 plain decoding read about 6% slower
-# in that call (one fresh machine each side, not separable from lease noise): kept as measured;
-# docs/performance.md, "One-off costs inside timed runs")
+# compiles once, where a step first verifies that many tokens. Made run-time values they stopped
+# those compiles and batch-1 plain decoding read slower: kept as measured; docs/performance.md,
+# "One-off costs inside timed runs")
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, n_out, n_in, x_stride, y_stride, ROWS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
